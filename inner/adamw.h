@@ -1,0 +1,62 @@
+// AdamW with its state keyed by parameter name. The arithmetic is torch::optim::AdamW's, op for op
+// (a test holds them bit-identical); atoll owns the state so that checkpoints, fragments and
+// parameter shards address moments by the same stable names as the parameters. torch's C++
+// optimizer keys state by TensorImpl address, and that key type changed between 1.13 and 2.x.
+#ifndef ATOLL_INNER_ADAMW_H_
+#define ATOLL_INNER_ADAMW_H_
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace atl::inner {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
+};
+
+absl::Status Validate(const AdamWOptions& options);
+
+struct NamedTensor {
+  std::string name;
+  at::Tensor tensor;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options);
+
+  // One update with learning rate lr from the gradients in params' .grad().
+  void Step(double lr);
+  void ZeroGrad();
+  // Forget the moments (an island joining mid-run starts fresh).
+  void Reset();
+
+  int64_t step() const { return step_; }
+  // "exp_avg/<param>" and "exp_avg_sq/<param>" for every parameter, in parameter order.
+  std::vector<NamedTensor> State() const;
+  // All-or-nothing: on a missing name or a shape mismatch nothing changes.
+  absl::Status LoadState(int64_t step, const std::vector<NamedTensor>& state);
+
+ private:
+  struct Slot {
+    std::string name;
+    at::Tensor param, exp_avg, exp_avg_sq;
+    bool decay;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+}  // namespace atl::inner
+
+#endif  // ATOLL_INNER_ADAMW_H_

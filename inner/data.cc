@@ -1,0 +1,349 @@
+#include "inner/data.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace atl::inner {
+namespace {
+
+namespace fs = std::filesystem;
+
+class OwnedSegment final : public TokenSegment {
+ public:
+  OwnedSegment(std::vector<uint16_t> tokens, std::string source)
+      : tokens_(std::move(tokens)), source_(std::move(source)) {}
+  const uint16_t* data() const override { return tokens_.data(); }
+  size_t size() const override { return tokens_.size(); }
+  const std::string& source() const override { return source_; }
+
+ private:
+  std::vector<uint16_t> tokens_;
+  std::string source_;
+};
+
+// A shard's token region, mapped read-only; shards can be far larger than memory.
+class MappedSegment final : public TokenSegment {
+ public:
+  MappedSegment(void* base, size_t bytes, size_t tokens, std::string source)
+      : base_(base), bytes_(bytes), tokens_(tokens), source_(std::move(source)) {}
+  ~MappedSegment() override { munmap(base_, bytes_); }
+  const uint16_t* data() const override {
+    return reinterpret_cast<const uint16_t*>(static_cast<const char*>(base_) + kShardHeaderBytes);
+  }
+  size_t size() const override { return tokens_; }
+  const std::string& source() const override { return source_; }
+
+ private:
+  void* base_;
+  size_t bytes_, tokens_;
+  std::string source_;
+};
+
+absl::StatusOr<std::unique_ptr<TokenSegment>> MapShard(const std::string& path, int vocab) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open shard ", path, ": ", strerror(errno)));
+  }
+  struct stat st;
+  fstat(fd, &st);
+  const size_t bytes = size_t(st.st_size);
+  if (bytes < kShardHeaderBytes) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("shard ", path, " is ", bytes,
+                                                   " bytes, shorter than its 1024-byte header"));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("cannot map shard ", path, ": ", strerror(errno)));
+  }
+  int32_t header[256];
+  std::memcpy(header, base, sizeof(header));
+  auto fail = [&](std::string message) {
+    munmap(base, bytes);
+    return absl::InvalidArgumentError(absl::StrCat("shard ", path, ": ", message));
+  };
+  if (header[0] != kShardMagic) {
+    return fail(absl::StrCat("bad magic ", header[0], " (expected ", kShardMagic, ")"));
+  }
+  if (header[1] != kShardVersion) {
+    return fail(absl::StrCat("unsupported version ", header[1], " (expected ", kShardVersion, ")"));
+  }
+  if (header[2] < 0 || kShardHeaderBytes + 2 * size_t(header[2]) != bytes) {
+    return fail(absl::StrCat("header says ", header[2], " tokens but the file holds ",
+                             (bytes - kShardHeaderBytes) / 2.0, " tokens"));
+  }
+  auto segment = std::make_unique<MappedSegment>(base, bytes, size_t(header[2]), path);
+  const uint16_t* tokens = segment->data();
+  const auto* worst = std::max_element(tokens, tokens + segment->size());
+  if (segment->size() > 0 && *worst >= vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", path, ": token ", *worst, " at position ", worst - tokens,
+                     " is outside the vocabulary (model.vocab = ", vocab, ")"));
+  }
+  return segment;
+}
+
+absl::Status AppendText(const std::string& path, std::vector<uint16_t>* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open text file ", path));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
+  if (auto nul = bytes.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is not text: NUL byte at offset ", nul,
+        " (token shards must end in .bin)"));
+  }
+  out->reserve(out->size() + bytes.size());
+  for (unsigned char c : bytes) out->push_back(c);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ResolveSpec(const std::string& spec) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (spec.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const int rc = glob(spec.c_str(), 0, nullptr, &g);
+    if (rc == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        if (fs::is_regular_file(g.gl_pathv[i], ec)) files.emplace_back(g.gl_pathv[i]);
+      }
+    }
+    globfree(&g);
+    if (files.empty()) return absl::NotFoundError(absl::StrCat("no files match '", spec, "'"));
+  } else if (fs::is_directory(spec, ec)) {
+    for (const auto& entry : fs::directory_iterator(spec, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_regular_file() && !absl::StartsWith(name, ".")) {
+        files.push_back(entry.path().string());
+      }
+    }
+    if (files.empty()) return absl::NotFoundError(absl::StrCat("directory ", spec, " has no files"));
+  } else if (fs::is_regular_file(spec, ec)) {
+    files.push_back(spec);
+  } else {
+    return absl::NotFoundError(absl::StrCat("no such file or directory: ", spec));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+absl::Status WriteShard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  int32_t header[256] = {};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = int32_t(tokens.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write shard ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Load(const std::string& spec,
+                                                                     int vocab) {
+  auto files = ResolveSpec(spec);
+  if (!files.ok()) return files.status();
+  auto corpus = std::make_shared<TokenCorpus>();
+  const bool any_bin = std::any_of(files->begin(), files->end(),
+                                   [](const auto& f) { return absl::EndsWith(f, ".bin"); });
+  const bool all_bin = std::all_of(files->begin(), files->end(),
+                                   [](const auto& f) { return absl::EndsWith(f, ".bin"); });
+  if (any_bin && !all_bin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", spec, "' mixes .bin token shards with text files"));
+  }
+  corpus->is_text_ = !all_bin;
+  if (all_bin) {
+    for (const auto& f : *files) {
+      auto segment = MapShard(f, vocab);
+      if (!segment.ok()) return segment.status();
+      corpus->segments_.push_back(*std::move(segment));
+    }
+  } else {
+    if (vocab < 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("text data is byte-level and needs model.vocab >= 256, got ", vocab));
+    }
+    std::vector<uint16_t> tokens;
+    for (const auto& f : *files) {
+      if (auto s = AppendText(f, &tokens); !s.ok()) return s;
+    }
+    corpus->segments_.push_back(std::make_unique<OwnedSegment>(std::move(tokens), spec));
+  }
+  return std::shared_ptr<const TokenCorpus>(std::move(corpus));
+}
+
+std::shared_ptr<const TokenCorpus> TokenCorpus::FromText(const std::string& text) {
+  auto corpus = std::make_shared<TokenCorpus>();
+  std::vector<uint16_t> tokens(text.begin(), text.end());
+  for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
+  corpus->segments_.push_back(std::make_unique<OwnedSegment>(std::move(tokens), "<memory>"));
+  return corpus;
+}
+
+size_t TokenCorpus::num_tokens() const {
+  size_t n = 0;
+  for (const auto& s : segments_) n += s->size();
+  return n;
+}
+
+WindowSet::WindowSet(std::shared_ptr<const TokenCorpus> corpus, int context)
+    : corpus_(std::move(corpus)), context_(context) {
+  first_window_.push_back(0);
+  for (const auto& s : corpus_->segments()) {
+    const size_t n = s->size() > size_t(context) ? (s->size() - 1) / context : 0;
+    first_window_.push_back(first_window_.back() + n);
+  }
+  end_ = first_window_.back();
+}
+
+WindowSet WindowSet::Slice(size_t begin, size_t end) const {
+  WindowSet out = *this;
+  out.begin_ = begin_ + begin;
+  out.end_ = begin_ + std::min(end, size());
+  return out;
+}
+
+void WindowSet::Fill(size_t i, int64_t* inputs, int64_t* targets) const {
+  const size_t w = begin_ + i;
+  const size_t seg = std::upper_bound(first_window_.begin(), first_window_.end(), w) -
+                     first_window_.begin() - 1;
+  const uint16_t* src =
+      corpus_->segments()[seg]->data() + (w - first_window_[seg]) * size_t(context_);
+  for (int t = 0; t < context_; ++t) {
+    inputs[t] = src[t];
+    targets[t] = src[t + 1];
+  }
+}
+
+absl::Status Validate(const DataConfig& c) {
+  if (c.path.empty()) return absl::InvalidArgumentError("data.path is required");
+  if (c.val_path.empty() && !(c.val_fraction > 0.0 && c.val_fraction < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.val_fraction must be in (0, 1) when data.val_path is not set, got ",
+                     c.val_fraction));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Dataset>> MakeDataset(std::shared_ptr<const TokenCorpus> train,
+                                                           std::shared_ptr<const TokenCorpus> val,
+                                                           double val_fraction, int context,
+                                                           uint64_t order_seed) {
+  WindowSet all(train, context);
+  auto too_small = [&](const char* key, size_t tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, ": ", tokens, " tokens are too few for windows of model.context = ", context));
+  };
+  if (val) {
+    WindowSet v(val, context);
+    if (all.size() == 0) return too_small("data.path", train->num_tokens());
+    if (v.size() == 0) return too_small("data.val_path", val->num_tokens());
+    return std::make_shared<const Dataset>(Dataset{all, v, order_seed, train->is_text()});
+  }
+  const size_t n = all.size();
+  const size_t n_val = size_t(std::ceil(double(n) * val_fraction));
+  if (n < n_val + 2 || n_val == 0) return too_small("data.path", train->num_tokens());
+  return std::make_shared<const Dataset>(
+      Dataset{all.Slice(0, n - n_val - 1), all.Slice(n - n_val, n), order_seed, train->is_text()});
+}
+
+absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& c, int context,
+                                                           int vocab) {
+  if (auto s = Validate(c); !s.ok()) return s;
+  auto train = TokenCorpus::Load(c.path, vocab);
+  if (!train.ok()) {
+    return absl::Status(train.status().code(), absl::StrCat("data.path: ", train.status().message()));
+  }
+  std::shared_ptr<const TokenCorpus> val;
+  if (!c.val_path.empty()) {
+    auto v = TokenCorpus::Load(c.val_path, vocab);
+    if (!v.ok()) {
+      return absl::Status(v.status().code(), absl::StrCat("data.val_path: ", v.status().message()));
+    }
+    val = *v;
+  }
+  return MakeDataset(*train, val, c.val_fraction, context, c.seed);
+}
+
+std::vector<uint32_t> SeededPermutation(size_t n, uint64_t seed) {
+  std::vector<uint32_t> perm(n);
+  for (size_t i = 0; i < n; ++i) perm[i] = uint32_t(i);
+  uint64_t state = seed;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  for (size_t i = n; i > 1; --i) {
+    const size_t j = size_t((unsigned __int128)next() * i >> 64);
+    std::swap(perm[i - 1], perm[j]);
+  }
+  return perm;
+}
+
+BatchSampler::BatchSampler(const WindowSet* windows, uint64_t seed, int stream, int num_streams)
+    : windows_(windows),
+      seed_(seed),
+      stream_(stream),
+      num_streams_(num_streams),
+      per_stream_(windows->size() / size_t(num_streams)) {}
+
+absl::StatusOr<BatchSampler> BatchSampler::Create(const WindowSet* windows, uint64_t seed,
+                                                  int stream, int num_streams) {
+  if (num_streams <= 0 || stream < 0 || stream >= num_streams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data stream ", stream, " is not in [0, ", num_streams, ")"));
+  }
+  if (windows->size() < size_t(num_streams)) {
+    return absl::InvalidArgumentError(absl::StrCat("only ", windows->size(),
+                                                   " training windows for ", num_streams,
+                                                   " data streams (islands x ranks)"));
+  }
+  return BatchSampler(windows, seed, stream, num_streams);
+}
+
+void BatchSampler::EnsurePermutation() {
+  if (cursor_.index >= per_stream_) {
+    cursor_.epoch += 1;
+    cursor_.index = 0;
+  }
+  if (perm_epoch_ != cursor_.epoch) {
+    perm_ = SeededPermutation(windows_->size(), seed_ ^ (0xa0761d6478bd642fULL * (cursor_.epoch + 1)));
+    perm_epoch_ = cursor_.epoch;
+  }
+}
+
+size_t BatchSampler::PeekWindow() {
+  EnsurePermutation();
+  return perm_[size_t(stream_) + cursor_.index * size_t(num_streams_)];
+}
+
+void BatchSampler::Next(int batch, int64_t* inputs, int64_t* targets) {
+  const size_t t = size_t(windows_->context());
+  for (int b = 0; b < batch; ++b) {
+    windows_->Fill(PeekWindow(), inputs + b * t, targets + b * t);
+    cursor_.index += 1;
+  }
+}
+
+}  // namespace atl::inner

@@ -1,0 +1,140 @@
+// Token data for the inner loop: byte-level text and llm.c token shards, cut into fixed windows,
+// served in a seeded order with disjoint streams per (island, rank). Torch-free on purpose: the
+// trainer wraps the int64 buffers it fills.
+#ifndef ATOLL_INNER_DATA_H_
+#define ATOLL_INNER_DATA_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace atl::inner {
+
+// llm.c shard format: 256 int32 header words (magic, version, token count, ...), then uint16 tokens.
+inline constexpr int32_t kShardMagic = 20240520;
+inline constexpr int32_t kShardVersion = 1;
+inline constexpr size_t kShardHeaderBytes = 256 * sizeof(int32_t);
+
+// Writes an llm.c shard (used by tests and by `atoll` users converting their data).
+absl::Status WriteShard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+// A read-only run of tokens: an mmapped shard or a buffer of text bytes widened to uint16.
+class TokenSegment {
+ public:
+  virtual ~TokenSegment() = default;
+  virtual const uint16_t* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual const std::string& source() const = 0;
+};
+
+// The tokens named by a path spec: a text file, a directory (its regular files, sorted by name),
+// or a glob. Files ending in ".bin" are llm.c shards (one segment each); all other files are UTF-8
+// text read as bytes and concatenated into one segment. A spec may not mix the two kinds.
+class TokenCorpus {
+ public:
+  static absl::StatusOr<std::shared_ptr<const TokenCorpus>> Load(const std::string& spec,
+                                                                 int vocab);
+  // In-memory corpus (tests, and text already in hand).
+  static std::shared_ptr<const TokenCorpus> FromText(const std::string& text);
+
+  const std::vector<std::unique_ptr<TokenSegment>>& segments() const { return segments_; }
+  size_t num_tokens() const;
+  bool is_text() const { return is_text_; }
+
+ private:
+  std::vector<std::unique_ptr<TokenSegment>> segments_;
+  bool is_text_ = true;
+};
+
+// Fixed windows of context + 1 tokens (inputs and shifted targets) at stride `context`; windows
+// never cross a segment boundary. A WindowSet is a range [begin, end) of a corpus' windows.
+class WindowSet {
+ public:
+  WindowSet(std::shared_ptr<const TokenCorpus> corpus, int context);
+  WindowSet Slice(size_t begin, size_t end) const;
+
+  size_t size() const { return end_ - begin_; }
+  int context() const { return context_; }
+  // Copies window i (relative to this set) into inputs[context] and targets[context].
+  void Fill(size_t i, int64_t* inputs, int64_t* targets) const;
+
+ private:
+  std::shared_ptr<const TokenCorpus> corpus_;
+  int context_;
+  std::vector<size_t> first_window_;  // prefix sums of windows per segment (size = segments + 1)
+  size_t begin_ = 0, end_ = 0;
+};
+
+// The train and validation windows of a run. Validation comes from data.val_path when given, else
+// from the last val_fraction of the corpus' windows (one window is skipped between the two so no
+// token is shared).
+struct Dataset {
+  WindowSet train;
+  WindowSet val;
+  uint64_t order_seed = 0;  // seeds the permutation of training windows
+  bool per_byte = true;     // tokens are bytes (text), so bits per token are bits per byte
+};
+
+struct DataConfig {
+  std::string path;         // text file, directory or glob
+  std::string val_path;     // optional separate validation data
+  double val_fraction = 0.05;
+  uint64_t seed = 1234;     // order of training windows
+};
+
+absl::Status Validate(const DataConfig& config);
+absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& config, int context,
+                                                           int vocab);
+// Same split rule over a corpus already in memory.
+absl::StatusOr<std::shared_ptr<const Dataset>> MakeDataset(std::shared_ptr<const TokenCorpus> train,
+                                                           std::shared_ptr<const TokenCorpus> val,
+                                                           double val_fraction, int context,
+                                                           uint64_t order_seed);
+
+// Position of a stream in its data: epochs are seeded permutations of all training windows; stream
+// s of S takes permutation positions s, s + S, s + 2S, ... (each epoch equally long per stream).
+struct DataCursor {
+  uint64_t epoch = 0;
+  uint64_t index = 0;  // windows already taken from this stream in this epoch
+  bool operator==(const DataCursor& o) const { return epoch == o.epoch && index == o.index; }
+};
+
+class BatchSampler {
+ public:
+  // stream in [0, num_streams); the stream of (island i, rank r) is i * ranks + r.
+  static absl::StatusOr<BatchSampler> Create(const WindowSet* windows, uint64_t seed, int stream,
+                                             int num_streams);
+
+  // Fills `batch` windows: inputs and targets are [batch, context] row-major.
+  void Next(int batch, int64_t* inputs, int64_t* targets);
+  // Index (into the WindowSet) of the next window this stream would serve.
+  size_t PeekWindow();
+
+  const DataCursor& cursor() const { return cursor_; }
+  void set_cursor(const DataCursor& cursor) { cursor_ = cursor; }
+  size_t windows_per_epoch() const { return per_stream_; }
+
+ private:
+  BatchSampler(const WindowSet* windows, uint64_t seed, int stream, int num_streams);
+  void EnsurePermutation();
+
+  const WindowSet* windows_;
+  uint64_t seed_;
+  int stream_, num_streams_;
+  size_t per_stream_;
+  DataCursor cursor_;
+  uint64_t perm_epoch_ = UINT64_MAX;
+  std::vector<uint32_t> perm_;
+};
+
+// Seeded Fisher-Yates permutation of [0, n), identical on every platform and standard library.
+std::vector<uint32_t> SeededPermutation(size_t n, uint64_t seed);
+
+}  // namespace atl::inner
+
+#endif  // ATOLL_INNER_DATA_H_

@@ -1,0 +1,104 @@
+// GPT-2-style decoder: token + position embeddings, pre-LayerNorm blocks of causal self-attention
+// and a GELU MLP, final LayerNorm, untied LM head. Parameter names are stable API: fragments of the
+// outer sync and checkpoints are defined by them ("blocks.3.attn.qkv.weight").
+#ifndef ATOLL_INNER_MODEL_H_
+#define ATOLL_INNER_MODEL_H_
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace atl::inner {
+
+struct ModelConfig {
+  int n_layer = 4;
+  int d_model = 128;
+  int n_head = 4;
+  int context = 128;  // tokens per sequence
+  int vocab = 256;    // 256 = byte-level text
+  double dropout = 0.0;
+  uint64_t init_seed = 1337;
+};
+
+// Names the first offending field; OK when the model can be built.
+absl::Status Validate(const ModelConfig& config);
+
+// Closed form of the parameter count (tests check the module against it).
+int64_t ParameterCount(const ModelConfig& config);
+
+// Forward FLOPs per token (6N rule plus attention), for isoflop accounting and utilization.
+double TrainFlopsPerToken(const ModelConfig& config);
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  CausalSelfAttentionImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  int n_head_;
+  double dropout_;
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear fc_{nullptr}, proj_{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const ModelConfig& config);
+  torch::Tensor forward(torch::Tensor x);
+
+ private:
+  double dropout_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  CausalSelfAttention attn_{nullptr};
+  Mlp mlp_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  // Initializes deterministically from config.init_seed (GPT-2 scheme: N(0, 0.02), residual
+  // projections scaled by 1/sqrt(2 * n_layer), zero biases, unit LayerNorm gains) on the CPU.
+  explicit GptImpl(const ModelConfig& config);
+
+  // tokens: [B, T] int64 with T <= context. Returns logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // Mean next-token cross-entropy (nats).
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  ModelConfig config_;
+  torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+// Parameters in registration order with their stable names.
+std::vector<std::pair<std::string, torch::Tensor>> NamedParameters(torch::nn::Module& module);
+
+}  // namespace atl::inner
+
+#endif  // ATOLL_INNER_MODEL_H_

@@ -1,0 +1,40 @@
+// The one place where atoll bridges libtorch versions. Debian ships libtorch 1.13 (CPU); GPU
+// deployments use libtorch 2.x. Everything else calls these helpers instead of testing versions.
+#ifndef ATOLL_INNER_TORCH_COMPAT_H_
+#define ATOLL_INNER_TORCH_COMPAT_H_
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace atl::inner::compat {
+
+inline constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
+
+// Causal self-attention over [B, heads, T, head_dim] tensors (no dropout on the weights).
+inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                          /*is_causal=*/true);
+#else
+  const int64_t t = q.size(-2);
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(-1))));
+  auto future = at::ones({t, t}, q.options().dtype(at::kBool)).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  return at::matmul(at::softmax(scores, -1), v);
+#endif
+}
+
+// A fresh CPU generator seeded with `seed` (the API moved between 1.x and 2.x only in headers).
+at::Generator MakeCpuGenerator(uint64_t seed);
+
+// Snapshot / restore of the default CPU generator (dropout draws from it).
+at::Tensor GetDefaultCpuRngState();
+void SetDefaultCpuRngState(const at::Tensor& state);
+
+}  // namespace atl::inner::compat
+
+#endif  // ATOLL_INNER_TORCH_COMPAT_H_

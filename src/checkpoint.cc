@@ -1,0 +1,263 @@
+#include "src/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "atoll/v1/checkpoint.pb.h"
+#include "compression/checksum.h"
+
+namespace atl {
+namespace {
+
+namespace fs = std::filesystem;
+namespace pb = ::atollpb::v1;
+
+constexpr char kMagic[8] = {'A', 'T', 'O', 'L', 'L', 'C', 'K', '1'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr size_t kAlign = 64;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+absl::StatusOr<pb::DType> ToProto(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return pb::DTYPE_FLOAT32;
+    case torch::kBFloat16: return pb::DTYPE_BFLOAT16;
+    case torch::kHalf: return pb::DTYPE_FLOAT16;
+    case torch::kLong: return pb::DTYPE_INT64;
+    case torch::kByte: return pb::DTYPE_UINT8;
+    default: return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
+  }
+}
+
+absl::StatusOr<torch::ScalarType> FromProto(pb::DType t) {
+  switch (t) {
+    case pb::DTYPE_FLOAT32: return torch::kFloat;
+    case pb::DTYPE_BFLOAT16: return torch::kBFloat16;
+    case pb::DTYPE_FLOAT16: return torch::kHalf;
+    case pb::DTYPE_INT64: return torch::kLong;
+    case pb::DTYPE_UINT8: return torch::kByte;
+    default: return absl::InvalidArgumentError(absl::StrCat("unknown dtype code ", int(t)));
+  }
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError(absl::StrCat("write ", path, ": ", strerror(errno)));
+    p += n;
+    size -= size_t(n);
+  }
+  return absl::OkStatus();
+}
+
+// Writes the pieces to a temporary file next to `path`, fsyncs, renames, fsyncs the directory.
+absl::Status WritePiecesAtomic(const std::string& path,
+                               const std::vector<std::pair<const void*, size_t>>& pieces) {
+  const fs::path target(path);
+  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
+  {
+    Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return absl::InternalError(absl::StrCat("create ", tmp, ": ", strerror(errno)));
+    for (const auto& [data, size] : pieces) {
+      if (auto s = WriteAll(fd.get(), data, size, tmp); !s.ok()) {
+        unlink(tmp.c_str());
+        return s;
+      }
+    }
+    if (fsync(fd.get()) != 0) {
+      unlink(tmp.c_str());
+      return absl::InternalError(absl::StrCat("fsync ", tmp, ": ", strerror(errno)));
+    }
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", strerror(errno)));
+  }
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  Fd dfd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() >= 0) fsync(dfd.get());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> StepOfCheckpoint(const std::string& filename) {
+  // step-00000200.ckpt
+  if (!absl::StartsWith(filename, "step-") || !absl::EndsWith(filename, ".ckpt")) {
+    return absl::InvalidArgumentError("not a checkpoint name");
+  }
+  int64_t step;
+  if (!absl::SimpleAtoi(filename.substr(5, filename.size() - 10), &step)) {
+    return absl::InvalidArgumentError("not a checkpoint name");
+  }
+  return step;
+}
+
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& run_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    auto step = StepOfCheckpoint(e.path().filename().string());
+    if (step.ok() && e.is_regular_file()) out.emplace_back(*step, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
+  return WritePiecesAtomic(path, {{contents.data(), contents.size()}});
+}
+
+absl::Status WriteCheckpoint(const std::string& path, const inner::TrainerState& state,
+                             const CheckpointMeta& meta) {
+  pb::CheckpointHeader header;
+  header.set_format_version(kFormatVersion);
+  header.set_step(state.step);
+  header.set_adam_step(state.adam_step);
+  header.mutable_cursor()->set_epoch(state.cursor.epoch);
+  header.mutable_cursor()->set_index(state.cursor.index);
+  header.set_wall_s(meta.wall_s);
+  header.set_config_toml(meta.config_toml);
+  if (state.rng_state.defined()) {
+    auto rng = state.rng_state.contiguous();
+    header.set_rng_state(rng.data_ptr(), size_t(rng.nbytes()));
+  }
+  std::vector<torch::Tensor> contiguous;
+  uint64_t offset = 0;
+  for (const auto& t : state.tensors) {
+    auto dtype = ToProto(t.tensor.scalar_type());
+    if (!dtype.ok()) return dtype.status();
+    auto c = t.tensor.to(torch::kCPU).contiguous();
+    auto* rec = header.add_tensors();
+    rec->set_name(t.name);
+    rec->set_dtype(*dtype);
+    for (auto d : c.sizes()) rec->add_shape(d);
+    rec->set_offset(offset);
+    rec->set_num_bytes(c.nbytes());
+    rec->set_xxh64(compression::Checksum(c.data_ptr(), c.nbytes()));
+    offset = AlignUp(offset + c.nbytes());
+    contiguous.push_back(std::move(c));
+  }
+  header.set_data_bytes(offset);
+  const std::string header_bytes = header.SerializeAsString();
+  const uint64_t header_len = header_bytes.size();
+  const uint64_t header_sum = compression::Checksum(header_bytes.data(), header_bytes.size());
+  const size_t prefix = sizeof(kMagic) + 16 + header_bytes.size();
+  static const char kZeros[kAlign] = {};
+
+  std::vector<std::pair<const void*, size_t>> pieces = {
+      {kMagic, sizeof(kMagic)},
+      {&header_len, 8},
+      {&header_sum, 8},
+      {header_bytes.data(), header_bytes.size()},
+      {kZeros, AlignUp(prefix) - prefix}};
+  for (const auto& c : contiguous) {
+    pieces.emplace_back(c.data_ptr(), c.nbytes());
+    pieces.emplace_back(kZeros, AlignUp(c.nbytes()) - c.nbytes());
+  }
+  return WritePiecesAtomic(path, pieces);
+}
+
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open checkpoint ", path));
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", what));
+  };
+  char magic[8];
+  uint64_t header_len = 0, header_sum = 0;
+  in.read(magic, 8);
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  in.read(reinterpret_cast<char*>(&header_sum), 8);
+  if (!in || std::memcmp(magic, kMagic, 8) != 0) return corrupt("not an atoll checkpoint");
+  const auto file_size = fs::file_size(path);
+  if (header_len > file_size) return corrupt("header length exceeds the file");
+  std::string header_bytes(header_len, '\0');
+  in.read(header_bytes.data(), std::streamsize(header_len));
+  if (!in || compression::Checksum(header_bytes.data(), header_len) != header_sum) {
+    return corrupt("header checksum mismatch");
+  }
+  pb::CheckpointHeader header;
+  if (!header.ParseFromString(header_bytes)) return corrupt("unparsable header");
+  if (header.format_version() != kFormatVersion) {
+    return corrupt(absl::StrCat("format version ", header.format_version(), ", expected ",
+                                kFormatVersion));
+  }
+  const size_t data_start = AlignUp(sizeof(kMagic) + 16 + header_len);
+  if (data_start + header.data_bytes() > file_size) return corrupt("truncated data region");
+
+  Checkpoint out;
+  out.state.step = header.step();
+  out.state.adam_step = header.adam_step();
+  out.state.cursor = {header.cursor().epoch(), header.cursor().index()};
+  out.meta.wall_s = header.wall_s();
+  out.meta.config_toml = header.config_toml();
+  if (!header.rng_state().empty()) {
+    out.state.rng_state = torch::empty({int64_t(header.rng_state().size())}, torch::kByte);
+    std::memcpy(out.state.rng_state.data_ptr(), header.rng_state().data(),
+                header.rng_state().size());
+  }
+  for (const auto& rec : header.tensors()) {
+    auto dtype = FromProto(rec.dtype());
+    if (!dtype.ok()) return corrupt(absl::StrCat(rec.name(), ": ", dtype.status().message()));
+    std::vector<int64_t> shape(rec.shape().begin(), rec.shape().end());
+    auto t = torch::empty(shape, *dtype);
+    if (size_t(t.nbytes()) != rec.num_bytes() || rec.offset() + rec.num_bytes() > header.data_bytes()) {
+      return corrupt(absl::StrCat(rec.name(), ": size does not match its shape or the file"));
+    }
+    in.seekg(std::streamoff(data_start + rec.offset()));
+    in.read(static_cast<char*>(t.data_ptr()), std::streamsize(rec.num_bytes()));
+    if (!in) return corrupt(absl::StrCat(rec.name(), ": short read"));
+    if (compression::Checksum(t.data_ptr(), rec.num_bytes()) != rec.xxh64()) {
+      return corrupt(absl::StrCat(rec.name(), ": checksum mismatch"));
+    }
+    out.state.tensors.push_back({rec.name(), std::move(t)});
+  }
+  return out;
+}
+
+std::string CheckpointPath(const std::string& run_dir, int64_t step) {
+  return (fs::path(run_dir) / "checkpoints" / absl::StrFormat("step-%08d.ckpt", step)).string();
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& run_dir) {
+  auto all = ListCheckpoints(run_dir);
+  if (all.empty()) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint in ", run_dir, "/checkpoints"));
+  }
+  return all.back().second;
+}
+
+void PruneCheckpoints(const std::string& run_dir, int keep) {
+  auto all = ListCheckpoints(run_dir);
+  std::error_code ec;
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove(all[i].second, ec);
+}
+
+}  // namespace atl

@@ -1,0 +1,246 @@
+#include "src/config.h"
+
+#include <cinttypes>
+#include <limits>
+#include <sstream>
+#include <variant>
+
+#include <toml++/toml.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/match.h"
+
+namespace atl {
+namespace {
+
+// A key of the schema, bound to the field it sets.
+struct Field {
+  std::string key;
+  std::variant<int*, int64_t*, uint64_t*, double*, std::string*> target;
+  std::string doc;
+};
+
+std::vector<Field> Schema(Config& c) {
+  return {
+      {"model.n_layer", &c.model.n_layer, "transformer blocks"},
+      {"model.d_model", &c.model.d_model, "residual stream width"},
+      {"model.n_head", &c.model.n_head, "attention heads (divides d_model)"},
+      {"model.context", &c.model.context, "tokens per training sequence"},
+      {"model.vocab", &c.model.vocab, "vocabulary size (256 for byte-level text)"},
+      {"model.dropout", &c.model.dropout, "dropout probability"},
+      {"model.init_seed", &c.model.init_seed, "seed of the parameter initialization"},
+      {"data.path", &c.data.path, "text file, directory of text files, or glob of .bin shards"},
+      {"data.val_path", &c.data.val_path, "separate validation data (same forms as data.path)"},
+      {"data.val_fraction", &c.data.val_fraction, "held-out tail when data.val_path is unset"},
+      {"data.seed", &c.data.seed, "seed of the training-window order"},
+      {"train.steps", &c.train.steps, "optimizer steps"},
+      {"train.batch_size", &c.train.batch_size, "sequences per micro-batch"},
+      {"train.grad_accum", &c.train.grad_accum, "micro-batches per optimizer step"},
+      {"train.eval_every", &c.train.eval_every, "steps between evaluations (0: only at the end)"},
+      {"train.eval_batches", &c.train.eval_batches, "fixed validation micro-batches"},
+      {"train.seed", &c.train.seed, "seed of runtime randomness (dropout)"},
+      {"train.threads", &c.train.threads, "intra-op CPU threads (0: all cores)"},
+      {"train.device", &c.train.device, "\"cpu\" or \"cuda[:N]\""},
+      {"train.log_every", &c.run.log_every, "steps between progress lines"},
+      {"train.checkpoint_every", &c.run.checkpoint_every, "steps between checkpoints (0: at end)"},
+      {"train.checkpoint_keep", &c.run.checkpoint_keep, "newest checkpoints kept"},
+      {"optim.lr", &c.optim.lr, "peak learning rate"},
+      {"optim.min_lr_ratio", &c.optim.min_lr_ratio, "final lr as a fraction of optim.lr"},
+      {"optim.warmup_steps", &c.optim.warmup_steps, "linear warmup steps"},
+      {"optim.grad_clip", &c.optim.grad_clip, "max global gradient norm (0: off)"},
+      {"optim.beta1", &c.optim.adamw.beta1, "AdamW beta1"},
+      {"optim.beta2", &c.optim.adamw.beta2, "AdamW beta2"},
+      {"optim.eps", &c.optim.adamw.eps, "AdamW epsilon"},
+      {"optim.weight_decay", &c.optim.adamw.weight_decay, "AdamW weight decay (matrices only)"},
+  };
+}
+
+Field* Find(std::vector<Field>& schema, const std::string& key) {
+  for (auto& f : schema) {
+    if (f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+absl::Status Unknown(const std::string& key, const std::string& where) {
+  return absl::InvalidArgumentError(absl::StrCat("unknown config key '", key, "'", where));
+}
+
+// Sets a field from a TOML value, refusing wrong types and values that do not fit.
+absl::Status SetFromToml(const Field& f, const toml::node& node, const std::string& where) {
+  auto wrong = [&](const char* want) {
+    std::ostringstream got;
+    got << node.type();
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", f.key, "'", where, " must be ", want, ", got ", got.str()));
+  };
+  return std::visit(
+      [&](auto* target) -> absl::Status {
+        using T = std::remove_pointer_t<decltype(target)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (!node.is_string()) return wrong("a string");
+          *target = *node.value<std::string>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (!node.is_number()) return wrong("a number");
+          *target = *node.value<double>();
+        } else {
+          if (!node.is_integer()) return wrong("an integer");
+          const int64_t v = *node.value<int64_t>();
+          if constexpr (std::is_same_v<T, uint64_t>) {
+            if (v < 0) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("config key '", f.key, "'", where, " must be >= 0, got ", v));
+            }
+          } else if (v < int64_t(std::numeric_limits<T>::min()) ||
+                     v > int64_t(std::numeric_limits<T>::max())) {
+            return absl::OutOfRangeError(
+                absl::StrCat("config key '", f.key, "'", where, " is out of range: ", v));
+          }
+          *target = T(v);
+        }
+        return absl::OkStatus();
+      },
+      f.target);
+}
+
+absl::Status SetFromString(const Field& f, const std::string& text) {
+  auto wrong = [&](const char* want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", f.key, ": expected ", want, ", got '", text, "'"));
+  };
+  return std::visit(
+      [&](auto* target) -> absl::Status {
+        using T = std::remove_pointer_t<decltype(target)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          *target = text;
+        } else if constexpr (std::is_same_v<T, double>) {
+          double v;
+          if (!absl::SimpleAtod(text, &v)) return wrong("a number");
+          *target = v;
+        } else {
+          T v;
+          if (!absl::SimpleAtoi(text, &v)) return wrong("an integer in range");
+          *target = v;
+        }
+        return absl::OkStatus();
+      },
+      f.target);
+}
+
+absl::Status Walk(const toml::table& table, const std::string& prefix, std::vector<Field>& schema,
+                  const std::string& where) {
+  for (const auto& [k, node] : table) {
+    const std::string key = prefix.empty() ? std::string(k.str()) : absl::StrCat(prefix, ".", std::string(k.str()));
+    if (const auto* sub = node.as_table()) {
+      if (auto s = Walk(*sub, key, schema, where); !s.ok()) return s;
+      continue;
+    }
+    Field* f = Find(schema, key);
+    if (f == nullptr) return Unknown(key, where);
+    if (auto s = SetFromToml(*f, node, where); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRun(const RunConfig& r) {
+  if (r.log_every <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.log_every must be positive, got ", r.log_every));
+  }
+  if (r.checkpoint_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.checkpoint_every must be >= 0, got ", r.checkpoint_every));
+  }
+  if (r.checkpoint_keep < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.checkpoint_keep must be at least 1, got ", r.checkpoint_keep));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Override>> ParseOverrides(const std::vector<std::string>& args) {
+  std::vector<Override> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!absl::StartsWith(a, "--") || a.size() == 2) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    }
+    const auto eq = a.find('=');
+    if (eq != std::string::npos) {
+      out.emplace_back(a.substr(2, eq - 2), a.substr(eq + 1));
+    } else if (i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
+      out.emplace_back(a.substr(2), args[i + 1]);
+      ++i;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("option '", a, "' needs a value (", a, "=VALUE)"));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides) {
+  Config config;
+  auto schema = Schema(config);
+  if (!path.empty()) {
+    const std::string where = absl::StrCat(" in ", path);
+    toml::table table;
+    try {
+      table = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      const auto& src = e.source();
+      if (absl::StrContains(std::string(e.description()), "File could not be opened")) {
+        return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("config file ", path, ":", src.begin.line, ":",
+                                                     src.begin.column, ": ", std::string(e.description())));
+    }
+    if (auto s = Walk(table, "", schema, where); !s.ok()) return s;
+  }
+  for (const auto& [key, value] : overrides) {
+    Field* f = Find(schema, key);
+    if (f == nullptr) return Unknown(key, " (command line)");
+    if (auto s = SetFromString(*f, value); !s.ok()) return s;
+  }
+  if (auto s = inner::Validate(config.model); !s.ok()) return s;
+  if (auto s = inner::Validate(config.data); !s.ok()) return s;
+  if (auto s = inner::Validate(config.train); !s.ok()) return s;
+  if (auto s = inner::Validate(config.optim, config.train); !s.ok()) return s;
+  if (auto s = ValidateRun(config.run); !s.ok()) return s;
+  return config;
+}
+
+std::string ToToml(const Config& config) {
+  Config copy = config;
+  toml::table root;
+  for (const auto& f : Schema(copy)) {
+    const auto dot = f.key.find('.');
+    const std::string section = f.key.substr(0, dot), name = f.key.substr(dot + 1);
+    if (!root.contains(section)) root.insert(section, toml::table{});
+    auto* table = root[section].as_table();
+    std::visit(
+        [&](auto* target) {
+          using T = std::remove_pointer_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, uint64_t>) {
+            table->insert(name, int64_t(*target));
+          } else {
+            table->insert(name, *target);
+          }
+        },
+        f.target);
+  }
+  std::ostringstream out;
+  out << root << "\n";
+  return out.str();
+}
+
+std::vector<std::pair<std::string, std::string>> DescribeKeys() {
+  Config c;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& f : Schema(c)) out.emplace_back(f.key, f.doc);
+  return out;
+}
+
+}  // namespace atl

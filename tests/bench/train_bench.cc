@@ -1,0 +1,128 @@
+// Tokens/s of atoll's training loop against a bare libtorch loop on the same model and batch,
+// measured side by side in one run (interleaved rounds, median of each).
+//
+//   build/tests/bench/train_bench [deploy/configs/tiny.toml] [rounds] [steps_per_round]
+//
+// The bare loop is what a user would write by hand: one fixed batch already in memory, forward,
+// backward, clip, torch::optim::AdamW. The atoll loop is inner::RunLoop as `atoll train` runs it:
+// sampling windows from a corpus, accumulation, schedule, its own AdamW, and per step a metrics
+// record plus a progress update.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "inner/trainer.h"
+#include "src/config.h"
+#include "src/metrics.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+class ReportingObserver : public atl::inner::LoopObserver {
+ public:
+  ReportingObserver(atl::MetricsLog& log, atl::Progress& progress)
+      : log_(log), progress_(progress), start_(Clock::now()) {}
+  absl::Status OnStep(const atl::inner::StepStats& s, const atl::inner::EvalStats* e) override {
+    const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
+    log_.Write(atl::StepRecord(s, e, wall));
+    progress_.OnStep(s, e, wall);
+    return absl::OkStatus();
+  }
+
+ private:
+  atl::MetricsLog& log_;
+  atl::Progress& progress_;
+  Clock::time_point start_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string config_path = argc > 1 ? argv[1] : ATOLL_SOURCE_DIR "/deploy/configs/tiny.toml";
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 7;
+  const int steps = argc > 3 ? std::atoi(argv[3]) : 20;
+  auto config = atl::LoadConfig(config_path, {{"data.path", "unused"}});
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  auto c = *config;
+  c.train.steps = int64_t(rounds) * steps * 2 + 10;
+  c.train.eval_every = 0;
+  c.optim.warmup_steps = 0;
+  const int64_t tokens_per_step = int64_t(c.train.batch_size) * c.train.grad_accum * c.model.context;
+
+  // atoll: trainer over a generated corpus.
+  auto corpus = atl::inner::TokenCorpus::FromText(atl::testing::GeneratedText(4 << 20, 1));
+  auto data = atl::inner::MakeDataset(corpus, nullptr, 0.01, c.model.context, 1);
+  auto trainer = atl::inner::Trainer::Create(c.model, c.optim, c.train, *data);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(trainer.status().message()).c_str());
+    return 2;
+  }
+  atl::testing::TempDir dir;
+  auto log = atl::MetricsLog::Open(dir.Join("metrics.jsonl"), 0);
+  FILE* devnull = std::fopen("/dev/null", "w");
+  atl::Progress progress(devnull, /*tty=*/true, c.train.steps, c.run.log_every, "");
+  ReportingObserver observer(**log, progress);
+
+  // Bare libtorch: same model class and init, a fixed batch, torch's AdamW.
+  atl::inner::Gpt model(c.model);
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto opts = [&](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(c.optim.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+  };
+  groups.emplace_back(decay, opts(c.optim.adamw.weight_decay));
+  groups.emplace_back(no_decay, opts(0.0));
+  torch::optim::AdamW adamw(std::move(groups));
+  auto x = torch::randint(0, c.model.vocab, {c.train.batch_size, c.model.context}, torch::kLong);
+  auto y = torch::randint(0, c.model.vocab, {c.train.batch_size, c.model.context}, torch::kLong);
+  auto bare_step = [&] {
+    adamw.zero_grad();
+    for (int m = 0; m < c.train.grad_accum; ++m) {
+      auto loss = model->Loss(x, y);
+      if (c.train.grad_accum > 1) loss = loss / double(c.train.grad_accum);
+      loss.backward();
+      loss.item<double>();
+    }
+    torch::nn::utils::clip_grad_norm_(model->parameters(), c.optim.grad_clip);
+    adamw.step();
+  };
+
+  // Warm up both (allocator, thread pool), then interleave rounds.
+  for (int i = 0; i < 3; ++i) bare_step();
+  if (!atl::inner::RunLoop(**trainer, 3, observer).ok()) return 1;
+  std::vector<double> bare_tps, atoll_tps;
+  for (int r = 0; r < rounds; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) bare_step();
+    auto t1 = Clock::now();
+    if (!atl::inner::RunLoop(**trainer, (*trainer)->step() + steps, observer).ok()) return 1;
+    auto t2 = Clock::now();
+    bare_tps.push_back(double(steps * tokens_per_step) / std::chrono::duration<double>(t1 - t0).count());
+    atoll_tps.push_back(double(steps * tokens_per_step) / std::chrono::duration<double>(t2 - t1).count());
+  }
+  const double bare = Median(bare_tps), ours = Median(atoll_tps);
+  std::printf("config %s: %.2fM parameters, %lld tokens/step, %d threads, %d rounds x %d steps\n",
+              config_path.c_str(), double(atl::inner::ParameterCount(c.model)) / 1e6,
+              (long long)tokens_per_step, torch::get_num_threads(), rounds, steps);
+  std::printf("bare libtorch loop   %10.0f tokens/s (median)\n", bare);
+  std::printf("atoll training loop  %10.0f tokens/s (median)\n", ours);
+  std::printf("atoll / bare         %10.3f  (framework overhead %.1f%%)\n", ours / bare,
+              100.0 * (1.0 - ours / bare));
+  std::fclose(devnull);
+  return 0;
+}

@@ -1,0 +1,116 @@
+// End-to-end tests of the `atoll` binary: exit codes, messages, and what it writes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "inner/data.h"
+#include "tests/test_util.h"
+
+namespace atl {
+namespace {
+
+using ::atl::testing::TempDir;
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result Atoll(const std::string& args) {
+  const std::string cmd = std::string(ATOLL_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFile(dir_.Join("text.txt"), testing::GeneratedText(30000, 5));
+    testing::WriteFile(dir_.Join("tiny.toml"),
+                       "[model]\nn_layer = 1\nd_model = 32\nn_head = 2\ncontext = 32\n"
+                       "[data]\npath = \"" + dir_.Join("text.txt") + "\"\nval_fraction = 0.1\n"
+                       "[train]\nsteps = 6\nbatch_size = 2\neval_every = 3\neval_batches = 1\n"
+                       "threads = 1\nlog_every = 2\n[optim]\nwarmup_steps = 2\n");
+  }
+  std::string Train(const std::string& extra) {
+    return "train --config " + dir_.Join("tiny.toml") + " --run-dir " + dir_.Join("run") + " " +
+           extra;
+  }
+  bool RunDirExists() { return std::filesystem::exists(dir_.Join("run")); }
+  TempDir dir_;
+};
+
+TEST_F(CliTest, TrainsWritesMetricsAndResumes) {
+  auto r = Atoll(Train("--train.steps=4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("done at step 4"));
+  EXPECT_THAT(r.output, HasSubstr("val_loss"));
+  const std::string metrics = testing::ReadFile(dir_.Join("run/metrics.jsonl"));
+  std::istringstream lines(metrics);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    auto j = nlohmann::json::parse(line);
+    for (const char* key : {"step", "loss", "lr", "tokens", "wall_s"}) EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j.contains("val_loss"), j["step"] == 3 || j["step"] == 4) << line;
+  }
+  EXPECT_EQ(n, 4);
+  EXPECT_TRUE(std::filesystem::exists(dir_.Join("run/config.toml")));
+  // Extending the run: resume to step 6.
+  r = Atoll(Train("--resume"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("resumed at step 4"));
+  EXPECT_THAT(r.output, HasSubstr("done at step 6"));
+}
+
+TEST_F(CliTest, BadConfigGivesOneClearErrorAndWritesNothing) {
+  struct Case {
+    std::string args;
+    std::string message;
+  } cases[] = {
+      {"--train.stepz=3", "unknown config key 'train.stepz'"},
+      {"--train.steps=abc", "--train.steps: expected an integer"},
+      {"--train.batch_size=-1", "train.batch_size must be positive"},
+      {"--data.path=" + dir_.Join("missing.txt"), "missing.txt"},
+      {"--data.path=" + dir_.Join("*.bin"), "no files match"},
+      {"--resume", "--resume: no checkpoint"},
+      {"stray", "unexpected argument 'stray'"},
+  };
+  for (const auto& c : cases) {
+    auto r = Atoll(Train(c.args));
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.message)) << c.args;
+    EXPECT_THAT(r.output, HasSubstr("atoll: error: "));
+    EXPECT_FALSE(RunDirExists()) << c.args;
+  }
+  auto r = Atoll("train --config " + dir_.Join("nope.toml") + " --run-dir " + dir_.Join("run"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("nope.toml"));
+  EXPECT_FALSE(RunDirExists());
+}
+
+TEST_F(CliTest, BadShardNamesTheFile) {
+  std::vector<uint16_t> tokens(5000, 7);
+  ASSERT_TRUE(inner::WriteShard(dir_.Join("good.bin"), tokens).ok());
+  std::string bytes = testing::ReadFile(dir_.Join("good.bin"));
+  bytes[0] = 'X';  // magic
+  testing::WriteFile(dir_.Join("bad.bin"), bytes);
+  auto r = Atoll(Train("--data.path=" + dir_.Join("bad.bin")));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("data.path: shard " + dir_.Join("bad.bin") + ": bad magic"));
+  EXPECT_FALSE(RunDirExists());
+  r = Atoll(Train("--data.path=" + dir_.Join("good.bin") + " --model.vocab=8"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+}  // namespace
+}  // namespace atl

@@ -1,0 +1,116 @@
+#include "src/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/test_util.h"
+
+namespace atl {
+namespace {
+
+using ::atl::testing::TempDir;
+using ::testing::HasSubstr;
+
+absl::Status LoadText(const std::string& toml, std::vector<Override> overrides = {}) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("c.toml"), toml);
+  return LoadConfig(dir.Join("c.toml"), overrides).status();
+}
+
+TEST(ConfigTest, EveryPresetLoads) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ATOLL_SOURCE_DIR "/deploy/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    auto c = LoadConfig(e.path().string(), {});
+    EXPECT_TRUE(c.ok()) << e.path() << ": " << c.status();
+    ++n;
+  }
+  EXPECT_GE(n, 2);
+}
+
+TEST(ConfigTest, FileThenOverrides) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("c.toml"),
+                     "[data]\npath = \"x.txt\"\n[train]\nsteps = 50\nbatch_size = 3\n"
+                     "[optim]\nlr = 1\nwarmup_steps = 0\n");
+  auto c = LoadConfig(dir.Join("c.toml"), {{"train.steps", "200"}, {"optim.lr", "0.5"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->train.steps, 200);
+  EXPECT_EQ(c->train.batch_size, 3);
+  EXPECT_EQ(c->optim.lr, 0.5);
+  EXPECT_EQ(c->data.path, "x.txt");
+}
+
+TEST(ConfigTest, ResolvedTomlRoundTrips) {
+  auto c = LoadConfig("", {{"data.path", "a b.txt"}, {"model.dropout", "0.25"},
+                           {"train.device", "cpu"}, {"data.seed", "77"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  TempDir dir;
+  testing::WriteFile(dir.Join("r.toml"), ToToml(*c));
+  auto again = LoadConfig(dir.Join("r.toml"), {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(ToToml(*again), ToToml(*c));
+  EXPECT_EQ(again->data.path, "a b.txt");
+  EXPECT_EQ(again->model.dropout, 0.25);
+  EXPECT_EQ(again->data.seed, 77u);
+}
+
+TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
+  const std::string base = "[data]\npath = \"x\"\n";
+  struct Case {
+    std::string toml;
+    std::vector<Override> overrides;
+    absl::StatusCode code;
+    std::string message;
+  } cases[] = {
+      {base + "[train]\nstepz = 3\n", {}, absl::StatusCode::kInvalidArgument,
+       "unknown config key 'train.stepz'"},
+      {base + "[train]\nsteps = \"many\"\n", {}, absl::StatusCode::kInvalidArgument,
+       "'train.steps' in "},
+      {base + "[train]\nsteps = 1.5\n", {}, absl::StatusCode::kInvalidArgument,
+       "must be an integer"},
+      {base + "[model]\nn_layer = 99999999999\n", {}, absl::StatusCode::kOutOfRange,
+       "'model.n_layer'"},
+      {"[data]\npath = \"x\"\nseed = -1\n", {}, absl::StatusCode::kInvalidArgument,
+       "'data.seed'"},
+      {base + "[optim]\nlr = \"fast\"\n", {}, absl::StatusCode::kInvalidArgument,
+       "must be a number"},
+      {base + "[train]\nsteps = 0\n", {}, absl::StatusCode::kInvalidArgument, "train.steps"},
+      {base + "[model]\nd_model = 100\nn_head = 3\n", {}, absl::StatusCode::kInvalidArgument,
+       "model.n_head"},
+      {base + "[optim]\nbeta2 = 1.0\n", {}, absl::StatusCode::kInvalidArgument, "optim.beta2"},
+      {base + "[train]\ndevice = \"tpu\"\n", {}, absl::StatusCode::kInvalidArgument,
+       "train.device"},
+      {"[model\nn_layer = 2\n", {}, absl::StatusCode::kInvalidArgument, "c.toml:1:"},
+      {base, {{"train.stepz", "3"}}, absl::StatusCode::kInvalidArgument,
+       "unknown config key 'train.stepz' (command line)"},
+      {base, {{"train.steps", "ten"}}, absl::StatusCode::kInvalidArgument,
+       "--train.steps: expected an integer"},
+      {base, {{"model.n_layer", "3000000000"}}, absl::StatusCode::kInvalidArgument,
+       "--model.n_layer"},
+      {"[train]\nsteps = 3\n", {}, absl::StatusCode::kInvalidArgument, "data.path is required"},
+  };
+  for (const auto& c : cases) {
+    auto s = LoadText(c.toml, c.overrides);
+    EXPECT_EQ(s.code(), c.code) << c.toml << " -> " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.toml;
+  }
+  auto missing = LoadConfig("/nonexistent/c.toml", {});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/c.toml"));
+}
+
+TEST(ConfigTest, ParseOverrides) {
+  auto o = ParseOverrides({"--train.steps=200", "--data.path", "f.txt", "--optim.lr=1e-3"});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(*o, (std::vector<Override>{{"train.steps", "200"}, {"data.path", "f.txt"},
+                                       {"optim.lr", "1e-3"}}));
+  EXPECT_THAT(std::string(ParseOverrides({"stray"}).status().message()), HasSubstr("'stray'"));
+  EXPECT_THAT(std::string(ParseOverrides({"--train.steps"}).status().message()),
+              HasSubstr("needs a value"));
+}
+
+}  // namespace
+}  // namespace atl

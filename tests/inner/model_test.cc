@@ -1,0 +1,116 @@
+#include "inner/model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+
+namespace atl::inner {
+namespace {
+
+ModelConfig Small() {
+  ModelConfig c;
+  c.n_layer = 3;
+  c.d_model = 48;
+  c.n_head = 4;
+  c.context = 16;
+  c.vocab = 100;
+  return c;
+}
+
+TEST(ModelTest, ParameterCountMatchesClosedFormAndGpt2Small) {
+  auto c = Small();
+  Gpt model(c);
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  EXPECT_EQ(n, ParameterCount(c));
+  // GPT-2 small with an untied head: 124,439,808 + 768 * 50257.
+  ModelConfig gpt2{12, 768, 12, 1024, 50257};
+  EXPECT_EQ(ParameterCount(gpt2), 124439808 + 768LL * 50257);
+}
+
+TEST(ModelTest, StableNamesAndShapes) {
+  auto c = Small();
+  Gpt model(c);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (auto& [name, p] : NamedParameters(*model)) shapes[name] = p.sizes().vec();
+  EXPECT_EQ(shapes.size(), size_t(2 + 12 * c.n_layer + 3));
+  EXPECT_EQ(shapes["tok_emb.weight"], (std::vector<int64_t>{100, 48}));
+  EXPECT_EQ(shapes["pos_emb.weight"], (std::vector<int64_t>{16, 48}));
+  EXPECT_EQ(shapes["blocks.2.attn.qkv.weight"], (std::vector<int64_t>{144, 48}));
+  EXPECT_EQ(shapes["blocks.2.attn.qkv.bias"], (std::vector<int64_t>{144}));
+  EXPECT_EQ(shapes["blocks.0.attn.proj.weight"], (std::vector<int64_t>{48, 48}));
+  EXPECT_EQ(shapes["blocks.1.mlp.fc.weight"], (std::vector<int64_t>{192, 48}));
+  EXPECT_EQ(shapes["blocks.1.mlp.proj.weight"], (std::vector<int64_t>{48, 192}));
+  EXPECT_EQ(shapes["blocks.0.ln1.weight"], (std::vector<int64_t>{48}));
+  EXPECT_EQ(shapes["ln_f.bias"], (std::vector<int64_t>{48}));
+  EXPECT_EQ(shapes["head.weight"], (std::vector<int64_t>{100, 48}));
+}
+
+TEST(ModelTest, InitIsDeterministicFromTheSeedAlone) {
+  auto c = Small();
+  torch::manual_seed(1);
+  Gpt a(c);
+  torch::manual_seed(2);  // the global generator must not matter
+  Gpt b(c);
+  c.init_seed += 1;
+  Gpt d(c);
+  auto pa = NamedParameters(*a), pb = NamedParameters(*b), pd = NamedParameters(*d);
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+  }
+  EXPECT_EQ(pa[0].first, "tok_emb.weight");
+  EXPECT_FALSE(torch::equal(pa[0].second, pd[0].second));
+  // GPT-2 init scheme.
+  auto named = NamedParameters(*a);
+  for (auto& [name, p] : named) {
+    if (name == "blocks.0.ln1.weight") {
+      EXPECT_TRUE(torch::all(p == 1).item<bool>());
+    }
+    if (name == "blocks.0.attn.qkv.bias") {
+      EXPECT_TRUE(torch::all(p == 0).item<bool>());
+    }
+    if (name == "tok_emb.weight") {
+      EXPECT_NEAR(p.std().item<double>(), 0.02, 0.003);
+    }
+    if (name == "blocks.0.mlp.proj.weight") {
+      EXPECT_NEAR(p.std().item<double>(), 0.02 / std::sqrt(6.0), 0.002);
+    }
+  }
+}
+
+TEST(ModelTest, AttentionIsCausal) {
+  auto c = Small();
+  Gpt model(c);
+  model->eval();
+  auto tokens = torch::randint(0, c.vocab, {2, c.context}, torch::kLong);
+  auto changed = tokens.clone();
+  changed.index_put_({torch::indexing::Slice(), 10}, (tokens.index({0, 10}).item<int64_t>() + 1) % c.vocab);
+  torch::NoGradGuard g;
+  auto a = model->forward(tokens), b = model->forward(changed);
+  using torch::indexing::Slice;
+  EXPECT_TRUE(torch::equal(a.index({Slice(), Slice(0, 10)}), b.index({Slice(), Slice(0, 10)})));
+  EXPECT_FALSE(torch::equal(a.index({Slice(), Slice(10)}), b.index({Slice(), Slice(10)})));
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, c.context, c.vocab}));
+}
+
+TEST(ModelTest, InitialLossIsNearUniform) {
+  auto c = Small();
+  Gpt model(c);
+  auto tokens = torch::randint(0, c.vocab, {4, c.context}, torch::kLong);
+  const double loss = model->Loss(tokens, tokens).item<double>();
+  EXPECT_NEAR(loss, std::log(double(c.vocab)), 0.1);
+}
+
+TEST(ModelTest, ValidateNamesTheKey) {
+  ModelConfig c = Small();
+  c.n_head = 5;
+  EXPECT_THAT(std::string(Validate(c).message()), ::testing::HasSubstr("model.n_head"));
+  c = Small();
+  c.context = 0;
+  EXPECT_THAT(std::string(Validate(c).message()), ::testing::HasSubstr("model.context"));
+}
+
+}  // namespace
+}  // namespace atl::inner

@@ -1,0 +1,137 @@
+#include "inner/trainer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "tests/test_util.h"
+
+namespace atl::inner {
+namespace {
+
+using ::atl::testing::TinyConfig;
+
+std::shared_ptr<const Dataset> Data(const Config& c, uint64_t text_seed = 1) {
+  auto corpus = TokenCorpus::FromText(testing::GeneratedText(60000, text_seed));
+  auto d = MakeDataset(corpus, nullptr, c.data.val_fraction, c.model.context, c.data.seed);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return *d;
+}
+
+std::unique_ptr<Trainer> Make(const Config& c, std::shared_ptr<const Dataset> data) {
+  auto t = Trainer::Create(c.model, c.optim, c.train, std::move(data));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+TEST(ScheduleTest, WarmupThenCosineToTheFloor) {
+  OptimConfig o;
+  o.lr = 1.0;
+  o.warmup_steps = 10;
+  o.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 0, 110), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 9, 110), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 10, 110), 1.0);
+  EXPECT_NEAR(LearningRate(o, 60, 110), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRate(o, 110, 110), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRate(o, 500, 110), 0.1, 1e-12);
+}
+
+TEST(TrainerTest, SameSeedGivesBitIdenticalLosses) {
+  auto c = TinyConfig("");
+  auto data = Data(c);
+  auto a = Make(c, data), b = Make(c, data);
+  for (int i = 0; i < 8; ++i) {
+    const auto sa = a->Step(), sb = b->Step();
+    ASSERT_EQ(sa.loss, sb.loss) << "step " << i;
+    ASSERT_EQ(sa.grad_norm, sb.grad_norm);
+  }
+  EXPECT_EQ(a->Evaluate().loss, b->Evaluate().loss);
+  c.model.init_seed += 1;
+  auto d = Make(c, data);
+  EXPECT_NE(d->Step().loss, Make(TinyConfig(""), data)->Step().loss);
+}
+
+// Entropy (nats) of the byte distribution: the loss of the best model that ignores context.
+double UnigramEntropy(const std::string& text) {
+  double counts[256] = {};
+  for (unsigned char ch : text) counts[ch] += 1;
+  double h = 0;
+  for (double n : counts) {
+    if (n > 0) h -= n / double(text.size()) * std::log(n / double(text.size()));
+  }
+  return h;
+}
+
+TEST(TrainerTest, LossFallsWellBelowTheUnigramEntropy) {
+  auto c = TinyConfig("");
+  c.train.steps = 150;
+  auto data = Data(c);
+  const double unigram = UnigramEntropy(testing::GeneratedText(60000, 1));
+  auto t = Make(c, data);
+  const double before = t->Evaluate().loss;
+  EXPECT_NEAR(before, std::log(256.0), 0.3);
+  for (int i = 0; i < 150; ++i) t->Step();
+  const auto after = t->Evaluate();
+  EXPECT_LT(after.loss, 0.75 * unigram) << "from " << before << ", unigram " << unigram;
+  EXPECT_TRUE(after.per_byte);
+  EXPECT_DOUBLE_EQ(after.bits, after.loss / std::log(2.0));
+  EXPECT_EQ(t->tokens(), 150 * 4 * 32);
+}
+
+TEST(TrainerTest, GradientAccumulationMatchesTheLargerBatch) {
+  auto c = TinyConfig("");
+  c.optim.grad_clip = 0;
+  auto data = Data(c);
+  auto big_cfg = c;
+  big_cfg.train.batch_size = 8;
+  auto acc_cfg = c;
+  acc_cfg.train.grad_accum = 2;
+  auto big = Make(big_cfg, data), acc = Make(acc_cfg, data);
+  for (int i = 0; i < 3; ++i) {
+    const auto sb = big->Step(), sa = acc->Step();
+    EXPECT_NEAR(sb.loss, sa.loss, 1e-5);
+  }
+  auto pb = NamedParameters(*big->model()), pa = NamedParameters(*acc->model());
+  for (size_t i = 0; i < pb.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(pb[i].second, pa[i].second, 1e-4, 1e-6)) << pb[i].first;
+  }
+}
+
+TEST(TrainerTest, ImportStateRefusesAMismatchAndChangesNothing) {
+  auto c = TinyConfig("");
+  auto data = Data(c);
+  auto t = Make(c, data);
+  t->Step();
+  const auto before = t->ExportState();
+  auto bad = before;
+  bad.tensors[1].tensor = torch::zeros({3});
+  bad.step = 99;
+  EXPECT_EQ(t->ImportState(bad).code(), absl::StatusCode::kInvalidArgument);
+  auto missing = before;
+  missing.tensors.pop_back();
+  EXPECT_EQ(t->ImportState(missing).code(), absl::StatusCode::kNotFound);
+  const auto after = t->ExportState();
+  EXPECT_EQ(after.step, 1);
+  for (size_t i = 0; i < before.tensors.size(); ++i) {
+    EXPECT_TRUE(torch::equal(before.tensors[i].tensor, after.tensors[i].tensor));
+  }
+}
+
+TEST(TrainerTest, ExportImportContinuesBitIdentically) {
+  auto c = TinyConfig("");
+  c.model.dropout = 0.1;  // exercises the RNG state
+  auto data = Data(c);
+  auto a = Make(c, data);
+  for (int i = 0; i < 5; ++i) a->Step();
+  auto state = a->ExportState();
+  std::vector<double> expected;
+  for (int i = 0; i < 5; ++i) expected.push_back(a->Step().loss);
+  torch::manual_seed(12345);  // disturb the global generator
+  auto b = Make(c, data);
+  ASSERT_TRUE(b->ImportState(state).ok());
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(b->Step().loss, expected[size_t(i)]) << i;
+}
+
+}  // namespace
+}  // namespace atl::inner

@@ -1,0 +1,36 @@
+// Shared helpers for the test suite: temporary directories, a small generated corpus, tiny configs.
+#ifndef ATOLL_TESTS_TEST_UTIL_H_
+#define ATOLL_TESTS_TEST_UTIL_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "src/config.h"
+
+namespace atl::testing {
+
+// A fresh directory under the test's TMPDIR, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic English-like text from a small grammar: learnable structure, no network needed.
+std::string GeneratedText(size_t bytes, uint64_t seed);
+
+void WriteFile(const std::string& path, const std::string& contents);
+std::string ReadFile(const std::string& path);
+
+// A config small enough for unit tests (2 layers, d_model 32, context 32) over `data_path`.
+Config TinyConfig(const std::string& data_path);
+
+}  // namespace atl::testing
+
+#endif  // ATOLL_TESTS_TEST_UTIL_H_
