@@ -1,7 +1,7 @@
 // Tokens/s of atoll's training loop against a bare libtorch loop on the same model and batch,
-// measured side by side in one run (interleaved rounds, median of each).
+// measured side by side in one run (interleaved rounds in alternating order, median of each).
 //
-//   build/tests/bench/train_bench [deploy/configs/tiny.toml] [rounds] [steps_per_round]
+//   build/tests/bench/train_bench [deploy/configs/tiny.toml] [rounds=11] [steps_per_round=20]
 //
 // The bare loop is what a user would write by hand: one fixed batch already in memory, forward,
 // backward, clip, torch::optim::AdamW. The atoll loop is inner::RunLoop as `atoll train` runs it:
@@ -49,7 +49,7 @@ class ReportingObserver : public atl::inner::LoopObserver {
 
 int main(int argc, char** argv) {
   const std::string config_path = argc > 1 ? argv[1] : ATOLL_SOURCE_DIR "/deploy/configs/tiny.toml";
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 7;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 11;
   const int steps = argc > 3 ? std::atoi(argv[3]) : 20;
   auto config = atl::LoadConfig(config_path, {{"data.path", "unused"}});
   if (!config.ok()) {
@@ -88,8 +88,13 @@ int main(int argc, char** argv) {
   groups.emplace_back(decay, opts(c.optim.adamw.weight_decay));
   groups.emplace_back(no_decay, opts(0.0));
   torch::optim::AdamW adamw(std::move(groups));
-  auto x = torch::randint(0, c.model.vocab, {c.train.batch_size, c.model.context}, torch::kLong);
-  auto y = torch::randint(0, c.model.vocab, {c.train.batch_size, c.model.context}, torch::kLong);
+  // One fixed batch of real windows from the same corpus.
+  auto x = torch::empty({c.train.batch_size, c.model.context}, torch::kLong);
+  auto y = torch::empty({c.train.batch_size, c.model.context}, torch::kLong);
+  for (int b = 0; b < c.train.batch_size; ++b) {
+    (*data)->train.Fill(size_t(b) * 7, x.data_ptr<int64_t>() + b * c.model.context,
+                        y.data_ptr<int64_t>() + b * c.model.context);
+  }
   auto bare_step = [&] {
     adamw.zero_grad();
     for (int m = 0; m < c.train.grad_accum; ++m) {
@@ -105,15 +110,22 @@ int main(int argc, char** argv) {
   // Warm up both (allocator, thread pool), then interleave rounds.
   for (int i = 0; i < 3; ++i) bare_step();
   if (!atl::inner::RunLoop(**trainer, 3, observer).ok()) return 1;
+  // Rounds alternate which loop goes first, so drift in machine load hits both alike.
   std::vector<double> bare_tps, atoll_tps;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   for (int r = 0; r < rounds; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < steps; ++i) bare_step();
-    auto t1 = Clock::now();
-    if (!atl::inner::RunLoop(**trainer, (*trainer)->step() + steps, observer).ok()) return 1;
-    auto t2 = Clock::now();
-    bare_tps.push_back(double(steps * tokens_per_step) / std::chrono::duration<double>(t1 - t0).count());
-    atoll_tps.push_back(double(steps * tokens_per_step) / std::chrono::duration<double>(t2 - t1).count());
+    for (int which = 0; which < 2; ++which) {
+      const bool bare_now = (which == 0) == (r % 2 == 0);
+      const auto t0 = Clock::now();
+      if (bare_now) {
+        for (int i = 0; i < steps; ++i) bare_step();
+      } else if (!atl::inner::RunLoop(**trainer, (*trainer)->step() + steps, observer).ok()) {
+        return 1;
+      }
+      (bare_now ? bare_tps : atoll_tps).push_back(double(steps * tokens_per_step) / seconds_since(t0));
+    }
   }
   const double bare = Median(bare_tps), ours = Median(atoll_tps);
   std::printf("config %s: %.2fM parameters, %lld tokens/step, %d threads, %d rounds x %d steps\n",
