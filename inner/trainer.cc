@@ -229,12 +229,14 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
   return absl::OkStatus();
 }
 
-absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer) {
+absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer,
+                     bool evaluate) {
   const auto& cfg = trainer.train_config();
   while (trainer.step() < until_step) {
     const StepStats stats = trainer.Step();
     std::optional<EvalStats> eval;
-    if ((cfg.eval_every > 0 && stats.step % cfg.eval_every == 0) || stats.step == cfg.steps) {
+    if (evaluate &&
+        ((cfg.eval_every > 0 && stats.step % cfg.eval_every == 0) || stats.step == cfg.steps)) {
       eval = trainer.Evaluate();
     }
     if (auto s = observer.OnStep(stats, eval ? &*eval : nullptr); !s.ok()) return s;

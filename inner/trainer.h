@@ -121,8 +121,10 @@ class LoopObserver {
 };
 
 // Steps `trainer` until it has completed `until_step` steps, evaluating every train.eval_every
-// steps and at the last one.
-absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer);
+// steps and at the last one (unless `evaluate` is false: DiLoCo islands evaluate the global
+// parameters after their outer round instead).
+absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer,
+                     bool evaluate = true);
 
 }  // namespace atl::inner
 

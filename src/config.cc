@@ -18,7 +18,7 @@ namespace {
 // A key of the schema, bound to the field it sets.
 struct Field {
   std::string key;
-  std::variant<int*, int64_t*, uint64_t*, double*, std::string*> target;
+  std::variant<bool*, int*, int64_t*, uint64_t*, double*, std::string*> target;
   std::string doc;
 };
 
@@ -54,6 +54,15 @@ std::vector<Field> Schema(Config& c) {
       {"optim.beta2", &c.optim.adamw.beta2, "AdamW beta2"},
       {"optim.eps", &c.optim.adamw.eps, "AdamW epsilon"},
       {"optim.weight_decay", &c.optim.adamw.weight_decay, "AdamW weight decay (matrices only)"},
+      {"outer.run_id", &c.outer.run_id, "run name every RPC carries"},
+      {"outer.sync_every", &c.outer.sync_every, "H: inner steps per outer round"},
+      {"outer.lr", &c.outer.optimizer.lr, "outer learning rate"},
+      {"outer.momentum", &c.outer.optimizer.momentum, "outer momentum (0: plain SGD)"},
+      {"outer.nesterov", &c.outer.optimizer.nesterov, "Nesterov momentum"},
+      {"outer.islands", &c.outer.islands, "islands of the run (disjoint data streams)"},
+      {"outer.min_islands", &c.outer.min_islands, "contributions that commit a late round"},
+      {"outer.round_timeout_s", &c.outer.round_timeout_s, "round deadline after its first push"},
+      {"outer.rpc_timeout_s", &c.outer.rpc_timeout_s, "deadline of every other RPC"},
   };
 }
 
@@ -82,6 +91,9 @@ absl::Status SetFromToml(const Field& f, const toml::node& node, const std::stri
         if constexpr (std::is_same_v<T, std::string>) {
           if (!node.is_string()) return wrong("a string");
           *target = *node.value<std::string>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!node.is_boolean()) return wrong("true or false");
+          *target = *node.value<bool>();
         } else if constexpr (std::is_same_v<T, double>) {
           if (!node.is_number()) return wrong("a number");
           *target = *node.value<double>();
@@ -115,6 +127,9 @@ absl::Status SetFromString(const Field& f, const std::string& text) {
         using T = std::remove_pointer_t<decltype(target)>;
         if constexpr (std::is_same_v<T, std::string>) {
           *target = text;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (text != "true" && text != "false") return wrong("true or false");
+          *target = text == "true";
         } else if constexpr (std::is_same_v<T, double>) {
           double v;
           if (!absl::SimpleAtod(text, &v)) return wrong("a number");
@@ -209,6 +224,7 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Ove
   if (auto s = inner::Validate(config.train); !s.ok()) return s;
   if (auto s = inner::Validate(config.optim, config.train); !s.ok()) return s;
   if (auto s = ValidateRun(config.run); !s.ok()) return s;
+  if (auto s = outer::Validate(config.outer); !s.ok()) return s;
   return config;
 }
 

@@ -14,6 +14,7 @@
 #include "inner/data.h"
 #include "inner/model.h"
 #include "inner/trainer.h"
+#include "outer/outer_config.h"
 
 namespace atl {
 
@@ -29,6 +30,7 @@ struct Config {
   inner::TrainConfig train;
   inner::OptimConfig optim;
   RunConfig run;
+  outer::OuterConfig outer;
 };
 
 // One command-line override: key "train.steps", value "200".

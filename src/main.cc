@@ -11,6 +11,9 @@
 
 #include "absl/strings/str_format.h"
 #include "src/config.h"
+#include "src/coordinator_command.h"
+#include "src/grpc_transport.h"
+#include "src/island_loop.h"
 #include "src/train_command.h"
 
 namespace {
@@ -50,19 +53,85 @@ int main(int argc, char** argv) {
   train->allow_extras();
   train->footer(KeysHelp());
 
+  std::string listen = "127.0.0.1:0", coordinator_addr, name, token_file;
+  atl::TlsFiles tls;
+  auto* coord = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
+  coord->add_option("--config", config_path, "TOML config of the run");
+  coord->add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
+  coord->add_option("--run-dir", run_dir, "directory for rounds.jsonl");
+  coord->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
+  coord->add_option("--tls-cert", tls.cert, "TLS certificate chain (PEM)");
+  coord->add_option("--tls-key", tls.key, "TLS private key (PEM)");
+  coord->allow_extras();
+  coord->footer(KeysHelp());
+
+  auto* island = app.add_subcommand("island", "run one island of a DiLoCo run");
+  island->add_option("--coordinator", coordinator_addr, "HOST:PORT of the coordinator")->required();
+  island->add_option("--name", name, "island name, unique in the run")->required();
+  island->add_option("--config", config_path, "TOML config (the [model] must match the coordinator's)");
+  island->add_option("--run-dir", run_dir, "directory for metrics.jsonl and summary.json")->required();
+  island->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
+  island->add_option("--tls-ca", tls.ca, "trust these root certificates (PEM) and use TLS");
+  island->allow_extras();
+  island->footer(KeysHelp());
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
 
+  CLI::App* command = app.get_subcommands().front();
+  auto overrides = atl::ParseOverrides(command->remaining());
+  if (!overrides.ok()) return Fail(overrides.status());
+  auto config = atl::LoadConfig(config_path, *overrides);
+  if (!config.ok()) return Fail(config.status());
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+
+  if (coord->parsed()) {
+    auto token = atl::LoadToken(token_file);
+    if (!token.ok()) return Fail(token.status());
+    atl::CoordinatorOptions options;
+    options.server.listen = listen;
+    options.server.token = *token;
+    options.server.tls = tls;
+    options.run_dir = run_dir;
+    options.stop = &g_stop;
+    if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
+    return 0;
+  }
+
+  if (island->parsed()) {
+    auto token = atl::LoadToken(token_file);
+    if (!token.ok()) return Fail(token.status());
+    atl::GrpcTransportOptions t;
+    t.target = coordinator_addr;
+    t.token = *token;
+    t.tls = tls;
+    t.rpc_timeout_s = config->outer.rpc_timeout_s;
+    t.round_timeout_s = config->outer.round_timeout_s;
+    auto transport = atl::GrpcTransport::Create(t);
+    if (!transport.ok()) return Fail(transport.status());
+    atl::IslandOptions options;
+    options.name = name;
+    options.run_dir = run_dir;
+    options.tty = false;
+    options.stop = &g_stop;
+    auto summary = atl::RunIsland(*config, **transport, options);
+    if (!summary.ok()) return Fail(summary.status());
+    std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "
+                "sent %.1f MiB, received %.1f MiB, global params %016llx\n",
+                summary->island_id.c_str(), (long long)summary->step,
+                (unsigned long long)summary->rounds,
+                summary->last_eval ? absl::StrFormat("val_loss %.4f", summary->last_eval->loss).c_str()
+                                   : "no evaluation",
+                summary->compute_s, summary->sync_s, summary->bytes_sent / 1048576.0,
+                summary->bytes_received / 1048576.0, (unsigned long long)summary->global_hash);
+    return 0;
+  }
+
   if (train->parsed()) {
-    auto overrides = atl::ParseOverrides(train->remaining());
-    if (!overrides.ok()) return Fail(overrides.status());
-    auto config = atl::LoadConfig(config_path, *overrides);
-    if (!config.ok()) return Fail(config.status());
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
     atl::TrainOptions options;
     options.run_dir = run_dir;
     options.resume = resume;

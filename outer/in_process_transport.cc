@@ -1,0 +1,36 @@
+#include "outer/in_process_transport.h"
+
+namespace atl::outer {
+
+absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(SyncServer& server,
+                                                             const pb::UpdateRequest& request,
+                                                             absl::Time deadline) {
+  if (request.run_id() != server.options().run_id) {
+    return absl::NotFoundError("unknown run '" + request.run_id() + "'");
+  }
+  if (request.fragment() != 0) {
+    return absl::NotFoundError("unknown fragment " + std::to_string(request.fragment()));
+  }
+  auto committed = server.AwaitRound(request.round(), deadline);
+  if (!committed.ok()) return committed.status();
+  std::vector<pb::UpdateChunk> out;
+  const uint64_t begin = request.offset();
+  const uint64_t end = request.num_elements() == 0 ? UINT64_MAX : begin + request.num_elements();
+  for (const auto& c : (*committed)->update_chunks) {
+    const uint64_t first = c.header().offset(), last = first + c.header().num_elements();
+    if (last <= begin || first >= end) continue;
+    pb::UpdateChunk u;
+    *u.mutable_chunk() = c;
+    u.set_params_hash((*committed)->params_hash);
+    u.set_contributors(uint32_t((*committed)->contributors.size()));
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<pb::UpdateChunk>> InProcessTransport::AwaitUpdate(
+    const pb::UpdateRequest& r) {
+  return UpdateChunksFor(*server_, r, absl::Now() + deadline_);
+}
+
+}  // namespace atl::outer

@@ -1,0 +1,43 @@
+// Transport that calls a SyncServer in the same process: the reference for the gRPC transport and
+// the fast path of algorithm tests.
+#ifndef ATOLL_OUTER_IN_PROCESS_TRANSPORT_H_
+#define ATOLL_OUTER_IN_PROCESS_TRANSPORT_H_
+
+#include "outer/sync_server.h"
+#include "outer/transport.h"
+
+namespace atl::outer {
+
+class InProcessTransport : public Transport {
+ public:
+  explicit InProcessTransport(SyncServer* server, absl::Duration deadline = absl::Seconds(60))
+      : server_(server), deadline_(deadline) {}
+
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& r) override {
+    return server_->Join(r);
+  }
+  absl::Status Leave(const pb::LeaveRequest& r) override { return server_->Leave(r); }
+  absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& r) override {
+    return server_->Heartbeat(r);
+  }
+  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& r) override {
+    return server_->Push(r);
+  }
+  absl::StatusOr<std::vector<pb::UpdateChunk>> AwaitUpdate(const pb::UpdateRequest& r) override;
+  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& r) override {
+    return server_->FetchState(r);
+  }
+
+ private:
+  SyncServer* server_;
+  absl::Duration deadline_;
+};
+
+// The update chunks of a committed round, as the OuterSync service streams them.
+absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(SyncServer& server,
+                                                             const pb::UpdateRequest& request,
+                                                             absl::Time deadline);
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_IN_PROCESS_TRANSPORT_H_

@@ -1,0 +1,129 @@
+#include "outer/island_sync.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "compression/checksum.h"
+#include "outer/outer_optimizer.h"
+
+namespace atl::outer {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+IslandSync::IslandSync(Transport* transport, std::string run_id, std::string island_id,
+                       uint64_t fragment_elements, size_t chunk_bytes)
+    : transport_(transport),
+      run_id_(std::move(run_id)),
+      island_id_(std::move(island_id)),
+      n_(fragment_elements),
+      chunk_bytes_(chunk_bytes),
+      global_(fragment_elements, 0.0f) {}
+
+uint64_t IslandSync::global_hash() const {
+  return compression::Checksum(global_.data(), global_.size() * sizeof(float));
+}
+
+absl::Status IslandSync::FetchGlobal() {
+  pb::FetchStateRequest request;
+  request.set_run_id(run_id_);
+  request.set_island_id(island_id_);
+  request.set_fragment(0);
+  auto chunks = transport_->FetchState(request);
+  if (!chunks.ok()) return chunks.status();
+  if (chunks->empty()) return absl::DataLossError("the service sent no state");
+  const auto& h0 = chunks->front().chunk().header();
+  Assembler assembler({run_id_, h0.island_id(), h0.round(), 0}, n_, 0, n_);
+  for (const auto& c : *chunks) {
+    if (c.params_hash() != chunks->front().params_hash()) {
+      return absl::DataLossError("state chunks disagree on the parameters' hash");
+    }
+    if (auto s = assembler.Add(c.chunk()); !s.ok()) return s;
+  }
+  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
+  const uint64_t hash = compression::Checksum(assembler.values().data(), n_ * sizeof(float));
+  if (hash != chunks->front().params_hash()) {
+    return absl::DataLossError("fetched state does not match its hash");
+  }
+  global_ = std::move(assembler.mutable_values());
+  round_ = h0.round();
+  fetched_bytes_ += WireBytes(*chunks);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
+                                                   uint64_t tokens) {
+  if (local.size() != n_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local parameters have ", local.size(), " elements, expected ", n_));
+  }
+  RoundOutcome out;
+  out.round = round_;
+  auto resync = [&](std::string reason) -> absl::StatusOr<RoundOutcome> {
+    if (auto s = FetchGlobal(); !s.ok()) return s;
+    out.resynced = true;
+    out.resync_reason = std::move(reason);
+    return out;
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> delta(n_);
+  for (uint64_t i = 0; i < n_; ++i) delta[i] = global_[i] - local[i];
+  auto chunks = EncodeChunks({run_id_, island_id_, round_, 0}, {compression::Codec::kFp32, 0},
+                             delta.data(), 0, n_, n_, chunk_bytes_);
+  if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
+  std::vector<pb::PushRequest> requests(chunks->size());
+  for (size_t i = 0; i < chunks->size(); ++i) {
+    *requests[i].mutable_chunk() = std::move((*chunks)[i]);
+    requests[i].set_tokens(tokens);
+  }
+  out.bytes_sent = WireBytes(requests);
+  auto pushed = transport_->Push(requests);
+  out.push_s = Since(t0);
+  if (!pushed.ok()) {
+    if (absl::IsFailedPrecondition(pushed.status())) {
+      return resync(std::string(pushed.status().message()));
+    }
+    return pushed.status();
+  }
+
+  const auto t1 = std::chrono::steady_clock::now();
+  pb::UpdateRequest request;
+  request.set_run_id(run_id_);
+  request.set_island_id(island_id_);
+  request.set_round(round_);
+  request.set_fragment(0);
+  auto update = transport_->AwaitUpdate(request);
+  if (!update.ok()) {
+    if (absl::IsFailedPrecondition(update.status())) {
+      return resync(std::string(update.status().message()));
+    }
+    return update.status();
+  }
+  out.bytes_received = WireBytes(*update);
+  if (update->empty()) return absl::DataLossError("the service sent an empty update");
+  Assembler assembler({run_id_, "", round_, 0}, n_, 0, n_);
+  for (const auto& u : *update) {
+    if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
+  }
+  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
+  ApplyUpdate(global_.data(), assembler.values().data(), n_);
+  out.wait_s = Since(t1);
+  out.contributors = update->front().contributors();
+  ++round_;
+  if (global_hash() != update->front().params_hash()) {
+    // Never expected: the same fp32 subtraction on the same inputs. Recover with the full state.
+    std::fprintf(stderr,
+                 "atoll: error: island '%s': global parameters after round %llu do not match the "
+                 "service's hash; fetching the full state\n",
+                 island_id_.c_str(), (unsigned long long)out.round);
+    return resync("hash mismatch after applying the outer update");
+  }
+  return out;
+}
+
+}  // namespace atl::outer

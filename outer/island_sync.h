@@ -1,0 +1,62 @@
+// The island side of DiLoCo's outer step, transport-independent and torch-free: it keeps the
+// island's copy of the global parameters (flat fp32), turns the local parameters after H inner
+// steps into a pseudo-gradient, pushes it, applies the committed outer update and checks that its
+// copy is bit-identical to the service's (resyncing with a full fetch when it is not).
+//
+// Threading: one IslandSync belongs to one thread at a time.
+#ifndef ATOLL_OUTER_ISLAND_SYNC_H_
+#define ATOLL_OUTER_ISLAND_SYNC_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "outer/payload.h"
+#include "outer/transport.h"
+
+namespace atl::outer {
+
+struct RoundOutcome {
+  uint64_t round = 0;           // the round just finished
+  bool resynced = false;        // the global copy was replaced by a full fetch
+  std::string resync_reason;
+  uint32_t contributors = 0;
+  uint64_t bytes_sent = 0;      // serialized payload bytes
+  uint64_t bytes_received = 0;
+  double push_s = 0;            // encode + push
+  double wait_s = 0;            // waiting for the round to commit + receiving the update
+};
+
+class IslandSync {
+ public:
+  IslandSync(Transport* transport, std::string run_id, std::string island_id,
+             uint64_t fragment_elements, size_t chunk_bytes = kDefaultChunkBytes);
+
+  // Replaces the global copy with the service's current state (verifying its hash).
+  absl::Status FetchGlobal();
+  // After H inner steps: pushes global - local (weighted by `tokens`), waits for the round to
+  // commit, applies the outer update to the global copy. On return global() holds the new global
+  // parameters, which the caller loads into its model.
+  absl::StatusOr<RoundOutcome> SyncRound(const std::vector<float>& local, uint64_t tokens);
+
+  const std::vector<float>& global() const { return global_; }
+  uint64_t round() const { return round_; }
+  uint64_t global_hash() const;
+  // Total bytes of full-state fetches (joins and resyncs).
+  uint64_t fetched_bytes() const { return fetched_bytes_; }
+
+ private:
+  Transport* transport_;
+  std::string run_id_, island_id_;
+  uint64_t n_;
+  size_t chunk_bytes_;
+  std::vector<float> global_;
+  uint64_t round_ = 0;
+  uint64_t fetched_bytes_ = 0;
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_ISLAND_SYNC_H_

@@ -1,0 +1,26 @@
+// Configuration of the outer loop (the [outer] section), in torchft's vocabulary where it has one.
+#ifndef ATOLL_OUTER_OUTER_CONFIG_H_
+#define ATOLL_OUTER_OUTER_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "outer/outer_optimizer.h"
+
+namespace atl::outer {
+
+struct OuterConfig {
+  std::string run_id = "atoll";      // every RPC names it; a service refuses other runs
+  int sync_every = 50;               // H: inner steps per outer round
+  OuterOptimizerConfig optimizer;    // outer.lr, outer.momentum, outer.nesterov
+  int islands = 2;                   // islands of the run (its disjoint data streams)
+  int min_islands = 1;               // contributions that commit a round at its deadline
+  double round_timeout_s = 600;      // a round's deadline after its first contribution
+  double rpc_timeout_s = 60;         // deadline of every other RPC
+};
+
+absl::Status Validate(const OuterConfig& config);
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_OUTER_CONFIG_H_

@@ -1,0 +1,48 @@
+// The outer optimizer of DiLoCo: SGD on the averaged pseudo-gradient, with optional (Nesterov)
+// momentum, in fp32 on flat spans. Defaults follow DiLoCo (arXiv 2311.08105): lr 0.7, momentum 0.9,
+// Nesterov.
+#ifndef ATOLL_OUTER_OUTER_OPTIMIZER_H_
+#define ATOLL_OUTER_OUTER_OPTIMIZER_H_
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace atl::outer {
+
+struct OuterOptimizerConfig {
+  double lr = 0.7;
+  double momentum = 0.9;
+  bool nesterov = true;
+};
+
+absl::Status Validate(const OuterOptimizerConfig& config);
+
+class OuterOptimizer {
+ public:
+  OuterOptimizer(const OuterOptimizerConfig& config, size_t num_elements);
+
+  // From the averaged outer gradient g, advances the momentum and writes the update u such that
+  // theta_new = theta - u. Every copy of the global parameters applies u with the same fp32
+  // subtraction, which keeps them bit-identical.
+  //   no momentum:  u = lr * g
+  //   momentum:     m = mu * m + g;  u = lr * m            (torch.optim.SGD semantics)
+  //   Nesterov:     m = mu * m + g;  u = lr * (g + mu * m)
+  void ComputeUpdate(const float* g, float* u);
+
+  const std::vector<float>& momentum() const { return momentum_; }
+  std::vector<float>& mutable_momentum() { return momentum_; }
+
+ private:
+  OuterOptimizerConfig config_;
+  size_t size_;
+  std::vector<float> momentum_;  // empty without momentum
+};
+
+// theta -= u, elementwise in fp32: the one way every copy applies an outer update.
+void ApplyUpdate(float* theta, const float* u, size_t n);
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_OUTER_OPTIMIZER_H_

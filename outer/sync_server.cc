@@ -1,0 +1,322 @@
+#include "outer/sync_server.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "compression/checksum.h"
+
+namespace atl::outer {
+namespace {
+
+constexpr size_t kCommittedKept = 8;
+
+uint64_t HashParams(const std::vector<float>& p) {
+  return compression::Checksum(p.data(), p.size() * sizeof(float));
+}
+
+}  // namespace
+
+uint64_t FragmentLayout::total() const {
+  return std::accumulate(numels.begin(), numels.end(), uint64_t(0));
+}
+
+SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial)
+    : options_(std::move(options)),
+      layout_(std::move(layout)),
+      params_(std::move(initial)),
+      params_hash_(HashParams(params_)),
+      optimizer_(options_.optimizer, params_.size()) {}
+
+absl::Status SyncServer::CheckRun(const std::string& run_id) const {
+  if (run_id == options_.run_id) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("unknown run '", run_id, "' (this service runs '",
+                                          options_.run_id, "')"));
+}
+
+absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request) {
+  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (request.name().empty()) return absl::InvalidArgumentError("an island needs a name");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (members_.count(request.name())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("an island named '", request.name(), "' is already a member"));
+  }
+  std::vector<bool> taken(options_.num_data_streams, false);
+  for (const auto& [id, m] : members_) taken[m.data_stream] = true;
+  const auto free = std::find(taken.begin(), taken.end(), false);
+  if (free == taken.end()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", options_.num_data_streams, " data streams are taken by current members"));
+  }
+  Member m{request.name(), uint32_t(free - taken.begin()), absl::Now()};
+  members_[request.name()] = m;
+  ++membership_epoch_;
+
+  pb::JoinResponse r;
+  r.set_island_id(request.name());
+  r.set_data_stream(m.data_stream);
+  r.set_round(round_);
+  auto* sched = r.mutable_schedule();
+  sched->set_sync_every(options_.sync_every);
+  sched->set_num_fragments(1);
+  sched->set_num_data_streams(options_.num_data_streams);
+  sched->set_total_inner_steps(options_.total_inner_steps);
+  r.set_config_hash(options_.config_hash);
+  auto* frag = r.add_fragments();
+  frag->set_fragment(0);
+  for (const auto& n : layout_.names) frag->add_parameters(n);
+  frag->set_num_elements(layout_.total());
+  return r;
+}
+
+absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
+  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (members_.erase(request.island_id()) == 0) {
+    return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
+  }
+  ++membership_epoch_;
+  // The round may now be complete without the island that left.
+  if (ReadyLocked(absl::Now())) CommitLocked(absl::Now());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatRequest& request) {
+  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = members_.find(request.island_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
+  }
+  it->second.last_seen = absl::Now();
+  pb::HeartbeatResponse r;
+  r.set_round(round_);
+  r.set_membership_epoch(membership_epoch_);
+  return r;
+}
+
+pb::GetStateResponse SyncServer::GetState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  pb::GetStateResponse r;
+  r.set_round(round_);
+  r.set_membership_epoch(membership_epoch_);
+  for (const auto& [id, m] : members_) {
+    auto* i = r.add_islands();
+    i->set_island_id(id);
+    i->set_name(m.name);
+    i->set_data_stream(m.data_stream);
+    i->set_state("active");
+  }
+  auto* sched = r.mutable_schedule();
+  sched->set_sync_every(options_.sync_every);
+  sched->set_num_fragments(1);
+  sched->set_num_data_streams(options_.num_data_streams);
+  sched->set_total_inner_steps(options_.total_inner_steps);
+  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
+    auto* s = r.add_committed();
+    s->set_round((*it)->round);
+    for (const auto& c : (*it)->contributors) s->add_contributors(c);
+    s->set_tokens((*it)->tokens);
+    s->set_params_hash((*it)->params_hash);
+    s->set_commit_unix_s((*it)->commit_unix_s);
+  }
+  return r;
+}
+
+absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequest>& requests) {
+  if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
+  const auto& first = requests.front().chunk().header();
+  if (auto s = CheckRun(first.run_id()); !s.ok()) return s;
+  if (first.fragment() != 0) {
+    return absl::NotFoundError(absl::StrCat("unknown fragment ", first.fragment(),
+                                            " (this run has 1 fragment)"));
+  }
+  const std::string island = first.island_id();
+  const uint64_t round = first.round();
+  {
+    // Cheap checks before decoding anything.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!members_.count(island)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("island '", island, "' is not a member of run '", options_.run_id, "'"));
+    }
+    if (round != round_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "round ", round, round < round_ ? " has already committed" : " is unknown",
+          "; the current round is ", round_, ": fetch the global state and continue"));
+    }
+    if (contributions_.count(island)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("island '", island, "' has already contributed to round ", round));
+    }
+  }
+  Assembler assembler({options_.run_id, island, round, 0}, layout_.total(), 0, layout_.total());
+  for (const auto& r : requests) {
+    if (auto s = assembler.Add(r.chunk()); !s.ok()) return s;
+  }
+  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
+  const uint64_t tokens = requests.front().tokens();
+  if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
+
+  std::lock_guard<std::mutex> lock(mu_);
+  // The state may have moved while we decoded.
+  if (round != round_) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round,
+                                                      " committed while the payload arrived; "
+                                                      "fetch the global state and continue"));
+  }
+  if (!members_.count(island)) {
+    return absl::PermissionDeniedError(absl::StrCat("island '", island, "' is no longer a member"));
+  }
+  if (!contributions_.emplace(island, Contribution{std::move(assembler.mutable_values()), tokens})
+           .second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("island '", island, "' has already contributed to round ", round));
+  }
+  const absl::Time now = absl::Now();
+  if (contributions_.size() == 1) {
+    round_deadline_ = now + absl::Seconds(options_.round_timeout_s);
+  }
+  pb::PushResponse response;
+  response.set_round(round);
+  response.set_fragment(0);
+  response.set_contributors(uint32_t(contributions_.size()));
+  if (ReadyLocked(now)) CommitLocked(now);
+  return response;
+}
+
+bool SyncServer::ReadyLocked(absl::Time now) const {
+  if (contributions_.empty()) return false;
+  bool all = true;
+  for (const auto& [id, m] : members_) all &= contributions_.count(id) > 0;
+  if (all) return true;
+  return now >= round_deadline_ && int(contributions_.size()) >= options_.min_islands;
+}
+
+void SyncServer::CommitLocked(absl::Time now) {
+  const size_t n = params_.size();
+  auto committed = std::make_shared<CommittedRound>();
+  committed->round = round_;
+  // Weighted mean in double, in island-id order (std::map): independent of arrival order.
+  std::vector<double> sum(n, 0.0);
+  double total = 0;
+  for (const auto& [id, c] : contributions_) {
+    const double w = double(c.tokens);
+    for (size_t i = 0; i < n; ++i) sum[i] += w * double(c.delta[i]);
+    total += w;
+    committed->contributors.push_back(id);
+    committed->tokens += c.tokens;
+  }
+  std::vector<float> mean(n);
+  for (size_t i = 0; i < n; ++i) mean[i] = float(sum[i] / total);
+  committed->update.resize(n);
+  optimizer_.ComputeUpdate(mean.data(), committed->update.data());
+  ApplyUpdate(params_.data(), committed->update.data(), n);
+  params_hash_ = HashParams(params_);
+  committed->params_hash = params_hash_;
+  committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+  auto chunks = EncodeChunks({options_.run_id, "", round_, 0}, {compression::Codec::kFp32, 0},
+                             committed->update.data(), 0, n, n, options_.chunk_bytes);
+  // The update is a finite combination of verified finite inputs; an overflow to infinity would
+  // make every island diverge, so it is a bug worth stopping for.
+  if (!chunks.ok()) std::abort();
+  committed->update_chunks = *std::move(chunks);
+  if (on_commit_) on_commit_(*committed);
+  committed_.push_back(std::move(committed));
+  while (committed_.size() > kCommittedKept) committed_.pop_front();
+  contributions_.clear();
+  round_deadline_ = absl::InfiniteFuture();
+  ++round_;
+  committed_cv_.notify_all();
+}
+
+absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uint64_t round,
+                                                                             absl::Time deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (round > round_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", round, " is unknown; the current round is ", round_));
+  }
+  const auto until = absl::ToChronoTime(deadline);
+  while (round_ <= round) {
+    if (committed_cv_.wait_until(lock, until) == std::cv_status::timeout && round_ <= round) {
+      return absl::DeadlineExceededError(absl::StrCat("round ", round, " has not committed yet"));
+    }
+  }
+  for (const auto& c : committed_) {
+    if (c->round == round) return c;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("round ", round, " is too old to replay; fetch the global state"));
+}
+
+absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
+    const pb::FetchStateRequest& request) {
+  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (request.fragment() != 0) {
+    return absl::NotFoundError(absl::StrCat("unknown fragment ", request.fragment()));
+  }
+  std::vector<float> snapshot;
+  uint64_t round, hash;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot = params_;
+    round = round_;
+    hash = params_hash_;
+  }
+  const uint64_t total = snapshot.size();
+  if (request.offset() > total) {
+    return absl::OutOfRangeError(
+        absl::StrCat("offset ", request.offset(), " is past the fragment's ", total, " elements"));
+  }
+  const uint64_t n = request.num_elements() == 0
+                         ? total - request.offset()
+                         : std::min<uint64_t>(request.num_elements(), total - request.offset());
+  auto chunks = EncodeChunks({options_.run_id, "", round, 0}, {compression::Codec::kFp32, 0},
+                             snapshot.data() + request.offset(), request.offset(), n, total,
+                             options_.chunk_bytes);
+  if (!chunks.ok()) return chunks.status();
+  std::vector<pb::StateChunk> out;
+  out.reserve(chunks->size());
+  for (auto& c : *chunks) {
+    pb::StateChunk s;
+    *s.mutable_chunk() = std::move(c);
+    s.set_params_hash(hash);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void SyncServer::Tick(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ReadyLocked(now)) CommitLocked(now);
+}
+
+void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_commit_ = std::move(listener);
+}
+
+size_t SyncServer::num_members() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return members_.size();
+}
+
+uint64_t SyncServer::round() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return round_;
+}
+
+uint64_t SyncServer::params_hash() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return params_hash_;
+}
+
+std::vector<float> SyncServer::params() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return params_;
+}
+
+}  // namespace atl::outer

@@ -1,0 +1,132 @@
+// The outer-sync service's logic, independent of any transport: membership, sync rounds, the fp32
+// master copy of the global parameters and the outer optimizer. The gRPC services in src/ and the
+// in-process transport of the tests both call it.
+//
+// A round commits when every current member has contributed, or once its deadline has passed with
+// at least min_islands contributions. At commit the service averages the pseudo-gradients weighted
+// by tokens (in island-id order, so the result does not depend on arrival order), runs the outer
+// optimizer, applies the update to its own copy and keeps the encoded update for the islands,
+// which apply the same update to theirs and check the hash of the result.
+//
+// Thread-safe: every method may be called from any thread (gRPC handler threads).
+#ifndef ATOLL_OUTER_SYNC_SERVER_H_
+#define ATOLL_OUTER_SYNC_SERVER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "outer/outer_optimizer.h"
+#include "outer/payload.h"
+
+namespace atl::outer {
+
+struct SyncServerOptions {
+  std::string run_id = "run";
+  OuterOptimizerConfig optimizer;
+  int min_islands = 1;             // contributions needed to commit at the deadline
+  double round_timeout_s = 600;    // deadline, counted from a round's first contribution
+  uint32_t sync_every = 100;       // H, told to islands at join
+  uint64_t total_inner_steps = 0;  // told to islands at join
+  uint32_t num_data_streams = 1;   // disjoint data streams handed out at join
+  uint64_t config_hash = 0;        // islands with another model config are refused
+  size_t chunk_bytes = kDefaultChunkBytes;
+};
+
+// The parameters that make up fragment 0 (the whole model until Streaming DiLoCo splits it).
+struct FragmentLayout {
+  std::vector<std::string> names;
+  std::vector<uint64_t> numels;
+  uint64_t total() const;
+};
+
+// A committed round, as every island receives it.
+struct CommittedRound {
+  uint64_t round = 0;
+  std::vector<float> update;           // theta_new = theta - update
+  std::vector<pb::Chunk> update_chunks;  // `update`, encoded once
+  uint64_t params_hash = 0;            // XXH64 of the fp32 global parameters after the update
+  std::vector<std::string> contributors;
+  uint64_t tokens = 0;
+  double commit_unix_s = 0;
+};
+
+class SyncServer {
+ public:
+  SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial);
+
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request);
+  absl::Status Leave(const pb::LeaveRequest& request);
+  absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& request);
+  pb::GetStateResponse GetState() const;
+
+  // One island's whole contribution (all chunks of one payload, the stream of a Push call).
+  // Verified completely before anything is recorded; refusals name the problem:
+  //   NOT_FOUND unknown run or fragment, PERMISSION_DENIED not a member, FAILED_PRECONDITION
+  //   committed or unknown round (fetch the state), ALREADY_EXISTS duplicate, DATA_LOSS checksum,
+  //   INVALID_ARGUMENT sizes, ranges, codec or non-finite values.
+  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
+
+  // Blocks until `round` has committed (or returns at once if it has), or until `deadline`
+  // (DEADLINE_EXCEEDED). Rounds older than the few kept answer FAILED_PRECONDITION.
+  absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(uint64_t round,
+                                                                   absl::Time deadline);
+  // Encoded chunks of the current global parameters (fp32) within [offset, offset + n).
+  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& request);
+
+  // Commits the open round if its deadline has passed with enough contributions.
+  void Tick(absl::Time now);
+
+  // Called (under the server's lock: keep it short) after each commit.
+  void SetCommitListener(std::function<void(const CommittedRound&)> listener);
+  size_t num_members() const;
+
+  uint64_t round() const;
+  uint64_t params_hash() const;
+  std::vector<float> params() const;
+  const FragmentLayout& layout() const { return layout_; }
+  const SyncServerOptions& options() const { return options_; }
+
+ private:
+  struct Member {
+    std::string name;
+    uint32_t data_stream = 0;
+    absl::Time last_seen;
+  };
+  struct Contribution {
+    std::vector<float> delta;
+    uint64_t tokens = 0;
+  };
+
+  absl::Status CheckRun(const std::string& run_id) const;
+  bool ReadyLocked(absl::Time now) const;
+  void CommitLocked(absl::Time now);
+
+  const SyncServerOptions options_;
+  const FragmentLayout layout_;
+  mutable std::mutex mu_;
+  std::condition_variable committed_cv_;
+  std::vector<float> params_;
+  uint64_t params_hash_ = 0;
+  OuterOptimizer optimizer_;
+  uint64_t round_ = 0;
+  uint64_t membership_epoch_ = 0;
+  std::map<std::string, Member> members_;
+  std::map<std::string, Contribution> contributions_;  // of round_, by island id
+  absl::Time round_deadline_ = absl::InfiniteFuture();
+  std::deque<std::shared_ptr<const CommittedRound>> committed_;  // newest last
+  std::function<void(const CommittedRound&)> on_commit_;
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_SYNC_SERVER_H_

@@ -1,0 +1,34 @@
+// `atoll coordinator`: hosts the Coordinator and OuterSync services of one run.
+#ifndef ATOLL_SRC_COORDINATOR_COMMAND_H_
+#define ATOLL_SRC_COORDINATOR_COMMAND_H_
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "outer/sync_server.h"
+#include "src/config.h"
+#include "src/grpc_server.h"
+
+namespace atl {
+
+// The run's SyncServer: global parameters initialized exactly as every island initializes its
+// model (same config, same seed), layout from the model's named parameters.
+std::unique_ptr<outer::SyncServer> MakeSyncServer(const Config& config);
+
+struct CoordinatorOptions {
+  GrpcServerOptions server;
+  std::string run_dir;                       // rounds.jsonl (optional)
+  FILE* out = stdout;                        // "listening on HOST:PORT", then one line per round
+  const std::atomic<bool>* stop = nullptr;   // SIGINT / SIGTERM
+};
+
+// Serves until `stop` is set, or until the run's last round has committed and every island has
+// left.
+absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_COORDINATOR_COMMAND_H_

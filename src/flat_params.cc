@@ -1,0 +1,50 @@
+#include "src/flat_params.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "compression/checksum.h"
+
+namespace atl {
+
+outer::FragmentLayout LayoutOf(const NamedParams& params) {
+  outer::FragmentLayout layout;
+  for (const auto& [name, p] : params) {
+    layout.names.push_back(name);
+    layout.numels.push_back(uint64_t(p.numel()));
+  }
+  return layout;
+}
+
+std::vector<float> Flatten(const NamedParams& params) {
+  size_t total = 0;
+  for (const auto& [name, p] : params) total += size_t(p.numel());
+  std::vector<float> flat(total);
+  size_t offset = 0;
+  for (const auto& [name, p] : params) {
+    auto c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    std::memcpy(flat.data() + offset, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
+    offset += size_t(c.numel());
+  }
+  return flat;
+}
+
+void LoadFlat(const std::vector<float>& flat, const NamedParams& params) {
+  torch::NoGradGuard no_grad;
+  size_t offset = 0;
+  for (const auto& [name, p] : params) {
+    auto src = torch::from_blob(const_cast<float*>(flat.data() + offset), p.sizes(), torch::kFloat);
+    p.copy_(src);
+    offset += size_t(p.numel());
+  }
+}
+
+uint64_t ModelConfigHash(const inner::ModelConfig& m) {
+  const std::string s = absl::StrCat(m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
+                                     m.vocab, "/", m.dropout, "/", m.init_seed);
+  return compression::Checksum(s.data(), s.size());
+}
+
+}  // namespace atl

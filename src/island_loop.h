@@ -1,0 +1,49 @@
+// One island of a DiLoCo run: joins the service through any outer::Transport, trains its inner
+// steps on its own data stream and runs an outer round every H steps. Used by `atoll island` over
+// gRPC and by the tests in process.
+#ifndef ATOLL_SRC_ISLAND_LOOP_H_
+#define ATOLL_SRC_ISLAND_LOOP_H_
+
+#include <atomic>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "inner/trainer.h"
+#include "outer/transport.h"
+#include "src/config.h"
+
+namespace atl {
+
+namespace pb = ::atollpb::v1;
+
+struct IslandOptions {
+  std::string name;                       // island name (its id in the run)
+  std::string run_dir;                    // metrics.jsonl, config.toml, summary.json
+  FILE* progress = stderr;
+  bool tty = false;
+  const std::atomic<bool>* stop = nullptr;  // leave the run after the current round
+};
+
+struct IslandSummary {
+  std::string island_id;
+  int64_t step = 0;
+  int64_t tokens = 0;
+  uint64_t rounds = 0;
+  uint64_t resyncs = 0;
+  double wall_s = 0;
+  double compute_s = 0;   // inner steps
+  double sync_s = 0;      // pushing, waiting for commits, receiving updates
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t global_hash = 0;  // XXH64 of the final global parameters
+  std::optional<inner::EvalStats> last_eval;
+};
+
+absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
+                                        const IslandOptions& options);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_ISLAND_LOOP_H_
