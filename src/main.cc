@@ -14,6 +14,7 @@
 #include "src/coordinator_command.h"
 #include "src/grpc_transport.h"
 #include "src/island_loop.h"
+#include "src/local_command.h"
 #include "src/train_command.h"
 
 namespace {
@@ -75,6 +76,14 @@ int main(int argc, char** argv) {
   island->allow_extras();
   island->footer(KeysHelp());
 
+  int islands = 2;
+  auto* local = app.add_subcommand("local", "run a coordinator and M islands on this machine");
+  local->add_option("--islands", islands, "number of islands (M)");
+  local->add_option("--config", config_path, "TOML config of the run");
+  local->add_option("--run-dir", run_dir, "directory for every process' logs and outputs")->required();
+  local->allow_extras();
+  local->footer(KeysHelp());
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,6 +97,20 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+
+  if (local->parsed()) {
+    atl::LocalOptions options;
+    options.islands = islands;
+    options.config_path = config_path;
+    options.overrides = local->remaining();
+    options.run_dir = run_dir;
+    options.stop = &g_stop;
+    auto summary = atl::RunLocal(options);
+    if (!summary.ok()) return Fail(summary.status());
+    std::printf("atoll local: %d islands done in %.1fs; outputs in %s\n", islands, summary->wall_s,
+                run_dir.c_str());
+    return 0;
+  }
 
   if (coord->parsed()) {
     auto token = atl::LoadToken(token_file);

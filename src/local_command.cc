@@ -1,0 +1,243 @@
+#include "src/local_command.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/rpc_security.h"
+
+extern char** environ;
+
+namespace atl {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int out_fd = -1;     // read end of the child's stdout + stderr
+  std::string partial;  // an unfinished line
+  std::ofstream log;
+  bool exited = false;
+  int status = 0;
+  bool is_island = false;
+};
+
+absl::Status Spawn(Child& child, const std::vector<std::string>& argv) {
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  posix_spawn_file_actions_addclose(&actions, fds[1]);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int rc = posix_spawn(&child.pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", strerror(rc)));
+  }
+  child.out_fd = fds[0];
+  return absl::OkStatus();
+}
+
+// Reads what is available; calls `line` for each complete line. False at end of stream.
+template <typename F>
+bool Drain(Child& c, F&& line) {
+  char buf[4096];
+  const ssize_t n = read(c.out_fd, buf, sizeof(buf));
+  if (n <= 0) {
+    if (!c.partial.empty()) line(c.partial);
+    c.partial.clear();
+    close(c.out_fd);
+    c.out_fd = -1;
+    return false;
+  }
+  c.partial.append(buf, size_t(n));
+  size_t pos;
+  while ((pos = c.partial.find('\n')) != std::string::npos) {
+    line(c.partial.substr(0, pos));
+    c.partial.erase(0, pos + 1);
+  }
+  return true;
+}
+
+void Reap(std::vector<std::unique_ptr<Child>>& children) {
+  for (auto& c : children) {
+    if (c->exited || c->pid <= 0) continue;
+    int status;
+    if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
+      c->exited = true;
+      c->status = status;
+    }
+  }
+}
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
+  return "ended";
+}
+
+}  // namespace
+
+absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
+  if (options.islands < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--islands must be >= 1, got ", options.islands));
+  }
+  if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  if (fs::exists(fs::path(options.run_dir) / "coordinator")) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("run directory ", options.run_dir, " already holds a run"));
+  }
+  std::string binary = options.atoll_binary;
+  if (binary.empty()) binary = fs::read_symlink("/proc/self/exe").string();
+  std::error_code ec;
+  fs::create_directories(options.run_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", options.run_dir));
+  // Children read the token from the environment: it never appears on a command line.
+  if (std::getenv(kTokenEnv) == nullptr) setenv(kTokenEnv, RandomToken().c_str(), 1);
+
+  std::vector<std::string> common;
+  if (!options.config_path.empty()) common = {"--config", options.config_path};
+  for (const auto& o : options.overrides) common.push_back(o);
+  common.push_back(absl::StrCat("--outer.islands=", options.islands));
+
+  const auto start = Clock::now();
+  std::vector<std::unique_ptr<Child>> children;
+  auto emit = [&](Child& c, const std::string& line) {
+    c.log << line << "\n";
+    c.log.flush();
+    const bool prefixed = !line.empty() && line[0] == '[';
+    std::fprintf(options.out, "%s%s\n", prefixed ? "" : ("[" + c.name + "] ").c_str(), line.c_str());
+    std::fflush(options.out);
+  };
+  auto stop_all = [&](int sig) {
+    for (auto& c : children) {
+      if (!c->exited && c->pid > 0) kill(c->pid, sig);
+    }
+  };
+  auto wait_all = [&](double seconds) {
+    const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+    while (Clock::now() < until) {
+      Reap(children);
+      bool all = true;
+      for (auto& c : children) all &= c->exited;
+      if (all) return;
+      usleep(20000);
+    }
+    stop_all(SIGKILL);
+    for (auto& c : children) {
+      if (!c->exited) waitpid(c->pid, &c->status, 0), c->exited = true;
+    }
+  };
+
+  // Coordinator first; its first line names the address it bound.
+  auto coord = std::make_unique<Child>();
+  coord->name = "coordinator";
+  coord->log.open(fs::path(options.run_dir) / "coordinator.log");
+  std::vector<std::string> argv = {binary, "coordinator", "--listen", "127.0.0.1:0", "--run-dir",
+                                   (fs::path(options.run_dir) / "coordinator").string()};
+  argv.insert(argv.end(), common.begin(), common.end());
+  if (auto s = Spawn(*coord, argv); !s.ok()) return s;
+  Child& c0 = *coord;
+  children.push_back(std::move(coord));
+  std::string address;
+  while (address.empty()) {
+    bool open = Drain(c0, [&](const std::string& line) {
+      emit(c0, line);
+      const auto at = line.find("listening on ");
+      if (at != std::string::npos) {
+        address = line.substr(at + 13, line.find(' ', at + 13) - at - 13);
+      }
+    });
+    if (!open && address.empty()) {
+      wait_all(5);
+      return absl::InternalError(absl::StrCat("the coordinator did not start (",
+                                              Describe(c0.status), "); see ", options.run_dir,
+                                              "/coordinator.log"));
+    }
+  }
+
+  LocalSummary summary;
+  for (int i = 0; i < options.islands; ++i) {
+    auto island = std::make_unique<Child>();
+    island->name = absl::StrCat("island", i);
+    island->is_island = true;
+    const std::string dir = (fs::path(options.run_dir) / island->name).string();
+    island->log.open(fs::path(options.run_dir) / (island->name + ".log"));
+    std::vector<std::string> a = {binary, "island", "--coordinator", address, "--name",
+                                  island->name, "--run-dir", dir};
+    a.insert(a.end(), common.begin(), common.end());
+    if (auto s = Spawn(*island, a); !s.ok()) {
+      stop_all(SIGTERM);
+      wait_all(10);
+      return s;
+    }
+    summary.island_dirs.push_back(dir);
+    children.push_back(std::move(island));
+  }
+
+  absl::Status failure;
+  bool stopping = false;
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> owners;
+    for (auto& c : children) {
+      if (c->out_fd >= 0) {
+        fds.push_back({c->out_fd, POLLIN, 0});
+        owners.push_back(c.get());
+      }
+    }
+    if (fds.empty()) break;
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        Child& c = *owners[i];
+        Drain(c, [&](const std::string& line) { emit(c, line); });
+      }
+    }
+    Reap(children);
+    for (auto& c : children) {
+      const bool failed = c->exited && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+      if (failed && failure.ok() && !stopping) {
+        failure = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
+                                                  options.run_dir, "/", c->name, ".log"));
+        std::fprintf(options.out, "atoll local: %s: stopping the others\n",
+                     std::string(failure.message()).c_str());
+        stopping = true;
+        stop_all(SIGTERM);
+      }
+    }
+    if (!stopping && options.stop != nullptr && options.stop->load()) {
+      std::fprintf(options.out, "atoll local: stopping every process\n");
+      failure = absl::CancelledError("stopped by the user");
+      stopping = true;
+      stop_all(SIGTERM);
+    }
+  }
+  // Pipes closed: every child has ended or is about to.
+  wait_all(stopping ? 10 : 30);
+  summary.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (!failure.ok()) return failure;
+  return summary;
+}
+
+}  // namespace atl

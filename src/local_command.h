@@ -1,0 +1,35 @@
+// `atoll local`: a coordinator and M islands as child processes on loopback, one progress view,
+// one run directory. Everything talks real gRPC over TCP, exactly as across machines.
+#ifndef ATOLL_SRC_LOCAL_COMMAND_H_
+#define ATOLL_SRC_LOCAL_COMMAND_H_
+
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace atl {
+
+struct LocalOptions {
+  int islands = 2;
+  std::string config_path;
+  std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
+  std::string run_dir;                 // coordinator/, island0/, ... and a log per process
+  std::string atoll_binary;            // default: this executable
+  FILE* out = stdout;
+  const std::atomic<bool>* stop = nullptr;  // Ctrl-C: stop every child
+};
+
+struct LocalSummary {
+  double wall_s = 0;
+  std::vector<std::string> island_dirs;
+};
+
+// Runs to completion; when any child fails, stops the others and returns its error.
+absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_LOCAL_COMMAND_H_
