@@ -1,0 +1,204 @@
+// The outer-sync service over real gRPC on loopback: authentication, refusals of bad input with
+// the state untouched byte for byte, and a multi-process run of coordinator + 2 islands.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "compression/checksum.h"
+#include "outer/payload.h"
+#include "src/grpc_server.h"
+#include "src/grpc_transport.h"
+#include "tests/test_util.h"
+
+namespace atl {
+namespace {
+
+using ::testing::HasSubstr;
+
+class GrpcServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    outer::SyncServerOptions o;
+    o.run_id = "run";
+    o.num_data_streams = 2;
+    outer::FragmentLayout layout{{"w"}, {6}};
+    sync_ = std::make_unique<outer::SyncServer>(o, layout, std::vector<float>{1, 2, 3, 4, 5, 6});
+    GrpcServerOptions so;
+    so.listen = "127.0.0.1:0";
+    so.token = "right-token";
+    auto server = GrpcServer::Start(sync_.get(), so);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    client_ = Client("right-token");
+    pb::JoinRequest j;
+    j.set_run_id("run");
+    for (const char* name : {"a", "b"}) {
+      j.set_name(name);
+      ASSERT_TRUE(client_->Join(j).ok());
+    }
+  }
+  std::unique_ptr<GrpcTransport> Client(const std::string& token) {
+    GrpcTransportOptions t;
+    t.target = server_->address();
+    t.token = token;
+    t.rpc_timeout_s = 10;
+    t.round_timeout_s = 5;
+    return *GrpcTransport::Create(t);
+  }
+  std::vector<pb::PushRequest> Payload(const std::string& island, uint64_t round,
+                                       std::vector<float> delta) {
+    auto chunks = *outer::EncodeChunks({"run", island, round, 0}, {compression::Codec::kFp32, 0},
+                                       delta.data(), 0, delta.size(), delta.size(), 8);
+    std::vector<pb::PushRequest> out(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      *out[i].mutable_chunk() = chunks[i];
+      out[i].set_tokens(5);
+    }
+    return out;
+  }
+  std::unique_ptr<outer::SyncServer> sync_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<GrpcTransport> client_;
+};
+
+TEST_F(GrpcServiceTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
+  const auto before = sync_->params();
+  for (const std::string token : {"wrong-token", "", "right-toke"}) {
+    auto bad = Client(token);
+    pb::JoinRequest j;
+    j.set_run_id("run");
+    j.set_name("intruder");
+    EXPECT_EQ(bad->Join(j).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(bad->Push(Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
+              absl::StatusCode::kUnauthenticated);
+    pb::FetchStateRequest f;
+    f.set_run_id("run");
+    EXPECT_EQ(bad->FetchState(f).status().code(), absl::StatusCode::kUnauthenticated);
+    pb::LeaveRequest l;
+    l.set_run_id("run");
+    l.set_island_id("a");
+    EXPECT_EQ(bad->Leave(l).code(), absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_EQ(sync_->params(), before);
+  EXPECT_EQ(sync_->GetState().islands_size(), 2);
+  EXPECT_EQ(sync_->round(), 0u);
+}
+
+TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) {
+  const auto before = sync_->params();
+  const uint64_t hash = sync_->params_hash();
+  auto corrupt = Payload("a", 0, {1, 1, 1, 1, 1, 1});
+  corrupt[1].mutable_chunk()->mutable_data()->at(0) ^= 0x40;
+  auto nan = Payload("a", 0, {1, 1, 1, 1, 1, 1});
+  const float bad = std::nanf("");
+  std::memcpy(nan[2].mutable_chunk()->mutable_data()->data(), &bad, 4);
+  nan[2].mutable_chunk()->set_xxh64(
+      compression::Checksum(nan[2].chunk().data().data(), nan[2].chunk().data().size()));
+  auto fragment = Payload("a", 0, {1, 1, 1, 1, 1, 1});
+  for (auto& r : fragment) r.mutable_chunk()->mutable_header()->set_fragment(2);
+  auto run = Payload("a", 0, {1, 1, 1, 1, 1, 1});
+  for (auto& r : run) r.mutable_chunk()->mutable_header()->set_run_id("elsewhere");
+  auto shape = Payload("a", 0, {1, 1, 1, 1});
+  auto missing = Payload("a", 0, {1, 1, 1, 1, 1, 1});
+  missing.pop_back();
+  auto oversized = Payload("a", 0, {1, 1, 1, 1, 1, 1});
+  oversized.push_back(oversized[0]);
+  struct Case {
+    std::vector<pb::PushRequest> payload;
+    absl::StatusCode code;
+    const char* message;
+  } cases[] = {
+      {corrupt, absl::StatusCode::kDataLoss, "checksum mismatch"},
+      {nan, absl::StatusCode::kInvalidArgument, "non-finite"},
+      {fragment, absl::StatusCode::kNotFound, "unknown fragment 2"},
+      {run, absl::StatusCode::kNotFound, "unknown run 'elsewhere'"},
+      {shape, absl::StatusCode::kInvalidArgument, "fragment has 6 elements"},
+      {missing, absl::StatusCode::kInvalidArgument, "incomplete: 4 of 6"},
+      {oversized, absl::StatusCode::kInvalidArgument, "more than the fragment's 6 elements"},
+      {Payload("a", 3, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kFailedPrecondition,
+       "round 3 is unknown"},
+      {Payload("zed", 0, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kPermissionDenied, "not a member"},
+  };
+  for (auto& c : cases) {
+    auto r = client_->Push(c.payload);
+    EXPECT_EQ(r.status().code(), c.code) << c.message << ": " << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+    EXPECT_EQ(sync_->params(), before);
+    EXPECT_EQ(sync_->params_hash(), hash);
+  }
+  // A good contribution, then its duplicate, then a stale one after the round commits.
+  ASSERT_TRUE(client_->Push(Payload("a", 0, {1, 1, 1, 1, 1, 1})).ok());
+  EXPECT_EQ(client_->Push(Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(sync_->params(), before);
+  ASSERT_TRUE(client_->Push(Payload("b", 0, {0, 0, 0, 0, 0, 0})).ok());
+  EXPECT_EQ(sync_->round(), 1u);
+  const auto after = sync_->params();
+  auto stale = client_->Push(Payload("b", 0, {1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("already committed"));
+  EXPECT_EQ(sync_->params(), after);
+  // Fetching the state returns exactly the service's parameters, resumable from an offset.
+  pb::FetchStateRequest f;
+  f.set_run_id("run");
+  f.set_offset(2);
+  auto state = client_->FetchState(f);
+  ASSERT_TRUE(state.ok());
+  outer::Assembler assembler({"run", "", 1, 0}, 6, 2, 4);
+  for (const auto& s : *state) ASSERT_TRUE(assembler.Add(s.chunk()).ok());
+  EXPECT_EQ(assembler.values(), std::vector<float>(after.begin() + 2, after.end()));
+  f.set_run_id("nope");
+  EXPECT_EQ(client_->FetchState(f).status().code(), absl::StatusCode::kNotFound);
+}
+
+// (c) Coordinator + 2 islands as separate processes over TCP on loopback.
+TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
+  testing::TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  testing::WriteFile(dir.Join("run.toml"),
+                     "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
+                     "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
+                     "[train]\nsteps = 12\nbatch_size = 4\neval_every = 8\neval_batches = 2\n"
+                     "threads = 1\n[optim]\nwarmup_steps = 2\n[outer]\nsync_every = 4\n");
+  const std::string cmd = std::string(ATOLL_BIN) + " local --islands 2 --config " +
+                          dir.Join("run.toml") + " --run-dir " + dir.Join("run") + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_THAT(out, HasSubstr("round 3/3 committed: island0+island1"));
+
+  // The service's hash after each round...
+  std::vector<std::string> service;
+  std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
+  for (std::string line; std::getline(rounds, line);) {
+    service.push_back(nlohmann::json::parse(line)["params_hash"]);
+  }
+  ASSERT_EQ(service.size(), 3u);
+  // ...equals each island's after the same round, and the final one.
+  for (const char* island : {"island0", "island1"}) {
+    std::ifstream metrics(dir.Join(std::string("run/") + island + "/metrics.jsonl"));
+    std::vector<std::string> seen;
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("round")) {
+        EXPECT_FALSE(j["resynced"].get<bool>());
+        seen.push_back(j["global_hash"]);
+      }
+    }
+    EXPECT_EQ(seen, service) << island;
+    auto summary = nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["global_hash"], service.back());
+    EXPECT_EQ(summary["rounds"], 3);
+  }
+}
+
+}  // namespace
+}  // namespace atl

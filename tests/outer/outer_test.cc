@@ -1,0 +1,302 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "compression/checksum.h"
+#include "outer/in_process_transport.h"
+#include "outer/island_sync.h"
+#include "outer/outer_optimizer.h"
+#include "outer/payload.h"
+#include "outer/sync_server.h"
+
+namespace atl::outer {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(OuterOptimizerTest, NesterovMatchesTheFormula) {
+  OuterOptimizer opt({0.7, 0.9, true}, 2);
+  float g1[2] = {1.0f, -2.0f}, g2[2] = {0.5f, 0.25f}, u[2];
+  opt.ComputeUpdate(g1, u);  // m = g1; u = lr (g1 + mu m)
+  EXPECT_FLOAT_EQ(u[0], 0.7f * (1.0f + 0.9f * 1.0f));
+  EXPECT_FLOAT_EQ(u[1], 0.7f * (-2.0f + 0.9f * -2.0f));
+  opt.ComputeUpdate(g2, u);  // m = 0.9 g1 + g2
+  const float m0 = 0.9f * 1.0f + 0.5f;
+  EXPECT_FLOAT_EQ(u[0], 0.7f * (0.5f + 0.9f * m0));
+}
+
+TEST(OuterOptimizerTest, PlainSgdAndHeavyBall) {
+  OuterOptimizer sgd({1.0, 0.0, false}, 1);
+  float g[1] = {3.0f}, u[1];
+  sgd.ComputeUpdate(g, u);
+  EXPECT_EQ(u[0], 3.0f);
+  EXPECT_TRUE(sgd.momentum().empty());
+  OuterOptimizer heavy({0.5, 0.5, false}, 1);
+  heavy.ComputeUpdate(g, u);
+  heavy.ComputeUpdate(g, u);  // m = 0.5 * 3 + 3
+  EXPECT_EQ(u[0], 0.5f * 4.5f);
+  EXPECT_FALSE(Validate(OuterOptimizerConfig{0.0, 0.9, true}).ok());
+  EXPECT_FALSE(Validate(OuterOptimizerConfig{0.7, 1.0, true}).ok());
+}
+
+std::vector<float> Ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * float(int(i % 97) - 48);
+  return v;
+}
+
+TEST(PayloadTest, ChunksRoundTripBitExact) {
+  const auto values = Ramp(10000, 0.001f);
+  PayloadId id{"run", "a", 3, 0};
+  auto chunks = EncodeChunks(id, {compression::Codec::kFp32, 0}, values.data(), 0, 10000, 10000,
+                             4096);  // 1024 floats per chunk
+  ASSERT_TRUE(chunks.ok());
+  ASSERT_EQ(chunks->size(), 10u);
+  Assembler a(id, 10000, 0, 10000);
+  for (auto it = chunks->rbegin(); it != chunks->rend(); ++it) ASSERT_TRUE(a.Add(*it).ok());
+  ASSERT_TRUE(a.complete());
+  EXPECT_EQ(a.values(), values);
+}
+
+TEST(PayloadTest, RefusesBadChunksAndStaysUntouched) {
+  const auto values = Ramp(100, 1.0f);
+  PayloadId id{"run", "a", 3, 0};
+  auto chunks = *EncodeChunks(id, {compression::Codec::kFp32, 0}, values.data(), 0, 100, 100, 200);
+  Assembler a(id, 100, 0, 100);
+  ASSERT_TRUE(a.Add(chunks[0]).ok());
+  auto dup = a.Add(chunks[0]);
+  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists);
+
+  auto corrupt = chunks[1];
+  corrupt.mutable_data()->at(5) ^= 1;
+  auto s = a.Add(corrupt);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("checksum mismatch"));
+
+  auto short_data = chunks[1];
+  short_data.mutable_data()->resize(8);
+  short_data.set_xxh64(compression::Checksum(short_data.data().data(), 8));
+  EXPECT_THAT(std::string(a.Add(short_data).message()), HasSubstr("need 200 bytes, got 8"));
+
+  auto nan = chunks[1];
+  const float bad = std::nanf("");
+  std::memcpy(nan.mutable_data()->data(), &bad, 4);
+  nan.set_xxh64(compression::Checksum(nan.data().data(), nan.data().size()));
+  EXPECT_THAT(std::string(a.Add(nan).message()), HasSubstr("non-finite"));
+
+  auto range = chunks[1];
+  range.mutable_header()->set_offset(90);
+  EXPECT_EQ(a.Add(range).code(), absl::StatusCode::kInvalidArgument);
+  auto run = chunks[1];
+  run.mutable_header()->set_run_id("other");
+  EXPECT_EQ(a.Add(run).code(), absl::StatusCode::kNotFound);
+  auto codec = chunks[1];
+  codec.mutable_header()->set_codec(pb::CODEC_FP4_E2M1);
+  EXPECT_THAT(std::string(a.Add(codec).message()), HasSubstr("unsupported codec"));
+
+  EXPECT_FALSE(a.complete());
+  EXPECT_THAT(std::string(a.CheckComplete().message()), HasSubstr("50 of 100"));
+  ASSERT_TRUE(a.Add(chunks[1]).ok());
+  EXPECT_EQ(a.values(), values);
+  std::vector<float> inf = {1.0f, INFINITY};
+  EXPECT_FALSE(EncodeChunks(id, {compression::Codec::kFp32, 0}, inf.data(), 0, 2, 2).ok());
+}
+
+class SyncServerTest : public ::testing::Test {
+ protected:
+  SyncServerTest() {
+    options_.run_id = "run";
+    options_.optimizer = {1.0, 0.0, false};
+    options_.num_data_streams = 3;
+    layout_.names = {"w"};
+    layout_.numels = {4};
+  }
+  std::unique_ptr<SyncServer> Make(std::vector<float> init = {1, 2, 3, 4}) {
+    return std::make_unique<SyncServer>(options_, layout_, std::move(init));
+  }
+  static std::string Join(SyncServer& s, const std::string& name) {
+    pb::JoinRequest r;
+    r.set_run_id("run");
+    r.set_name(name);
+    auto j = s.Join(r);
+    EXPECT_TRUE(j.ok()) << j.status();
+    return j.ok() ? j->island_id() : "";
+  }
+  static std::vector<pb::PushRequest> Payload(const std::string& island, uint64_t round,
+                                              std::vector<float> delta, uint64_t tokens = 10) {
+    auto chunks = *EncodeChunks({"run", island, round, 0}, {compression::Codec::kFp32, 0},
+                                delta.data(), 0, delta.size(), delta.size());
+    std::vector<pb::PushRequest> out(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      *out[i].mutable_chunk() = chunks[i];
+      out[i].set_tokens(tokens);
+    }
+    return out;
+  }
+  SyncServerOptions options_;
+  FragmentLayout layout_;
+};
+
+TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1}, 30)).ok());
+  EXPECT_EQ(s->round(), 0u);
+  ASSERT_TRUE(s->Push(Payload("b", 0, {5, 5, 5, 5}, 10)).ok());
+  EXPECT_EQ(s->round(), 1u);
+  auto r = s->AwaitRound(0, absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)->update, (std::vector<float>{2, 2, 2, 2}));  // (30*1 + 10*5) / 40
+  EXPECT_EQ(s->params(), (std::vector<float>{-1, 0, 1, 2}));
+  EXPECT_EQ((*r)->contributors, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ((*r)->params_hash, s->params_hash());
+}
+
+TEST_F(SyncServerTest, ResultDoesNotDependOnArrivalOrder) {
+  options_.optimizer = {0.7, 0.9, true};
+  auto one = Make(), two = Make();
+  for (auto* s : {one.get(), two.get()}) {
+    Join(*s, "a");
+    Join(*s, "b");
+  }
+  const std::vector<float> da = {0.1f, 0.2f, 0.3f, 1e-7f}, db = {0.3f, -0.2f, 1e7f, 0.7f};
+  ASSERT_TRUE(one->Push(Payload("a", 0, da, 7)).ok());
+  ASSERT_TRUE(one->Push(Payload("b", 0, db, 3)).ok());
+  ASSERT_TRUE(two->Push(Payload("b", 0, db, 3)).ok());
+  ASSERT_TRUE(two->Push(Payload("a", 0, da, 7)).ok());
+  EXPECT_EQ(one->params_hash(), two->params_hash());
+}
+
+TEST_F(SyncServerTest, BadContributionsAreRefusedAndStateIsUntouched) {
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  const auto before = s->params();
+  struct Case {
+    std::vector<pb::PushRequest> payload;
+    absl::StatusCode code;
+    const char* message;
+  };
+  auto wrong_run = Payload("a", 0, {1, 1, 1, 1});
+  wrong_run[0].mutable_chunk()->mutable_header()->set_run_id("other");
+  auto wrong_fragment = Payload("a", 0, {1, 1, 1, 1});
+  wrong_fragment[0].mutable_chunk()->mutable_header()->set_fragment(3);
+  auto wrong_size = Payload("a", 0, {1, 1, 1});
+  Case cases[] = {
+      {Payload("stranger", 0, {1, 1, 1, 1}), absl::StatusCode::kPermissionDenied, "not a member"},
+      {Payload("a", 5, {1, 1, 1, 1}), absl::StatusCode::kFailedPrecondition, "unknown"},
+      {wrong_run, absl::StatusCode::kNotFound, "unknown run"},
+      {wrong_fragment, absl::StatusCode::kNotFound, "unknown fragment 3"},
+      {wrong_size, absl::StatusCode::kInvalidArgument, "fragment has 4 elements"},
+      {Payload("a", 0, {1, 1, 1, 1}, 0), absl::StatusCode::kInvalidArgument, "at least 1 token"},
+      {{}, absl::StatusCode::kInvalidArgument, "no chunks"},
+  };
+  for (auto& c : cases) {
+    auto r = s->Push(c.payload);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+  }
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->Push(Payload("a", 0, {1, 1, 1, 1})).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s->params(), before);
+  ASSERT_TRUE(s->Push(Payload("b", 0, {1, 1, 1, 1})).ok());
+  auto stale = s->Push(Payload("a", 0, {1, 1, 1, 1}));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("already committed"));
+}
+
+TEST_F(SyncServerTest, DeadlineCommitsWithMinIslandsAndLeaveCompletesARound) {
+  options_.min_islands = 1;
+  options_.round_timeout_s = 5;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  Join(*s, "c");
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  s->Tick(absl::Now());
+  EXPECT_EQ(s->round(), 0u);  // deadline not reached
+  s->Tick(absl::Now() + absl::Seconds(6));
+  EXPECT_EQ(s->round(), 1u);  // b and c were too late
+  ASSERT_TRUE(s->Push(Payload("b", 1, {1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s->Push(Payload("c", 1, {1, 1, 1, 1})).ok());
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("a");
+  ASSERT_TRUE(s->Leave(leave).ok());
+  EXPECT_EQ(s->round(), 2u);  // b and c were everyone left
+  EXPECT_EQ(s->GetState().islands_size(), 2);
+}
+
+TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
+  auto s = Make();
+  pb::JoinRequest r;
+  r.set_run_id("run");
+  r.set_name("a");
+  EXPECT_EQ(s->Join(r)->data_stream(), 0u);
+  EXPECT_EQ(s->Join(r).status().code(), absl::StatusCode::kAlreadyExists);
+  r.set_name("b");
+  EXPECT_EQ(s->Join(r)->data_stream(), 1u);
+  r.set_name("c");
+  EXPECT_EQ(s->Join(r)->data_stream(), 2u);
+  r.set_name("d");
+  EXPECT_EQ(s->Join(r).status().code(), absl::StatusCode::kResourceExhausted);
+  r.set_run_id("other");
+  EXPECT_EQ(s->Join(r).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheService) {
+  options_.optimizer = {0.7, 0.9, true};
+  layout_.numels = {1000};
+  std::vector<float> init(1000);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));
+  auto s = Make(init);
+  InProcessTransport t1(s.get()), t2(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSync a(&t1, "run", "a", 1000, 256), b(&t2, "run", "b", 1000, 256);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  for (int round = 0; round < 5; ++round) {
+    std::vector<float> la = a.global(), lb = b.global();
+    for (size_t i = 0; i < 1000; ++i) {
+      la[i] -= 0.01f * std::cos(float(i * (round + 1)));
+      lb[i] += 0.003f * float(i % 7);
+    }
+    absl::StatusOr<RoundOutcome> ra;
+    std::thread th([&] { ra = a.SyncRound(la, 100); });
+    auto rb = b.SyncRound(lb, 50);
+    th.join();
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+    EXPECT_FALSE(ra->resynced);
+    EXPECT_EQ(a.global(), s->params());
+    EXPECT_EQ(b.global(), s->params());
+    EXPECT_EQ(a.global_hash(), s->params_hash());
+  }
+  EXPECT_EQ(a.round(), 5u);
+}
+
+TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
+  options_.min_islands = 1;
+  options_.round_timeout_s = 0.01;
+  auto s = Make();
+  InProcessTransport t(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSync b(&t, "run", "b", 4);
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  s->Tick(absl::Now() + absl::Seconds(1));  // round 0 commits without b
+  auto r = b.SyncRound({0, 0, 0, 0}, 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resynced);
+  EXPECT_THAT(r->resync_reason, HasSubstr("already committed"));
+  EXPECT_EQ(b.global(), s->params());
+  EXPECT_EQ(b.round(), 1u);
+}
+
+}  // namespace
+}  // namespace atl::outer
