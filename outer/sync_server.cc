@@ -189,7 +189,9 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
 
 bool SyncServer::ReadyLocked(absl::Time now) const {
   if (contributions_.empty()) return false;
-  bool all = true;
+  // Before its deadline a round needs every member; the first round also waits for the run's full
+  // complement of islands, so an island that is merely slower to start takes part from the start.
+  bool all = round_ > 0 || members_.size() >= options_.num_data_streams;
   for (const auto& [id, m] : members_) all &= contributions_.count(id) > 0;
   if (all) return true;
   return now >= round_deadline_ && int(contributions_.size()) >= options_.min_islands;

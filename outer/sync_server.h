@@ -2,8 +2,9 @@
 // master copy of the global parameters and the outer optimizer. The gRPC services in src/ and the
 // in-process transport of the tests both call it.
 //
-// A round commits when every current member has contributed, or once its deadline has passed with
-// at least min_islands contributions. At commit the service averages the pseudo-gradients weighted
+// A round commits when every current member has contributed (the first round also waits until the
+// run's num_data_streams islands have joined), or once its deadline has passed with at least
+// min_islands contributions. At commit the service averages the pseudo-gradients weighted
 // by tokens (in island-id order, so the result does not depend on arrival order), runs the outer
 // optimizer, applies the update to its own copy and keeps the encoded update for the islands,
 // which apply the same update to theirs and check the hash of the result.
@@ -37,7 +38,7 @@ struct SyncServerOptions {
   double round_timeout_s = 600;    // deadline, counted from a round's first contribution
   uint32_t sync_every = 100;       // H, told to islands at join
   uint64_t total_inner_steps = 0;  // told to islands at join
-  uint32_t num_data_streams = 1;   // disjoint data streams handed out at join
+  uint32_t num_data_streams = 1;   // the run's islands: disjoint data streams handed out at join
   uint64_t config_hash = 0;        // islands with another model config are refused
   size_t chunk_bytes = kDefaultChunkBytes;
 };

@@ -63,6 +63,7 @@ std::vector<Field> Schema(Config& c) {
       {"outer.min_islands", &c.outer.min_islands, "contributions that commit a late round"},
       {"outer.round_timeout_s", &c.outer.round_timeout_s, "round deadline after its first push"},
       {"outer.rpc_timeout_s", &c.outer.rpc_timeout_s, "deadline of every other RPC"},
+      {"compare.methods", &c.compare.methods, "rows of `atoll compare`: baseline,diloco"},
   };
 }
 

@@ -24,6 +24,10 @@ struct RunConfig {
   int checkpoint_keep = 2;        // newest checkpoints kept in RUN_DIR/checkpoints
 };
 
+struct CompareConfig {
+  std::string methods = "baseline,diloco";  // `atoll compare` rows, comma-separated
+};
+
 struct Config {
   inner::ModelConfig model;
   inner::DataConfig data;
@@ -31,6 +35,7 @@ struct Config {
   inner::OptimConfig optim;
   RunConfig run;
   outer::OuterConfig outer;
+  CompareConfig compare;
 };
 
 // One command-line override: key "train.steps", value "200".

@@ -197,6 +197,7 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
 
   absl::Status failure;
   bool stopping = false;
+  Clock::time_point islands_done{};
   while (true) {
     std::vector<pollfd> fds;
     std::vector<Child*> owners;
@@ -226,6 +227,17 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
         stop_all(SIGTERM);
       }
     }
+    // The coordinator ends by itself after the last round once every island has left; if it has
+    // not within a grace period after the islands ended, it is told to.
+    bool islands_exited = true;
+    for (auto& c : children) islands_exited &= !c->is_island || c->exited;
+    if (islands_exited && !stopping) {
+      if (islands_done == Clock::time_point{}) islands_done = Clock::now();
+      if (Clock::now() - islands_done > std::chrono::seconds(10)) {
+        stopping = true;
+        stop_all(SIGTERM);
+      }
+    }
     if (!stopping && options.stop != nullptr && options.stop->load()) {
       std::fprintf(options.out, "atoll local: stopping every process\n");
       failure = absl::CancelledError("stopped by the user");
@@ -235,6 +247,13 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   }
   // Pipes closed: every child has ended or is about to.
   wait_all(stopping ? 10 : 30);
+  for (auto& c : children) {
+    const bool failed = !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    if (failed && failure.ok() && c->is_island) {
+      failure = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
+                                                options.run_dir, "/", c->name, ".log"));
+    }
+  }
   summary.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   if (!failure.ok()) return failure;
   return summary;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "src/config.h"
+#include "src/compare_command.h"
 #include "src/coordinator_command.h"
 #include "src/grpc_transport.h"
 #include "src/island_loop.h"
@@ -84,6 +85,13 @@ int main(int argc, char** argv) {
   local->allow_extras();
   local->footer(KeysHelp());
 
+  auto* compare = app.add_subcommand("compare", "DiLoCo against the centralized baseline at equal compute");
+  compare->add_option("--islands", islands, "number of islands (M)");
+  compare->add_option("--config", config_path, "TOML config of the runs");
+  compare->add_option("--run-dir", run_dir, "directory for every run and the report")->required();
+  compare->allow_extras();
+  compare->footer(KeysHelp());
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -97,6 +105,18 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+
+  if (compare->parsed()) {
+    atl::CompareOptions options;
+    options.islands = islands;
+    options.config_path = config_path;
+    options.overrides = compare->remaining();
+    options.run_dir = run_dir;
+    options.stop = &g_stop;
+    auto results = atl::RunCompare(options);
+    if (!results.ok()) return Fail(results.status());
+    return 0;
+  }
 
   if (local->parsed()) {
     atl::LocalOptions options;

@@ -112,5 +112,43 @@ TEST_F(CliTest, BadShardNamesTheFile) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+TEST_F(CliTest, CoordinatorNeedsARunToken) {
+  unsetenv("ATOLL_TOKEN");
+  auto r = Atoll("coordinator --config " + dir_.Join("tiny.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("a run token is required"));
+  r = Atoll("coordinator --config " + dir_.Join("tiny.toml") + " --token-file " +
+            dir_.Join("missing.token"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("missing.token"));
+}
+
+TEST_F(CliTest, CompareWritesTheReport) {
+  auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+                 dir_.Join("cmp") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string csv = testing::ReadFile(dir_.Join("cmp/report.csv"));
+  std::istringstream lines(csv);
+  std::string header, baseline, diloco;
+  std::getline(lines, header);
+  std::getline(lines, baseline);
+  std::getline(lines, diloco);
+  EXPECT_EQ(header, "method,val_loss,tokens,wan_bytes,wall_s");
+  EXPECT_THAT(baseline, ::testing::StartsWith("baseline,"));
+  EXPECT_THAT(diloco, ::testing::StartsWith("diloco,"));
+  // Equal tokens: 4 steps x 2 sequences x 32 tokens x 2 islands.
+  EXPECT_THAT(baseline, HasSubstr(",512,"));
+  EXPECT_THAT(diloco, HasSubstr(",512,"));
+  EXPECT_THAT(testing::ReadFile(dir_.Join("cmp/report.md")), HasSubstr("| diloco |"));
+  const std::string svg = testing::ReadFile(dir_.Join("cmp/loss.svg"));
+  EXPECT_THAT(svg, HasSubstr("<polyline"));
+  EXPECT_THAT(svg, HasSubstr("</svg>"));
+  // The same directory again is refused rather than overwritten.
+  r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+            dir_.Join("cmp"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("is not empty"));
+}
+
 }  // namespace
 }  // namespace atl

@@ -75,6 +75,23 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   }
 }
 
+TEST(DiLoCoTest, AnIslandWithAnotherModelIsRefused) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(40000, 7));
+  auto c = DiLoCoConfig(dir.Join("text.txt"));
+  auto server = MakeSyncServer(c);
+  outer::InProcessTransport transport(server.get());
+  auto other = c;
+  other.model.d_model = 64;
+  IslandOptions o;
+  o.name = "odd";
+  o.run_dir = dir.Join("odd");
+  auto r = RunIsland(other, transport, o);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("[model] config differs"));
+  EXPECT_EQ(server->num_members(), 0u);  // it left again
+}
+
 // Trains `islands` islands that all read the same data stream with the same seeds.
 std::vector<float> TrainIdentical(const Config& c, int islands) {
   auto cfg = c;

@@ -156,6 +156,39 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
   EXPECT_EQ(client_->FetchState(f).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(GrpcTlsTest, TlsWithTheRightRootWorksPlaintextDoesNot) {
+  testing::TempDir dir;
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -keyout " +
+      dir.Join("key.pem") + " -out " + dir.Join("cert.pem") +
+      " -addext subjectAltName=IP:127.0.0.1,DNS:localhost >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "openssl could not make a test certificate";
+  outer::SyncServerOptions o;
+  o.run_id = "run";
+  outer::SyncServer sync(o, {{"w"}, {2}}, {1, 2});
+  GrpcServerOptions so;
+  so.token = "t";
+  so.tls = {dir.Join("cert.pem"), dir.Join("key.pem"), ""};
+  auto server = GrpcServer::Start(&sync, so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  pb::JoinRequest j;
+  j.set_run_id("run");
+  j.set_name("a");
+  GrpcTransportOptions t;
+  t.target = (*server)->address();
+  t.token = "t";
+  t.rpc_timeout_s = 1;
+  auto plaintext = *GrpcTransport::Create(t);
+  EXPECT_EQ(plaintext->Join(j).status().code(), absl::StatusCode::kDeadlineExceeded);
+  t.rpc_timeout_s = 10;
+  t.tls.ca = dir.Join("cert.pem");
+  auto secure = *GrpcTransport::Create(t);
+  auto joined = secure->Join(j);
+  EXPECT_TRUE(joined.ok()) << joined.status();
+  t.tls.ca = dir.Join("missing.pem");
+  EXPECT_EQ(GrpcTransport::Create(t).status().code(), absl::StatusCode::kNotFound);
+}
+
 // (c) Coordinator + 2 islands as separate processes over TCP on loopback.
 TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
   testing::TempDir dir;

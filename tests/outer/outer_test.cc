@@ -140,6 +140,7 @@ class SyncServerTest : public ::testing::Test {
 };
 
 TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
+  options_.num_data_streams = 2;
   auto s = Make();
   Join(*s, "a");
   Join(*s, "b");
@@ -157,6 +158,7 @@ TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
 
 TEST_F(SyncServerTest, ResultDoesNotDependOnArrivalOrder) {
   options_.optimizer = {0.7, 0.9, true};
+  options_.num_data_streams = 2;
   auto one = Make(), two = Make();
   for (auto* s : {one.get(), two.get()}) {
     Join(*s, "a");
@@ -171,6 +173,7 @@ TEST_F(SyncServerTest, ResultDoesNotDependOnArrivalOrder) {
 }
 
 TEST_F(SyncServerTest, BadContributionsAreRefusedAndStateIsUntouched) {
+  options_.num_data_streams = 2;
   auto s = Make();
   Join(*s, "a");
   Join(*s, "b");
@@ -231,6 +234,26 @@ TEST_F(SyncServerTest, DeadlineCommitsWithMinIslandsAndLeaveCompletesARound) {
   EXPECT_EQ(s->GetState().islands_size(), 2);
 }
 
+TEST_F(SyncServerTest, TheFirstRoundWaitsForEveryIslandOfTheRun) {
+  options_.num_data_streams = 2;
+  options_.round_timeout_s = 5;
+  auto s = Make();
+  Join(*s, "a");
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  s->Tick(absl::Now());
+  EXPECT_EQ(s->round(), 0u);  // b has not joined yet
+  Join(*s, "b");
+  ASSERT_TRUE(s->Push(Payload("b", 0, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 1u);
+  // From then on, every current member is enough.
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("b");
+  ASSERT_TRUE(s->Leave(leave).ok());
+  ASSERT_TRUE(s->Push(Payload("a", 1, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 2u);
+}
+
 TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
   auto s = Make();
   pb::JoinRequest r;
@@ -250,6 +273,7 @@ TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
 
 TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheService) {
   options_.optimizer = {0.7, 0.9, true};
+  options_.num_data_streams = 2;
   layout_.numels = {1000};
   std::vector<float> init(1000);
   for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));

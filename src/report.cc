@@ -1,0 +1,119 @@
+#include "src/report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace atl {
+namespace {
+
+std::string HumanBytes(uint64_t b) {
+  if (b >= (1ULL << 30)) return absl::StrFormat("%.2f GiB", double(b) / double(1ULL << 30));
+  if (b >= (1ULL << 20)) return absl::StrFormat("%.1f MiB", double(b) / double(1ULL << 20));
+  return absl::StrFormat("%.1f KiB", double(b) / 1024.0);
+}
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '&') out += "&amp;";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string ReportCsv(const std::vector<MethodResult>& results) {
+  std::string out = "method,val_loss,tokens,wan_bytes,wall_s\n";
+  for (const auto& r : results) {
+    absl::StrAppend(&out, absl::StrFormat("%s,%.6f,%d,%d,%.2f\n", r.method, r.val_loss, r.tokens,
+                                          r.wan_bytes, r.wall_s));
+  }
+  return out;
+}
+
+std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title) {
+  std::string out = absl::StrCat("# ", title, "\n\n");
+  const double base = results.empty() ? 0 : results.front().val_loss;
+  out += "| method | val_loss | vs first | tokens | WAN bytes | wall |\n";
+  out += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const auto& r : results) {
+    absl::StrAppend(&out, absl::StrFormat("| %s | %.4f | %+.2f%% | %d | %s | %.1f s |\n", r.method,
+                                          r.val_loss, 100.0 * (r.val_loss / base - 1.0), r.tokens,
+                                          HumanBytes(r.wan_bytes), r.wall_s));
+  }
+  out += "\n";
+  for (const auto& r : results) {
+    if (!r.note.empty()) absl::StrAppend(&out, "- ", r.method, ": ", r.note, "\n");
+  }
+  return out;
+}
+
+std::string LossPlotSvg(const std::vector<MethodResult>& results, const std::string& title) {
+  const double w = 720, h = 440, left = 70, right = 180, top = 40, bottom = 50;
+  double x_max = 0, y_min = INFINITY, y_max = -INFINITY;
+  for (const auto& r : results) {
+    for (auto [x, y] : r.curve) {
+      x_max = std::max(x_max, x);
+      y_min = std::min(y_min, y);
+      y_max = std::max(y_max, y);
+    }
+  }
+  if (!(y_max > y_min)) {
+    y_min -= 0.5;
+    y_max += 0.5;
+  }
+  if (x_max <= 0) x_max = 1;
+  const double pad = 0.05 * (y_max - y_min);
+  y_min -= pad;
+  y_max += pad;
+  auto px = [&](double x) { return left + x / x_max * (w - left - right); };
+  auto py = [&](double y) { return top + (y_max - y) / (y_max - y_min) * (h - top - bottom); };
+  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+  std::string svg = absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" "
+      "fill=\"white\"/>\n<text x=\"%.0f\" y=\"22\" font-size=\"15\">%s</text>\n",
+      w, h, left, Escape(title));
+  // Axes, ticks and grid.
+  absl::StrAppend(&svg, absl::StrFormat(
+                            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n"
+                            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n",
+                            left, h - bottom, w - right, h - bottom, left, top, left, h - bottom));
+  for (int i = 0; i <= 5; ++i) {
+    const double x = x_max * i / 5, y = y_min + (y_max - y_min) * i / 5;
+    absl::StrAppend(&svg, absl::StrFormat(
+                              "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.3gM</text>\n"
+                              "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n"
+                              "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3f</text>\n",
+                              px(x), h - bottom + 18, x / 1e6, left, py(y), w - right, py(y),
+                              left - 6, py(y) + 4, y));
+  }
+  absl::StrAppend(&svg, absl::StrFormat(
+                            "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">tokens (all islands)</text>\n"
+                            "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" "
+                            "text-anchor=\"middle\">validation loss (nats/token)</text>\n",
+                            (left + w - right) / 2, h - 12, (top + h - bottom) / 2,
+                            (top + h - bottom) / 2));
+  for (size_t i = 0; i < results.size(); ++i) {
+    const char* color = kColors[i % 6];
+    std::string points;
+    for (auto [x, y] : results[i].curve) absl::StrAppend(&points, absl::StrFormat("%.1f,%.1f ", px(x), py(y)));
+    absl::StrAppend(&svg, absl::StrFormat(
+                              "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>\n"
+                              "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                              "stroke-width=\"3\"/>\n<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
+                              color, points, w - right + 12, top + 10 + 20.0 * i, w - right + 36,
+                              top + 10 + 20.0 * i, color, w - right + 42, top + 14 + 20.0 * i,
+                              Escape(results[i].method)));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace atl
