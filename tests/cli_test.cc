@@ -1,7 +1,6 @@
 // End-to-end tests of the `atoll` binary: exit codes, messages, and what it writes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -17,20 +16,9 @@ namespace {
 using ::atl::testing::TempDir;
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
+using Result = testing::CommandResult;
 
-Result Atoll(const std::string& args) {
-  const std::string cmd = std::string(ATOLL_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result Atoll(const std::string& args) { return testing::RunCommand(std::string(ATOLL_BIN) + " " + args); }
 
 class CliTest : public ::testing::Test {
  protected:

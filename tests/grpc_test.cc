@@ -2,7 +2,6 @@
 // the state untouched byte for byte, and a multi-process run of coordinator + 2 islands.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstring>
 #include <fstream>
@@ -198,14 +197,10 @@ TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
                      "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
                      "[train]\nsteps = 12\nbatch_size = 4\neval_every = 8\neval_batches = 2\n"
                      "threads = 1\n[optim]\nwarmup_steps = 2\n[outer]\nsync_every = 4\n");
-  const std::string cmd = std::string(ATOLL_BIN) + " local --islands 2 --config " +
-                          dir.Join("run.toml") + " --run-dir " + dir.Join("run") + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  const int status = pclose(p);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const auto run = testing::RunCommand(std::string(ATOLL_BIN) + " local --islands 2 --config " +
+                                       dir.Join("run.toml") + " --run-dir " + dir.Join("run"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string& out = run.output;
   EXPECT_THAT(out, HasSubstr("round 3/3 committed: island0+island1"));
 
   // The service's hash after each round...

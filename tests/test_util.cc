@@ -1,6 +1,9 @@
 #include "tests/test_util.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include <cstdlib>
 #include <fstream>
@@ -56,6 +59,17 @@ std::string ReadFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+CommandResult RunCommand(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CommandResult r;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
+  const int status = pclose(p);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  return r;
 }
 
 Config TinyConfig(const std::string& data_path) {

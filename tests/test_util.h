@@ -28,6 +28,13 @@ std::string GeneratedText(size_t bytes, uint64_t seed);
 void WriteFile(const std::string& path, const std::string& contents);
 std::string ReadFile(const std::string& path);
 
+struct CommandResult {
+  int exit_code = -1;  // -1 when the command did not exit normally
+  std::string output;  // stdout and stderr together
+};
+// Runs a shell command to completion.
+CommandResult RunCommand(const std::string& command);
+
 // A config small enough for unit tests (2 layers, d_model 32, context 32) over `data_path`.
 Config TinyConfig(const std::string& data_path);
 
