@@ -1,5 +1,20 @@
 // Payload codecs: pure functions from fp32 spans to bytes and back. No torch, no gRPC, no I/O.
 // The numeric values of Codec match atoll.v1.Codec on the wire.
+//
+// Encoded layouts (n elements, blocks of `block_size`, the last block may be shorter):
+//   fp32      n x float32, little-endian
+//   bf16      n x bfloat16 (the top 16 bits of float32, rounded to nearest even)
+//   int8      nblocks x float32 scale, then n x int8; scale = amax / 127, q = rne(x / scale),
+//             x' = q * scale (a zero block has scale 0)
+//   fp4_e2m1  nblocks x E8M0 scale byte (2^(byte - 127)), then ceil(n / 2) bytes of 4-bit codes
+//             (element i in byte i / 2, low nibble first). MXFP4: scale = 2^(floor(log2 amax) - 2),
+//             magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6} x scale, values past 6 x scale saturate.
+//   fp4_e3m0  same layout; sign + 3 exponent bits, no mantissa: magnitudes {0} and
+//             {2^-5, 2^-4, 2^-3, 2^-2, 2^-1, 1, 2} x scale with scale = 2^floor(log2 amax), so the
+//             block's largest magnitude lands in [1, 2).
+// 4-bit codes: bit 3 is the sign, bits 0-2 index the magnitudes; a value that rounds to zero is
+// encoded as +0. Rounding is to nearest, ties to the even code, deterministic; the scale byte is
+// clamped to [0, 254] (E8M0 has no infinity and 255 is NaN), so blocks beyond that range saturate.
 #ifndef ATOLL_COMPRESSION_CODEC_H_
 #define ATOLL_COMPRESSION_CODEC_H_
 
@@ -14,6 +29,10 @@ namespace atl::compression {
 
 enum class Codec : int {
   kFp32 = 1,
+  kBf16 = 2,
+  kInt8 = 3,
+  kFp4E2M1 = 4,
+  kFp4E3M0 = 5,
 };
 
 struct CodecSpec {
@@ -22,7 +41,10 @@ struct CodecSpec {
 };
 
 std::string CodecName(Codec codec);
-// Refuses codec numbers this build does not implement and block sizes that do not fit the codec.
+// "fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0" with each codec's default block size.
+absl::StatusOr<CodecSpec> ParseCodec(const std::string& name);
+// Refuses codec numbers this build does not implement and block sizes that do not fit the codec
+// (int8: 1..65536; fp4: even, 2..4096; fp32/bf16: 0).
 absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size);
 
 // Bytes needed to encode n elements.

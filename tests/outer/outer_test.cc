@@ -93,7 +93,7 @@ TEST(PayloadTest, RefusesBadChunksAndStaysUntouched) {
   run.mutable_header()->set_run_id("other");
   EXPECT_EQ(a.Add(run).code(), absl::StatusCode::kNotFound);
   auto codec = chunks[1];
-  codec.mutable_header()->set_codec(pb::CODEC_FP4_E2M1);
+  codec.mutable_header()->set_codec(pb::Codec(42));
   EXPECT_THAT(std::string(a.Add(codec).message()), HasSubstr("unsupported codec"));
 
   EXPECT_FALSE(a.complete());

@@ -1,0 +1,180 @@
+#include "compression/codec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace atl::compression {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<uint8_t> Enc(CodecSpec spec, const std::vector<float>& x) {
+  std::vector<uint8_t> out(EncodedBytes(spec, x.size()));
+  auto s = Encode(spec, x.data(), x.size(), out.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+std::vector<float> Dec(CodecSpec spec, const std::vector<uint8_t>& b, size_t n) {
+  std::vector<float> out(n);
+  auto s = Decode(spec, b.data(), b.size(), n, out.data());
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+const CodecSpec kE2M1{Codec::kFp4E2M1, 32};
+const CodecSpec kE3M0{Codec::kFp4E3M0, 32};
+
+TEST(CodecTest, E2M1DecodesAll16Codes) {
+  // Scale byte 127 = 2^0; codes 0..15 in order, two per byte, low nibble first.
+  std::vector<uint8_t> b = {127};
+  for (int c = 0; c < 16; c += 2) b.push_back(uint8_t(c | ((c + 1) << 4)));
+  const auto v = Dec(kE2M1, b, 16);
+  const std::vector<float> want = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_EQ(v[c], want[c]) << "code " << c;
+    EXPECT_EQ(std::signbit(v[c]), c >= 8) << "code " << c;
+  }
+}
+
+TEST(CodecTest, E2M1GoldenBytesAndTiesToEven) {
+  const CodecSpec spec{Codec::kFp4E2M1, 4};
+  // amax 6 -> scale 2^(2 - 2) = 1 -> byte 127; codes 2, 8|1, 5, 7.
+  EXPECT_EQ(Enc(spec, {1.0f, -0.5f, 3.0f, 6.0f}), (std::vector<uint8_t>{0x7F, 0x92, 0x75}));
+  // Every midpoint goes to the even code.
+  const std::vector<float> ties = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+  const std::vector<float> want = {0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f, 6.0f};
+  EXPECT_EQ(Dec({Codec::kFp4E2M1, 8}, Enc({Codec::kFp4E2M1, 8}, ties), 8), want);
+  // Just off the midpoints, to the nearer side.
+  EXPECT_EQ(Dec(spec, Enc(spec, {0.2500001f, 1.2500001f, 4.9999995f, 6.0f}), 4),
+            (std::vector<float>{0.5f, 1.5f, 4.0f, 6.0f}));
+  // amax 7: scale 2^(2 - 2) = 1 and 7 saturates to 6; -0.1 rounds to +0.
+  EXPECT_EQ(Dec(spec, Enc(spec, {7.0f, -0.1f, 0.0f, -0.0f}), 4),
+            (std::vector<float>{6.0f, 0.0f, 0.0f, 0.0f}));
+  EXPECT_FALSE(std::signbit(Dec(spec, Enc(spec, {7.0f, -0.1f, 0.0f, -0.0f}), 4)[1]));
+}
+
+TEST(CodecTest, E2M1BlockScalesZeroBlocksAndSubnormals) {
+  const CodecSpec spec{Codec::kFp4E2M1, 2};
+  // Per-block scales: 1024 -> 2^(10 - 2) -> byte 135; a zero block -> byte 0; 3 * 2^-128
+  // (subnormal) -> scale clamped to 2^-127 -> code 3 (1.5), decoded exactly.
+  const float sub = 3.0f * std::ldexp(1.0f, -128);
+  const auto b = Enc(spec, {1024.0f, 256.0f, 0.0f, 0.0f, sub, 0.0f});
+  EXPECT_EQ(b[0], 135);
+  EXPECT_EQ(b[1], 0);
+  EXPECT_EQ(b[2], 0);
+  const auto v = Dec(spec, b, 6);
+  EXPECT_EQ(v[0], 1024.0f);
+  EXPECT_EQ(v[1], 256.0f);
+  EXPECT_EQ(v[2], 0.0f);
+  EXPECT_EQ(v[4], sub);
+  // Odd element counts pack the last code into a low nibble.
+  EXPECT_EQ(EncodedBytes(spec, 5), 3u + 3u);
+}
+
+TEST(CodecTest, E3M0GoldenBytesAndTies) {
+  const CodecSpec spec{Codec::kFp4E3M0, 4};
+  // amax 1.5 -> scale 2^0; 1 -> code 6; -0.25 -> 8|4; 1.5 ties 1 (6) vs 2 (7) -> 6;
+  // 0.75 ties 0.5 (5) vs 1 (6) -> 6.
+  EXPECT_EQ(Enc(spec, {1.0f, -0.25f, 1.5f, 0.75f}), (std::vector<uint8_t>{0x7F, 0xC6, 0x66}));
+  std::vector<uint8_t> all = {127};
+  for (int c = 0; c < 16; c += 2) all.push_back(uint8_t(c | ((c + 1) << 4)));
+  const auto v = Dec({Codec::kFp4E3M0, 16}, all, 16);
+  const std::vector<float> want = {0,     0.03125f,  0.0625f, 0.125f, 0.25f, 0.5f, 1, 2,
+                                   -0.0f, -0.03125f, -0.0625f, -0.125f, -0.25f, -0.5f, -1, -2};
+  EXPECT_EQ(v, want);
+  // Below half of the smallest power of two rounds to zero; exactly half ties to zero.
+  EXPECT_EQ(Dec(spec, Enc(spec, {1.0f, 0.015625f, 0.0156251f, 0.01f}), 4),
+            (std::vector<float>{1.0f, 0.0f, 0.03125f, 0.0f}));
+}
+
+TEST(CodecTest, Int8AndBf16Golden) {
+  const CodecSpec i8{Codec::kInt8, 4};
+  // amax 127 -> scale 1.0 (0x3F800000); 0.5 rounds to even 0.
+  EXPECT_EQ(Enc(i8, {1.0f, -2.0f, 0.5f, 127.0f}),
+            (std::vector<uint8_t>{0x00, 0x00, 0x80, 0x3F, 0x01, 0xFE, 0x00, 0x7F}));
+  EXPECT_EQ(Dec(i8, Enc(i8, {0, 0, 0, 0}), 4), (std::vector<float>{0, 0, 0, 0}));
+  const CodecSpec bf{Codec::kBf16, 0};
+  // 1 + 2^-8 ties to 1 (even); 1 + 3 * 2^-8 ties up to 1 + 2^-6 (even); 1 + 2^-8 + 2^-20 rounds up.
+  const auto b = Enc(bf, {1.0f, 1.00390625f, 1.01171875f, 1.0039072f});
+  EXPECT_EQ(b, (std::vector<uint8_t>{0x80, 0x3F, 0x80, 0x3F, 0x82, 0x3F, 0x81, 0x3F}));
+}
+
+TEST(CodecTest, RoundTripErrorBounds) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  std::vector<float> x(4096);
+  for (auto& v : x) v = normal(rng);
+  struct Case {
+    CodecSpec spec;
+    double max_rel_rms;
+  } cases[] = {{{Codec::kFp32, 0}, 0.0}, {{Codec::kBf16, 0}, 0.004}, {{Codec::kInt8, 64}, 0.02},
+               {kE2M1, 0.15},            {kE3M0, 0.25}};
+  for (const auto& c : cases) {
+    const auto y = Dec(c.spec, Enc(c.spec, x), x.size());
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      err += double(y[i] - x[i]) * double(y[i] - x[i]);
+      ref += double(x[i]) * x[i];
+      // Per element: never more than half the block's largest magnitude off, never a sign flip.
+      EXPECT_FALSE(y[i] != 0 && std::signbit(y[i]) != std::signbit(x[i]));
+    }
+    EXPECT_LE(std::sqrt(err / ref), c.max_rel_rms) << CodecName(c.spec.codec);
+  }
+  // Per-element bounds of the block codecs.
+  const auto y8 = Dec({Codec::kInt8, 64}, Enc({Codec::kInt8, 64}, x), x.size());
+  const auto y4 = Dec(kE2M1, Enc(kE2M1, x), x.size());
+  for (size_t b = 0; b < x.size(); b += 64) {
+    float amax = 0;
+    for (size_t i = b; i < b + 64; ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (size_t i = b; i < b + 64; ++i) EXPECT_LE(std::fabs(y8[i] - x[i]), amax / 254 * 1.0001f);
+  }
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0;
+    for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    for (size_t i = b; i < b + 32; ++i) EXPECT_LE(std::fabs(y4[i] - x[i]), amax / 4);
+  }
+}
+
+TEST(CodecTest, DeterministicAndSizes) {
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * float(i % 17);
+  for (const auto& spec : {CodecSpec{Codec::kBf16, 0}, CodecSpec{Codec::kInt8, 64}, kE2M1, kE3M0}) {
+    EXPECT_EQ(Enc(spec, x), Enc(spec, x));
+  }
+  EXPECT_EQ(EncodedBytes(kE2M1, 1000), 32u + 500u);   // 8.5x smaller than fp32 at 1000
+  EXPECT_EQ(EncodedBytes({Codec::kInt8, 64}, 1000), 16u * 4 + 1000u);
+  EXPECT_EQ(EncodedBytes({Codec::kBf16, 0}, 1000), 2000u);
+}
+
+TEST(CodecTest, RefusesBadInputAndBadSpecs) {
+  std::vector<float> x = {1.0f, NAN, 2.0f};
+  std::vector<uint8_t> out(EncodedBytes(kE2M1, 3), 0xAB);
+  auto s = Encode(kE2M1, x.data(), 3, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("at element 1"));
+  EXPECT_EQ(out, std::vector<uint8_t>(out.size(), 0xAB));  // nothing written
+  x[1] = INFINITY;
+  EXPECT_FALSE(Encode({Codec::kBf16, 0}, x.data(), 3, out.data()).ok());
+
+  std::vector<float> y(3);
+  EXPECT_THAT(std::string(Decode(kE2M1, out.data(), out.size() - 1, 3, y.data()).message()),
+              HasSubstr("must be"));
+  std::vector<uint8_t> nan_scale = {255, 0x11, 0x00};  // E8M0 255 is not a number
+  EXPECT_FALSE(Decode({Codec::kFp4E2M1, 4}, nan_scale.data(), 3, 3, y.data()).ok());
+
+  EXPECT_FALSE(MakeSpec(int(Codec::kFp4E2M1), 33).ok());
+  EXPECT_FALSE(MakeSpec(int(Codec::kFp32), 32).ok());
+  EXPECT_FALSE(MakeSpec(42, 0).ok());
+  EXPECT_TRUE(MakeSpec(int(Codec::kInt8), 64).ok());
+  EXPECT_EQ(ParseCodec("fp4_e2m1")->block_size, 32u);
+  EXPECT_THAT(std::string(ParseCodec("fp5").status().message()), HasSubstr("unknown codec 'fp5'"));
+}
+
+}  // namespace
+}  // namespace atl::compression
