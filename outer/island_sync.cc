@@ -16,11 +16,13 @@ double Since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 IslandSync::IslandSync(Transport* transport, std::string run_id, std::string island_id,
-                       uint64_t fragment_elements, size_t chunk_bytes)
+                       uint64_t fragment_elements, compression::CodecSpec codec,
+                       size_t chunk_bytes)
     : transport_(transport),
       run_id_(std::move(run_id)),
       island_id_(std::move(island_id)),
       n_(fragment_elements),
+      codec_(codec),
       chunk_bytes_(chunk_bytes),
       global_(fragment_elements, 0.0f) {}
 
@@ -73,8 +75,8 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> delta(n_);
   for (uint64_t i = 0; i < n_; ++i) delta[i] = global_[i] - local[i];
-  auto chunks = EncodeChunks({run_id_, island_id_, round_, 0}, {compression::Codec::kFp32, 0},
-                             delta.data(), 0, n_, n_, chunk_bytes_);
+  auto chunks =
+      EncodeChunks({run_id_, island_id_, round_, 0}, codec_, delta.data(), 0, n_, n_, chunk_bytes_);
   if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
   std::vector<pb::PushRequest> requests(chunks->size());
   for (size_t i = 0; i < chunks->size(); ++i) {
@@ -106,7 +108,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
   out.bytes_received = WireBytes(*update);
   if (update->empty()) return absl::DataLossError("the service sent an empty update");
-  Assembler assembler({run_id_, "", round_, 0}, n_, 0, n_);
+  Assembler assembler({run_id_, "", round_, 0}, n_, 0, n_, codec_);
   for (const auto& u : *update) {
     if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
   }

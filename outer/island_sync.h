@@ -32,7 +32,9 @@ struct RoundOutcome {
 class IslandSync {
  public:
   IslandSync(Transport* transport, std::string run_id, std::string island_id,
-             uint64_t fragment_elements, size_t chunk_bytes = kDefaultChunkBytes);
+             uint64_t fragment_elements,
+             compression::CodecSpec codec = {compression::Codec::kFp32, 0},
+             size_t chunk_bytes = kDefaultChunkBytes);
 
   // Replaces the global copy with the service's current state (verifying its hash).
   absl::Status FetchGlobal();
@@ -51,6 +53,7 @@ class IslandSync {
   Transport* transport_;
   std::string run_id_, island_id_;
   uint64_t n_;
+  compression::CodecSpec codec_;
   size_t chunk_bytes_;
   std::vector<float> global_;
   uint64_t round_ = 0;

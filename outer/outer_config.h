@@ -17,6 +17,7 @@ struct OuterConfig {
   int min_islands = 1;               // contributions that commit a round at its deadline
   double round_timeout_s = 600;      // a round's deadline after its first contribution
   double rpc_timeout_s = 60;         // deadline of every other RPC
+  std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
 };
 
 absl::Status Validate(const OuterConfig& config);

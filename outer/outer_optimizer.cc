@@ -1,5 +1,6 @@
 #include "outer/outer_optimizer.h"
 
+#include "compression/codec.h"
 #include "outer/outer_config.h"
 
 #include <cmath>
@@ -41,6 +42,9 @@ absl::Status Validate(const OuterConfig& c) {
   if (!(c.rpc_timeout_s > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.rpc_timeout_s must be positive, got ", c.rpc_timeout_s));
+  }
+  if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));
   }
   return Validate(c.optimizer);
 }

@@ -17,8 +17,10 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                    ") exceeds the fragment's ", fragment_elements,
                                                    " elements"));
   }
-  const size_t per_element = std::max<size_t>(1, compression::EncodedBytes(spec, 1));
-  const uint64_t per_chunk = std::max<uint64_t>(1, max_chunk_bytes / per_element);
+  // Chunks hold whole scale blocks, so each chunk is encoded and checked on its own.
+  const uint64_t unit = std::max<uint32_t>(1, spec.block_size);
+  const size_t unit_bytes = std::max<size_t>(1, compression::EncodedBytes(spec, unit));
+  const uint64_t per_chunk = std::max<uint64_t>(1, max_chunk_bytes / unit_bytes) * unit;
   const uint32_t num_chunks = uint32_t(std::max<uint64_t>(1, (n + per_chunk - 1) / per_chunk));
   std::vector<pb::Chunk> out;
   out.reserve(num_chunks);
@@ -51,8 +53,13 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
   return out;
 }
 
-Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n)
-    : id_(std::move(id)), fragment_elements_(fragment_elements), begin_(begin), values_(n, 0.0f) {}
+Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
+                     compression::CodecSpec codec)
+    : id_(std::move(id)),
+      codec_(codec),
+      fragment_elements_(fragment_elements),
+      begin_(begin),
+      values_(n, 0.0f) {}
 
 absl::Status Assembler::Add(const pb::Chunk& chunk) {
   const auto& h = chunk.header();
@@ -73,6 +80,12 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
   }
   auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
   if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", spec.status().message()));
+  if (spec->codec != codec_.codec || spec->block_size != codec_.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": codec ", compression::CodecName(spec->codec), "/", spec->block_size,
+        " does not match the run's ", compression::CodecName(codec_.codec), "/",
+        codec_.block_size));
+  }
   const uint64_t first = h.offset(), count = h.num_elements();
   if (count == 0 || first < begin_ || first + count > begin_ + values_.size() ||
       first + count < first) {

@@ -40,7 +40,9 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
 // are accepted; a refused chunk leaves the assembler as it was.
 class Assembler {
  public:
-  Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n);
+  // Chunks must use `codec` (the run's codec for the payload's direction).
+  Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
+            compression::CodecSpec codec = {compression::Codec::kFp32, 0});
 
   absl::Status Add(const pb::Chunk& chunk);
   bool complete() const { return covered_ == values_.size(); }
@@ -51,6 +53,7 @@ class Assembler {
 
  private:
   PayloadId id_;
+  compression::CodecSpec codec_;
   uint64_t fragment_elements_, begin_;
   std::vector<float> values_;
   std::map<uint64_t, uint64_t> ranges_;  // accepted chunk ranges: offset -> count

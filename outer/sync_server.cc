@@ -152,7 +152,8 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
           absl::StrCat("island '", island, "' has already contributed to round ", round));
     }
   }
-  Assembler assembler({options_.run_id, island, round, 0}, layout_.total(), 0, layout_.total());
+  Assembler assembler({options_.run_id, island, round, 0}, layout_.total(), 0, layout_.total(),
+                      options_.codec);
   for (const auto& r : requests) {
     if (auto s = assembler.Add(r.chunk()); !s.ok()) return s;
   }
@@ -213,17 +214,24 @@ void SyncServer::CommitLocked(absl::Time now) {
   }
   std::vector<float> mean(n);
   for (size_t i = 0; i < n; ++i) mean[i] = float(sum[i] / total);
-  committed->update.resize(n);
-  optimizer_.ComputeUpdate(mean.data(), committed->update.data());
+  // The update every copy applies is the decoded encoding of the optimizer's update, so the
+  // service and the islands subtract exactly the same numbers.
+  std::vector<float> update(n);
+  optimizer_.ComputeUpdate(mean.data(), update.data());
+  auto chunks = EncodeChunks({options_.run_id, "", round_, 0}, options_.codec, update.data(), 0, n,
+                             n, options_.chunk_bytes);
+  // The update is a finite combination of verified finite inputs; an overflow to infinity would
+  // make every island diverge, so it is a bug worth stopping for.
+  if (!chunks.ok()) std::abort();
+  Assembler decoded({options_.run_id, "", round_, 0}, n, 0, n, options_.codec);
+  for (const auto& c : *chunks) {
+    if (!decoded.Add(c).ok()) std::abort();
+  }
+  committed->update = std::move(decoded.mutable_values());
   ApplyUpdate(params_.data(), committed->update.data(), n);
   params_hash_ = HashParams(params_);
   committed->params_hash = params_hash_;
   committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-  auto chunks = EncodeChunks({options_.run_id, "", round_, 0}, {compression::Codec::kFp32, 0},
-                             committed->update.data(), 0, n, n, options_.chunk_bytes);
-  // The update is a finite combination of verified finite inputs; an overflow to infinity would
-  // make every island diverge, so it is a bug worth stopping for.
-  if (!chunks.ok()) std::abort();
   committed->update_chunks = *std::move(chunks);
   if (on_commit_) on_commit_(*committed);
   committed_.push_back(std::move(committed));

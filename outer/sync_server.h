@@ -41,6 +41,8 @@ struct SyncServerOptions {
   uint32_t num_data_streams = 1;   // the run's islands: disjoint data streams handed out at join
   uint64_t config_hash = 0;        // islands with another model config are refused
   size_t chunk_bytes = kDefaultChunkBytes;
+  // Codec of pseudo-gradients and outer updates. Full state always travels as fp32.
+  compression::CodecSpec codec = {compression::Codec::kFp32, 0};
 };
 
 // The parameters that make up fragment 0 (the whole model until Streaming DiLoCo splits it).
@@ -53,7 +55,7 @@ struct FragmentLayout {
 // A committed round, as every island receives it.
 struct CommittedRound {
   uint64_t round = 0;
-  std::vector<float> update;           // theta_new = theta - update
+  std::vector<float> update;           // theta_new = theta - update (as decoded from the chunks)
   std::vector<pb::Chunk> update_chunks;  // `update`, encoded once
   uint64_t params_hash = 0;            // XXH64 of the fp32 global parameters after the update
   std::vector<std::string> contributors;

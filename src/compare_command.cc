@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "compression/codec.h"
 #include "inner/model.h"
 #include "src/checkpoint.h"
 #include "src/config.h"
@@ -61,19 +63,22 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   return r;
 }
 
-absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o) {
+// "diloco" uses the config's outer.codec; "diloco_<codec>" overrides it (e.g. diloco_fp4_e2m1).
+absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
+                                    const std::string& method) {
   LocalOptions l;
   l.islands = o.islands;
   l.config_path = o.config_path;
   l.overrides = o.overrides;
-  l.run_dir = (fs::path(o.run_dir) / "diloco").string();
+  if (method != "diloco") l.overrides.push_back("--outer.codec=" + method.substr(7));
+  l.run_dir = (fs::path(o.run_dir) / method).string();
   l.stop = o.stop;
   l.out = stderr;
   std::fprintf(stderr, "atoll compare: DiLoCo, %d islands, H = %d\n", o.islands, c.outer.sync_every);
   auto local = RunLocal(l);
   if (!local.ok()) return local.status();
   MethodResult r;
-  r.method = "diloco";
+  r.method = method;
   r.wall_s = local->wall_s;
   for (size_t i = 0; i < local->island_dirs.size(); ++i) {
     std::ifstream in(local->island_dirs[i] + "/summary.json");
@@ -115,8 +120,9 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
     absl::StatusOr<MethodResult> r;
     if (m == "baseline") {
       r = Baseline(*config, o);
-    } else if (m == "diloco") {
-      r = DiLoCo(*config, o);
+    } else if (m == "diloco" ||
+               (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok())) {
+      r = DiLoCo(*config, o, std::string(m));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
     }

@@ -63,7 +63,8 @@ std::vector<Field> Schema(Config& c) {
       {"outer.min_islands", &c.outer.min_islands, "contributions that commit a late round"},
       {"outer.round_timeout_s", &c.outer.round_timeout_s, "round deadline after its first push"},
       {"outer.rpc_timeout_s", &c.outer.rpc_timeout_s, "deadline of every other RPC"},
-      {"compare.methods", &c.compare.methods, "rows of `atoll compare`: baseline,diloco"},
+      {"outer.codec", &c.outer.codec, "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"},
+      {"compare.methods", &c.compare.methods, "rows of `atoll compare`: baseline, diloco, diloco_<codec>"},
   };
 }
 

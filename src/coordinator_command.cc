@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "compression/codec.h"
 #include "inner/model.h"
 #include "src/flat_params.h"
 #include "src/metrics.h"
@@ -26,6 +27,7 @@ std::unique_ptr<outer::SyncServer> MakeSyncServer(const Config& config) {
   o.total_inner_steps = uint64_t(config.train.steps);
   o.num_data_streams = uint32_t(config.outer.islands);
   o.config_hash = ModelConfigHash(config.model);
+  o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
   return std::make_unique<outer::SyncServer>(o, LayoutOf(params), Flatten(params));
 }
 

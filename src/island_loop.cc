@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/codec.h"
 #include "outer/island_sync.h"
 #include "src/checkpoint.h"
 #include "src/flat_params.h"
@@ -93,7 +94,8 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
   }
 
-  outer::IslandSync sync(&transport, config.outer.run_id, island_id, layout.total());
+  outer::IslandSync sync(&transport, config.outer.run_id, island_id, layout.total(),
+                         *compression::ParseCodec(config.outer.codec));
   if (auto s = sync.FetchGlobal(); !s.ok()) {
     leave();
     return s;

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "compression/checksum.h"
+#include "compression/codec.h"
 #include "outer/in_process_transport.h"
 #include "outer/island_sync.h"
 #include "outer/outer_optimizer.h"
@@ -271,36 +272,57 @@ TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
   EXPECT_EQ(s->Join(r).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheService) {
+TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
   options_.optimizer = {0.7, 0.9, true};
   options_.num_data_streams = 2;
   layout_.numels = {1000};
   std::vector<float> init(1000);
   for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));
-  auto s = Make(init);
-  InProcessTransport t1(s.get()), t2(s.get());
-  Join(*s, "a");
-  Join(*s, "b");
-  IslandSync a(&t1, "run", "a", 1000, 256), b(&t2, "run", "b", 1000, 256);
-  ASSERT_TRUE(a.FetchGlobal().ok());
-  ASSERT_TRUE(b.FetchGlobal().ok());
-  for (int round = 0; round < 5; ++round) {
-    std::vector<float> la = a.global(), lb = b.global();
-    for (size_t i = 0; i < 1000; ++i) {
-      la[i] -= 0.01f * std::cos(float(i * (round + 1)));
-      lb[i] += 0.003f * float(i % 7);
+  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"}) {
+    SCOPED_TRACE(name);
+    options_.codec = *compression::ParseCodec(name);
+    auto s = Make(init);
+    InProcessTransport t1(s.get()), t2(s.get());
+    Join(*s, "a");
+    Join(*s, "b");
+    IslandSync a(&t1, "run", "a", 1000, options_.codec, 256),
+        b(&t2, "run", "b", 1000, options_.codec, 256);
+    ASSERT_TRUE(a.FetchGlobal().ok());
+    ASSERT_TRUE(b.FetchGlobal().ok());
+    uint64_t sent = 0;
+    for (int round = 0; round < 5; ++round) {
+      std::vector<float> la = a.global(), lb = b.global();
+      for (size_t i = 0; i < 1000; ++i) {
+        la[i] -= 0.01f * std::cos(float(i * (round + 1)));
+        lb[i] += 0.003f * float(i % 7);
+      }
+      absl::StatusOr<RoundOutcome> ra;
+      std::thread th([&] { ra = a.SyncRound(la, 100); });
+      auto rb = b.SyncRound(lb, 50);
+      th.join();
+      ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+      EXPECT_FALSE(ra->resynced);
+      EXPECT_EQ(a.global(), s->params());
+      EXPECT_EQ(b.global(), s->params());
+      EXPECT_EQ(a.global_hash(), s->params_hash());
+      sent += ra->bytes_sent;
     }
-    absl::StatusOr<RoundOutcome> ra;
-    std::thread th([&] { ra = a.SyncRound(la, 100); });
-    auto rb = b.SyncRound(lb, 50);
-    th.join();
-    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
-    EXPECT_FALSE(ra->resynced);
-    EXPECT_EQ(a.global(), s->params());
-    EXPECT_EQ(b.global(), s->params());
-    EXPECT_EQ(a.global_hash(), s->params_hash());
+    EXPECT_EQ(a.round(), 5u);
+    // Payload bytes follow the codec, plus at most 64 header bytes per chunk of <= 256 bytes.
+    const double encoded = double(compression::EncodedBytes(options_.codec, 1000));
+    EXPECT_GE(double(sent) / 5, encoded);
+    EXPECT_LT(double(sent) / 5, encoded + 64 * (encoded / 128 + 1));
   }
-  EXPECT_EQ(a.round(), 5u);
+}
+
+TEST_F(SyncServerTest, AContributionInAnotherCodecIsRefused) {
+  options_.num_data_streams = 2;
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  auto s = Make();
+  Join(*s, "a");
+  auto r = s->Push(Payload("a", 0, {1, 1, 1, 1}));  // fp32
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("does not match the run's fp4_e2m1/32"));
 }
 
 TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
