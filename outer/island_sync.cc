@@ -16,14 +16,13 @@ double Since(std::chrono::steady_clock::time_point t) {
 }  // namespace
 
 IslandSync::IslandSync(Transport* transport, std::string run_id, std::string island_id,
-                       uint64_t fragment_elements, compression::CodecSpec codec,
-                       size_t chunk_bytes)
+                       uint64_t fragment_elements, IslandSyncOptions options)
     : transport_(transport),
       run_id_(std::move(run_id)),
       island_id_(std::move(island_id)),
       n_(fragment_elements),
-      codec_(codec),
-      chunk_bytes_(chunk_bytes),
+      options_(options),
+      residual_(options.error_feedback ? fragment_elements : 0, 0.0f),
       global_(fragment_elements, 0.0f) {}
 
 uint64_t IslandSync::global_hash() const {
@@ -66,6 +65,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   RoundOutcome out;
   out.round = round_;
   auto resync = [&](std::string reason) -> absl::StatusOr<RoundOutcome> {
+    std::fill(residual_.begin(), residual_.end(), 0.0f);
     if (auto s = FetchGlobal(); !s.ok()) return s;
     out.resynced = true;
     out.resync_reason = std::move(reason);
@@ -75,9 +75,20 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> delta(n_);
   for (uint64_t i = 0; i < n_; ++i) delta[i] = global_[i] - local[i];
-  auto chunks =
-      EncodeChunks({run_id_, island_id_, round_, 0}, codec_, delta.data(), 0, n_, n_, chunk_bytes_);
+  if (options_.error_feedback) {
+    for (uint64_t i = 0; i < n_; ++i) delta[i] += residual_[i];
+  }
+  auto chunks = EncodeChunks({run_id_, island_id_, round_, 0}, options_.codec, delta.data(), 0, n_,
+                             n_, options_.chunk_bytes);
   if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
+  if (options_.error_feedback) {
+    // The residual is what the service will not see: delta minus its decoded encoding.
+    Assembler sent({run_id_, island_id_, round_, 0}, n_, 0, n_, options_.codec);
+    for (const auto& c : *chunks) {
+      if (auto s = sent.Add(c); !s.ok()) return s;
+    }
+    for (uint64_t i = 0; i < n_; ++i) residual_[i] = delta[i] - sent.values()[i];
+  }
   std::vector<pb::PushRequest> requests(chunks->size());
   for (size_t i = 0; i < chunks->size(); ++i) {
     *requests[i].mutable_chunk() = std::move((*chunks)[i]);
@@ -108,7 +119,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
   out.bytes_received = WireBytes(*update);
   if (update->empty()) return absl::DataLossError("the service sent an empty update");
-  Assembler assembler({run_id_, "", round_, 0}, n_, 0, n_, codec_);
+  Assembler assembler({run_id_, "", round_, 0}, n_, 0, n_, options_.codec);
   for (const auto& u : *update) {
     if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
   }

@@ -29,12 +29,19 @@ struct RoundOutcome {
   double wait_s = 0;            // waiting for the round to commit + receiving the update
 };
 
+struct IslandSyncOptions {
+  compression::CodecSpec codec = {compression::Codec::kFp32, 0};  // of pseudo-gradients
+  // Error feedback: what the codec dropped from a pseudo-gradient is added to the next one. The
+  // residual stays on the island; it is reset when a contribution is refused (the round went on
+  // without it and the island resyncs).
+  bool error_feedback = false;
+  size_t chunk_bytes = kDefaultChunkBytes;
+};
+
 class IslandSync {
  public:
   IslandSync(Transport* transport, std::string run_id, std::string island_id,
-             uint64_t fragment_elements,
-             compression::CodecSpec codec = {compression::Codec::kFp32, 0},
-             size_t chunk_bytes = kDefaultChunkBytes);
+             uint64_t fragment_elements, IslandSyncOptions options = {});
 
   // Replaces the global copy with the service's current state (verifying its hash).
   absl::Status FetchGlobal();
@@ -48,13 +55,14 @@ class IslandSync {
   uint64_t global_hash() const;
   // Total bytes of full-state fetches (joins and resyncs).
   uint64_t fetched_bytes() const { return fetched_bytes_; }
+  const std::vector<float>& residual() const { return residual_; }
 
  private:
   Transport* transport_;
   std::string run_id_, island_id_;
   uint64_t n_;
-  compression::CodecSpec codec_;
-  size_t chunk_bytes_;
+  IslandSyncOptions options_;
+  std::vector<float> residual_;  // error feedback
   std::vector<float> global_;
   uint64_t round_ = 0;
   uint64_t fetched_bytes_ = 0;

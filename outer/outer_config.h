@@ -18,6 +18,7 @@ struct OuterConfig {
   double round_timeout_s = 600;      // a round's deadline after its first contribution
   double rpc_timeout_s = 60;         // deadline of every other RPC
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
+  bool error_feedback = false;       // islands carry what the codec dropped into the next round
 };
 
 absl::Status Validate(const OuterConfig& config);

@@ -64,6 +64,7 @@ std::vector<Field> Schema(Config& c) {
       {"outer.round_timeout_s", &c.outer.round_timeout_s, "round deadline after its first push"},
       {"outer.rpc_timeout_s", &c.outer.rpc_timeout_s, "deadline of every other RPC"},
       {"outer.codec", &c.outer.codec, "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"},
+      {"outer.error_feedback", &c.outer.error_feedback, "carry codec error into the next round"},
       {"compare.methods", &c.compare.methods, "rows of `atoll compare`: baseline, diloco, diloco_<codec>"},
   };
 }

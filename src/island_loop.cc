@@ -94,8 +94,10 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
   }
 
-  outer::IslandSync sync(&transport, config.outer.run_id, island_id, layout.total(),
-                         *compression::ParseCodec(config.outer.codec));
+  outer::IslandSyncOptions sync_options;
+  sync_options.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
+  sync_options.error_feedback = config.outer.error_feedback;
+  outer::IslandSync sync(&transport, config.outer.run_id, island_id, layout.total(), sync_options);
   if (auto s = sync.FetchGlobal(); !s.ok()) {
     leave();
     return s;

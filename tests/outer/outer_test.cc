@@ -285,8 +285,11 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
     InProcessTransport t1(s.get()), t2(s.get());
     Join(*s, "a");
     Join(*s, "b");
-    IslandSync a(&t1, "run", "a", 1000, options_.codec, 256),
-        b(&t2, "run", "b", 1000, options_.codec, 256);
+    IslandSyncOptions so;
+    so.codec = options_.codec;
+    so.chunk_bytes = 256;
+    so.error_feedback = true;
+    IslandSync a(&t1, "run", "a", 1000, so), b(&t2, "run", "b", 1000, so);
     ASSERT_TRUE(a.FetchGlobal().ok());
     ASSERT_TRUE(b.FetchGlobal().ok());
     uint64_t sent = 0;
@@ -313,6 +316,34 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
     EXPECT_GE(double(sent) / 5, encoded);
     EXPECT_LT(double(sent) / 5, encoded + 64 * (encoded / 128 + 1));
   }
+}
+
+TEST_F(SyncServerTest, ErrorFeedbackCarriesWhatTheCodecDropped) {
+  options_.num_data_streams = 1;
+  options_.optimizer = {1.0, 0.0, false};
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  layout_.numels = {64};
+  auto s = Make(std::vector<float>(64, 0.0f));
+  InProcessTransport t(s.get());
+  Join(*s, "a");
+  IslandSyncOptions so;
+  so.codec = options_.codec;
+  so.error_feedback = true;
+  IslandSync a(&t, "run", "a", 64, so);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  // A constant pseudo-gradient that FP4 cannot represent next to a larger value in its block.
+  std::vector<float> delta(64, 0.1f);
+  delta[0] = 6.0f;
+  for (int round = 0; round < 8; ++round) {
+    std::vector<float> local = a.global();
+    for (size_t i = 0; i < 64; ++i) local[i] -= delta[i];
+    ASSERT_TRUE(a.SyncRound(local, 1).ok());
+  }
+  const double moved = -double(a.global()[5]);
+  // Without feedback 0.1 rounds to 0 (scale 1: 0.1 < 0.25) and the element never moves; with it
+  // the residual accumulates until it is sent: 8 rounds move it by about 8 x 0.1.
+  EXPECT_NEAR(moved, 0.8, 0.26);
+  EXPECT_LT(std::fabs(a.residual()[5]), 0.26f);
 }
 
 TEST_F(SyncServerTest, AContributionInAnotherCodecIsRefused) {
