@@ -1,0 +1,88 @@
+#include "outer/fragments.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace atl::outer {
+namespace {
+
+std::vector<std::string> GptNames(int layers) {
+  std::vector<std::string> n = {"tok_emb.weight", "pos_emb.weight"};
+  for (int l = 0; l < layers; ++l) {
+    for (const char* p : {"ln1.weight", "attn.qkv.weight", "mlp.proj.bias"}) {
+      n.push_back("blocks." + std::to_string(l) + "." + p);
+    }
+  }
+  n.push_back("ln_f.weight");
+  n.push_back("head.weight");
+  return n;
+}
+
+TEST(FragmentsTest, StridedAndSequentialPlacement) {
+  const auto names = GptNames(6);
+  auto strided = PlanFragments(names, 3, FragmentPattern::kStrided);
+  auto sequential = PlanFragments(names, 3, FragmentPattern::kSequential);
+  ASSERT_TRUE(strided.ok() && sequential.ok());
+  auto frag = [&](const FragmentPlan& p, const std::string& name) {
+    return p.fragment_of[size_t(std::find(names.begin(), names.end(), name) - names.begin())];
+  };
+  EXPECT_EQ(frag(*strided, "blocks.4.attn.qkv.weight"), 1u);  // 4 mod 3
+  EXPECT_EQ(frag(*sequential, "blocks.4.attn.qkv.weight"), 2u);  // 4 * 3 / 6
+  EXPECT_EQ(frag(*sequential, "blocks.1.ln1.weight"), 0u);
+  // Embeddings with block 0, final norm and head with the last block.
+  EXPECT_EQ(frag(*strided, "tok_emb.weight"), 0u);
+  EXPECT_EQ(frag(*strided, "head.weight"), 2u);  // block 5 -> 5 mod 3
+  EXPECT_EQ(frag(*sequential, "ln_f.weight"), 2u);
+  // Every parameter in exactly one fragment, in model order.
+  size_t total = 0;
+  for (const auto& f : strided->parameters) {
+    EXPECT_TRUE(std::is_sorted(f.begin(), f.end()));
+    total += f.size();
+  }
+  EXPECT_EQ(total, names.size());
+}
+
+TEST(FragmentsTest, RefusesImpossiblePlans) {
+  EXPECT_FALSE(PlanFragments(GptNames(2), 3, FragmentPattern::kStrided).ok());
+  EXPECT_FALSE(PlanFragments(GptNames(2), 0, FragmentPattern::kStrided).ok());
+  auto odd = GptNames(2);
+  odd.push_back("adapter.weight");
+  EXPECT_THAT(std::string(PlanFragments(odd, 1, FragmentPattern::kStrided).status().message()),
+              ::testing::HasSubstr("'adapter.weight'"));
+  EXPECT_FALSE(ParseFragmentPattern("random").ok());
+}
+
+TEST(SyncScheduleTest, EachFragmentOncePerHStepsAtStaggeredOffsets) {
+  for (int h : {1, 7, 50, 100}) {
+    for (int p : {1, 2, 3, 4}) {
+      if (p > h) continue;
+      SyncSchedule s(h, p);
+      std::map<uint32_t, std::vector<int64_t>> when;
+      for (int64_t t = 1; t <= 10 * h; ++t) {
+        for (uint32_t f : s.DueAfter(t)) when[f].push_back(t);
+      }
+      ASSERT_EQ(when.size(), size_t(p)) << h << "/" << p;
+      for (auto& [f, steps] : when) {
+        // Exactly once in every window of H consecutive steps.
+        for (size_t i = 1; i < steps.size(); ++i) EXPECT_EQ(steps[i] - steps[i - 1], h);
+        EXPECT_GE(steps.size(), 9u);
+        EXPECT_EQ(steps.front() % h, s.offset(int(f)) % h);
+      }
+      if (p > 1 && h >= p) {
+        // Offsets spread evenly: no two fragments at the same step.
+        for (int64_t t = 1; t <= 10 * h; ++t) EXPECT_LE(s.DueAfter(t).size(), 1u);
+      }
+    }
+  }
+  // P = 1 is plain DiLoCo: everything every H steps.
+  SyncSchedule plain(50, 1);
+  EXPECT_EQ(plain.DueAfter(50), (std::vector<uint32_t>{0}));
+  EXPECT_TRUE(plain.DueAfter(49).empty());
+  EXPECT_TRUE(plain.DueAfter(0).empty());
+  EXPECT_EQ(SyncSchedule(100, 4).offset(3), 75);
+}
+
+}  // namespace
+}  // namespace atl::outer
