@@ -7,7 +7,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${ATOLL_BUILD_DIR:-$root/build}"
 
 packages=(
-  build-essential cmake pkg-config ccache git perl openssl
+  build-essential cmake pkg-config ccache git perl openssl iproute2 iperf3
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev

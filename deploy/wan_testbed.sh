@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Islands behind a slow link, on one machine: a coordinator and M islands in their own network
+# namespaces, each island joined to the coordinator by a veth pair rate-limited with tbf in both
+# directions. Prints each island's compute utilization (inner compute time / wall time) and the
+# link's measured goodput (iperf3, when installed). Needs root (ip netns, tc).
+#
+#   deploy/wan_testbed.sh RATE [atoll config overrides...]
+#   deploy/wan_testbed.sh 20mbit --train.steps=200 --outer.codec=fp4_e2m1
+#
+# Environment: ISLANDS (2), CONFIG (deploy/configs/tiny.toml), RUN_DIR (runs/wan-<rate>-<time>).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+rate="${1:?usage: wan_testbed.sh RATE [--key=value ...]}"
+shift
+islands="${ISLANDS:-2}"
+config="${CONFIG:-$root/deploy/configs/tiny.toml}"
+run_dir="${RUN_DIR:-$root/runs/wan-$rate-$(date +%H%M%S)}"
+atoll="${ATOLL_BUILD_DIR:-$root/build}/src/atoll"
+port=7070
+ns="atoll$$"
+export ATOLL_TOKEN="${ATOLL_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}"
+
+cleanup() {
+  for pid in $(jobs -p); do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  ip netns del "$ns-c" 2>/dev/null || true
+  for ((i = 0; i < islands; i++)); do ip netns del "$ns-i$i" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+ip netns add "$ns-c"
+ip -n "$ns-c" link set lo up
+for ((i = 0; i < islands; i++)); do
+  ip netns add "$ns-i$i"
+  ip -n "$ns-i$i" link set lo up
+  ip link add "v$$c$i" type veth peer name "v$$i$i"
+  ip link set "v$$c$i" netns "$ns-c"
+  ip link set "v$$i$i" netns "$ns-i$i"
+  ip -n "$ns-c" addr add "10.77.$i.1/24" dev "v$$c$i"
+  ip -n "$ns-i$i" addr add "10.77.$i.2/24" dev "v$$i$i"
+  ip -n "$ns-c" link set "v$$c$i" up
+  ip -n "$ns-i$i" link set "v$$i$i" up
+  # Both directions of the island's link are limited to RATE.
+  ip netns exec "$ns-c" tc qdisc add dev "v$$c$i" root tbf rate "$rate" burst 64kb latency 100ms
+  ip netns exec "$ns-i$i" tc qdisc add dev "v$$i$i" root tbf rate "$rate" burst 64kb latency 100ms
+done
+mkdir -p "$run_dir"
+
+if command -v iperf3 >/dev/null; then
+  ip netns exec "$ns-c" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
+  sleep 0.5
+  goodput=$(ip netns exec "$ns-i0" iperf3 -c 10.77.0.1 -p 5201 -t 3 -J 2>/dev/null |
+    perl -0ne 'print $1 / 1e6 if /"sum_received".*?"bits_per_second":\s*([0-9.e+]+)/s')
+  echo "wan_testbed: link $rate, iperf3 goodput ${goodput:-?} Mbit/s"
+fi
+
+ip netns exec "$ns-c" "$atoll" coordinator --listen "0.0.0.0:$port" --config "$config" \
+  --run-dir "$run_dir/coordinator" "--outer.islands=$islands" "$@" > "$run_dir/coordinator.log" 2>&1 &
+coordinator=$!
+sleep 1
+pids=()
+for ((i = 0; i < islands; i++)); do
+  ip netns exec "$ns-i$i" "$atoll" island --coordinator "10.77.$i.1:$port" --name "island$i" \
+    --config "$config" --run-dir "$run_dir/island$i" "--outer.islands=$islands" "$@" \
+    > "$run_dir/island$i.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+wait "$coordinator" || true
+if ((status != 0)); then
+  echo "wan_testbed: an island failed; logs in $run_dir" >&2
+  exit 1
+fi
+for ((i = 0; i < islands; i++)); do
+  awk -F': ' -v name="island$i" '
+    /"compute_s"/ {c = $2 + 0} /"sync_s"/ {s = $2 + 0} /"wall_s"/ {w = $2 + 0}
+    /"bytes_sent"/ {b = $2 + 0} /"val_loss"/ {v = $2 + 0}
+    END {printf "wan_testbed: %s: utilization %.1f%% (compute %.1fs, sync %.1fs, wall %.1fs), sent %.1f MiB, val_loss %.4f\n",
+         name, 100 * c / w, c, s, w, b / 1048576, v}' "$run_dir/island$i/summary.json"
+done
+echo "wan_testbed: outputs in $run_dir"
