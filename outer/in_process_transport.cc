@@ -8,10 +8,7 @@ absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(SyncServer& server,
   if (request.run_id() != server.options().run_id) {
     return absl::NotFoundError("unknown run '" + request.run_id() + "'");
   }
-  if (request.fragment() != 0) {
-    return absl::NotFoundError("unknown fragment " + std::to_string(request.fragment()));
-  }
-  auto committed = server.AwaitRound(request.round(), deadline);
+  auto committed = server.AwaitRound(request.round(), deadline, request.fragment());
   if (!committed.ok()) return committed.status();
   std::vector<pb::UpdateChunk> out;
   const uint64_t begin = request.offset();

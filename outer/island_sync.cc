@@ -33,12 +33,12 @@ absl::Status IslandSync::FetchGlobal() {
   pb::FetchStateRequest request;
   request.set_run_id(run_id_);
   request.set_island_id(island_id_);
-  request.set_fragment(0);
+  request.set_fragment(options_.fragment);
   auto chunks = transport_->FetchState(request);
   if (!chunks.ok()) return chunks.status();
   if (chunks->empty()) return absl::DataLossError("the service sent no state");
   const auto& h0 = chunks->front().chunk().header();
-  Assembler assembler({run_id_, h0.island_id(), h0.round(), 0}, n_, 0, n_);
+  Assembler assembler({run_id_, h0.island_id(), h0.round(), options_.fragment}, n_, 0, n_);
   for (const auto& c : *chunks) {
     if (c.params_hash() != chunks->front().params_hash()) {
       return absl::DataLossError("state chunks disagree on the parameters' hash");
@@ -78,12 +78,12 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   if (options_.error_feedback) {
     for (uint64_t i = 0; i < n_; ++i) delta[i] += residual_[i];
   }
-  auto chunks = EncodeChunks({run_id_, island_id_, round_, 0}, options_.codec, delta.data(), 0, n_,
-                             n_, options_.chunk_bytes);
+  const PayloadId id{run_id_, island_id_, round_, options_.fragment};
+  auto chunks = EncodeChunks(id, options_.codec, delta.data(), 0, n_, n_, options_.chunk_bytes);
   if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
   if (options_.error_feedback) {
     // The residual is what the service will not see: delta minus its decoded encoding.
-    Assembler sent({run_id_, island_id_, round_, 0}, n_, 0, n_, options_.codec);
+    Assembler sent(id, n_, 0, n_, options_.codec);
     for (const auto& c : *chunks) {
       if (auto s = sent.Add(c); !s.ok()) return s;
     }
@@ -109,7 +109,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   request.set_run_id(run_id_);
   request.set_island_id(island_id_);
   request.set_round(round_);
-  request.set_fragment(0);
+  request.set_fragment(options_.fragment);
   auto update = transport_->AwaitUpdate(request);
   if (!update.ok()) {
     if (absl::IsFailedPrecondition(update.status())) {
@@ -119,7 +119,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
   out.bytes_received = WireBytes(*update);
   if (update->empty()) return absl::DataLossError("the service sent an empty update");
-  Assembler assembler({run_id_, "", round_, 0}, n_, 0, n_, options_.codec);
+  Assembler assembler({run_id_, "", round_, options_.fragment}, n_, 0, n_, options_.codec);
   for (const auto& u : *update) {
     if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
   }

@@ -36,6 +36,7 @@ struct IslandSyncOptions {
   // without it and the island resyncs).
   bool error_feedback = false;
   size_t chunk_bytes = kDefaultChunkBytes;
+  uint32_t fragment = 0;  // which fragment this IslandSync carries
 };
 
 class IslandSync {

@@ -19,6 +19,14 @@ struct OuterConfig {
   double rpc_timeout_s = 60;         // deadline of every other RPC
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
   bool error_feedback = false;       // islands carry what the codec dropped into the next round
+  // Streaming DiLoCo.
+  int num_fragments = 1;                  // P
+  std::string fragment_pattern = "strided";  // or "sequential"
+  int fragment_sync_delay = 0;            // tau: inner steps between a fragment's push and merge
+  double fragment_update_alpha = -1;      // alpha; < 0: 0.5 when tau > 0, else 0
+  double alpha() const {
+    return fragment_update_alpha >= 0 ? fragment_update_alpha : (fragment_sync_delay > 0 ? 0.5 : 0.0);
+  }
 };
 
 absl::Status Validate(const OuterConfig& config);

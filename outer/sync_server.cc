@@ -22,12 +22,31 @@ uint64_t FragmentLayout::total() const {
   return std::accumulate(numels.begin(), numels.end(), uint64_t(0));
 }
 
+SyncServer::Fragment::Fragment(FragmentLayout l, std::vector<float> p, const OuterOptimizerConfig& o)
+    : layout(std::move(l)),
+      params(std::move(p)),
+      params_hash(HashParams(params)),
+      optimizer(o, params.size()) {}
+
 SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial)
-    : options_(std::move(options)),
-      layout_(std::move(layout)),
-      params_(std::move(initial)),
-      params_hash_(HashParams(params_)),
-      optimizer_(options_.optimizer, params_.size()) {}
+    : options_(std::move(options)) {
+  fragments_.emplace_back(std::move(layout), std::move(initial), options_.optimizer);
+}
+
+SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> layouts,
+                       std::vector<std::vector<float>> initial)
+    : options_(std::move(options)) {
+  for (size_t f = 0; f < layouts.size(); ++f) {
+    fragments_.emplace_back(std::move(layouts[f]), std::move(initial[f]), options_.optimizer);
+  }
+}
+
+absl::StatusOr<uint32_t> SyncServer::CheckFragment(uint32_t fragment) const {
+  if (fragment < fragments_.size()) return fragment;
+  return absl::NotFoundError(absl::StrCat("unknown fragment ", fragment, " (this run has ",
+                                          fragments_.size(), " fragment",
+                                          fragments_.size() == 1 ? "" : "s", ")"));
+}
 
 absl::Status SyncServer::CheckRun(const std::string& run_id) const {
   if (run_id == options_.run_id) return absl::OkStatus();
@@ -57,17 +76,19 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   pb::JoinResponse r;
   r.set_island_id(request.name());
   r.set_data_stream(m.data_stream);
-  r.set_round(round_);
+  r.set_round(fragments_[0].round);
   auto* sched = r.mutable_schedule();
   sched->set_sync_every(options_.sync_every);
-  sched->set_num_fragments(1);
+  sched->set_num_fragments(uint32_t(fragments_.size()));
   sched->set_num_data_streams(options_.num_data_streams);
   sched->set_total_inner_steps(options_.total_inner_steps);
   r.set_config_hash(options_.config_hash);
-  auto* frag = r.add_fragments();
-  frag->set_fragment(0);
-  for (const auto& n : layout_.names) frag->add_parameters(n);
-  frag->set_num_elements(layout_.total());
+  for (uint32_t f = 0; f < fragments_.size(); ++f) {
+    auto* frag = r.add_fragments();
+    frag->set_fragment(f);
+    for (const auto& n : fragments_[f].layout.names) frag->add_parameters(n);
+    frag->set_num_elements(fragments_[f].layout.total());
+  }
   return r;
 }
 
@@ -78,8 +99,11 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
     return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
   }
   ++membership_epoch_;
-  // The round may now be complete without the island that left.
-  if (ReadyLocked(absl::Now())) CommitLocked(absl::Now());
+  // Rounds may now be complete without the island that left.
+  const absl::Time now = absl::Now();
+  for (uint32_t f = 0; f < fragments_.size(); ++f) {
+    if (ReadyLocked(fragments_[f], now)) CommitLocked(f, now);
+  }
   return absl::OkStatus();
 }
 
@@ -92,7 +116,7 @@ absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatR
   }
   it->second.last_seen = absl::Now();
   pb::HeartbeatResponse r;
-  r.set_round(round_);
+  r.set_round(fragments_[0].round);
   r.set_membership_epoch(membership_epoch_);
   return r;
 }
@@ -100,7 +124,7 @@ absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatR
 pb::GetStateResponse SyncServer::GetState() const {
   std::lock_guard<std::mutex> lock(mu_);
   pb::GetStateResponse r;
-  r.set_round(round_);
+  r.set_round(fragments_[0].round);
   r.set_membership_epoch(membership_epoch_);
   for (const auto& [id, m] : members_) {
     auto* i = r.add_islands();
@@ -111,10 +135,11 @@ pb::GetStateResponse SyncServer::GetState() const {
   }
   auto* sched = r.mutable_schedule();
   sched->set_sync_every(options_.sync_every);
-  sched->set_num_fragments(1);
+  sched->set_num_fragments(uint32_t(fragments_.size()));
   sched->set_num_data_streams(options_.num_data_streams);
   sched->set_total_inner_steps(options_.total_inner_steps);
-  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
+  const auto& committed = fragments_[0].committed;
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     auto* s = r.add_committed();
     s->set_round((*it)->round);
     for (const auto& c : (*it)->contributors) s->add_contributors(c);
@@ -129,10 +154,9 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
   if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
   const auto& first = requests.front().chunk().header();
   if (auto s = CheckRun(first.run_id()); !s.ok()) return s;
-  if (first.fragment() != 0) {
-    return absl::NotFoundError(absl::StrCat("unknown fragment ", first.fragment(),
-                                            " (this run has 1 fragment)"));
-  }
+  auto fid = CheckFragment(first.fragment());
+  if (!fid.ok()) return fid.status();
+  Fragment& frag = fragments_[*fid];
   const std::string island = first.island_id();
   const uint64_t round = first.round();
   {
@@ -142,18 +166,19 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
       return absl::PermissionDeniedError(
           absl::StrCat("island '", island, "' is not a member of run '", options_.run_id, "'"));
     }
-    if (round != round_) {
+    if (round != frag.round) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "round ", round, round < round_ ? " has already committed" : " is unknown",
-          "; the current round is ", round_, ": fetch the global state and continue"));
+          "round ", round, " of fragment ", *fid,
+          round < frag.round ? " has already committed" : " is unknown", "; the current round is ",
+          frag.round, ": fetch the global state and continue"));
     }
-    if (contributions_.count(island)) {
+    if (frag.contributions.count(island)) {
       return absl::AlreadyExistsError(
           absl::StrCat("island '", island, "' has already contributed to round ", round));
     }
   }
-  Assembler assembler({options_.run_id, island, round, 0}, layout_.total(), 0, layout_.total(),
-                      options_.codec);
+  const uint64_t total = frag.layout.total();
+  Assembler assembler({options_.run_id, island, round, *fid}, total, 0, total, options_.codec);
   for (const auto& r : requests) {
     if (auto s = assembler.Add(r.chunk()); !s.ok()) return s;
   }
@@ -163,49 +188,51 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
 
   std::lock_guard<std::mutex> lock(mu_);
   // The state may have moved while we decoded.
-  if (round != round_) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round,
+  if (round != frag.round) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " of fragment ", *fid,
                                                       " committed while the payload arrived; "
                                                       "fetch the global state and continue"));
   }
   if (!members_.count(island)) {
     return absl::PermissionDeniedError(absl::StrCat("island '", island, "' is no longer a member"));
   }
-  if (!contributions_.emplace(island, Contribution{std::move(assembler.mutable_values()), tokens})
+  if (!frag.contributions
+           .emplace(island, Contribution{std::move(assembler.mutable_values()), tokens})
            .second) {
     return absl::AlreadyExistsError(
         absl::StrCat("island '", island, "' has already contributed to round ", round));
   }
   const absl::Time now = absl::Now();
-  if (contributions_.size() == 1) {
-    round_deadline_ = now + absl::Seconds(options_.round_timeout_s);
+  if (frag.contributions.size() == 1) {
+    frag.deadline = now + absl::Seconds(options_.round_timeout_s);
   }
   pb::PushResponse response;
   response.set_round(round);
-  response.set_fragment(0);
-  response.set_contributors(uint32_t(contributions_.size()));
-  if (ReadyLocked(now)) CommitLocked(now);
+  response.set_fragment(*fid);
+  response.set_contributors(uint32_t(frag.contributions.size()));
+  if (ReadyLocked(frag, now)) CommitLocked(*fid, now);
   return response;
 }
 
-bool SyncServer::ReadyLocked(absl::Time now) const {
-  if (contributions_.empty()) return false;
+bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
+  if (f.contributions.empty()) return false;
   // Before its deadline a round needs every member; the first round also waits for the run's full
   // complement of islands, so an island that is merely slower to start takes part from the start.
-  bool all = round_ > 0 || members_.size() >= options_.num_data_streams;
-  for (const auto& [id, m] : members_) all &= contributions_.count(id) > 0;
+  bool all = f.round > 0 || members_.size() >= options_.num_data_streams;
+  for (const auto& [id, m] : members_) all &= f.contributions.count(id) > 0;
   if (all) return true;
-  return now >= round_deadline_ && int(contributions_.size()) >= options_.min_islands;
+  return now >= f.deadline && int(f.contributions.size()) >= options_.min_islands;
 }
 
-void SyncServer::CommitLocked(absl::Time now) {
-  const size_t n = params_.size();
+void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
+  Fragment& f = fragments_[fragment];
+  const size_t n = f.params.size();
   auto committed = std::make_shared<CommittedRound>();
-  committed->round = round_;
+  committed->round = f.round;
   // Weighted mean in double, in island-id order (std::map): independent of arrival order.
   std::vector<double> sum(n, 0.0);
   double total = 0;
-  for (const auto& [id, c] : contributions_) {
+  for (const auto& [id, c] : f.contributions) {
     const double w = double(c.tokens);
     for (size_t i = 0; i < n; ++i) sum[i] += w * double(c.delta[i]);
     total += w;
@@ -217,45 +244,51 @@ void SyncServer::CommitLocked(absl::Time now) {
   // The update every copy applies is the decoded encoding of the optimizer's update, so the
   // service and the islands subtract exactly the same numbers.
   std::vector<float> update(n);
-  optimizer_.ComputeUpdate(mean.data(), update.data());
-  auto chunks = EncodeChunks({options_.run_id, "", round_, 0}, options_.codec, update.data(), 0, n,
-                             n, options_.chunk_bytes);
+  f.optimizer.ComputeUpdate(mean.data(), update.data());
+  const PayloadId id{options_.run_id, "", f.round, fragment};
+  auto chunks = EncodeChunks(id, options_.codec, update.data(), 0, n, n, options_.chunk_bytes);
   // The update is a finite combination of verified finite inputs; an overflow to infinity would
   // make every island diverge, so it is a bug worth stopping for.
   if (!chunks.ok()) std::abort();
-  Assembler decoded({options_.run_id, "", round_, 0}, n, 0, n, options_.codec);
+  Assembler decoded(id, n, 0, n, options_.codec);
   for (const auto& c : *chunks) {
     if (!decoded.Add(c).ok()) std::abort();
   }
   committed->update = std::move(decoded.mutable_values());
-  ApplyUpdate(params_.data(), committed->update.data(), n);
-  params_hash_ = HashParams(params_);
-  committed->params_hash = params_hash_;
+  ApplyUpdate(f.params.data(), committed->update.data(), n);
+  f.params_hash = HashParams(f.params);
+  committed->params_hash = f.params_hash;
   committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
   committed->update_chunks = *std::move(chunks);
+  committed->fragment = fragment;
   if (on_commit_) on_commit_(*committed);
-  committed_.push_back(std::move(committed));
-  while (committed_.size() > kCommittedKept) committed_.pop_front();
-  contributions_.clear();
-  round_deadline_ = absl::InfiniteFuture();
-  ++round_;
+  f.committed.push_back(std::move(committed));
+  while (f.committed.size() > kCommittedKept) f.committed.pop_front();
+  f.contributions.clear();
+  f.deadline = absl::InfiniteFuture();
+  ++f.round;
   committed_cv_.notify_all();
 }
 
 absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uint64_t round,
-                                                                             absl::Time deadline) {
+                                                                             absl::Time deadline,
+                                                                             uint32_t fragment) {
+  auto fid = CheckFragment(fragment);
+  if (!fid.ok()) return fid.status();
   std::unique_lock<std::mutex> lock(mu_);
-  if (round > round_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("round ", round, " is unknown; the current round is ", round_));
+  Fragment& f = fragments_[*fid];
+  if (round > f.round) {
+    return absl::FailedPreconditionError(absl::StrCat("round ", round, " of fragment ", *fid,
+                                                      " is unknown; the current round is ", f.round));
   }
   const auto until = absl::ToChronoTime(deadline);
-  while (round_ <= round) {
-    if (committed_cv_.wait_until(lock, until) == std::cv_status::timeout && round_ <= round) {
-      return absl::DeadlineExceededError(absl::StrCat("round ", round, " has not committed yet"));
+  while (f.round <= round) {
+    if (committed_cv_.wait_until(lock, until) == std::cv_status::timeout && f.round <= round) {
+      return absl::DeadlineExceededError(absl::StrCat("round ", round, " of fragment ", *fid,
+                                                      " has not committed yet"));
     }
   }
-  for (const auto& c : committed_) {
+  for (const auto& c : f.committed) {
     if (c->round == round) return c;
   }
   return absl::FailedPreconditionError(
@@ -265,16 +298,15 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uin
 absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
     const pb::FetchStateRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  if (request.fragment() != 0) {
-    return absl::NotFoundError(absl::StrCat("unknown fragment ", request.fragment()));
-  }
+  auto fid = CheckFragment(request.fragment());
+  if (!fid.ok()) return fid.status();
   std::vector<float> snapshot;
   uint64_t round, hash;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    snapshot = params_;
-    round = round_;
-    hash = params_hash_;
+    snapshot = fragments_[*fid].params;
+    round = fragments_[*fid].round;
+    hash = fragments_[*fid].params_hash;
   }
   const uint64_t total = snapshot.size();
   if (request.offset() > total) {
@@ -284,7 +316,7 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
   const uint64_t n = request.num_elements() == 0
                          ? total - request.offset()
                          : std::min<uint64_t>(request.num_elements(), total - request.offset());
-  auto chunks = EncodeChunks({options_.run_id, "", round, 0}, {compression::Codec::kFp32, 0},
+  auto chunks = EncodeChunks({options_.run_id, "", round, *fid}, {compression::Codec::kFp32, 0},
                              snapshot.data() + request.offset(), request.offset(), n, total,
                              options_.chunk_bytes);
   if (!chunks.ok()) return chunks.status();
@@ -301,7 +333,9 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
 
 void SyncServer::Tick(absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ReadyLocked(now)) CommitLocked(now);
+  for (uint32_t f = 0; f < fragments_.size(); ++f) {
+    if (ReadyLocked(fragments_[f], now)) CommitLocked(f, now);
+  }
 }
 
 void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> listener) {
@@ -314,19 +348,26 @@ size_t SyncServer::num_members() const {
   return members_.size();
 }
 
-uint64_t SyncServer::round() const {
+uint64_t SyncServer::round(uint32_t fragment) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return round_;
+  return fragments_.at(fragment).round;
 }
 
-uint64_t SyncServer::params_hash() const {
+uint64_t SyncServer::params_hash(uint32_t fragment) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return params_hash_;
+  return fragments_.at(fragment).params_hash;
 }
 
-std::vector<float> SyncServer::params() const {
+std::vector<float> SyncServer::params(uint32_t fragment) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return params_;
+  return fragments_.at(fragment).params;
+}
+
+uint64_t SyncServer::committed_rounds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t n = 0;
+  for (const auto& f : fragments_) n += f.round;
+  return n;
 }
 
 }  // namespace atl::outer

@@ -45,7 +45,7 @@ struct SyncServerOptions {
   compression::CodecSpec codec = {compression::Codec::kFp32, 0};
 };
 
-// The parameters that make up fragment 0 (the whole model until Streaming DiLoCo splits it).
+// The parameters that make up one fragment (the whole model when there is one), in flat order.
 struct FragmentLayout {
   std::vector<std::string> names;
   std::vector<uint64_t> numels;
@@ -55,6 +55,7 @@ struct FragmentLayout {
 // A committed round, as every island receives it.
 struct CommittedRound {
   uint64_t round = 0;
+  uint32_t fragment = 0;
   std::vector<float> update;           // theta_new = theta - update (as decoded from the chunks)
   std::vector<pb::Chunk> update_chunks;  // `update`, encoded once
   uint64_t params_hash = 0;            // XXH64 of the fp32 global parameters after the update
@@ -63,9 +64,13 @@ struct CommittedRound {
   double commit_unix_s = 0;
 };
 
+// Each fragment has its own global parameters, outer optimizer state and rounds; membership is
+// shared. Streaming DiLoCo syncs fragments at staggered steps, plain DiLoCo has one fragment.
 class SyncServer {
  public:
   SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial);
+  SyncServer(SyncServerOptions options, std::vector<FragmentLayout> layouts,
+             std::vector<std::vector<float>> initial);
 
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request);
   absl::Status Leave(const pb::LeaveRequest& request);
@@ -82,7 +87,8 @@ class SyncServer {
   // Blocks until `round` has committed (or returns at once if it has), or until `deadline`
   // (DEADLINE_EXCEEDED). Rounds older than the few kept answer FAILED_PRECONDITION.
   absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(uint64_t round,
-                                                                   absl::Time deadline);
+                                                                   absl::Time deadline,
+                                                                   uint32_t fragment = 0);
   // Encoded chunks of the current global parameters (fp32) within [offset, offset + n).
   absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& request);
 
@@ -93,10 +99,13 @@ class SyncServer {
   void SetCommitListener(std::function<void(const CommittedRound&)> listener);
   size_t num_members() const;
 
-  uint64_t round() const;
-  uint64_t params_hash() const;
-  std::vector<float> params() const;
-  const FragmentLayout& layout() const { return layout_; }
+  uint64_t round(uint32_t fragment = 0) const;
+  uint64_t params_hash(uint32_t fragment = 0) const;
+  std::vector<float> params(uint32_t fragment = 0) const;
+  uint32_t num_fragments() const { return uint32_t(fragments_.size()); }
+  const FragmentLayout& layout(uint32_t fragment = 0) const { return fragments_[fragment].layout; }
+  // Rounds committed over all fragments.
+  uint64_t committed_rounds() const;
   const SyncServerOptions& options() const { return options_; }
 
  private:
@@ -110,23 +119,29 @@ class SyncServer {
     uint64_t tokens = 0;
   };
 
+  struct Fragment {
+    Fragment(FragmentLayout l, std::vector<float> p, const OuterOptimizerConfig& o);
+    FragmentLayout layout;
+    std::vector<float> params;
+    uint64_t params_hash = 0;
+    OuterOptimizer optimizer;
+    uint64_t round = 0;
+    std::map<std::string, Contribution> contributions;  // of `round`, by island id
+    absl::Time deadline = absl::InfiniteFuture();
+    std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
+  };
+
   absl::Status CheckRun(const std::string& run_id) const;
-  bool ReadyLocked(absl::Time now) const;
-  void CommitLocked(absl::Time now);
+  absl::StatusOr<uint32_t> CheckFragment(uint32_t fragment) const;
+  bool ReadyLocked(const Fragment& f, absl::Time now) const;
+  void CommitLocked(uint32_t fragment, absl::Time now);
 
   const SyncServerOptions options_;
-  const FragmentLayout layout_;
   mutable std::mutex mu_;
   std::condition_variable committed_cv_;
-  std::vector<float> params_;
-  uint64_t params_hash_ = 0;
-  OuterOptimizer optimizer_;
-  uint64_t round_ = 0;
+  std::vector<Fragment> fragments_;
   uint64_t membership_epoch_ = 0;
   std::map<std::string, Member> members_;
-  std::map<std::string, Contribution> contributions_;  // of round_, by island id
-  absl::Time round_deadline_ = absl::InfiniteFuture();
-  std::deque<std::shared_ptr<const CommittedRound>> committed_;  // newest last
   std::function<void(const CommittedRound&)> on_commit_;
 };
 

@@ -10,12 +10,13 @@
 #include "absl/strings/str_join.h"
 #include "compression/codec.h"
 #include "inner/model.h"
+#include "outer/fragments.h"
 #include "src/flat_params.h"
 #include "src/metrics.h"
 
 namespace atl {
 
-std::unique_ptr<outer::SyncServer> MakeSyncServer(const Config& config) {
+absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config) {
   inner::Gpt model(config.model);
   const NamedParams params = inner::NamedParameters(*model);
   outer::SyncServerOptions o;
@@ -28,11 +29,28 @@ std::unique_ptr<outer::SyncServer> MakeSyncServer(const Config& config) {
   o.num_data_streams = uint32_t(config.outer.islands);
   o.config_hash = ModelConfigHash(config.model);
   o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
-  return std::make_unique<outer::SyncServer>(o, LayoutOf(params), Flatten(params));
+  const auto layout = LayoutOf(params);
+  auto plan = outer::PlanFragments(layout.names, config.outer.num_fragments,
+                                   *outer::ParseFragmentPattern(config.outer.fragment_pattern));
+  if (!plan.ok()) return plan.status();
+  std::vector<outer::FragmentLayout> layouts;
+  std::vector<std::vector<float>> initial;
+  for (const auto& indices : plan->parameters) {
+    outer::FragmentLayout l;
+    for (size_t i : indices) {
+      l.names.push_back(layout.names[i]);
+      l.numels.push_back(layout.numels[i]);
+    }
+    layouts.push_back(std::move(l));
+    initial.push_back(Flatten(params, indices));
+  }
+  return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
 }
 
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
-  auto sync = MakeSyncServer(config);
+  auto made = MakeSyncServer(config);
+  if (!made.ok()) return made.status();
+  auto sync = *std::move(made);
   std::unique_ptr<MetricsLog> rounds_log;
   if (!options.run_dir.empty()) {
     std::error_code ec;
@@ -41,18 +59,27 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     if (!log.ok()) return log.status();
     rounds_log = *std::move(log);
   }
-  const uint64_t total_rounds =
-      uint64_t((config.train.steps + config.outer.sync_every - 1) / config.outer.sync_every);
+  // Rounds per fragment: one per due step of the schedule, plus a final one at the last step for
+  // fragments that are not due there.
+  const outer::SyncSchedule schedule(config.outer.sync_every, config.outer.num_fragments);
+  uint64_t total_rounds = 0;
+  for (int64_t t = 1; t <= config.train.steps; ++t) total_rounds += schedule.DueAfter(t).size();
+  total_rounds += uint64_t(config.outer.num_fragments) - schedule.DueAfter(config.train.steps).size();
   const auto start = std::chrono::steady_clock::now();
+  std::atomic<uint64_t> sync_rounds{0};
   sync->SetCommitListener([&](const outer::CommittedRound& r) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(options.out, "round %llu/%llu committed: %s, %llu tokens, params %016llx, %.1fs\n",
-                 (unsigned long long)r.round + 1, (unsigned long long)total_rounds,
+    std::fprintf(options.out, "round %llu/%llu committed%s: %s, %llu tokens, params %016llx, %.1fs\n",
+                 (unsigned long long)sync_rounds.fetch_add(1) + 1, (unsigned long long)total_rounds,
+                 config.outer.num_fragments > 1
+                     ? absl::StrFormat(" (fragment %d, its round %d)", r.fragment, r.round + 1).c_str()
+                     : "",
                  absl::StrJoin(r.contributors, "+").c_str(), (unsigned long long)r.tokens,
                  (unsigned long long)r.params_hash, wall);
     std::fflush(options.out);
     if (rounds_log) {
       rounds_log->Write({{"round", r.round},
+                         {"fragment", r.fragment},
                          {"contributors", r.contributors},
                          {"tokens", r.tokens},
                          {"params_hash", absl::StrFormat("%016x", r.params_hash)},
@@ -66,12 +93,12 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                config.outer.sync_every, (unsigned long long)total_rounds);
   std::fflush(options.out);
   while (options.stop == nullptr || !options.stop->load()) {
-    if (sync->round() >= total_rounds && sync->num_members() == 0) break;
+    if (sync->committed_rounds() >= total_rounds && sync->num_members() == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   (*server)->Shutdown();
   std::fprintf(options.out, "atoll coordinator: stopped after %llu rounds, params %016llx\n",
-               (unsigned long long)sync->round(), (unsigned long long)sync->params_hash());
+               (unsigned long long)sync->committed_rounds(), (unsigned long long)sync->params_hash());
   std::fflush(options.out);
   return absl::OkStatus();
 }

@@ -16,7 +16,8 @@ namespace atl {
 
 // The run's SyncServer: global parameters initialized exactly as every island initializes its
 // model (same config, same seed), layout from the model's named parameters.
-std::unique_ptr<outer::SyncServer> MakeSyncServer(const Config& config);
+// With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/fragments.h).
+absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config);
 
 struct CoordinatorOptions {
   GrpcServerOptions server;

@@ -41,6 +41,28 @@ void LoadFlat(const std::vector<float>& flat, const NamedParams& params) {
   }
 }
 
+std::vector<float> Flatten(const NamedParams& params, const std::vector<size_t>& subset) {
+  NamedParams picked;
+  for (size_t i : subset) picked.push_back(params[i]);
+  return Flatten(picked);
+}
+
+void LoadFlat(const std::vector<float>& flat, const NamedParams& params,
+              const std::vector<size_t>& subset, double alpha) {
+  torch::NoGradGuard no_grad;
+  size_t offset = 0;
+  for (size_t i : subset) {
+    const auto& p = params[i].second;
+    auto src = torch::from_blob(const_cast<float*>(flat.data() + offset), p.sizes(), torch::kFloat);
+    if (alpha == 0.0) {
+      p.copy_(src);
+    } else {
+      p.mul_(alpha).add_(src.to(p.device()), 1.0 - alpha);
+    }
+    offset += size_t(p.numel());
+  }
+}
+
 uint64_t ModelConfigHash(const inner::ModelConfig& m) {
   const std::string s = absl::StrCat(m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
                                      m.vocab, "/", m.dropout, "/", m.init_seed);

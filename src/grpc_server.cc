@@ -78,8 +78,11 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
   grpc::Status Push(grpc::ServerContext* ctx, grpc::ServerReader<pb::PushRequest>* reader,
                     pb::PushResponse* resp) override {
     if (auto s = CheckToken(ctx, token_); !s.ok()) return s;
-    // A payload can hold at most the fragment's elements; more is a broken or hostile client.
-    const uint64_t limit = sync_->layout().total();
+    // A payload can hold at most a fragment's elements; more is a broken or hostile client.
+    uint64_t limit = 0;
+    for (uint32_t f = 0; f < sync_->num_fragments(); ++f) {
+      limit = std::max(limit, sync_->layout(f).total());
+    }
     std::vector<pb::PushRequest> requests;
     uint64_t elements = 0;
     pb::PushRequest r;

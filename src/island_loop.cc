@@ -1,11 +1,16 @@
 #include "src/island_loop.h"
 
 #include <chrono>
+#include <deque>
+#include <future>
+#include <map>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/checksum.h"
 #include "compression/codec.h"
+#include "outer/fragments.h"
 #include "outer/island_sync.h"
 #include "src/checkpoint.h"
 #include "src/flat_params.h"
@@ -88,21 +93,47 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   }
   const NamedParams params = inner::NamedParameters(*(*trainer)->model());
   const auto layout = LayoutOf(params);
-  if (joined->fragments_size() != 1 || joined->fragments(0).num_elements() != layout.total() ||
-      joined->fragments(0).parameters_size() != int(layout.names.size())) {
+  // The service's fragments, as indices into this model's parameters.
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < layout.names.size(); ++i) index_of[layout.names[i]] = i;
+  std::vector<std::vector<size_t>> fragments;
+  size_t covered = 0;
+  for (const auto& f : joined->fragments()) {
+    std::vector<size_t> indices;
+    for (const auto& name : f.parameters()) {
+      auto it = index_of.find(name);
+      if (it == index_of.end()) {
+        leave();
+        return absl::FailedPreconditionError(
+            absl::StrCat("the service's parameter '", name, "' is not in this model"));
+      }
+      indices.push_back(it->second);
+    }
+    covered += indices.size();
+    fragments.push_back(std::move(indices));
+  }
+  if (covered != layout.names.size() || fragments.size() != schedule.num_fragments()) {
     leave();
     return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
   }
+  const uint32_t num_fragments = uint32_t(fragments.size());
 
   outer::IslandSyncOptions sync_options;
   sync_options.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
   sync_options.error_feedback = config.outer.error_feedback;
-  outer::IslandSync sync(&transport, config.outer.run_id, island_id, layout.total(), sync_options);
-  if (auto s = sync.FetchGlobal(); !s.ok()) {
-    leave();
-    return s;
+  std::vector<std::unique_ptr<outer::IslandSync>> syncs;
+  for (uint32_t f = 0; f < num_fragments; ++f) {
+    sync_options.fragment = f;
+    uint64_t n = 0;
+    for (size_t i : fragments[f]) n += layout.numels[i];
+    syncs.push_back(std::make_unique<outer::IslandSync>(&transport, config.outer.run_id, island_id,
+                                                        n, sync_options));
+    if (auto s = syncs[f]->FetchGlobal(); !s.ok()) {
+      leave();
+      return s;
+    }
+    LoadFlat(syncs[f]->global(), params, fragments[f]);
   }
-  LoadFlat(sync.global(), params);
 
   std::error_code ec;
   fs::create_directories(options.run_dir, ec);
@@ -115,79 +146,156 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   }
   const std::string label = absl::StrCat("[", island_id, "] ");
   Progress progress(options.progress, options.tty, train.steps, config.run.log_every, label);
+  const int tau = config.outer.fragment_sync_delay;
+  const double alpha = config.outer.alpha();
   progress.Message(absl::StrFormat(
-      "%sjoined run '%s' at round %d: data stream %d of %d, H = %d, %d inner steps, %.2fM "
-      "parameters",
-      label, config.outer.run_id, sync.round(), joined->data_stream(),
-      schedule.num_data_streams(), h, train.steps, double(layout.total()) / 1e6));
+      "%sjoined run '%s' at round %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
+      "alpha = %.2f, %s, %d inner steps, %.2fM parameters",
+      label, config.outer.run_id, syncs[0]->round(), joined->data_stream(),
+      schedule.num_data_streams(), h, num_fragments, tau, alpha, config.outer.codec, train.steps,
+      double(layout.total()) / 1e6));
 
+  // Training thread: inner steps, snapshots of due fragments, merges. Communication: one task per
+  // fragment in flight, which owns that fragment's IslandSync until the training thread waits for
+  // it; live parameters are only touched here.
+  struct InFlight {
+    uint32_t fragment;
+    int64_t pushed_at;  // inner step of the snapshot
+    int64_t apply_at;   // inner step after which the update is merged
+    uint64_t bytes;     // encoded payload, counted while in flight
+    std::future<absl::StatusOr<outer::RoundOutcome>> result;
+  };
+  std::deque<InFlight> in_flight;
+  const outer::SyncSchedule sync_schedule{int(h), int(num_fragments)};
+  std::vector<int64_t> last_push(num_fragments, (*trainer)->step());
   const auto start = Clock::now();
   StepReporter reporter(**metrics, progress, start, options.stop);
   IslandSummary summary;
   summary.island_id = island_id;
-  while ((*trainer)->step() < train.steps) {
-    const int64_t from = (*trainer)->step();
-    const int64_t until = std::min(train.steps, (from / h + 1) * h);
+  uint64_t bytes_in_flight = 0;
+
+  // Waits for the oldest fragment in flight and merges its update.
+  auto land = [&](double merge_alpha) -> absl::Status {
+    InFlight job = std::move(in_flight.front());
+    in_flight.pop_front();
     const auto t0 = Clock::now();
-    if (auto s = inner::RunLoop(**trainer, until, reporter, /*evaluate=*/false); !s.ok()) {
-      leave();
-      return s;
-    }
-    const double compute_s = Since(t0);
-    const auto t1 = Clock::now();
-    auto outcome = sync.SyncRound(Flatten(params),
-                                  uint64_t(until - from) * uint64_t((*trainer)->tokens_per_step()));
+    auto outcome = job.result.get();
+    const double idle_s = Since(t0);
+    bytes_in_flight -= job.bytes;
     if (!outcome.ok()) {
-      leave();
       return absl::Status(outcome.status().code(),
-                          absl::StrCat("outer round ", sync.round(), ": ",
+                          absl::StrCat("outer round of fragment ", job.fragment, ": ",
                                        outcome.status().message()));
     }
-    LoadFlat(sync.global(), params);
-    const double sync_s = Since(t1);
+    auto& sync = *syncs[job.fragment];
+    LoadFlat(sync.global(), params, fragments[job.fragment], outcome->resynced ? 0.0 : merge_alpha);
     summary.rounds += 1;
     summary.resyncs += outcome->resynced ? 1 : 0;
-    summary.compute_s += compute_s;
-    summary.sync_s += sync_s;
+    summary.sync_s += idle_s;
     summary.bytes_sent += outcome->bytes_sent;
     summary.bytes_received += outcome->bytes_received;
-
+    const int64_t step = (*trainer)->step();
     nlohmann::json record = {{"round", outcome->round},
-                             {"step", until},
+                             {"fragment", job.fragment},
+                             {"step", step},
+                             {"pushed_at", job.pushed_at},
                              {"tokens", (*trainer)->tokens()},
                              {"wall_s", Since(start)},
-                             {"compute_s", compute_s},
-                             {"sync_s", sync_s},
+                             {"idle_s", idle_s},
+                             {"push_s", outcome->push_s},
+                             {"wait_s", outcome->wait_s},
                              {"bytes_sent", outcome->bytes_sent},
                              {"bytes_received", outcome->bytes_received},
                              {"contributors", outcome->contributors},
                              {"global_hash", absl::StrFormat("%016x", sync.global_hash())},
                              {"resynced", outcome->resynced}};
-    const int64_t every = train.eval_every;
-    if ((every > 0 && until / every > from / every) || until == train.steps) {
-      const auto eval = (*trainer)->Evaluate();
-      summary.last_eval = eval;
-      record["val_loss"] = eval.loss;
-      record[eval.per_byte ? "val_bpb" : "val_bits_per_token"] = eval.bits;
-    }
     (*metrics)->Write(record);
     std::string line = absl::StrFormat(
-        "%sround %d/%d done at step %d: compute %.2fs, sync %.2fs, sent %s, %d contributors", label,
-        outcome->round + 1, (train.steps + h - 1) / h, until, compute_s, sync_s,
+        "%sfragment %d round %d merged at step %d (pushed at %d): idle %.2fs, sent %s, %d "
+        "contributors",
+        label, job.fragment, outcome->round + 1, step, job.pushed_at, idle_s,
         absl::StrCat(outcome->bytes_sent / 1024, " KiB"), outcome->contributors);
-    if (record.contains("val_loss")) {
-      line += absl::StrFormat(", val_loss %.4f", record["val_loss"].get<double>());
-    }
     if (outcome->resynced) line += " (resynced: " + outcome->resync_reason + ")";
     progress.Message(line);
+    return absl::OkStatus();
+  };
+  auto fail = [&](absl::Status s) {
+    while (!in_flight.empty()) in_flight.front().result.wait(), in_flight.pop_front();
+    leave();
+    return s;
+  };
+
+  while ((*trainer)->step() < train.steps) {
+    const auto t0 = Clock::now();
+    if (auto s = inner::RunLoop(**trainer, (*trainer)->step() + 1, reporter, /*evaluate=*/false);
+        !s.ok()) {
+      return fail(s);
+    }
+    summary.compute_s += Since(t0);
+    const int64_t t = (*trainer)->step();
+    const bool last = t == train.steps;
+    // Merge what is due (tau steps after its push), then push the fragments due now.
+    while (!in_flight.empty() && in_flight.front().apply_at <= t) {
+      if (auto s = land(alpha); !s.ok()) return fail(s);
+    }
+    auto push = [&](uint32_t f, int64_t apply_at) {
+      InFlight job;
+      job.fragment = f;
+      job.pushed_at = t;
+      job.apply_at = apply_at;
+      job.bytes = compression::EncodedBytes(sync_options.codec, syncs[f]->global().size());
+      const uint64_t tokens = uint64_t(t - last_push[f]) * uint64_t((*trainer)->tokens_per_step());
+      last_push[f] = t;
+      job.result = std::async(std::launch::async,
+                              [sync = syncs[f].get(), local = Flatten(params, fragments[f]), tokens] {
+                                return sync->SyncRound(local, tokens);
+                              });
+      bytes_in_flight += job.bytes;
+      summary.peak_bytes_in_flight = std::max(summary.peak_bytes_in_flight, bytes_in_flight);
+      in_flight.push_back(std::move(job));
+    };
+    if (!last) {
+      for (uint32_t f : sync_schedule.DueAfter(t)) push(f, t + tau);
+      while (!in_flight.empty() && in_flight.front().apply_at <= t) {  // tau = 0: blocking
+        if (auto s = land(alpha); !s.ok()) return fail(s);
+      }
+    } else {
+      // The run ends synced: everything in flight lands, then each fragment is pushed and merged
+      // in turn (alpha 0: the island ends on the global parameters).
+      while (!in_flight.empty()) {
+        if (auto s = land(0.0); !s.ok()) return fail(s);
+      }
+      for (uint32_t f = 0; f < num_fragments; ++f) {
+        push(f, t);
+        if (auto s = land(0.0); !s.ok()) return fail(s);
+      }
+    }
+    const int64_t every = train.eval_every;
+    if ((every > 0 && t % every == 0) || last) {
+      const auto eval = (*trainer)->Evaluate();
+      summary.last_eval = eval;
+      nlohmann::json record = {{"step", t}, {"tokens", (*trainer)->tokens()},
+                               {"wall_s", Since(start)}, {"val_loss", eval.loss},
+                               {eval.per_byte ? "val_bpb" : "val_bits_per_token", eval.bits}};
+      (*metrics)->Write(record);
+      progress.Message(absl::StrFormat("%sstep %d | val_loss %.4f", label, t, eval.loss));
+    }
     if (options.stop != nullptr && options.stop->load()) break;
   }
+  while (!in_flight.empty()) {
+    if (auto s = land(0.0); !s.ok()) return fail(s);
+  }
+  const std::vector<float> all_global = [&] {
+    std::vector<float> g;
+    for (const auto& s : syncs) g.insert(g.end(), s->global().begin(), s->global().end());
+    return g;
+  }();
   progress.Finish();
   leave();
   summary.step = (*trainer)->step();
   summary.tokens = (*trainer)->tokens();
   summary.wall_s = Since(start);
-  summary.global_hash = sync.global_hash();
+  summary.global_hash = compression::Checksum(all_global.data(), all_global.size() * sizeof(float));
   nlohmann::json s = {{"island_id", island_id},
                       {"step", summary.step},
                       {"tokens", summary.tokens},
@@ -198,6 +306,8 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
                       {"sync_s", summary.sync_s},
                       {"bytes_sent", summary.bytes_sent},
                       {"bytes_received", summary.bytes_received},
+                      {"peak_bytes_in_flight", summary.peak_bytes_in_flight},
+                      {"utilization", summary.compute_s / std::max(1e-9, summary.wall_s)},
                       {"global_hash", absl::StrFormat("%016x", summary.global_hash)}};
   if (summary.last_eval) s["val_loss"] = summary.last_eval->loss;
   WriteFileAtomic((fs::path(options.run_dir) / "summary.json").string(), s.dump(2) + "\n")

@@ -34,10 +34,11 @@ struct IslandSummary {
   uint64_t resyncs = 0;
   double wall_s = 0;
   double compute_s = 0;   // inner steps
-  double sync_s = 0;      // pushing, waiting for commits, receiving updates
+  double sync_s = 0;      // idle: the training thread waiting for outer updates
+  uint64_t peak_bytes_in_flight = 0;  // encoded pseudo-gradients pushed but not yet merged
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  uint64_t global_hash = 0;  // XXH64 of the final global parameters
+  uint64_t global_hash = 0;  // XXH64 of the final global parameters (fragments concatenated)
   std::optional<inner::EvalStats> last_eval;
 };
 

@@ -5,6 +5,8 @@
 
 #include <thread>
 
+#include "compression/checksum.h"
+#include "compression/codec.h"
 #include "outer/in_process_transport.h"
 #include "outer/island_sync.h"
 #include "src/coordinator_command.h"
@@ -41,7 +43,7 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   ASSERT_TRUE(plain.ok());
   for (int i = 0; i < 20; ++i) (*plain)->Step();
 
-  auto server = MakeSyncServer(c);
+  auto server = *MakeSyncServer(c);
   outer::InProcessTransport transport(server.get());
   IslandOptions o;
   o.name = "solo";
@@ -79,7 +81,7 @@ TEST(DiLoCoTest, AnIslandWithAnotherModelIsRefused) {
   TempDir dir;
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(40000, 7));
   auto c = DiLoCoConfig(dir.Join("text.txt"));
-  auto server = MakeSyncServer(c);
+  auto server = *MakeSyncServer(c);
   outer::InProcessTransport transport(server.get());
   auto other = c;
   other.model.d_model = 64;
@@ -96,7 +98,7 @@ TEST(DiLoCoTest, AnIslandWithAnotherModelIsRefused) {
 std::vector<float> TrainIdentical(const Config& c, int islands) {
   auto cfg = c;
   cfg.outer.islands = islands;
-  auto server = MakeSyncServer(cfg);
+  auto server = *MakeSyncServer(cfg);
   auto data = inner::LoadDataset(cfg.data, cfg.model.context, cfg.model.vocab);
   EXPECT_TRUE(data.ok());
   std::vector<std::thread> threads;
@@ -146,6 +148,73 @@ TEST(DiLoCoTest, TwoIdenticalIslandsEqualOne) {
   EXPECT_TRUE(one == two);
   // And the outer step did something: the result differs from plain local training.
   EXPECT_NE(one, TrainIdentical([&] { auto d = c; d.outer.sync_every = 15; return d; }(), 1));
+}
+
+// Streaming DiLoCo with P = 1, tau = 0, alpha = 0 and fp32 is plain DiLoCo, bit for bit: the
+// island loop (RunIsland) against the reference loop above.
+TEST(StreamingTest, OneFragmentNoDelayNoAlphaIsPlainDiLoCo) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(40000, 8));
+  auto c = DiLoCoConfig(dir.Join("text.txt"));
+  c.train.steps = 15;
+  c.outer.sync_every = 5;
+  c.outer.num_fragments = 1;
+  c.outer.fragment_sync_delay = 0;
+  c.outer.fragment_update_alpha = 0;
+  const auto reference = TrainIdentical(c, 1);
+  auto server = *MakeSyncServer(c);
+  outer::InProcessTransport transport(server.get());
+  IslandOptions o;
+  o.name = "solo";
+  o.run_dir = dir.Join("island");
+  auto summary = RunIsland(c, transport, o);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(server->params() == reference);
+}
+
+// Two islands, four fragments, tau = 2, FP4: every fragment's copies stay bit-identical.
+TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  auto c = DiLoCoConfig(dir.Join("text.txt"));
+  c.model.n_layer = 4;
+  c.train.steps = 20;
+  c.outer.islands = 2;
+  c.outer.sync_every = 8;
+  c.outer.num_fragments = 4;
+  c.outer.fragment_sync_delay = 2;
+  c.outer.codec = "fp4_e2m1";
+  auto server = *MakeSyncServer(c);
+  ASSERT_EQ(server->num_fragments(), 4u);
+  std::vector<absl::StatusOr<IslandSummary>> results(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      outer::InProcessTransport transport(server.get());
+      IslandOptions o;
+      o.name = "island" + std::to_string(i);
+      o.run_dir = dir.Join(o.name);
+      results[size_t(i)] = RunIsland(c, transport, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<float> all;
+  for (uint32_t f = 0; f < 4; ++f) {
+    const auto p = server->params(f);
+    all.insert(all.end(), p.begin(), p.end());
+    // Fragment f syncs at its offsets (f * 2, + 8, ...) and once more at the end.
+    EXPECT_GE(server->round(f), 2u) << f;
+  }
+  const uint64_t hash = compression::Checksum(all.data(), all.size() * sizeof(float));
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_hash, hash);
+    EXPECT_EQ(r->resyncs, 0u);
+    EXPECT_GT(r->peak_bytes_in_flight, 0u);
+    // At most one fragment's FP4 payload is in flight at a time with these offsets and tau < H/P.
+    EXPECT_LT(r->peak_bytes_in_flight, compression::EncodedBytes(
+                                           *compression::ParseCodec("fp4_e2m1"), all.size()));
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -120,7 +121,7 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
       {missing, absl::StatusCode::kInvalidArgument, "incomplete: 4 of 6"},
       {oversized, absl::StatusCode::kInvalidArgument, "more than the fragment's 6 elements"},
       {Payload("a", 3, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kFailedPrecondition,
-       "round 3 is unknown"},
+       "round 3 of fragment 0 is unknown"},
       {Payload("zed", 0, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kPermissionDenied, "not a member"},
   };
   for (auto& c : cases) {
@@ -188,44 +189,56 @@ TEST(GrpcTlsTest, TlsWithTheRightRootWorksPlaintextDoesNot) {
   EXPECT_EQ(GrpcTransport::Create(t).status().code(), absl::StatusCode::kNotFound);
 }
 
-// (c) Coordinator + 2 islands as separate processes over TCP on loopback.
-TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
+// (c) Coordinator + 2 islands as separate processes over TCP on loopback: plain DiLoCo, and
+// Streaming DiLoCo with 4 fragments, tau = 2 and FP4 payloads.
+void RunAndCheckBitIdentical(const std::string& outer_toml, int fragments) {
   testing::TempDir dir;
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
   testing::WriteFile(dir.Join("run.toml"),
-                     "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
+                     "[model]\nn_layer = 4\nd_model = 32\nn_head = 2\ncontext = 32\n"
                      "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
                      "[train]\nsteps = 12\nbatch_size = 4\neval_every = 8\neval_batches = 2\n"
-                     "threads = 1\n[optim]\nwarmup_steps = 2\n[outer]\nsync_every = 4\n");
+                     "threads = 1\n[optim]\nwarmup_steps = 2\n[outer]\n" + outer_toml);
   const auto run = testing::RunCommand(std::string(ATOLL_BIN) + " local --islands 2 --config " +
                                        dir.Join("run.toml") + " --run-dir " + dir.Join("run"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  const std::string& out = run.output;
-  EXPECT_THAT(out, HasSubstr("round 3/3 committed: island0+island1"));
 
-  // The service's hash after each round...
-  std::vector<std::string> service;
+  // The service's hash after each round of each fragment...
+  std::map<int, std::vector<std::string>> service;
   std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
   for (std::string line; std::getline(rounds, line);) {
-    service.push_back(nlohmann::json::parse(line)["params_hash"]);
+    auto j = nlohmann::json::parse(line);
+    service[j["fragment"].get<int>()].push_back(j["params_hash"]);
   }
-  ASSERT_EQ(service.size(), 3u);
-  // ...equals each island's after the same round, and the final one.
+  ASSERT_EQ(service.size(), size_t(fragments));
+  // ...equals each island's after the same round.
   for (const char* island : {"island0", "island1"}) {
     std::ifstream metrics(dir.Join(std::string("run/") + island + "/metrics.jsonl"));
-    std::vector<std::string> seen;
+    std::map<int, std::vector<std::string>> seen;
     for (std::string line; std::getline(metrics, line);) {
       auto j = nlohmann::json::parse(line);
       if (j.contains("round")) {
         EXPECT_FALSE(j["resynced"].get<bool>());
-        seen.push_back(j["global_hash"]);
+        seen[j["fragment"].get<int>()].push_back(j["global_hash"]);
       }
     }
     EXPECT_EQ(seen, service) << island;
-    auto summary = nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
-    EXPECT_EQ(summary["global_hash"], service.back());
-    EXPECT_EQ(summary["rounds"], 3);
+    auto summary = nlohmann::json::parse(
+        testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["resyncs"], 0);
   }
+  auto s0 = nlohmann::json::parse(testing::ReadFile(dir.Join("run/island0/summary.json")));
+  auto s1 = nlohmann::json::parse(testing::ReadFile(dir.Join("run/island1/summary.json")));
+  EXPECT_EQ(s0["global_hash"], s1["global_hash"]);
+}
+
+TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
+  RunAndCheckBitIdentical("sync_every = 4\n", 1);
+}
+
+TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4) {
+  RunAndCheckBitIdentical(
+      "sync_every = 4\nnum_fragments = 4\nfragment_sync_delay = 2\ncodec = \"fp4_e2m1\"\n", 4);
 }
 
 }  // namespace
