@@ -63,38 +63,55 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   return r;
 }
 
-// "diloco" uses the config's outer.codec; "diloco_<codec>" overrides it (e.g. diloco_fp4_e2m1).
+// "diloco" runs the config's outer settings; "diloco_<codec>" overrides the codec (e.g.
+// diloco_fp4_e2m1); "streaming_<codec>" runs Streaming DiLoCo with that codec: the config's
+// outer.num_fragments (4 when it is 1, at most one block per fragment), tau = 1, alpha = 0.5.
 absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
                                     const std::string& method) {
   LocalOptions l;
   l.islands = o.islands;
   l.config_path = o.config_path;
   l.overrides = o.overrides;
-  if (method != "diloco") l.overrides.push_back("--outer.codec=" + method.substr(7));
+  if (absl::StartsWith(method, "diloco_")) l.overrides.push_back("--outer.codec=" + method.substr(7));
+  if (absl::StartsWith(method, "streaming_")) {
+    const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
+    l.overrides.push_back("--outer.codec=" + method.substr(10));
+    l.overrides.push_back(absl::StrCat("--outer.num_fragments=", p));
+    l.overrides.push_back("--outer.fragment_sync_delay=1");
+    l.overrides.push_back("--outer.fragment_update_alpha=0.5");
+  }
   l.run_dir = (fs::path(o.run_dir) / method).string();
   l.stop = o.stop;
   l.out = stderr;
-  std::fprintf(stderr, "atoll compare: DiLoCo, %d islands, H = %d\n", o.islands, c.outer.sync_every);
+  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d\n", method.c_str(), o.islands,
+               c.outer.sync_every);
   auto local = RunLocal(l);
   if (!local.ok()) return local.status();
   MethodResult r;
   r.method = method;
   r.wall_s = local->wall_s;
+  uint64_t peak = 0;
+  double utilization = 0;
   for (size_t i = 0; i < local->island_dirs.size(); ++i) {
     std::ifstream in(local->island_dirs[i] + "/summary.json");
     auto s = nlohmann::json::parse(in, nullptr, false);
     if (s.is_discarded()) return absl::DataLossError("missing island summary in " + local->island_dirs[i]);
     r.tokens += s["tokens"].get<int64_t>();
+    peak = std::max<uint64_t>(peak, s.value("peak_bytes_in_flight", uint64_t(0)));
+    utilization += s.value("utilization", 0.0);
     r.wan_bytes += s["bytes_sent"].get<uint64_t>() + s["bytes_received"].get<uint64_t>();
     if (i == 0) r.val_loss = s.value("val_loss", NAN);
   }
   for (const auto& j : ReadJsonLines(local->island_dirs[0] + "/metrics.jsonl")) {
-    if (j.contains("round") && j.contains("val_loss")) {
+    if (!j.contains("round") && j.contains("val_loss") && !j.contains("loss")) {
       r.curve.emplace_back(j["tokens"].get<double>() * o.islands, j["val_loss"].get<double>());
     }
   }
-  r.note = "WAN bytes measured: payload bytes pushed and received by all islands over gRPC; "
-           "val_loss of the global parameters after the last round.";
+  r.note = absl::StrFormat(
+      "WAN bytes measured: payload bytes pushed and received by all islands over gRPC; val_loss "
+      "of the global parameters after the last round; peak bytes in flight per island %d; "
+      "compute utilization %.1f%%.",
+      peak, 100.0 * utilization / double(local->island_dirs.size()));
   return r;
 }
 
@@ -121,7 +138,9 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
     if (m == "baseline") {
       r = Baseline(*config, o);
     } else if (m == "diloco" ||
-               (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok())) {
+               (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
+               (absl::StartsWith(m, "streaming_") &&
+                compression::ParseCodec(std::string(m.substr(10))).ok())) {
       r = DiLoCo(*config, o, std::string(m));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));

@@ -70,7 +70,7 @@ std::vector<Field> Schema(Config& c) {
       {"outer.fragment_sync_delay", &c.outer.fragment_sync_delay, "tau: steps of overlap"},
       {"outer.fragment_update_alpha", &c.outer.fragment_update_alpha,
        "alpha of the merge (negative: 0.5 if tau > 0 else 0)"},
-      {"compare.methods", &c.compare.methods, "rows of `atoll compare`: baseline, diloco, diloco_<codec>"},
+      {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>"},
   };
 }
 
