@@ -78,19 +78,21 @@ int main(int argc, char** argv) {
   island->footer(KeysHelp());
 
   int islands = 2;
-  auto* local = app.add_subcommand("local", "run a coordinator and M islands on this machine");
-  local->add_option("--islands", islands, "number of islands (M)");
-  local->add_option("--config", config_path, "TOML config of the run");
-  local->add_option("--run-dir", run_dir, "directory for every process' logs and outputs")->required();
-  local->allow_extras();
-  local->footer(KeysHelp());
-
-  auto* compare = app.add_subcommand("compare", "DiLoCo against the centralized baseline at equal compute");
-  compare->add_option("--islands", islands, "number of islands (M)");
-  compare->add_option("--config", config_path, "TOML config of the runs");
-  compare->add_option("--run-dir", run_dir, "directory for every run and the report")->required();
-  compare->allow_extras();
-  compare->footer(KeysHelp());
+  // Commands that start M islands on this machine share their options.
+  auto add_islands_command = [&](const char* name, const char* help, const char* run_dir_help) {
+    auto* c = app.add_subcommand(name, help);
+    c->add_option("--islands", islands, "number of islands (M)");
+    c->add_option("--config", config_path, "TOML config of the run");
+    c->add_option("--run-dir", run_dir, run_dir_help)->required();
+    c->allow_extras();
+    c->footer(KeysHelp());
+    return c;
+  };
+  auto* local = add_islands_command("local", "run a coordinator and M islands on this machine",
+                                    "directory for every process' logs and outputs");
+  auto* compare =
+      add_islands_command("compare", "DiLoCo variants against the centralized baseline at equal "
+                          "compute", "directory for every run and the report");
 
   try {
     app.parse(argc, argv);
