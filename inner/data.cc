@@ -193,7 +193,7 @@ absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Load(const std::
 
 std::shared_ptr<const TokenCorpus> TokenCorpus::FromText(const std::string& text) {
   auto corpus = std::make_shared<TokenCorpus>();
-  std::vector<uint16_t> tokens(text.begin(), text.end());
+  std::vector<uint16_t> tokens(text.size());
   for (size_t i = 0; i < text.size(); ++i) tokens[i] = static_cast<unsigned char>(text[i]);
   corpus->segments_.push_back(std::make_unique<OwnedSegment>(std::move(tokens), "<memory>"));
   return corpus;

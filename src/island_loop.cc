@@ -26,25 +26,6 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-class StepReporter : public inner::LoopObserver {
- public:
-  StepReporter(MetricsLog& metrics, Progress& progress, Clock::time_point start,
-               const std::atomic<bool>* stop)
-      : metrics_(metrics), progress_(progress), start_(start), stop_(stop) {}
-  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
-    const double wall = Since(start_);
-    metrics_.Write(StepRecord(step, eval, wall));
-    progress_.OnStep(step, eval, wall);
-    return absl::OkStatus();
-  }
-
- private:
-  MetricsLog& metrics_;
-  Progress& progress_;
-  Clock::time_point start_;
-  const std::atomic<bool>* stop_;
-};
-
 }  // namespace
 
 absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
@@ -169,7 +150,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   const outer::SyncSchedule sync_schedule{int(h), int(num_fragments)};
   std::vector<int64_t> last_push(num_fragments, (*trainer)->step());
   const auto start = Clock::now();
-  StepReporter reporter(**metrics, progress, start, options.stop);
+  StepReporter reporter(**metrics, progress);
   IslandSummary summary;
   summary.island_id = island_id;
   uint64_t bytes_in_flight = 0;

@@ -53,6 +53,23 @@ nlohmann::json StepRecord(const inner::StepStats& s, const inner::EvalStats* eva
   return j;
 }
 
+StepReporter::StepReporter(MetricsLog& metrics, Progress& progress, double wall_before)
+    : metrics_(metrics),
+      progress_(progress),
+      wall_before_(wall_before),
+      start_(std::chrono::steady_clock::now()) {}
+
+absl::Status StepReporter::OnStep(const inner::StepStats& step, const inner::EvalStats* eval) {
+  const double wall = wall_s();
+  metrics_.Write(StepRecord(step, eval, wall));
+  progress_.OnStep(step, eval, wall);
+  return absl::OkStatus();
+}
+
+double StepReporter::elapsed_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
 std::string FormatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const int64_t s = int64_t(seconds + 0.5);

@@ -3,6 +3,7 @@
 #ifndef ATOLL_SRC_METRICS_H_
 #define ATOLL_SRC_METRICS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -48,6 +49,22 @@ class Progress {
   int64_t last_tokens_ = -1;
   double last_wall_ = 0;
   bool line_open_ = false;
+};
+
+// The per-step report of every training loop: a metrics record and a progress update. Wall time
+// counts from construction, plus `wall_before` (the time of a run resumed from a checkpoint).
+class StepReporter : public inner::LoopObserver {
+ public:
+  StepReporter(MetricsLog& metrics, Progress& progress, double wall_before = 0);
+  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override;
+  double elapsed_s() const;
+  double wall_s() const { return wall_before_ + elapsed_s(); }
+
+ private:
+  MetricsLog& metrics_;
+  Progress& progress_;
+  double wall_before_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 std::string FormatDuration(double seconds);

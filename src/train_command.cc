@@ -13,6 +13,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Reports every step, checkpoints every run.checkpoint_every steps, stops on request.
 class TrainObserver : public inner::LoopObserver {
  public:
   TrainObserver(const Config& config, const TrainOptions& options, inner::Trainer& trainer,
@@ -20,15 +21,10 @@ class TrainObserver : public inner::LoopObserver {
       : config_(config),
         options_(options),
         trainer_(trainer),
-        metrics_(metrics),
-        progress_(progress),
-        wall_before_(wall_before),
-        start_(std::chrono::steady_clock::now()) {}
+        reporter_(metrics, progress, wall_before) {}
 
   absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
-    const double wall = WallSeconds();
-    metrics_.Write(StepRecord(step, eval, wall));
-    progress_.OnStep(step, eval, wall);
+    if (auto s = reporter_.OnStep(step, eval); !s.ok()) return s;
     if (eval != nullptr) last_eval_ = *eval;
     const int64_t every = config_.run.checkpoint_every;
     if (every > 0 && step.step % every == 0 && step.step < config_.train.steps) {
@@ -47,20 +43,15 @@ class TrainObserver : public inner::LoopObserver {
     return s;
   }
 
-  double WallSeconds() const { return wall_before_ + ElapsedHere(); }
-  double ElapsedHere() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  double WallSeconds() const { return reporter_.wall_s(); }
+  double ElapsedHere() const { return reporter_.elapsed_s(); }
   const std::optional<inner::EvalStats>& last_eval() const { return last_eval_; }
 
  private:
   const Config& config_;
   const TrainOptions& options_;
   inner::Trainer& trainer_;
-  MetricsLog& metrics_;
-  Progress& progress_;
-  double wall_before_;
-  std::chrono::steady_clock::time_point start_;
+  StepReporter reporter_;
   std::optional<inner::EvalStats> last_eval_;
 };
 

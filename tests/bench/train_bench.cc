@@ -28,23 +28,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-class ReportingObserver : public atl::inner::LoopObserver {
- public:
-  ReportingObserver(atl::MetricsLog& log, atl::Progress& progress)
-      : log_(log), progress_(progress), start_(Clock::now()) {}
-  absl::Status OnStep(const atl::inner::StepStats& s, const atl::inner::EvalStats* e) override {
-    const double wall = std::chrono::duration<double>(Clock::now() - start_).count();
-    log_.Write(atl::StepRecord(s, e, wall));
-    progress_.OnStep(s, e, wall);
-    return absl::OkStatus();
-  }
-
- private:
-  atl::MetricsLog& log_;
-  atl::Progress& progress_;
-  Clock::time_point start_;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,7 +57,7 @@ int main(int argc, char** argv) {
   auto log = atl::MetricsLog::Open(dir.Join("metrics.jsonl"), 0);
   FILE* devnull = std::fopen("/dev/null", "w");
   atl::Progress progress(devnull, /*tty=*/true, c.train.steps, c.run.log_every, "");
-  ReportingObserver observer(**log, progress);
+  atl::StepReporter observer(**log, progress);
 
   // Bare libtorch: same model class and init, a fixed batch, torch's AdamW.
   atl::inner::Gpt model(c.model);

@@ -1,0 +1,52 @@
+#include "outer/outer_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "compression/codec.h"
+
+namespace atl::outer {
+
+absl::Status Validate(const OuterConfig& c) {
+  if (c.run_id.empty()) return absl::InvalidArgumentError("outer.run_id must not be empty");
+  if (c.sync_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.sync_every must be >= 1, got ", c.sync_every));
+  }
+  if (c.islands < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.islands must be >= 1, got ", c.islands));
+  }
+  if (c.min_islands < 1 || c.min_islands > c.islands) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.min_islands must be in [1, outer.islands = ",
+                                                   c.islands, "], got ", c.min_islands));
+  }
+  if (!(c.round_timeout_s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.round_timeout_s must be positive, got ", c.round_timeout_s));
+  }
+  if (!(c.rpc_timeout_s > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.rpc_timeout_s must be positive, got ", c.rpc_timeout_s));
+  }
+  if (c.num_fragments < 1 || c.num_fragments > c.sync_every) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.num_fragments must be in [1, outer.sync_every = ",
+                                                   c.sync_every, "], got ", c.num_fragments));
+  }
+  if (c.fragment_sync_delay < 0 || c.fragment_sync_delay >= c.sync_every) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.fragment_sync_delay must be in [0, outer.sync_every = ", c.sync_every, "), got ",
+        c.fragment_sync_delay));
+  }
+  if (c.fragment_update_alpha > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.fragment_update_alpha must be in [0, 1] (or negative for the default), got ",
+        c.fragment_update_alpha));
+  }
+  if (c.fragment_pattern != "strided" && c.fragment_pattern != "sequential") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.fragment_pattern must be \"strided\" or \"sequential\", got \"", c.fragment_pattern, "\""));
+  }
+  if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));
+  }
+  return Validate(c.optimizer);
+}
+
+}  // namespace atl::outer
