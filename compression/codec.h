@@ -15,6 +15,11 @@
 // 4-bit codes: bit 3 is the sign, bits 0-2 index the magnitudes; a value that rounds to zero is
 // encoded as +0. Rounding is to nearest, ties to the even code, deterministic; the scale byte is
 // clamped to [0, 254] (E8M0 has no infinity and 255 is NaN), so blocks beyond that range saturate.
+// Stochastic rounding (optional, Rounding below) rounds a value between two neighbouring codes up
+// with probability equal to its distance from the lower one over their gap, so it is unbiased;
+// element k of a tensor draws Uniform(seed, k) from a counter-based generator (codec_math.h), so
+// the result does not depend on chunking, threads or device. Scales are the same in both modes.
+// The arithmetic lives in codec_math.h, shared with the CUDA kernels (codec_cuda.h).
 #ifndef ATOLL_COMPRESSION_CODEC_H_
 #define ATOLL_COMPRESSION_CODEC_H_
 
@@ -24,21 +29,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "compression/codec_spec.h"
 
 namespace atl::compression {
-
-enum class Codec : int {
-  kFp32 = 1,
-  kBf16 = 2,
-  kInt8 = 3,
-  kFp4E2M1 = 4,
-  kFp4E3M0 = 5,
-};
-
-struct CodecSpec {
-  Codec codec = Codec::kFp32;
-  uint32_t block_size = 0;  // elements per scale block; 0 for codecs without scales
-};
 
 std::string CodecName(Codec codec);
 // "fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0" with each codec's default block size.
@@ -51,8 +44,9 @@ absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size);
 size_t EncodedBytes(const CodecSpec& spec, size_t n);
 
 // Encodes n values into out[EncodedBytes(spec, n)]. Non-finite input is refused (INVALID_ARGUMENT
-// naming the first bad index) before anything is written.
-absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out);
+// naming the first bad index) before anything is written. fp32 ignores `rounding`.
+absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
+                    const Rounding& rounding = {});
 // Decodes n values; `bytes` must equal EncodedBytes(spec, n). Refuses payloads that decode to
 // non-finite values.
 absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n, float* out);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
+#include "compression/codec_math.h"
 #include "outer/outer_optimizer.h"
 
 namespace atl::outer {
@@ -79,7 +80,14 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     for (uint64_t i = 0; i < n_; ++i) delta[i] += residual_[i];
   }
   const PayloadId id{run_id_, island_id_, round_, options_.fragment};
-  auto chunks = EncodeChunks(id, options_.codec, delta.data(), 0, n_, n_, options_.chunk_bytes);
+  compression::Rounding rounding;
+  if (options_.stochastic_rounding) {
+    rounding.stochastic = true;
+    rounding.seed = compression::math::Mix64(options_.seed ^ compression::math::Mix64(
+                                                 (round_ << 20) ^ options_.fragment));
+  }
+  auto chunks = EncodeChunks(id, options_.codec, delta.data(), 0, n_, n_, options_.chunk_bytes,
+                             rounding);
   if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
   if (options_.error_feedback) {
     // The residual is what the service will not see: delta minus its decoded encoding.

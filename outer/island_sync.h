@@ -35,6 +35,10 @@ struct IslandSyncOptions {
   // residual stays on the island; it is reset when a contribution is refused (the round went on
   // without it and the island resyncs).
   bool error_feedback = false;
+  // Stochastic rounding of pseudo-gradients (unbiased; see compression/codec.h). Each round and
+  // fragment draws from its own stream derived from `seed`, which should differ between islands.
+  bool stochastic_rounding = false;
+  uint64_t seed = 0;
   size_t chunk_bytes = kDefaultChunkBytes;
   uint32_t fragment = 0;  // which fragment this IslandSync carries
 };

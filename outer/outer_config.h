@@ -19,6 +19,7 @@ struct OuterConfig {
   double rpc_timeout_s = 60;         // deadline of every other RPC
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
   bool error_feedback = false;       // islands carry what the codec dropped into the next round
+  bool stochastic_rounding = false;  // islands round pseudo-gradients stochastically
   // Streaming DiLoCo.
   int num_fragments = 1;                  // P
   std::string fragment_pattern = "strided";  // or "sequential"

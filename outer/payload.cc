@@ -11,7 +11,8 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                     const compression::CodecSpec& spec,
                                                     const float* values, uint64_t offset,
                                                     uint64_t n, uint64_t fragment_elements,
-                                                    size_t max_chunk_bytes) {
+                                                    size_t max_chunk_bytes,
+                                                    compression::Rounding rounding) {
   if (offset + n > fragment_elements) {
     return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", ", offset + n,
                                                    ") exceeds the fragment's ", fragment_elements,
@@ -42,8 +43,9 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
     h->set_num_chunks(num_chunks);
     std::string* data = chunk.mutable_data();
     data->resize(compression::EncodedBytes(spec, count));
+    rounding.first_index = offset + first;
     if (auto s = compression::Encode(spec, values + first, count,
-                                     reinterpret_cast<uint8_t*>(data->data()));
+                                     reinterpret_cast<uint8_t*>(data->data()), rounding);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("element ", offset + first, "+: ", s.message()));
     }

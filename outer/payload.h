@@ -29,11 +29,14 @@ struct PayloadId {
 };
 
 // Encodes values[0, n) as elements [offset, offset + n) of a fragment of `fragment_elements`.
+// With stochastic rounding, element k of the fragment draws from (rounding.seed, k), so the bytes
+// do not depend on how the payload is cut into chunks.
 absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                     const compression::CodecSpec& spec,
                                                     const float* values, uint64_t offset,
                                                     uint64_t n, uint64_t fragment_elements,
-                                                    size_t max_chunk_bytes = kDefaultChunkBytes);
+                                                    size_t max_chunk_bytes = kDefaultChunkBytes,
+                                                    compression::Rounding rounding = {});
 
 // Collects the chunks of one payload covering elements [begin, begin + n) of a fragment. Every
 // chunk is checked (ids, codec, range, size, checksum, overlap, finite values) before its values

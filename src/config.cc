@@ -65,6 +65,8 @@ std::vector<Field> Schema(Config& c) {
       {"outer.rpc_timeout_s", &c.outer.rpc_timeout_s, "deadline of every other RPC"},
       {"outer.codec", &c.outer.codec, "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"},
       {"outer.error_feedback", &c.outer.error_feedback, "carry codec error into the next round"},
+      {"outer.stochastic_rounding", &c.outer.stochastic_rounding,
+       "round pseudo-gradients stochastically (unbiased) instead of to nearest"},
       {"outer.num_fragments", &c.outer.num_fragments, "P: Streaming DiLoCo fragments"},
       {"outer.fragment_pattern", &c.outer.fragment_pattern, "strided or sequential blocks"},
       {"outer.fragment_sync_delay", &c.outer.fragment_sync_delay, "tau: steps of overlap"},

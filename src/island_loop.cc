@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "compression/checksum.h"
 #include "compression/codec.h"
+#include "compression/codec_math.h"
 #include "outer/fragments.h"
 #include "outer/island_sync.h"
 #include "src/checkpoint.h"
@@ -102,6 +103,8 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   outer::IslandSyncOptions sync_options;
   sync_options.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
   sync_options.error_feedback = config.outer.error_feedback;
+  sync_options.stochastic_rounding = config.outer.stochastic_rounding;
+  sync_options.seed = compression::math::Mix64(config.train.seed) ^ joined->data_stream();
   std::vector<std::unique_ptr<outer::IslandSync>> syncs;
   for (uint32_t f = 0; f < num_fragments; ++f) {
     sync_options.fragment = f;

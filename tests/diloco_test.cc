@@ -172,7 +172,7 @@ TEST(StreamingTest, OneFragmentNoDelayNoAlphaIsPlainDiLoCo) {
   EXPECT_TRUE(server->params() == reference);
 }
 
-// Two islands, four fragments, tau = 2, FP4: every fragment's copies stay bit-identical.
+// Two islands, four fragments, tau = 2, FP4 with stochastic rounding: every fragment's copies stay bit-identical.
 TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
   TempDir dir;
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
@@ -184,6 +184,7 @@ TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
   c.outer.num_fragments = 4;
   c.outer.fragment_sync_delay = 2;
   c.outer.codec = "fp4_e2m1";
+  c.outer.stochastic_rounding = true;
   auto server = *MakeSyncServer(c);
   ASSERT_EQ(server->num_fragments(), 4u);
   std::vector<absl::StatusOr<IslandSummary>> results(2);

@@ -238,7 +238,9 @@ TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
 
 TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4) {
   RunAndCheckBitIdentical(
-      "sync_every = 4\nnum_fragments = 4\nfragment_sync_delay = 2\ncodec = \"fp4_e2m1\"\n", 4);
+      "sync_every = 4\nnum_fragments = 4\nfragment_sync_delay = 2\ncodec = \"fp4_e2m1\"\n"
+      "stochastic_rounding = true\n",
+      4);
 }
 
 }  // namespace

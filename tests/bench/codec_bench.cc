@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "compression/codec.h"
@@ -44,20 +45,24 @@ int main(int argc, char** argv) {
   const double memcpy_s = MedianSeconds(reps, [&] { std::memcpy(copy.data(), x.data(), n * 4); });
   const double memcpy_gbs = bytes / memcpy_s / 1e9;
   std::printf("%zu MiB of fp32, %d repetitions, one thread\n", mib, reps);
-  std::printf("%-10s %10s %8s %10s %8s %8s\n", "codec", "encode", "vs cpy", "decode", "vs cpy",
+  std::printf("%-12s %10s %8s %10s %8s %8s\n", "codec", "encode", "vs cpy", "decode", "vs cpy",
               "ratio");
-  std::printf("%-10s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %8s\n", "memcpy", memcpy_gbs, 100.0,
+  std::printf("%-12s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %8s\n", "memcpy", memcpy_gbs, 100.0,
               memcpy_gbs, 100.0, "1x");
-  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"}) {
-    const auto spec = *atl::compression::ParseCodec(name);
+  // "+sr": stochastic rounding.
+  for (const std::string row : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0", "bf16+sr", "int8+sr",
+                                "fp4_e2m1+sr", "fp4_e3m0+sr"}) {
+    const bool stochastic = row.size() > 3 && row.compare(row.size() - 3, 3, "+sr") == 0;
+    const auto spec = *atl::compression::ParseCodec(stochastic ? row.substr(0, row.size() - 3) : row);
+    const atl::compression::Rounding rounding{stochastic, 7, 0};
     std::vector<uint8_t> enc(atl::compression::EncodedBytes(spec, n));
     const double e = MedianSeconds(reps, [&] {
-      if (!atl::compression::Encode(spec, x.data(), n, enc.data()).ok()) std::abort();
+      if (!atl::compression::Encode(spec, x.data(), n, enc.data(), rounding).ok()) std::abort();
     });
     const double d = MedianSeconds(reps, [&] {
       if (!atl::compression::Decode(spec, enc.data(), enc.size(), n, y.data()).ok()) std::abort();
     });
-    std::printf("%-10s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %7.2fx\n", name, bytes / e / 1e9,
+    std::printf("%-12s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %7.2fx\n", row.c_str(), bytes / e / 1e9,
                 100.0 * memcpy_s / e, bytes / d / 1e9, 100.0 * memcpy_s / d, bytes / double(enc.size()));
   }
   return 0;

@@ -1,0 +1,215 @@
+// CUDA kernels of the codecs. The arithmetic is codec_math.h's, shared with the CPU codecs, and
+// this file is compiled with -fmad=false, so the output is bit-identical to compression::Encode.
+//
+// Block codecs (int8, fp4): one warp per scale block. The lanes stride through the block, reduce
+// the largest magnitude with shuffles, and then each lane writes whole bytes (a pair of 4-bit codes,
+// or one int8), so writes never race. Element-wise codecs use one thread per element.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "compression/codec_spec.h"
+#include "compression/codec_cuda_launch.h"
+#include "compression/codec_math.h"
+
+namespace atl::compression::cuda::detail {
+namespace {
+
+namespace m = ::atl::compression::math;
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+unsigned GridFor(size_t work_items, size_t items_per_block) {
+  const size_t blocks = (work_items + items_per_block - 1) / items_per_block;
+  return unsigned(std::max<size_t>(1, std::min<size_t>(blocks, 65535)));
+}
+
+__device__ size_t GlobalThread() { return size_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ size_t GridThreads() { return size_t(gridDim.x) * blockDim.x; }
+
+// Largest magnitude of block [first, first + len), reduced over the warp (all lanes get it).
+__device__ float WarpBlockAmax(const float* in, size_t first, size_t len, int lane) {
+  uint32_t mx = 0;
+  for (size_t i = lane; i < len; i += 32) mx = max(mx, m::AbsBits(in[first + i]));
+  for (int off = 16; off > 0; off >>= 1) mx = max(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+  return m::FromBits(mx);
+}
+
+__global__ void FirstNonFiniteKernel(const float* in, size_t n, unsigned long long* first) {
+  for (size_t i = GlobalThread(); i < n; i += GridThreads()) {
+    if (!m::IsFinite(in[i])) atomicMin(first, (unsigned long long)i);
+  }
+}
+
+template <class F, bool kStochastic>
+__device__ uint8_t Fp4Code(float x, float inv, uint64_t seed, uint64_t index) {
+  if constexpr (kStochastic) {
+    return m::Fp4Stochastic<F>(x, inv, m::Uniform(seed, index));
+  } else {
+    return m::Fp4Nearest<F>(x, inv);
+  }
+}
+
+template <class F, bool kStochastic>
+__global__ void EncodeFp4Kernel(const float* in, size_t n, uint32_t block, size_t nblocks,
+                                uint8_t* out, uint64_t seed, uint64_t first_index) {
+  const int lane = threadIdx.x & 31;
+  uint8_t* codes = out + nblocks;
+  for (size_t b = GlobalThread() / 32; b < nblocks; b += GridThreads() / 32) {
+    const size_t first = b * block, len = min(size_t(block), n - first);
+    const int e = m::Fp4ScaleExponent<F>(WarpBlockAmax(in, first, len, lane));
+    if (lane == 0) out[b] = uint8_t(e + 127);
+    const float inv = m::Pow2(-e);
+    for (size_t p = lane; p < (len + 1) / 2; p += 32) {
+      const size_t k = first + 2 * p;
+      const uint8_t lo = Fp4Code<F, kStochastic>(in[k], inv, seed, first_index + k);
+      const uint8_t hi =
+          2 * p + 1 < len ? Fp4Code<F, kStochastic>(in[k + 1], inv, seed, first_index + k + 1) : 0;
+      codes[k / 2] = uint8_t(lo | (hi << 4));
+    }
+  }
+}
+
+template <bool kStochastic>
+__global__ void EncodeInt8Kernel(const float* in, size_t n, uint32_t block, size_t nblocks,
+                                 uint8_t* out, uint64_t seed, uint64_t first_index) {
+  const int lane = threadIdx.x & 31;
+  int8_t* q = reinterpret_cast<int8_t*>(out + 4 * nblocks);
+  for (size_t b = GlobalThread() / 32; b < nblocks; b += GridThreads() / 32) {
+    const size_t first = b * block, len = min(size_t(block), n - first);
+    const float scale = m::Int8Scale(WarpBlockAmax(in, first, len, lane));
+    if (lane < 4) out[4 * b + lane] = uint8_t(m::Bits(scale) >> (8 * lane));  // little-endian
+    for (size_t i = lane; i < len; i += 32) {
+      const size_t k = first + i;
+      if constexpr (kStochastic) {
+        q[k] = m::Int8Stochastic(in[k], scale, m::Uniform(seed, first_index + k));
+      } else {
+        q[k] = m::Int8Nearest(in[k], scale);
+      }
+    }
+  }
+}
+
+__global__ void EncodeBf16Kernel(const float* in, size_t n, uint8_t* out, bool stochastic,
+                                 uint64_t seed, uint64_t first_index) {
+  for (size_t i = GlobalThread(); i < n; i += GridThreads()) {
+    const uint16_t h = stochastic ? m::Bf16Stochastic(in[i], seed, first_index + i)
+                                  : m::Bf16Nearest(in[i]);
+    out[2 * i] = uint8_t(h);
+    out[2 * i + 1] = uint8_t(h >> 8);
+  }
+}
+
+template <class F>
+__global__ void DecodeFp4Kernel(const uint8_t* in, size_t n, uint32_t block, size_t nblocks,
+                                float* out) {
+  const uint8_t* codes = in + nblocks;
+  for (size_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const float scale = m::Pow2(int(in[k / block]) - 127);
+    out[k] = m::Fp4Value<F>(uint8_t((codes[k / 2] >> ((k & 1) * 4)) & 0xF), scale);
+  }
+}
+
+__global__ void DecodeInt8Kernel(const uint8_t* in, size_t n, uint32_t block, size_t nblocks,
+                                 float* out) {
+  const int8_t* q = reinterpret_cast<const int8_t*>(in + 4 * nblocks);
+  for (size_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const uint8_t* s = in + 4 * (k / block);
+    const float scale =
+        m::FromBits(uint32_t(s[0]) | uint32_t(s[1]) << 8 | uint32_t(s[2]) << 16 | uint32_t(s[3]) << 24);
+    out[k] = float(q[k]) * scale;
+  }
+}
+
+__global__ void DecodeBf16Kernel(const uint8_t* in, size_t n, float* out) {
+  for (size_t i = GlobalThread(); i < n; i += GridThreads()) {
+    out[i] = m::Bf16Value(uint16_t(in[2 * i] | (in[2 * i + 1] << 8)));
+  }
+}
+
+template <class F>
+void LaunchFp4(bool stochastic, const float* in, size_t n, uint32_t block, size_t nblocks,
+               uint8_t* out, uint64_t seed, uint64_t first_index, cudaStream_t s) {
+  const unsigned grid = GridFor(nblocks, kWarpsPerBlock);
+  if (stochastic) {
+    EncodeFp4Kernel<F, true><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out, seed, first_index);
+  } else {
+    EncodeFp4Kernel<F, false><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out, seed, first_index);
+  }
+}
+
+}  // namespace
+
+int FirstNonFinite(const float* in, size_t n, size_t* first, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  unsigned long long* d_first = nullptr;
+  unsigned long long h_first = ~0ull;
+  cudaError_t err = cudaMallocAsync(&d_first, sizeof(*d_first), s);
+  if (err != cudaSuccess) return int(err);
+  cudaMemcpyAsync(d_first, &h_first, sizeof(h_first), cudaMemcpyHostToDevice, s);
+  if (n > 0) FirstNonFiniteKernel<<<GridFor(n, kThreads), kThreads, 0, s>>>(in, n, d_first);
+  cudaMemcpyAsync(&h_first, d_first, sizeof(h_first), cudaMemcpyDeviceToHost, s);
+  cudaFreeAsync(d_first, s);
+  err = cudaStreamSynchronize(s);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  *first = h_first == ~0ull ? n : size_t(h_first);
+  return int(err);
+}
+
+int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
+                 const Rounding& rounding, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const uint32_t block = spec.block_size;
+  const bool stochastic = rounding.stochastic;
+  const uint64_t seed = rounding.seed, first_index = rounding.first_index;
+  const size_t nblocks = block ? (n + block - 1) / block : 0;
+  if (n == 0) return int(cudaSuccess);
+  switch (spec.codec) {
+    case Codec::kFp32:
+      return int(cudaMemcpyAsync(out, in, n * 4, cudaMemcpyDeviceToDevice, s));
+    case Codec::kBf16:
+      EncodeBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, s>>>(in, n, out, stochastic, seed,
+                                                                 first_index);
+      break;
+    case Codec::kInt8:
+      if (stochastic) {
+        EncodeInt8Kernel<true><<<GridFor(nblocks, kWarpsPerBlock), kThreads, 0, s>>>(
+            in, n, block, nblocks, out, seed, first_index);
+      } else {
+        EncodeInt8Kernel<false><<<GridFor(nblocks, kWarpsPerBlock), kThreads, 0, s>>>(
+            in, n, block, nblocks, out, seed, first_index);
+      }
+      break;
+    case Codec::kFp4E2M1:
+      LaunchFp4<m::E2M1>(stochastic, in, n, block, nblocks, out, seed, first_index, s);
+      break;
+    case Codec::kFp4E3M0:
+      LaunchFp4<m::E3M0>(stochastic, in, n, block, nblocks, out, seed, first_index, s);
+      break;
+  }
+  return int(cudaGetLastError());
+}
+
+int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const uint32_t block = spec.block_size;
+  const size_t nblocks = block ? (n + block - 1) / block : 0;
+  if (n == 0) return int(cudaSuccess);
+  const unsigned grid = GridFor(n, kThreads);
+  switch (spec.codec) {
+    case Codec::kFp32:
+      return int(cudaMemcpyAsync(out, in, n * 4, cudaMemcpyDeviceToDevice, s));
+    case Codec::kBf16: DecodeBf16Kernel<<<grid, kThreads, 0, s>>>(in, n, out); break;
+    case Codec::kInt8: DecodeInt8Kernel<<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out); break;
+    case Codec::kFp4E2M1:
+      DecodeFp4Kernel<m::E2M1><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out);
+      break;
+    case Codec::kFp4E3M0:
+      DecodeFp4Kernel<m::E3M0><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out);
+      break;
+  }
+  return int(cudaGetLastError());
+}
+
+}  // namespace atl::compression::cuda::detail

@@ -1,0 +1,22 @@
+// Internal: the kernel launchers of codec_cuda.cu, callable from host C++ without CUDA headers.
+// Every function returns a cudaError_t value (0 is success) and runs on `stream` (a cudaStream_t).
+#ifndef ATOLL_COMPRESSION_CODEC_CUDA_LAUNCH_H_
+#define ATOLL_COMPRESSION_CODEC_CUDA_LAUNCH_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "compression/codec_spec.h"
+
+namespace atl::compression::cuda::detail {
+
+// *first = index of the first non-finite value of in[0, n), or n. Synchronizes the stream.
+int FirstNonFinite(const float* in, size_t n, size_t* first, void* stream);
+// The spec is already valid; asynchronous.
+int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
+                 const Rounding& rounding, void* stream);
+int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream);
+
+}  // namespace atl::compression::cuda::detail
+
+#endif  // ATOLL_COMPRESSION_CODEC_CUDA_LAUNCH_H_

@@ -1,0 +1,93 @@
+// The CUDA kernels against the CPU codecs, byte for byte. Skipped (with the reason) on machines
+// without a CUDA device or builds without the kernels.
+#include "compression/codec_cuda.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "compression/codec.h"
+
+namespace atl::compression {
+namespace {
+
+// Values that exercise every rule: ties, subnormals, zero blocks, saturation, huge and tiny scales.
+std::vector<float> HardInput(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-140, 120), kind(0, 9);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    switch (kind(rng)) {
+      case 0: x[i] = 0.0f; break;
+      case 1: x[i] = std::ldexp(float(int(normal(rng) * 8)) * 0.25f, 0); break;  // ties
+      case 2: x[i] = std::ldexp(normal(rng), -135); break;                        // subnormal
+      case 3: x[i] = std::ldexp(normal(rng), exponent(rng)); break;
+      default: x[i] = normal(rng) * 1e-3f; break;
+    }
+  }
+  for (size_t i = 64; i < std::min<size_t>(n, 128); ++i) x[i] = 0.0f;  // whole zero blocks
+  return x;
+}
+
+class CodecCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda::Available(&why)) GTEST_SKIP() << why;
+  }
+};
+
+TEST_F(CodecCudaTest, EncodeAndDecodeAreBitIdenticalToCpu) {
+  const CodecSpec specs[] = {{Codec::kFp32, 0},     {Codec::kBf16, 0},     {Codec::kInt8, 64},
+                             {Codec::kInt8, 7},     {Codec::kFp4E2M1, 32}, {Codec::kFp4E2M1, 2},
+                             {Codec::kFp4E2M1, 4096}, {Codec::kFp4E3M0, 32}, {Codec::kFp4E3M0, 100}};
+  for (const size_t n : {size_t(1), size_t(31), size_t(1000), size_t(1) << 20}) {
+    const auto x = HardInput(n, uint32_t(n));
+    for (const auto& spec : specs) {
+      for (const bool stochastic : {false, true}) {
+        const Rounding rounding{stochastic, 1234, 77};
+        const size_t bytes = EncodedBytes(spec, n);
+        std::vector<uint8_t> cpu(bytes), gpu(bytes, 0xAB);
+        ASSERT_TRUE(Encode(spec, x.data(), n, cpu.data(), rounding).ok());
+        auto s = cuda::EncodeViaDevice(spec, x.data(), n, gpu.data(), rounding);
+        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_EQ(cpu, gpu) << CodecName(spec.codec) << " block " << spec.block_size << " n " << n
+                            << (stochastic ? " stochastic" : " nearest");
+        std::vector<float> cpu_out(n), gpu_out(n);
+        ASSERT_TRUE(Decode(spec, cpu.data(), bytes, n, cpu_out.data()).ok());
+        ASSERT_TRUE(cuda::DecodeViaDevice(spec, cpu.data(), bytes, n, gpu_out.data()).ok());
+        ASSERT_EQ(0, std::memcmp(cpu_out.data(), gpu_out.data(), n * 4))
+            << CodecName(spec.codec) << " block " << spec.block_size << " n " << n;
+      }
+    }
+  }
+}
+
+TEST_F(CodecCudaTest, RefusesNonFiniteInputAndPayloads) {
+  std::vector<float> x(1000, 1.0f);
+  x[517] = NAN;
+  std::vector<uint8_t> out(EncodedBytes({Codec::kFp4E2M1, 32}, x.size()), 0xAB);
+  auto s = cuda::EncodeViaDevice({Codec::kFp4E2M1, 32}, x.data(), x.size(), out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("element 517"));
+  std::vector<uint8_t> nan_scale = {255, 0x11, 0x00};  // E8M0 255 is not a number
+  std::vector<float> y(3);
+  EXPECT_FALSE(cuda::DecodeViaDevice({Codec::kFp4E2M1, 4}, nan_scale.data(), 3, 3, y.data()).ok());
+}
+
+TEST(CodecCudaBuildTest, UnavailableSaysWhy) {
+  std::string why;
+  if (cuda::Available(&why)) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_FALSE(why.empty());
+  std::vector<float> x(4, 1.0f);
+  std::vector<uint8_t> out(16);
+  EXPECT_FALSE(cuda::EncodeViaDevice({Codec::kFp32, 0}, x.data(), 4, out.data()).ok());
+}
+
+}  // namespace
+}  // namespace atl::compression
