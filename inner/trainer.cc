@@ -116,7 +116,7 @@ int64_t Trainer::tokens_per_step() const {
 StepStats Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   StepStats stats;
-  stats.lr = LearningRate(optim_, step_, train_.steps);
+  stats.lr = LearningRate(optim_, step_ + schedule_shift_, train_.steps);
   adamw_->ZeroGrad();
   const torch::Device device(train_.device);
   double loss_sum = 0;

@@ -86,6 +86,10 @@ class Trainer {
   EvalStats Evaluate();
 
   int64_t step() const { return step_; }
+  // Moves the learning-rate schedule to `position` for the next step (it advances by one per step
+  // from there). Async islands follow the run's global progress instead of their own step count.
+  // Not part of the checkpointed state.
+  void SetSchedulePosition(int64_t position) { schedule_shift_ = position - step_; }
   int64_t tokens_per_step() const;
   int64_t tokens() const { return step_ * tokens_per_step(); }
   const TrainConfig& train_config() const { return train_; }
@@ -111,6 +115,7 @@ class Trainer {
   std::unique_ptr<AdamW> adamw_;
   at::Tensor inputs_, targets_;  // reused micro-batch buffers (CPU)
   int64_t step_ = 0;
+  int64_t schedule_shift_ = 0;
 };
 
 // Called after every step; returning an error stops the loop with it.

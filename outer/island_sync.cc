@@ -58,7 +58,7 @@ absl::Status IslandSync::FetchGlobal() {
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
-                                                   uint64_t tokens) {
+                                                   uint64_t tokens, double steps_per_s) {
   if (local.size() != n_) {
     return absl::InvalidArgumentError(
         absl::StrCat("local parameters have ", local.size(), " elements, expected ", n_));
@@ -70,6 +70,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     if (auto s = FetchGlobal(); !s.ok()) return s;
     out.resynced = true;
     out.resync_reason = std::move(reason);
+    out.version = round_;
     return out;
   };
 
@@ -101,6 +102,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   for (size_t i = 0; i < chunks->size(); ++i) {
     *requests[i].mutable_chunk() = std::move((*chunks)[i]);
     requests[i].set_tokens(tokens);
+    if (i == 0) requests[i].set_inner_steps_per_s(steps_per_s);
   }
   out.bytes_sent = WireBytes(requests);
   auto pushed = transport_->Push(requests);
@@ -113,38 +115,73 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
 
   const auto t1 = std::chrono::steady_clock::now();
+  out.contributors = pushed->contributors();
+  // Sync: the round's update. Async: every version since the one this contribution started from,
+  // its own included.
+  const uint64_t until = options_.async ? pushed->version() : round_ + 1;
+  if (options_.async) {
+    out.staleness = pushed->staleness();
+    out.sync_every = pushed->sync_every();
+    out.tokens_committed = pushed->tokens_committed();
+    out.budget_reached = pushed->budget_reached();
+  }
+  while (round_ < until) {
+    const uint64_t r = round_;
+    if (auto s = ApplyRound(r, out); !s.ok()) {
+      if (absl::IsFailedPrecondition(s) || absl::IsDataLoss(s)) {
+        if (absl::IsDataLoss(s)) {
+          // Never expected: the same fp32 subtraction on the same inputs. Recover with the state.
+          std::fprintf(stderr, "atoll: error: island '%s': %s; fetching the full state\n",
+                       island_id_.c_str(), std::string(s.message()).c_str());
+        }
+        return resync(std::string(s.message()));
+      }
+      return s;
+    }
+  }
+  out.wait_s = Since(t1);
+  out.version = round_;
+  return out;
+}
+
+absl::StatusOr<RoundOutcome> IslandSync::CatchUp(uint64_t version) {
+  RoundOutcome out;
+  out.round = round_;
+  while (round_ < version) {
+    if (auto s = ApplyRound(round_, out); !s.ok()) {
+      if (!absl::IsFailedPrecondition(s) && !absl::IsDataLoss(s)) return s;
+      if (auto f = FetchGlobal(); !f.ok()) return f;
+      out.resynced = true;
+      out.resync_reason = std::string(s.message());
+    }
+  }
+  out.version = round_;
+  return out;
+}
+
+absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   pb::UpdateRequest request;
   request.set_run_id(run_id_);
   request.set_island_id(island_id_);
-  request.set_round(round_);
+  request.set_round(round);
   request.set_fragment(options_.fragment);
   auto update = transport_->AwaitUpdate(request);
-  if (!update.ok()) {
-    if (absl::IsFailedPrecondition(update.status())) {
-      return resync(std::string(update.status().message()));
-    }
-    return update.status();
-  }
-  out.bytes_received = WireBytes(*update);
+  if (!update.ok()) return update.status();
+  out.bytes_received += WireBytes(*update);
   if (update->empty()) return absl::DataLossError("the service sent an empty update");
-  Assembler assembler({run_id_, "", round_, options_.fragment}, n_, 0, n_, options_.codec);
+  Assembler assembler({run_id_, "", round, options_.fragment}, n_, 0, n_, options_.codec);
   for (const auto& u : *update) {
     if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
   }
   if (auto s = assembler.CheckComplete(); !s.ok()) return s;
   ApplyUpdate(global_.data(), assembler.values().data(), n_);
-  out.wait_s = Since(t1);
-  out.contributors = update->front().contributors();
-  ++round_;
+  if (!options_.async) out.contributors = update->front().contributors();
+  round_ = round + 1;
   if (global_hash() != update->front().params_hash()) {
-    // Never expected: the same fp32 subtraction on the same inputs. Recover with the full state.
-    std::fprintf(stderr,
-                 "atoll: error: island '%s': global parameters after round %llu do not match the "
-                 "service's hash; fetching the full state\n",
-                 island_id_.c_str(), (unsigned long long)out.round);
-    return resync("hash mismatch after applying the outer update");
+    return absl::DataLossError(absl::StrCat("global parameters after round ", round,
+                                            " do not match the service's hash"));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace atl::outer

@@ -27,6 +27,12 @@ struct RoundOutcome {
   uint64_t bytes_received = 0;
   double push_s = 0;            // encode + push
   double wait_s = 0;            // waiting for the round to commit + receiving the update
+  // Async mode (from the service's answer to the push).
+  uint64_t version = 0;         // the global copy's version after catching up
+  uint32_t staleness = 0;
+  uint32_t sync_every = 0;      // the island's H from now on (0: unchanged)
+  uint64_t tokens_committed = 0;
+  bool budget_reached = false;
 };
 
 struct IslandSyncOptions {
@@ -41,6 +47,9 @@ struct IslandSyncOptions {
   uint64_t seed = 0;
   size_t chunk_bytes = kDefaultChunkBytes;
   uint32_t fragment = 0;  // which fragment this IslandSync carries
+  // Async mode: the push is applied at once; the island then applies every version since the one
+  // it started from, in order, and checks each hash, so its copy stays bit-identical.
+  bool async = false;
 };
 
 class IslandSync {
@@ -52,8 +61,14 @@ class IslandSync {
   absl::Status FetchGlobal();
   // After H inner steps: pushes global - local (weighted by `tokens`), waits for the round to
   // commit, applies the outer update to the global copy. On return global() holds the new global
-  // parameters, which the caller loads into its model.
-  absl::StatusOr<RoundOutcome> SyncRound(const std::vector<float>& local, uint64_t tokens);
+  // parameters, which the caller loads into its model. `steps_per_s` reports the island's inner
+  // throughput (async mode's dynamic local steps).
+  absl::StatusOr<RoundOutcome> SyncRound(const std::vector<float>& local, uint64_t tokens,
+                                         double steps_per_s = 0);
+
+  // Applies the committed rounds (versions) up to `version`, in order, checking every hash; fetches
+  // the full state when the service no longer has them. For async islands at the end of a run.
+  absl::StatusOr<RoundOutcome> CatchUp(uint64_t version);
 
   const std::vector<float>& global() const { return global_; }
   uint64_t round() const { return round_; }
@@ -61,6 +76,14 @@ class IslandSync {
   // Total bytes of full-state fetches (joins and resyncs).
   uint64_t fetched_bytes() const { return fetched_bytes_; }
   const std::vector<float>& residual() const { return residual_; }
+
+ private:
+  // Receives the update of `round` (blocking until it commits), applies it to the global copy and
+  // checks the result against the service's hash. FAILED_PRECONDITION when the service no longer
+  // has it, DATA_LOSS on a hash mismatch: the caller resyncs.
+  absl::Status ApplyRound(uint64_t round, RoundOutcome& out);
+
+ public:
 
  private:
   Transport* transport_;

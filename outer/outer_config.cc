@@ -43,6 +43,18 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.fragment_pattern must be \"strided\" or \"sequential\", got \"", c.fragment_pattern, "\""));
   }
+  if (c.mode != "sync" && c.mode != "async") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.mode must be \"sync\" or \"async\", got \"", c.mode, "\""));
+  }
+  if (c.max_staleness < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.max_staleness must be >= 0, got ", c.max_staleness));
+  }
+  if (c.momentum_delay < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.momentum_delay must be >= 0, got ", c.momentum_delay));
+  }
   if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));
   }

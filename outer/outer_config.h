@@ -25,6 +25,13 @@ struct OuterConfig {
   std::string fragment_pattern = "strided";  // or "sequential"
   int fragment_sync_delay = 0;            // tau: inner steps between a fragment's push and merge
   double fragment_update_alpha = -1;      // alpha; < 0: 0.5 when tau > 0, else 0
+  // Async DiLoCo (arXiv 2401.09135).
+  std::string mode = "sync";              // or "async": contributions applied as they arrive
+  int max_staleness = 16;                 // async: versions; staler contributions are refused
+  bool staleness_scaling = false;         // async: scale a contribution by 1 / (1 + staleness)
+  bool dynamic_local_steps = true;        // async: each island's H follows its throughput (DyLU)
+  int momentum_delay = 0;                 // async: delayed Nesterov period N (0: outer.islands)
+  bool async() const { return mode == "async"; }
   double alpha() const {
     return fragment_update_alpha >= 0 ? fragment_update_alpha : (fragment_sync_delay > 0 ? 0.5 : 0.0);
   }

@@ -10,6 +10,10 @@ absl::Status Validate(const OuterOptimizerConfig& c) {
   if (!(c.lr > 0) || !std::isfinite(c.lr)) {
     return absl::InvalidArgumentError(absl::StrCat("outer.lr must be positive, got ", c.lr));
   }
+  if (c.momentum_delay < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the outer momentum delay must be >= 0, got ", c.momentum_delay));
+  }
   if (!(c.momentum >= 0 && c.momentum < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.momentum must be in [0, 1), got ", c.momentum));
@@ -18,7 +22,12 @@ absl::Status Validate(const OuterOptimizerConfig& c) {
 }
 
 OuterOptimizer::OuterOptimizer(const OuterOptimizerConfig& config, size_t num_elements)
-    : config_(config), size_(num_elements), momentum_(config.momentum > 0 ? num_elements : 0, 0.0f) {}
+    : config_(config),
+      size_(num_elements),
+      momentum_(config.momentum > 0 ? num_elements : 0, 0.0f),
+      buffer_(config.momentum > 0 && config.nesterov && config.momentum_delay > 0 ? num_elements
+                                                                                  : 0,
+              0.0f) {}
 
 void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
   const float lr = float(config_.lr), mu = float(config_.momentum);
@@ -28,6 +37,22 @@ void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
     return;
   }
   float* m = momentum_.data();
+  if (!buffer_.empty()) {  // delayed Nesterov
+    const float period = float(config_.momentum_delay);
+    float* b = buffer_.data();
+    for (size_t i = 0; i < n; ++i) b[i] += g[i];
+    if (++buffered_ < config_.momentum_delay) {
+      for (size_t i = 0; i < n; ++i) u[i] = lr * (g[i] / period);
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = mu * m[i] + b[i] / period;
+      u[i] = lr * (g[i] / period + mu * m[i]);
+      b[i] = 0.0f;
+    }
+    buffered_ = 0;
+    return;
+  }
   if (config_.nesterov) {
     for (size_t i = 0; i < n; ++i) {
       m[i] = mu * m[i] + g[i];

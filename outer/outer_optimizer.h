@@ -15,6 +15,10 @@ struct OuterOptimizerConfig {
   double lr = 0.7;
   double momentum = 0.9;
   bool nesterov = true;
+  // Delayed Nesterov (arXiv 2401.09135), for async mode where each contribution is one outer
+  // gradient: 0 is off; N >= 1 updates the momentum only on every N-th gradient (see
+  // ComputeUpdate). N = 1 is plain Nesterov, bit for bit.
+  int momentum_delay = 0;
 };
 
 absl::Status Validate(const OuterOptimizerConfig& config);
@@ -29,6 +33,8 @@ class OuterOptimizer {
   //   no momentum:  u = lr * g
   //   momentum:     m = mu * m + g;  u = lr * m            (torch.optim.SGD semantics)
   //   Nesterov:     m = mu * m + g;  u = lr * (g + mu * m)
+  //   delayed Nesterov with period N: b += g; on all but every N-th call u = lr * (g / N); on
+  //   every N-th call m = mu * m + b / N, u = lr * (g / N + mu * m), b = 0.
   void ComputeUpdate(const float* g, float* u);
 
   const std::vector<float>& momentum() const { return momentum_; }
@@ -38,6 +44,8 @@ class OuterOptimizer {
   OuterOptimizerConfig config_;
   size_t size_;
   std::vector<float> momentum_;  // empty without momentum
+  std::vector<float> buffer_;    // delayed Nesterov: outer gradients since the last momentum step
+  int buffered_ = 0;
 };
 
 // theta -= u, elementwise in fp32: the one way every copy applies an outer update.

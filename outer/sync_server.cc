@@ -1,6 +1,7 @@
 #include "outer/sync_server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,11 @@ uint64_t HashParams(const std::vector<float>& p) {
 }
 
 }  // namespace
+
+uint32_t DynamicLocalSteps(double v, double v_max, uint32_t h) {
+  if (!(v > 0) || !(v_max > 0) || v >= v_max) return h;
+  return std::max<uint32_t>(1, uint32_t(std::floor(v / v_max * double(h))));
+}
 
 uint64_t FragmentLayout::total() const {
   return std::accumulate(numels.begin(), numels.end(), uint64_t(0));
@@ -82,6 +88,8 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   sched->set_num_fragments(uint32_t(fragments_.size()));
   sched->set_num_data_streams(options_.num_data_streams);
   sched->set_total_inner_steps(options_.total_inner_steps);
+  sched->set_async(options_.async);
+  sched->set_token_budget(options_.token_budget);
   r.set_config_hash(options_.config_hash);
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
     auto* frag = r.add_fragments();
@@ -98,6 +106,7 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
   if (members_.erase(request.island_id()) == 0) {
     return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
   }
+  steps_per_s_.erase(request.island_id());
   ++membership_epoch_;
   // Rounds may now be complete without the island that left.
   const absl::Time now = absl::Now();
@@ -115,9 +124,14 @@ absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatR
     return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
   }
   it->second.last_seen = absl::Now();
+  if (request.finished()) it->second.finished = true;
   pb::HeartbeatResponse r;
   r.set_round(fragments_[0].round);
   r.set_membership_epoch(membership_epoch_);
+  uint32_t training = 0;
+  for (const auto& [id, m] : members_) training += m.finished ? 0 : 1;
+  r.set_training_members(training);
+  for (const auto& f : fragments_) r.add_versions(f.round);
   return r;
 }
 
@@ -156,6 +170,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
   if (auto s = CheckRun(first.run_id()); !s.ok()) return s;
   auto fid = CheckFragment(first.fragment());
   if (!fid.ok()) return fid.status();
+  if (options_.async) return PushAsync(requests, *fid);
   Fragment& frag = fragments_[*fid];
   const std::string island = first.island_id();
   const uint64_t round = first.round();
@@ -227,24 +242,39 @@ bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
 void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
   Fragment& f = fragments_[fragment];
   const size_t n = f.params.size();
-  auto committed = std::make_shared<CommittedRound>();
-  committed->round = f.round;
   // Weighted mean in double, in island-id order (std::map): independent of arrival order.
   std::vector<double> sum(n, 0.0);
   double total = 0;
+  std::vector<std::string> contributors;
+  uint64_t tokens = 0;
   for (const auto& [id, c] : f.contributions) {
     const double w = double(c.tokens);
     for (size_t i = 0; i < n; ++i) sum[i] += w * double(c.delta[i]);
     total += w;
-    committed->contributors.push_back(id);
-    committed->tokens += c.tokens;
+    contributors.push_back(id);
+    tokens += c.tokens;
   }
   std::vector<float> mean(n);
   for (size_t i = 0; i < n; ++i) mean[i] = float(sum[i] / total);
+  f.contributions.clear();
+  f.deadline = absl::InfiniteFuture();
+  ApplyLocked(fragment, mean, std::move(contributors), tokens, 0, now);
+}
+
+void SyncServer::ApplyLocked(uint32_t fragment, const std::vector<float>& g,
+                             std::vector<std::string> contributors, uint64_t tokens,
+                             uint64_t staleness, absl::Time now) {
+  Fragment& f = fragments_[fragment];
+  const size_t n = f.params.size();
+  auto committed = std::make_shared<CommittedRound>();
+  committed->round = f.round;
+  committed->contributors = std::move(contributors);
+  committed->tokens = tokens;
+  committed->staleness = staleness;
   // The update every copy applies is the decoded encoding of the optimizer's update, so the
   // service and the islands subtract exactly the same numbers.
   std::vector<float> update(n);
-  f.optimizer.ComputeUpdate(mean.data(), update.data());
+  f.optimizer.ComputeUpdate(g.data(), update.data());
   const PayloadId id{options_.run_id, "", f.round, fragment};
   auto chunks = EncodeChunks(id, options_.codec, update.data(), 0, n, n, options_.chunk_bytes);
   // The update is a finite combination of verified finite inputs; an overflow to infinity would
@@ -263,11 +293,101 @@ void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
   committed->fragment = fragment;
   if (on_commit_) on_commit_(*committed);
   f.committed.push_back(std::move(committed));
-  while (f.committed.size() > kCommittedKept) f.committed.pop_front();
-  f.contributions.clear();
-  f.deadline = absl::InfiniteFuture();
+  while (f.committed.size() > kept_versions()) f.committed.pop_front();
   ++f.round;
   committed_cv_.notify_all();
+}
+
+size_t SyncServer::kept_versions() const {
+  // Async: enough for an island to catch up from the stalest base accepted, while every other
+  // island pushes once more.
+  return options_.async ? std::max<size_t>(kCommittedKept, options_.max_staleness +
+                                                               2 * size_t(options_.num_data_streams))
+                        : kCommittedKept;
+}
+
+absl::Status SyncServer::CheckAsyncLocked(const Fragment& f, uint32_t fragment,
+                                          const std::string& island, uint64_t base) const {
+  if (!members_.count(island)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("island '", island, "' is not a member of run '", options_.run_id, "'"));
+  }
+  if (base > f.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "version ", base, " of fragment ", fragment, " is unknown; the current version is ",
+        f.round, ": fetch the global state and continue"));
+  }
+  if (f.round - base > options_.max_staleness) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "contribution from version ", base, " of fragment ", fragment, " is ", f.round - base,
+        " versions stale (the bound is ", options_.max_staleness,
+        "): fetch the global state and continue"));
+  }
+  if (auto it = f.last_base.find(island); it != f.last_base.end() && base <= it->second) {
+    return absl::AlreadyExistsError(absl::StrCat("island '", island,
+                                                 "' has already contributed from version ", base,
+                                                 " of fragment ", fragment));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t SyncServer::SyncEveryLocked(const std::string& island) const {
+  if (!options_.dynamic_local_steps) return options_.sync_every;
+  auto it = steps_per_s_.find(island);
+  if (it == steps_per_s_.end()) return options_.sync_every;
+  double v_max = 0;
+  for (const auto& [id, v] : steps_per_s_) v_max = std::max(v_max, v);
+  return DynamicLocalSteps(it->second, v_max, options_.sync_every);
+}
+
+absl::StatusOr<pb::PushResponse> SyncServer::PushAsync(const std::vector<pb::PushRequest>& requests,
+                                                       uint32_t fragment) {
+  Fragment& frag = fragments_[fragment];
+  const auto& first = requests.front().chunk().header();
+  const std::string island = first.island_id();
+  const uint64_t base = first.round();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto s = CheckAsyncLocked(frag, fragment, island, base); !s.ok()) return s;
+  }
+  const uint64_t total = frag.layout.total();
+  Assembler assembler({options_.run_id, island, base, fragment}, total, 0, total, options_.codec);
+  for (const auto& r : requests) {
+    if (auto s = assembler.Add(r.chunk()); !s.ok()) return s;
+  }
+  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
+  const uint64_t tokens = requests.front().tokens();
+  if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
+  const double steps_per_s = requests.front().inner_steps_per_s();
+  if (!(steps_per_s >= 0) || !std::isfinite(steps_per_s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inner throughput must be a finite number >= 0, got ", steps_per_s));
+  }
+
+  std::lock_guard<std::mutex> lock(mu_);
+  // Other contributions may have landed while this one was decoded.
+  if (auto s = CheckAsyncLocked(frag, fragment, island, base); !s.ok()) return s;
+  const uint64_t staleness = frag.round - base;
+  std::vector<float>& g = assembler.mutable_values();
+  if (options_.staleness_scaling && staleness > 0) {
+    const float scale = float(1.0 / double(1 + staleness));
+    for (float& v : g) v *= scale;
+  }
+  frag.last_base[island] = base;
+  if (steps_per_s > 0) steps_per_s_[island] = steps_per_s;
+  if (fragment == 0) tokens_committed_ += tokens;
+  ApplyLocked(fragment, g, {island}, tokens, staleness, absl::Now());
+  pb::PushResponse response;
+  response.set_round(base);
+  response.set_fragment(fragment);
+  response.set_contributors(1);
+  response.set_version(frag.round);
+  response.set_staleness(uint32_t(staleness));
+  response.set_sync_every(SyncEveryLocked(island));
+  response.set_tokens_committed(tokens_committed_);
+  response.set_budget_reached(options_.token_budget > 0 &&
+                              tokens_committed_ >= options_.token_budget);
+  return response;
 }
 
 absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uint64_t round,
@@ -361,6 +481,16 @@ uint64_t SyncServer::params_hash(uint32_t fragment) const {
 std::vector<float> SyncServer::params(uint32_t fragment) const {
   std::lock_guard<std::mutex> lock(mu_);
   return fragments_.at(fragment).params;
+}
+
+uint64_t SyncServer::tokens_committed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tokens_committed_;
+}
+
+bool SyncServer::budget_reached() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.token_budget > 0 && tokens_committed_ >= options_.token_budget;
 }
 
 uint64_t SyncServer::committed_rounds() const {

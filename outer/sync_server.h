@@ -43,7 +43,19 @@ struct SyncServerOptions {
   size_t chunk_bytes = kDefaultChunkBytes;
   // Codec of pseudo-gradients and outer updates. Full state always travels as fp32.
   compression::CodecSpec codec = {compression::Codec::kFp32, 0};
+  // Async mode: every contribution is applied as it arrives (one version per contribution, with
+  // the optimizer's delayed Nesterov); there are no rounds to wait for.
+  bool async = false;
+  uint32_t max_staleness = 16;      // versions; staler contributions are refused
+  bool staleness_scaling = false;   // scale a contribution by 1 / (1 + staleness)
+  bool dynamic_local_steps = true;  // DyLU: each island's H follows its measured throughput
+  uint64_t token_budget = 0;        // tokens over all islands after which islands finish (0: none)
 };
+
+// Dynamic local updates (arXiv 2401.09135): an island running at `v` inner steps/s while the
+// fastest runs at `v_max` syncs every max(1, floor(v / v_max * h)) steps, so all islands push at
+// about the same wall-clock rate.
+uint32_t DynamicLocalSteps(double v, double v_max, uint32_t h);
 
 // The parameters that make up one fragment (the whole model when there is one), in flat order.
 struct FragmentLayout {
@@ -62,6 +74,7 @@ struct CommittedRound {
   std::vector<std::string> contributors;
   uint64_t tokens = 0;
   double commit_unix_s = 0;
+  uint64_t staleness = 0;  // async: versions between the contribution's start and its arrival
 };
 
 // Each fragment has its own global parameters, outer optimizer state and rounds; membership is
@@ -80,8 +93,9 @@ class SyncServer {
   // One island's whole contribution (all chunks of one payload, the stream of a Push call).
   // Verified completely before anything is recorded; refusals name the problem:
   //   NOT_FOUND unknown run or fragment, PERMISSION_DENIED not a member, FAILED_PRECONDITION
-  //   committed or unknown round (fetch the state), ALREADY_EXISTS duplicate, DATA_LOSS checksum,
-  //   INVALID_ARGUMENT sizes, ranges, codec or non-finite values.
+  //   committed or unknown round, or (async) unknown or too stale a version (fetch the state),
+  //   ALREADY_EXISTS duplicate, DATA_LOSS checksum, INVALID_ARGUMENT sizes, ranges, codec or
+  //   non-finite values.
   absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
 
   // Blocks until `round` has committed (or returns at once if it has), or until `deadline`
@@ -104,8 +118,11 @@ class SyncServer {
   std::vector<float> params(uint32_t fragment = 0) const;
   uint32_t num_fragments() const { return uint32_t(fragments_.size()); }
   const FragmentLayout& layout(uint32_t fragment = 0) const { return fragments_[fragment].layout; }
-  // Rounds committed over all fragments.
+  // Rounds (versions in async mode) committed over all fragments.
   uint64_t committed_rounds() const;
+  // Async: tokens of fragment 0's contributions, and whether they reached the budget.
+  uint64_t tokens_committed() const;
+  bool budget_reached() const;
   const SyncServerOptions& options() const { return options_; }
 
  private:
@@ -113,6 +130,7 @@ class SyncServer {
     std::string name;
     uint32_t data_stream = 0;
     absl::Time last_seen;
+    bool finished = false;  // pushed its last contribution
   };
   struct Contribution {
     std::vector<float> delta;
@@ -129,12 +147,23 @@ class SyncServer {
     std::map<std::string, Contribution> contributions;  // of `round`, by island id
     absl::Time deadline = absl::InfiniteFuture();
     std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
+    std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
   };
 
   absl::Status CheckRun(const std::string& run_id) const;
   absl::StatusOr<uint32_t> CheckFragment(uint32_t fragment) const;
   bool ReadyLocked(const Fragment& f, absl::Time now) const;
   void CommitLocked(uint32_t fragment, absl::Time now);
+  // Runs the outer optimizer on g, applies the (encoded, decoded) update and logs the version.
+  void ApplyLocked(uint32_t fragment, const std::vector<float>& g,
+                   std::vector<std::string> contributors, uint64_t tokens, uint64_t staleness,
+                   absl::Time now);
+  absl::StatusOr<pb::PushResponse> PushAsync(const std::vector<pb::PushRequest>& requests,
+                                             uint32_t fragment);
+  absl::Status CheckAsyncLocked(const Fragment& f, uint32_t fragment, const std::string& island,
+                                uint64_t base) const;
+  uint32_t SyncEveryLocked(const std::string& island) const;
+  size_t kept_versions() const;
 
   const SyncServerOptions options_;
   mutable std::mutex mu_;
@@ -142,6 +171,8 @@ class SyncServer {
   std::vector<Fragment> fragments_;
   uint64_t membership_epoch_ = 0;
   std::map<std::string, Member> members_;
+  std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
+  uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;
 };
 

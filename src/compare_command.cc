@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
 #include "compression/codec.h"
@@ -65,13 +67,16 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
 
 // "diloco" runs the config's outer settings; "diloco_<codec>" overrides the codec (e.g.
 // diloco_fp4_e2m1); "streaming_<codec>" runs Streaming DiLoCo with that codec: the config's
-// outer.num_fragments (4 when it is 1, at most one block per fragment), tau = 1, alpha = 0.5.
+// outer.num_fragments (4 when it is 1, at most one block per fragment), tau = 1, alpha = 0.5;
+// "async" runs async DiLoCo (delayed Nesterov, dynamic local steps) with the config's settings.
 absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
                                     const std::string& method) {
   LocalOptions l;
   l.islands = o.islands;
   l.config_path = o.config_path;
   l.overrides = o.overrides;
+  l.throttle = o.throttle;
+  if (method == "async") l.overrides.push_back("--outer.mode=async");
   if (absl::StartsWith(method, "diloco_")) l.overrides.push_back("--outer.codec=" + method.substr(7));
   if (absl::StartsWith(method, "streaming_")) {
     const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
@@ -83,8 +88,12 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   l.run_dir = (fs::path(o.run_dir) / method).string();
   l.stop = o.stop;
   l.out = stderr;
-  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d\n", method.c_str(), o.islands,
-               c.outer.sync_every);
+  std::string throttled;
+  for (size_t i = 0; i < o.throttle.size(); ++i) {
+    if (o.throttle[i] > 1) absl::StrAppend(&throttled, ", island", i, " throttled ", o.throttle[i], "x");
+  }
+  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.c_str(), o.islands,
+               c.outer.sync_every, throttled.c_str());
   auto local = RunLocal(l);
   if (!local.ok()) return local.status();
   MethodResult r;
@@ -92,6 +101,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   r.wall_s = local->wall_s;
   uint64_t peak = 0;
   double utilization = 0;
+  std::map<uint32_t, int> staleness;  // async: contributions by staleness
   for (size_t i = 0; i < local->island_dirs.size(); ++i) {
     std::ifstream in(local->island_dirs[i] + "/summary.json");
     auto s = nlohmann::json::parse(in, nullptr, false);
@@ -100,18 +110,30 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
     peak = std::max<uint64_t>(peak, s.value("peak_bytes_in_flight", uint64_t(0)));
     utilization += s.value("utilization", 0.0);
     r.wan_bytes += s["bytes_sent"].get<uint64_t>() + s["bytes_received"].get<uint64_t>();
+    if (s.contains("staleness")) {
+      for (const auto& v : s["staleness"]) ++staleness[v.get<uint32_t>()];
+    }
     if (i == 0) r.val_loss = s.value("val_loss", NAN);
   }
   for (const auto& j : ReadJsonLines(local->island_dirs[0] + "/metrics.jsonl")) {
     if (!j.contains("round") && j.contains("val_loss") && !j.contains("loss")) {
-      r.curve.emplace_back(j["tokens"].get<double>() * o.islands, j["val_loss"].get<double>());
+      // Async islands train at different rates: their records carry the run's tokens.
+      const double tokens = j.contains("run_tokens") ? j["run_tokens"].get<double>()
+                                                     : j["tokens"].get<double>() * o.islands;
+      r.curve.emplace_back(tokens, j["val_loss"].get<double>());
     }
   }
   r.note = absl::StrFormat(
       "WAN bytes measured: payload bytes pushed and received by all islands over gRPC; val_loss "
       "of the global parameters after the last round; peak bytes in flight per island %d; "
-      "compute utilization %.1f%%.",
-      peak, 100.0 * utilization / double(local->island_dirs.size()));
+      "compute utilization %.1f%%%s.",
+      peak, 100.0 * utilization / double(local->island_dirs.size()), throttled);
+  if (!staleness.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [s, n] : staleness) parts.push_back(absl::StrCat(s, ": ", n));
+    absl::StrAppend(&r.note, " Staleness of the contributions (versions: count): ",
+                    absl::StrJoin(parts, ", "), ".");
+  }
   return r;
 }
 
@@ -137,7 +159,7 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
     absl::StatusOr<MethodResult> r;
     if (m == "baseline") {
       r = Baseline(*config, o);
-    } else if (m == "diloco" ||
+    } else if (m == "diloco" || m == "async" ||
                (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
                (absl::StartsWith(m, "streaming_") &&
                 compression::ParseCodec(std::string(m.substr(10))).ok())) {

@@ -18,6 +18,7 @@ struct CompareOptions {
   int islands = 2;
   std::string config_path;
   std::vector<std::string> overrides;  // "--key=value"
+  std::vector<double> throttle;        // per island, for every multi-island row
   std::string run_dir;
   const std::atomic<bool>* stop = nullptr;
 };

@@ -72,7 +72,15 @@ std::vector<Field> Schema(Config& c) {
       {"outer.fragment_sync_delay", &c.outer.fragment_sync_delay, "tau: steps of overlap"},
       {"outer.fragment_update_alpha", &c.outer.fragment_update_alpha,
        "alpha of the merge (negative: 0.5 if tau > 0 else 0)"},
-      {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>"},
+      {"outer.mode", &c.outer.mode, "sync (rounds) or async (updates applied as they arrive)"},
+      {"outer.max_staleness", &c.outer.max_staleness, "async: refuse contributions staler than this"},
+      {"outer.staleness_scaling", &c.outer.staleness_scaling,
+       "async: scale a contribution by 1 / (1 + staleness)"},
+      {"outer.dynamic_local_steps", &c.outer.dynamic_local_steps,
+       "async: H of each island follows its inner throughput (DyLU)"},
+      {"outer.momentum_delay", &c.outer.momentum_delay,
+       "async: delayed Nesterov period N (0: outer.islands)"},
+      {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async"},
   };
 }
 

@@ -29,6 +29,18 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.num_data_streams = uint32_t(config.outer.islands);
   o.config_hash = ModelConfigHash(config.model);
   o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
+  if (config.outer.async()) {
+    o.async = true;
+    o.max_staleness = uint32_t(config.outer.max_staleness);
+    o.staleness_scaling = config.outer.staleness_scaling;
+    o.dynamic_local_steps = config.outer.dynamic_local_steps;
+    o.optimizer.momentum_delay =
+        config.outer.momentum_delay > 0 ? config.outer.momentum_delay : config.outer.islands;
+    // The token budget of the run: T inner steps on each of the M islands.
+    o.token_budget = uint64_t(config.train.steps) * uint64_t(config.outer.islands) *
+                     uint64_t(config.train.batch_size) * uint64_t(config.train.grad_accum) *
+                     uint64_t(config.model.context);
+  }
   const auto layout = LayoutOf(params);
   auto plan = outer::PlanFragments(layout.names, config.outer.num_fragments,
                                    *outer::ParseFragmentPattern(config.outer.fragment_pattern));
@@ -69,6 +81,16 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   std::atomic<uint64_t> sync_rounds{0};
   sync->SetCommitListener([&](const outer::CommittedRound& r) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (config.outer.async()) {
+      std::fprintf(options.out,
+                   "version %llu applied%s: %s, staleness %llu, %llu tokens, params %016llx, %.1fs\n",
+                   (unsigned long long)sync_rounds.fetch_add(1) + 1,
+                   config.outer.num_fragments > 1
+                       ? absl::StrFormat(" (fragment %d, its version %d)", r.fragment, r.round + 1).c_str()
+                       : "",
+                   absl::StrJoin(r.contributors, "+").c_str(), (unsigned long long)r.staleness,
+                   (unsigned long long)r.tokens, (unsigned long long)r.params_hash, wall);
+    } else {
     std::fprintf(options.out, "round %llu/%llu committed%s: %s, %llu tokens, params %016llx, %.1fs\n",
                  (unsigned long long)sync_rounds.fetch_add(1) + 1, (unsigned long long)total_rounds,
                  config.outer.num_fragments > 1
@@ -76,24 +98,32 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                      : "",
                  absl::StrJoin(r.contributors, "+").c_str(), (unsigned long long)r.tokens,
                  (unsigned long long)r.params_hash, wall);
+    }
     std::fflush(options.out);
     if (rounds_log) {
       rounds_log->Write({{"round", r.round},
                          {"fragment", r.fragment},
                          {"contributors", r.contributors},
                          {"tokens", r.tokens},
+                         {"staleness", r.staleness},
                          {"params_hash", absl::StrFormat("%016x", r.params_hash)},
                          {"wall_s", wall}});
     }
   });
   auto server = GrpcServer::Start(sync.get(), options.server);
   if (!server.ok()) return server.status();
-  std::fprintf(options.out, "atoll coordinator: run '%s' listening on %s (%d islands, H = %d, %llu rounds)\n",
+  const std::string plan =
+      config.outer.async()
+          ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
+          : absl::StrFormat("%d rounds", total_rounds);
+  std::fprintf(options.out, "atoll coordinator: run '%s' listening on %s (%d islands, H = %d, %s)\n",
                config.outer.run_id.c_str(), (*server)->address().c_str(), config.outer.islands,
-               config.outer.sync_every, (unsigned long long)total_rounds);
+               config.outer.sync_every, plan.c_str());
   std::fflush(options.out);
   while (options.stop == nullptr || !options.stop->load()) {
-    if (sync->committed_rounds() >= total_rounds && sync->num_members() == 0) break;
+    const bool done = config.outer.async() ? sync->budget_reached()
+                                           : sync->committed_rounds() >= total_rounds;
+    if (done && sync->num_members() == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   (*server)->Shutdown();

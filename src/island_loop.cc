@@ -5,6 +5,7 @@
 #include <future>
 #include <map>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -63,6 +64,18 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
         "model");
   }
   const auto& schedule = joined->schedule();
+  const bool async = schedule.async();
+  if (async != config.outer.async()) {
+    leave();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this island is configured for outer.mode = \"", config.outer.mode,
+        "\" but the run is ", async ? "async" : "sync"));
+  }
+  if (!(options.throttle >= 1)) {
+    leave();
+    return absl::InvalidArgumentError(
+        absl::StrCat("--throttle must be a factor >= 1, got ", options.throttle));
+  }
   inner::TrainConfig train = config.train;
   train.steps = int64_t(schedule.total_inner_steps());
   const int64_t h = int64_t(schedule.sync_every());
@@ -105,6 +118,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   sync_options.error_feedback = config.outer.error_feedback;
   sync_options.stochastic_rounding = config.outer.stochastic_rounding;
   sync_options.seed = compression::math::Mix64(config.train.seed) ^ joined->data_stream();
+  sync_options.async = async;
   std::vector<std::unique_ptr<outer::IslandSync>> syncs;
   for (uint32_t f = 0; f < num_fragments; ++f) {
     sync_options.fragment = f;
@@ -133,11 +147,15 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   const int tau = config.outer.fragment_sync_delay;
   const double alpha = config.outer.alpha();
   progress.Message(absl::StrFormat(
-      "%sjoined run '%s' at round %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
-      "alpha = %.2f, %s, %d inner steps, %.2fM parameters",
-      label, config.outer.run_id, syncs[0]->round(), joined->data_stream(),
-      schedule.num_data_streams(), h, num_fragments, tau, alpha, config.outer.codec, train.steps,
-      double(layout.total()) / 1e6));
+      "%sjoined %s run '%s' at %s %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
+      "alpha = %.2f, %s, %s, %.2fM parameters%s",
+      label, async ? "async" : "sync", config.outer.run_id, async ? "version" : "round",
+      syncs[0]->round(), joined->data_stream(), schedule.num_data_streams(), h, num_fragments, tau,
+      alpha, config.outer.codec,
+      async ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
+            : absl::StrCat(train.steps, " inner steps"),
+      double(layout.total()) / 1e6,
+      options.throttle > 1 ? absl::StrFormat(", throttled %.1fx", options.throttle) : ""));
 
   // Training thread: inner steps, snapshots of due fragments, merges. Communication: one task per
   // fragment in flight, which owns that fragment's IslandSync until the training thread waits for
@@ -157,6 +175,15 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   IslandSummary summary;
   summary.island_id = island_id;
   uint64_t bytes_in_flight = 0;
+  // Async mode: each fragment's next sync step (H follows the island's throughput), whether the
+  // run's token budget is spent, and the run's tokens as of the last answer.
+  int64_t h_now = h;
+  std::vector<int64_t> next_due(num_fragments);
+  for (uint32_t f = 0; f < num_fragments; ++f) {
+    next_due[f] = sync_schedule.offset(int(f)) > 0 ? sync_schedule.offset(int(f)) : h;
+  }
+  bool finishing = false;
+  uint64_t run_tokens = 0;
 
   // Waits for the oldest fragment in flight and merges its update.
   auto land = [&](double merge_alpha) -> absl::Status {
@@ -173,6 +200,18 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     }
     auto& sync = *syncs[job.fragment];
     LoadFlat(sync.global(), params, fragments[job.fragment], outcome->resynced ? 0.0 : merge_alpha);
+    if (async) {
+      if (outcome->sync_every > 0) h_now = outcome->sync_every;
+      finishing |= outcome->budget_reached;
+      if (outcome->tokens_committed > run_tokens && schedule.token_budget() > 0) {
+        run_tokens = outcome->tokens_committed;
+        // The learning rate follows the run's progress, not this island's step count.
+        (*trainer)->SetSchedulePosition(int64_t(double(run_tokens) /
+                                                double(schedule.token_budget()) *
+                                                double(train.steps)));
+      }
+      summary.staleness.push_back(outcome->staleness);
+    }
     summary.rounds += 1;
     summary.resyncs += outcome->resynced ? 1 : 0;
     summary.sync_s += idle_s;
@@ -191,14 +230,23 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
                              {"bytes_sent", outcome->bytes_sent},
                              {"bytes_received", outcome->bytes_received},
                              {"contributors", outcome->contributors},
+                             {"version", outcome->version},
+                             {"staleness", outcome->staleness},
+                             {"sync_every", async ? h_now : h},
                              {"global_hash", absl::StrFormat("%016x", sync.global_hash())},
                              {"resynced", outcome->resynced}};
     (*metrics)->Write(record);
-    std::string line = absl::StrFormat(
-        "%sfragment %d round %d merged at step %d (pushed at %d): idle %.2fs, sent %s, %d "
-        "contributors",
-        label, job.fragment, outcome->round + 1, step, job.pushed_at, idle_s,
-        absl::StrCat(outcome->bytes_sent / 1024, " KiB"), outcome->contributors);
+    std::string line =
+        async ? absl::StrFormat(
+                    "%sfragment %d now at version %d, merged at step %d (pushed at %d): staleness "
+                    "%d, idle %.2fs, sent %d KiB, next H %d",
+                    label, job.fragment, outcome->version, step, job.pushed_at,
+                    outcome->staleness, idle_s, outcome->bytes_sent / 1024, h_now)
+              : absl::StrFormat(
+                    "%sfragment %d round %d merged at step %d (pushed at %d): idle %.2fs, sent %s, "
+                    "%d contributors",
+                    label, job.fragment, outcome->round + 1, step, job.pushed_at, idle_s,
+                    absl::StrCat(outcome->bytes_sent / 1024, " KiB"), outcome->contributors);
     if (outcome->resynced) line += " (resynced: " + outcome->resync_reason + ")";
     progress.Message(line);
     return absl::OkStatus();
@@ -209,15 +257,31 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     return s;
   };
 
-  while ((*trainer)->step() < train.steps) {
+  auto evaluate = [&](int64_t t) {
+    const auto eval = (*trainer)->Evaluate();
+    summary.last_eval = eval;
+    nlohmann::json record = {{"step", t}, {"tokens", (*trainer)->tokens()},
+                             {"wall_s", Since(start)}, {"val_loss", eval.loss},
+                             {eval.per_byte ? "val_bpb" : "val_bits_per_token", eval.bits}};
+    if (async) record["run_tokens"] = run_tokens;
+    (*metrics)->Write(record);
+    progress.Message(absl::StrFormat("%sstep %d | val_loss %.4f", label, t, eval.loss));
+  };
+  // Async islands train until the run's token budget is spent (bounded by the whole budget).
+  const int64_t max_steps = async ? train.steps * int64_t(schedule.num_data_streams()) : train.steps;
+  while ((*trainer)->step() < max_steps) {
     const auto t0 = Clock::now();
     if (auto s = inner::RunLoop(**trainer, (*trainer)->step() + 1, reporter, /*evaluate=*/false);
         !s.ok()) {
       return fail(s);
     }
+    if (options.throttle > 1) {
+      // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
+      std::this_thread::sleep_for(std::chrono::duration<double>(Since(t0) * (options.throttle - 1)));
+    }
     summary.compute_s += Since(t0);
     const int64_t t = (*trainer)->step();
-    const bool last = t == train.steps;
+    const bool last = async ? (finishing || t == max_steps) : t == train.steps;
     // Merge what is due (tau steps after its push), then push the fragments due now.
     while (!in_flight.empty() && in_flight.front().apply_at <= t) {
       if (auto s = land(alpha); !s.ok()) return fail(s);
@@ -230,15 +294,27 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
       job.bytes = compression::EncodedBytes(sync_options.codec, syncs[f]->global().size());
       const uint64_t tokens = uint64_t(t - last_push[f]) * uint64_t((*trainer)->tokens_per_step());
       last_push[f] = t;
-      job.result = std::async(std::launch::async,
-                              [sync = syncs[f].get(), local = Flatten(params, fragments[f]), tokens] {
-                                return sync->SyncRound(local, tokens);
-                              });
+      next_due[f] = t + h_now;
+      const double steps_per_s = double(t) / std::max(1e-9, summary.compute_s);
+      job.result = std::async(std::launch::async, [sync = syncs[f].get(),
+                                                   local = Flatten(params, fragments[f]), tokens,
+                                                   steps_per_s] {
+        return sync->SyncRound(local, tokens, steps_per_s);
+      });
       bytes_in_flight += job.bytes;
       summary.peak_bytes_in_flight = std::max(summary.peak_bytes_in_flight, bytes_in_flight);
       in_flight.push_back(std::move(job));
     };
-    if (!last) {
+    if (!last && async) {
+      // A fragment lands before its next push: tau stays below the island's current H.
+      const int64_t delay = std::min<int64_t>(tau, h_now - 1);
+      for (uint32_t f = 0; f < num_fragments; ++f) {
+        if (next_due[f] <= t) push(f, t + delay);
+      }
+      while (!in_flight.empty() && in_flight.front().apply_at <= t) {
+        if (auto s = land(alpha); !s.ok()) return fail(s);
+      }
+    } else if (!last) {
       for (uint32_t f : sync_schedule.DueAfter(t)) push(f, t + tau);
       while (!in_flight.empty() && in_flight.front().apply_at <= t) {  // tau = 0: blocking
         if (auto s = land(alpha); !s.ok()) return fail(s);
@@ -255,16 +331,42 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
       }
     }
     const int64_t every = train.eval_every;
-    if ((every > 0 && t % every == 0) || last) {
-      const auto eval = (*trainer)->Evaluate();
-      summary.last_eval = eval;
-      nlohmann::json record = {{"step", t}, {"tokens", (*trainer)->tokens()},
-                               {"wall_s", Since(start)}, {"val_loss", eval.loss},
-                               {eval.per_byte ? "val_bpb" : "val_bits_per_token", eval.bits}};
-      (*metrics)->Write(record);
-      progress.Message(absl::StrFormat("%sstep %d | val_loss %.4f", label, t, eval.loss));
-    }
+    // Async islands evaluate the run's final parameters once every island has finished (below).
+    if ((every > 0 && t % every == 0 && !last) || (last && !async)) evaluate(t);
     if (options.stop != nullptr && options.stop->load()) break;
+    if (last) break;
+  }
+  if (async && (options.stop == nullptr || !options.stop->load())) {
+    // Every island ends on the run's final parameters: say this island has finished, wait until
+    // every other one has too, then apply the versions committed since, checking every hash.
+    const auto t0 = Clock::now();
+    pb::HeartbeatRequest beat;
+    beat.set_run_id(config.outer.run_id);
+    beat.set_island_id(island_id);
+    beat.set_inner_step(uint64_t((*trainer)->step()));
+    beat.set_finished(true);
+    const auto until = t0 + std::chrono::duration<double>(config.outer.round_timeout_s);
+    absl::StatusOr<pb::HeartbeatResponse> state;
+    while (true) {
+      state = transport.Heartbeat(beat);
+      if (!state.ok()) return fail(state.status());
+      if (state->training_members() == 0 || Clock::now() > until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (state->versions_size() != int(num_fragments)) {
+      return fail(absl::DataLossError("the service's heartbeat names the wrong fragments"));
+    }
+    for (uint32_t f = 0; f < num_fragments; ++f) {
+      auto caught = syncs[f]->CatchUp(state->versions(int(f)));
+      if (!caught.ok()) return fail(caught.status());
+      summary.bytes_received += caught->bytes_received;
+      summary.resyncs += caught->resynced ? 1 : 0;
+      LoadFlat(syncs[f]->global(), params, fragments[f], 0.0);
+    }
+    summary.sync_s += Since(t0);
+    progress.Message(absl::StrFormat("%sfinished: caught up with version %d of the run after %.1fs",
+                                     label, state->versions(0), Since(t0)));
+    evaluate((*trainer)->step());
   }
   while (!in_flight.empty()) {
     if (auto s = land(0.0); !s.ok()) return fail(s);
@@ -292,8 +394,13 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
                       {"bytes_received", summary.bytes_received},
                       {"peak_bytes_in_flight", summary.peak_bytes_in_flight},
                       {"utilization", summary.compute_s / std::max(1e-9, summary.wall_s)},
+                      {"throttle", options.throttle},
                       {"global_hash", absl::StrFormat("%016x", summary.global_hash)}};
   if (summary.last_eval) s["val_loss"] = summary.last_eval->loss;
+  if (async) {
+    s["staleness"] = summary.staleness;
+    s["run_tokens"] = run_tokens;
+  }
   WriteFileAtomic((fs::path(options.run_dir) / "summary.json").string(), s.dump(2) + "\n")
       .IgnoreError();
   return summary;

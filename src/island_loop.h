@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "inner/trainer.h"
@@ -24,6 +25,7 @@ struct IslandOptions {
   FILE* progress = stderr;
   bool tty = false;
   const std::atomic<bool>* stop = nullptr;  // leave the run after the current round
+  double throttle = 1.0;  // >= 1: every inner step takes this many times as long (heterogeneity)
 };
 
 struct IslandSummary {
@@ -40,6 +42,7 @@ struct IslandSummary {
   uint64_t bytes_received = 0;
   uint64_t global_hash = 0;  // XXH64 of the final global parameters (fragments concatenated)
   std::optional<inner::EvalStats> last_eval;
+  std::vector<uint32_t> staleness;  // async: of each contribution, in order
 };
 
 absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,

@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "src/rpc_security.h"
 
 extern char** environ;
@@ -97,6 +100,25 @@ std::string Describe(int status) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<double>> ParseThrottles(const std::string& list, int islands) {
+  std::vector<double> out(size_t(std::max(islands, 0)), 1.0);
+  if (list.empty()) return out;
+  const std::vector<std::string> parts = absl::StrSplit(list, ',');
+  if (parts.size() > out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("--throttle lists ", parts.size(),
+                                                   " factors for ", islands, " islands"));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    double v;
+    if (!absl::SimpleAtod(parts[i], &v) || !(v >= 1) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--throttle factor '", parts[i], "' of island ", i, " is not a number >= 1"));
+    }
+    out[i] = v;
+  }
+  return out;
+}
 
 absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   if (options.islands < 1) {
@@ -185,6 +207,10 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
     island->log.open(fs::path(options.run_dir) / (island->name + ".log"));
     std::vector<std::string> a = {binary, "island", "--coordinator", address, "--name",
                                   island->name, "--run-dir", dir};
+    if (size_t(i) < options.throttle.size() && options.throttle[size_t(i)] > 1) {
+      a.push_back("--throttle");
+      a.push_back(absl::StrCat(options.throttle[size_t(i)]));
+    }
     a.insert(a.end(), common.begin(), common.end());
     if (auto s = Spawn(*island, a); !s.ok()) {
       stop_all(SIGTERM);

@@ -16,6 +16,7 @@ struct LocalOptions {
   int islands = 2;
   std::string config_path;
   std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
+  std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)
   std::string run_dir;                 // coordinator/, island0/, ... and a log per process
   std::string atoll_binary;            // default: this executable
   FILE* out = stdout;
@@ -26,6 +27,9 @@ struct LocalSummary {
   double wall_s = 0;
   std::vector<std::string> island_dirs;
 };
+
+// "1,3" -> {1, 3, 1, ...} for `islands` islands; every factor >= 1, at most one per island.
+absl::StatusOr<std::vector<double>> ParseThrottles(const std::string& list, int islands);
 
 // Runs to completion; when any child fails, stops the others and returns its error.
 absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options);

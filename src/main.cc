@@ -74,14 +74,22 @@ int main(int argc, char** argv) {
   island->add_option("--run-dir", run_dir, "directory for metrics.jsonl and summary.json")->required();
   island->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
   island->add_option("--tls-ca", tls.ca, "trust these root certificates (PEM) and use TLS");
+  double throttle = 1.0;
+  island->add_option("--throttle", throttle,
+                     "make every inner step take X times as long (a slower island, for tests and "
+                     "demos)");
   island->allow_extras();
   island->footer(KeysHelp());
 
   int islands = 2;
+  std::string throttles;
   // Commands that start M islands on this machine share their options.
   auto add_islands_command = [&](const char* name, const char* help, const char* run_dir_help) {
     auto* c = app.add_subcommand(name, help);
     c->add_option("--islands", islands, "number of islands (M)");
+    c->add_option("--throttle", throttles,
+                  "slow-down factor of each island, comma-separated (e.g. 1,3: island1 steps 3x "
+                  "slower); missing ones are 1");
     c->add_option("--config", config_path, "TOML config of the run");
     c->add_option("--run-dir", run_dir, run_dir_help)->required();
     c->allow_extras();
@@ -107,12 +115,15 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  auto throttle_list = atl::ParseThrottles(throttles, islands);
+  if (!throttle_list.ok()) return Fail(throttle_list.status());
 
   if (compare->parsed()) {
     atl::CompareOptions options;
     options.islands = islands;
     options.config_path = config_path;
     options.overrides = compare->remaining();
+    options.throttle = *throttle_list;
     options.run_dir = run_dir;
     options.stop = &g_stop;
     auto results = atl::RunCompare(options);
@@ -125,6 +136,7 @@ int main(int argc, char** argv) {
     options.islands = islands;
     options.config_path = config_path;
     options.overrides = local->remaining();
+    options.throttle = *throttle_list;
     options.run_dir = run_dir;
     options.stop = &g_stop;
     auto summary = atl::RunLocal(options);
@@ -163,6 +175,7 @@ int main(int argc, char** argv) {
     options.run_dir = run_dir;
     options.tty = false;
     options.stop = &g_stop;
+    options.throttle = throttle;
     auto summary = atl::RunIsland(*config, **transport, options);
     if (!summary.ok()) return Fail(summary.status());
     std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "

@@ -72,6 +72,7 @@ TEST_F(CliTest, BadConfigGivesOneClearErrorAndWritesNothing) {
       {"--data.path=" + dir_.Join("*.bin"), "no files match"},
       {"--resume", "--resume: no checkpoint"},
       {"stray", "unexpected argument 'stray'"},
+      {"--outer.mode=fast", "outer.mode must be \"sync\" or \"async\""},
   };
   for (const auto& c : cases) {
     auto r = Atoll(Train(c.args));
@@ -83,6 +84,11 @@ TEST_F(CliTest, BadConfigGivesOneClearErrorAndWritesNothing) {
   auto r = Atoll("train --config " + dir_.Join("nope.toml") + " --run-dir " + dir_.Join("run"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("nope.toml"));
+  EXPECT_FALSE(RunDirExists());
+  r = Atoll("local --islands 2 --throttle 1,0.5 --config " + dir_.Join("tiny.toml") +
+            " --run-dir " + dir_.Join("run"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--throttle factor '0.5' of island 1 is not a number >= 1"));
   EXPECT_FALSE(RunDirExists());
 }
 
@@ -113,20 +119,25 @@ TEST_F(CliTest, CoordinatorNeedsARunToken) {
 
 TEST_F(CliTest, CompareWritesTheReport) {
   auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
-                 dir_.Join("cmp") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=2");
+                 dir_.Join("cmp") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=2" +
+                 " --compare.methods=baseline,diloco,async --throttle 1,2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string csv = testing::ReadFile(dir_.Join("cmp/report.csv"));
   std::istringstream lines(csv);
-  std::string header, baseline, diloco;
+  std::string header, baseline, diloco, async;
   std::getline(lines, header);
   std::getline(lines, baseline);
   std::getline(lines, diloco);
+  std::getline(lines, async);
   EXPECT_EQ(header, "method,val_loss,tokens,wan_bytes,wall_s");
   EXPECT_THAT(baseline, ::testing::StartsWith("baseline,"));
   EXPECT_THAT(diloco, ::testing::StartsWith("diloco,"));
   // Equal tokens: 4 steps x 2 sequences x 32 tokens x 2 islands.
   EXPECT_THAT(baseline, HasSubstr(",512,"));
   EXPECT_THAT(diloco, HasSubstr(",512,"));
+  // Async islands train until the run's 512 tokens are spent, each finishing its last round.
+  EXPECT_THAT(async, ::testing::StartsWith("async,"));
+  EXPECT_THAT(testing::ReadFile(dir_.Join("cmp/report.md")), HasSubstr("Staleness"));
   EXPECT_THAT(testing::ReadFile(dir_.Join("cmp/report.md")), HasSubstr("| diloco |"));
   const std::string svg = testing::ReadFile(dir_.Join("cmp/loss.svg"));
   EXPECT_THAT(svg, HasSubstr("<polyline"));

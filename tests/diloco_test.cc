@@ -172,41 +172,67 @@ TEST(StreamingTest, OneFragmentNoDelayNoAlphaIsPlainDiLoCo) {
   EXPECT_TRUE(server->params() == reference);
 }
 
-// Two islands, four fragments, tau = 2, FP4 with stochastic rounding: every fragment's copies stay bit-identical.
-TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
-  TempDir dir;
+// 2 islands of a 4-layer model with 4 fragments, tau = 2, FP4, on generated text.
+Config StreamingConfig(const TempDir& dir) {
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
   auto c = DiLoCoConfig(dir.Join("text.txt"));
   c.model.n_layer = 4;
-  c.train.steps = 20;
   c.outer.islands = 2;
   c.outer.sync_every = 8;
   c.outer.num_fragments = 4;
   c.outer.fragment_sync_delay = 2;
   c.outer.codec = "fp4_e2m1";
-  c.outer.stochastic_rounding = true;
-  auto server = *MakeSyncServer(c);
-  ASSERT_EQ(server->num_fragments(), 4u);
-  std::vector<absl::StatusOr<IslandSummary>> results(2);
+  return c;
+}
+
+// Runs every island of `c` in its own thread against one in-process service.
+std::vector<absl::StatusOr<IslandSummary>> RunIslands(const Config& c, outer::SyncServer& server,
+                                                      const TempDir& dir,
+                                                      std::vector<double> throttle = {}) {
+  std::vector<absl::StatusOr<IslandSummary>> results(size_t(c.outer.islands));
   std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < c.outer.islands; ++i) {
     threads.emplace_back([&, i] {
-      outer::InProcessTransport transport(server.get());
+      outer::InProcessTransport transport(&server);
       IslandOptions o;
       o.name = "island" + std::to_string(i);
       o.run_dir = dir.Join(o.name);
+      if (size_t(i) < throttle.size()) o.throttle = throttle[size_t(i)];
       results[size_t(i)] = RunIsland(c, transport, o);
     });
   }
   for (auto& t : threads) t.join();
+  return results;
+}
+
+// XXH64 of the service's fragments, concatenated (what islands report as global_hash).
+uint64_t ServiceHash(const outer::SyncServer& server) {
   std::vector<float> all;
-  for (uint32_t f = 0; f < 4; ++f) {
-    const auto p = server->params(f);
+  for (uint32_t f = 0; f < server.num_fragments(); ++f) {
+    const auto p = server.params(f);
     all.insert(all.end(), p.begin(), p.end());
-    // Fragment f syncs at its offsets (f * 2, + 8, ...) and once more at the end.
-    EXPECT_GE(server->round(f), 2u) << f;
   }
-  const uint64_t hash = compression::Checksum(all.data(), all.size() * sizeof(float));
+  return compression::Checksum(all.data(), all.size() * sizeof(float));
+}
+
+// Two islands, four fragments, tau = 2, FP4 with stochastic rounding: every fragment's copies
+// stay bit-identical.
+TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.train.steps = 20;
+  c.outer.stochastic_rounding = true;
+  auto server = *MakeSyncServer(c);
+  ASSERT_EQ(server->num_fragments(), 4u);
+  const auto results = RunIslands(c, *server, dir);
+  // Fragment f syncs at its offsets (f * 2, + 8, ...) and once more at the end.
+  for (uint32_t f = 0; f < 4; ++f) EXPECT_GE(server->round(f), 2u) << f;
+  const uint64_t hash = ServiceHash(*server);
+  const size_t all_size = [&] {
+    size_t n = 0;
+    for (uint32_t f = 0; f < 4; ++f) n += server->params(f).size();
+    return n;
+  }();
   for (const auto& r : results) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->global_hash, hash);
@@ -214,7 +240,25 @@ TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
     EXPECT_GT(r->peak_bytes_in_flight, 0u);
     // At most one fragment's FP4 payload is in flight at a time with these offsets and tau < H/P.
     EXPECT_LT(r->peak_bytes_in_flight, compression::EncodedBytes(
-                                           *compression::ParseCodec("fp4_e2m1"), all.size()));
+                                           *compression::ParseCodec("fp4_e2m1"), all_size));
+  }
+}
+
+// Async Streaming DiLoCo in process: 2 islands, 4 fragments, tau = 2, FP4, one island throttled:
+// every island ends on the service's final parameters, fragment by fragment.
+TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.train.steps = 16;
+  c.outer.mode = "async";
+  auto server = *MakeSyncServer(c);
+  const auto results = RunIslands(c, *server, dir, {1.0, 2.0});
+  EXPECT_TRUE(server->budget_reached());
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_hash, ServiceHash(*server));
+    EXPECT_EQ(r->resyncs, 0u);
+    EXPECT_FALSE(r->staleness.empty());
   }
 }
 

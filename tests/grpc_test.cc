@@ -191,25 +191,37 @@ TEST(GrpcTlsTest, TlsWithTheRightRootWorksPlaintextDoesNot) {
 
 // (c) Coordinator + 2 islands as separate processes over TCP on loopback: plain DiLoCo, and
 // Streaming DiLoCo with 4 fragments, tau = 2 and FP4 payloads.
-void RunAndCheckBitIdentical(const std::string& outer_toml, int fragments) {
-  testing::TempDir dir;
+testing::CommandResult RunTwoIslands(const testing::TempDir& dir, const std::string& outer_toml,
+                                     const std::string& extra_args = "") {
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
   testing::WriteFile(dir.Join("run.toml"),
                      "[model]\nn_layer = 4\nd_model = 32\nn_head = 2\ncontext = 32\n"
                      "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
                      "[train]\nsteps = 12\nbatch_size = 4\neval_every = 8\neval_batches = 2\n"
                      "threads = 1\n[optim]\nwarmup_steps = 2\n[outer]\n" + outer_toml);
-  const auto run = testing::RunCommand(std::string(ATOLL_BIN) + " local --islands 2 --config " +
-                                       dir.Join("run.toml") + " --run-dir " + dir.Join("run"));
-  ASSERT_EQ(run.exit_code, 0) << run.output;
+  return testing::RunCommand(std::string(ATOLL_BIN) + " local --islands 2 --config " +
+                             dir.Join("run.toml") + " --run-dir " + dir.Join("run") + " " +
+                             extra_args);
+}
 
-  // The service's hash after each round of each fragment...
+// The service's hash after each round (version) of each fragment, in order.
+std::map<int, std::vector<std::string>> ServiceHashes(const testing::TempDir& dir) {
   std::map<int, std::vector<std::string>> service;
   std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
   for (std::string line; std::getline(rounds, line);) {
     auto j = nlohmann::json::parse(line);
     service[j["fragment"].get<int>()].push_back(j["params_hash"]);
   }
+  return service;
+}
+
+void RunAndCheckBitIdentical(const std::string& outer_toml, int fragments) {
+  testing::TempDir dir;
+  const auto run = RunTwoIslands(dir, outer_toml);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+
+  // The service's hash after each round of each fragment...
+  const auto service = ServiceHashes(dir);
   ASSERT_EQ(service.size(), size_t(fragments));
   // ...equals each island's after the same round.
   for (const char* island : {"island0", "island1"}) {
@@ -241,6 +253,45 @@ TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4) {
       "sync_every = 4\nnum_fragments = 4\nfragment_sync_delay = 2\ncodec = \"fp4_e2m1\"\n"
       "stochastic_rounding = true\n",
       4);
+}
+
+// Async mode, island1 three times slower: every contribution is applied as it arrives, each island's
+// copy matches the service's at the version it caught up to, and both end on the final state.
+TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
+  testing::TempDir dir;
+  const auto run = RunTwoIslands(dir, "sync_every = 4\nmode = \"async\"\n", "--throttle 1,3");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto service = ServiceHashes(dir);
+  ASSERT_EQ(service.size(), 1u);
+  const auto& versions = service.at(0);
+  int64_t steps[2], tokens = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::string island = "island" + std::to_string(i);
+    std::ifstream metrics(dir.Join("run/" + island + "/metrics.jsonl"));
+    int contributions = 0;
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("round")) continue;
+      ++contributions;
+      EXPECT_FALSE(j["resynced"].get<bool>());
+      const size_t v = j["version"].get<size_t>();
+      ASSERT_GE(v, 1u);
+      ASSERT_LE(v, versions.size());
+      EXPECT_EQ(j["global_hash"], versions[v - 1]) << island << " at version " << v;
+    }
+    EXPECT_GT(contributions, 0) << island;
+    auto summary =
+        nlohmann::json::parse(testing::ReadFile(dir.Join("run/" + island + "/summary.json")));
+    EXPECT_EQ(summary["global_hash"], versions.back()) << island;
+    EXPECT_EQ(summary["resyncs"], 0);
+    steps[i] = summary["step"].get<int64_t>();
+    tokens += summary["tokens"].get<int64_t>();
+  }
+  // The fast island trains more steps than the slow one, and together they spend the budget of
+  // 2 islands x 12 steps x 4 x 32 tokens.
+  EXPECT_GT(steps[0], steps[1]);
+  EXPECT_GE(tokens, 2 * 12 * 4 * 32);
+  EXPECT_THAT(run.output, ::testing::HasSubstr("throttled 3.0x"));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "compression/checksum.h"
@@ -40,6 +41,38 @@ TEST(OuterOptimizerTest, PlainSgdAndHeavyBall) {
   EXPECT_EQ(u[0], 0.5f * 4.5f);
   EXPECT_FALSE(Validate(OuterOptimizerConfig{0.0, 0.9, true}).ok());
   EXPECT_FALSE(Validate(OuterOptimizerConfig{0.7, 1.0, true}).ok());
+}
+
+TEST(OuterOptimizerTest, DelayedNesterovWithPeriodOneIsNesterovBitForBit) {
+  OuterOptimizerConfig plain{0.7, 0.9, true};
+  OuterOptimizerConfig delayed = plain;
+  delayed.momentum_delay = 1;
+  OuterOptimizer a(plain, 1000), b(delayed, 1000);
+  for (int step = 0; step < 10; ++step) {
+    std::vector<float> g(1000), ua(1000), ub(1000);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(float(i * 7 + step)) * 1e-3f;
+    a.ComputeUpdate(g.data(), ua.data());
+    b.ComputeUpdate(g.data(), ub.data());
+    ASSERT_EQ(0, std::memcmp(ua.data(), ub.data(), ua.size() * 4)) << "step " << step;
+  }
+  EXPECT_EQ(0, std::memcmp(a.momentum().data(), b.momentum().data(), 1000 * 4));
+}
+
+TEST(OuterOptimizerTest, DelayedNesterovStepsTheMomentumEveryNthGradient) {
+  OuterOptimizerConfig c{0.5, 0.5, true};
+  c.momentum_delay = 2;
+  OuterOptimizer opt(c, 1);
+  float g1[1] = {2.0f}, g2[1] = {4.0f}, g3[1] = {8.0f}, u[1];
+  opt.ComputeUpdate(g1, u);  // buffered: u = lr g / N
+  EXPECT_EQ(u[0], 0.5f * 1.0f);
+  EXPECT_EQ(opt.momentum()[0], 0.0f);
+  opt.ComputeUpdate(g2, u);  // m = mu 0 + (2 + 4) / 2 = 3; u = lr (4 / 2 + mu 3)
+  EXPECT_EQ(opt.momentum()[0], 3.0f);
+  EXPECT_EQ(u[0], 0.5f * (2.0f + 0.5f * 3.0f));
+  opt.ComputeUpdate(g3, u);  // buffer cleared: u = lr 8 / 2
+  EXPECT_EQ(u[0], 0.5f * 4.0f);
+  EXPECT_EQ(opt.momentum()[0], 3.0f);
+  EXPECT_FALSE(Validate(OuterOptimizerConfig{0.7, 0.9, true, -1}).ok());
 }
 
 std::vector<float> Ramp(size_t n, float scale) {
@@ -135,6 +168,11 @@ class SyncServerTest : public ::testing::Test {
       out[i].set_tokens(tokens);
     }
     return out;
+  }
+  static std::vector<float> Sines(size_t n) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = std::sin(float(i));
+    return v;
   }
   SyncServerOptions options_;
   FragmentLayout layout_;
@@ -276,8 +314,7 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
   options_.optimizer = {0.7, 0.9, true};
   options_.num_data_streams = 2;
   layout_.numels = {1000};
-  std::vector<float> init(1000);
-  for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));
+  const std::vector<float> init = Sines(1000);
   for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"}) {
     SCOPED_TRACE(name);
     options_.codec = *compression::ParseCodec(name);
@@ -373,6 +410,120 @@ TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
   EXPECT_THAT(r->resync_reason, HasSubstr("already committed"));
   EXPECT_EQ(b.global(), s->params());
   EXPECT_EQ(b.round(), 1u);
+}
+
+// ---- Async mode.
+
+TEST(DynamicLocalStepsTest, HFollowsTheThroughputRatio) {
+  EXPECT_EQ(DynamicLocalSteps(3.0, 3.0, 50), 50u);    // the fastest island keeps H
+  EXPECT_EQ(DynamicLocalSteps(1.0, 3.0, 50), 16u);    // floor(50 / 3)
+  EXPECT_EQ(DynamicLocalSteps(2.0, 3.0, 50), 33u);    // floor(33.3)
+  EXPECT_EQ(DynamicLocalSteps(0.01, 3.0, 50), 1u);    // at least one step
+  EXPECT_EQ(DynamicLocalSteps(0.0, 3.0, 50), 50u);    // no measurement yet: H
+  EXPECT_EQ(DynamicLocalSteps(4.0, 3.0, 50), 50u);    // never above H
+}
+
+TEST_F(SyncServerTest, AsyncAppliesEachContributionAtOnceAndRefusesStaleOnes) {
+  options_.async = true;
+  options_.max_staleness = 2;
+  options_.num_data_streams = 2;
+  options_.optimizer = {1.0, 0.0, false};
+  options_.sync_every = 30;
+  options_.token_budget = 25;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  auto pa = Payload("a", 0, {1, 1, 1, 1}, 10);
+  pa[0].set_inner_steps_per_s(3.0);
+  auto r = s->Push(pa);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 1u);  // applied at once: no round to wait for
+  EXPECT_EQ(r->staleness(), 0u);
+  EXPECT_EQ(s->params(), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(r->sync_every(), 30u);
+  // b started from version 0 and arrives one version late, three times slower.
+  auto pb = Payload("b", 0, {1, 1, 1, 1}, 10);
+  pb[0].set_inner_steps_per_s(1.0);
+  r = s->Push(pb);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 2u);
+  EXPECT_EQ(r->staleness(), 1u);
+  EXPECT_EQ(r->sync_every(), 10u);  // DyLU: floor(1 / 3 * 30)
+  EXPECT_EQ(r->tokens_committed(), 20u);
+  EXPECT_FALSE(r->budget_reached());
+  // The same base again is a duplicate; a version from the future is unknown.
+  EXPECT_EQ(s->Push(Payload("b", 0, {1, 1, 1, 1})).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s->Push(Payload("a", 7, {1, 1, 1, 1})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s->Push(Payload("a", 2, {1, 1, 1, 1}, 10)).ok());  // version 3, budget reached
+  EXPECT_TRUE(s->budget_reached());
+  const auto before = s->params();
+  // b's base 0 again would be 3 versions stale: refused (before the duplicate check), untouched.
+  r = s->Push(Payload("b", 0, {1, 1, 1, 1}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("3 versions stale (the bound is 2)"));
+  EXPECT_EQ(s->params(), before);
+  EXPECT_EQ(s->round(), 3u);
+}
+
+TEST_F(SyncServerTest, AsyncIslandsCatchUpAndStayBitIdentical) {
+  options_.async = true;
+  options_.num_data_streams = 2;
+  options_.optimizer = {0.7, 0.9, true, 2};  // delayed Nesterov, N = 2
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  layout_.numels = {1000};
+  const std::vector<float> init = Sines(1000);
+  auto s = Make(init);
+  InProcessTransport t1(s.get()), t2(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.codec = options_.codec;
+  so.async = true;
+  so.chunk_bytes = 256;
+  IslandSync a(&t1, "run", "a", 1000, so), b(&t2, "run", "b", 1000, so);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  // a pushes three times for each push of b: b catches up over several versions each time.
+  for (int k = 0; k < 12; ++k) {
+    IslandSync& island = k % 4 == 3 ? b : a;
+    std::vector<float> local = island.global();
+    for (size_t i = 0; i < 1000; ++i) local[i] -= 0.01f * std::cos(float(i * (k + 1)));
+    auto r = island.SyncRound(local, 100);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->resynced) << r->resync_reason;
+    EXPECT_EQ(r->version, s->round());
+    EXPECT_EQ(island.global(), s->params());
+    EXPECT_EQ(island.global_hash(), s->params_hash());
+    if (&island == &b) EXPECT_EQ(r->staleness, 3u);
+  }
+  // The other island catches up at the end without pushing.
+  auto caught = a.CatchUp(s->round());
+  ASSERT_TRUE(caught.ok()) << caught.status();
+  EXPECT_EQ(a.global_hash(), s->params_hash());
+  EXPECT_EQ(a.round(), 12u);
+}
+
+TEST_F(SyncServerTest, AsyncIslandTooFarBehindFetchesTheFullState) {
+  options_.async = true;
+  options_.max_staleness = 1;
+  options_.num_data_streams = 2;
+  auto s = Make();
+  InProcessTransport t(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.async = true;
+  IslandSync b(&t, "run", "b", 4, so);
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  for (uint64_t v = 0; v < 3; ++v) ASSERT_TRUE(s->Push(Payload("a", v, {1, 1, 1, 1})).ok());
+  auto r = b.SyncRound({0, 0, 0, 0}, 10);  // 3 versions stale, bound 1
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resynced);
+  EXPECT_THAT(r->resync_reason, HasSubstr("versions stale"));
+  EXPECT_EQ(b.global(), s->params());
+  EXPECT_EQ(r->version, 3u);
 }
 
 }  // namespace
