@@ -25,6 +25,15 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.rpc_timeout_s must be positive, got ", c.rpc_timeout_s));
   }
+  if (!(c.heartbeat_s > 0) || !(c.lease_s > c.heartbeat_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.lease_s (", c.lease_s, ") must be longer than outer.heartbeat_s (", c.heartbeat_s,
+        "), both positive"));
+  }
+  if (!(c.reconnect_timeout_s >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.reconnect_timeout_s must be >= 0, got ", c.reconnect_timeout_s));
+  }
   if (c.num_fragments < 1 || c.num_fragments > c.sync_every) {
     return absl::InvalidArgumentError(absl::StrCat("outer.num_fragments must be in [1, outer.sync_every = ",
                                                    c.sync_every, "], got ", c.num_fragments));

@@ -17,6 +17,9 @@ struct OuterConfig {
   int min_islands = 1;               // contributions that commit a round at its deadline
   double round_timeout_s = 600;      // a round's deadline after its first contribution
   double rpc_timeout_s = 60;         // deadline of every other RPC
+  double heartbeat_s = 1;            // islands renew their lease this often
+  double lease_s = 5;                // an island silent this long is dead and dropped
+  double reconnect_timeout_s = 60;   // islands retry joining (backoff + jitter) this long
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
   bool error_feedback = false;       // islands carry what the codec dropped into the next round
   bool stochastic_rounding = false;  // islands round pseudo-gradients stochastically

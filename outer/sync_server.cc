@@ -35,13 +35,15 @@ SyncServer::Fragment::Fragment(FragmentLayout l, std::vector<float> p, const Out
       optimizer(o, params.size()) {}
 
 SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      membership_(options_.num_data_streams, absl::Seconds(options_.lease_s)) {
   fragments_.emplace_back(std::move(layout), std::move(initial), options_.optimizer);
 }
 
 SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> layouts,
                        std::vector<std::vector<float>> initial)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      membership_(options_.num_data_streams, absl::Seconds(options_.lease_s)) {
   for (size_t f = 0; f < layouts.size(); ++f) {
     fragments_.emplace_back(std::move(layouts[f]), std::move(initial[f]), options_.optimizer);
   }
@@ -62,22 +64,20 @@ absl::Status SyncServer::CheckRun(const std::string& run_id) const {
 
 absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  if (request.name().empty()) return absl::InvalidArgumentError("an island needs a name");
   std::lock_guard<std::mutex> lock(mu_);
-  if (members_.count(request.name())) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("an island named '", request.name(), "' is already a member"));
+  std::vector<uint64_t> rounds;
+  for (const auto& f : fragments_) rounds.push_back(f.round);
+  // A proto3 int without presence: streams are numbered from 1 on the wire, 0 is "no preference".
+  auto joined = membership_.Join(request.name(), int(request.preferred_data_stream()) - 1, rounds,
+                                 absl::Now());
+  if (!joined.ok()) return joined.status();
+  const Member& m = *joined;
+  complement_reached_ |= membership_.size() >= options_.num_data_streams;
+  if (on_event_ && fragments_[0].round > 0) {
+    on_event_(absl::StrCat("island '", m.name, "' joined at round ", fragments_[0].round,
+                           " (data stream ", m.data_stream, "); rounds wait for it from round ",
+                           m.required_from[0], " on"));
   }
-  std::vector<bool> taken(options_.num_data_streams, false);
-  for (const auto& [id, m] : members_) taken[m.data_stream] = true;
-  const auto free = std::find(taken.begin(), taken.end(), false);
-  if (free == taken.end()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "all ", options_.num_data_streams, " data streams are taken by current members"));
-  }
-  Member m{request.name(), uint32_t(free - taken.begin()), absl::Now()};
-  members_[request.name()] = m;
-  ++membership_epoch_;
 
   pb::JoinResponse r;
   r.set_island_id(request.name());
@@ -103,11 +103,11 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
 absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
-  if (members_.erase(request.island_id()) == 0) {
-    return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
-  }
+  if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
   steps_per_s_.erase(request.island_id());
-  ++membership_epoch_;
+  if (on_event_ && !AllDoneLocked()) {
+    on_event_(absl::StrCat("island '", request.island_id(), "' left at round ", fragments_[0].round));
+  }
   // Rounds may now be complete without the island that left.
   const absl::Time now = absl::Now();
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
@@ -119,17 +119,13 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
 absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = members_.find(request.island_id());
-  if (it == members_.end()) {
-    return absl::NotFoundError(absl::StrCat("island '", request.island_id(), "' is not a member"));
-  }
-  it->second.last_seen = absl::Now();
-  if (request.finished()) it->second.finished = true;
+  if (auto s = membership_.Heartbeat(request.island_id(), absl::Now()); !s.ok()) return s;
+  if (request.finished()) membership_.FindMutable(request.island_id())->finished = true;
   pb::HeartbeatResponse r;
   r.set_round(fragments_[0].round);
-  r.set_membership_epoch(membership_epoch_);
+  r.set_membership_epoch(membership_.epoch());
   uint32_t training = 0;
-  for (const auto& [id, m] : members_) training += m.finished ? 0 : 1;
+  for (const auto& [id, m] : membership_.members()) training += m.finished ? 0 : 1;
   r.set_training_members(training);
   for (const auto& f : fragments_) r.add_versions(f.round);
   return r;
@@ -139,13 +135,13 @@ pb::GetStateResponse SyncServer::GetState() const {
   std::lock_guard<std::mutex> lock(mu_);
   pb::GetStateResponse r;
   r.set_round(fragments_[0].round);
-  r.set_membership_epoch(membership_epoch_);
-  for (const auto& [id, m] : members_) {
+  r.set_membership_epoch(membership_.epoch());
+  for (const auto& [id, m] : membership_.members()) {
     auto* i = r.add_islands();
     i->set_island_id(id);
     i->set_name(m.name);
     i->set_data_stream(m.data_stream);
-    i->set_state("active");
+    i->set_state(StateName(m.state));
   }
   auto* sched = r.mutable_schedule();
   sched->set_sync_every(options_.sync_every);
@@ -177,10 +173,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
   {
     // Cheap checks before decoding anything.
     std::lock_guard<std::mutex> lock(mu_);
-    if (!members_.count(island)) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("island '", island, "' is not a member of run '", options_.run_id, "'"));
-    }
+    if (auto s = membership_.CheckMember(island); !s.ok()) return s;
     if (round != frag.round) {
       return absl::FailedPreconditionError(absl::StrCat(
           "round ", round, " of fragment ", *fid,
@@ -208,9 +201,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
                                                       " committed while the payload arrived; "
                                                       "fetch the global state and continue"));
   }
-  if (!members_.count(island)) {
-    return absl::PermissionDeniedError(absl::StrCat("island '", island, "' is no longer a member"));
-  }
+  if (auto s = membership_.CheckMember(island); !s.ok()) return s;
   if (!frag.contributions
            .emplace(island, Contribution{std::move(assembler.mutable_values()), tokens})
            .second) {
@@ -218,6 +209,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
         absl::StrCat("island '", island, "' has already contributed to round ", round));
   }
   const absl::Time now = absl::Now();
+  membership_.Contributed(island, now).IgnoreError();  // a member: checked above
   if (frag.contributions.size() == 1) {
     frag.deadline = now + absl::Seconds(options_.round_timeout_s);
   }
@@ -233,8 +225,11 @@ bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
   if (f.contributions.empty()) return false;
   // Before its deadline a round needs every member; the first round also waits for the run's full
   // complement of islands, so an island that is merely slower to start takes part from the start.
-  bool all = f.round > 0 || members_.size() >= options_.num_data_streams;
-  for (const auto& [id, m] : members_) all &= f.contributions.count(id) > 0;
+  const uint32_t fragment = uint32_t(&f - fragments_.data());
+  bool all = f.round > 0 || complement_reached_;
+  for (const auto& [id, m] : membership_.members()) {
+    if (Membership::Required(m, fragment, f.round)) all &= f.contributions.count(id) > 0;
+  }
   if (all) return true;
   return now >= f.deadline && int(f.contributions.size()) >= options_.min_islands;
 }
@@ -298,6 +293,12 @@ void SyncServer::ApplyLocked(uint32_t fragment, const std::vector<float>& g,
   committed_cv_.notify_all();
 }
 
+bool SyncServer::AllDoneLocked() const {
+  if (options_.async) return options_.token_budget > 0 && tokens_committed_ >= options_.token_budget;
+  const uint64_t steps = options_.total_inner_steps;
+  return steps > 0 && fragments_[0].round * options_.sync_every >= steps;
+}
+
 size_t SyncServer::kept_versions() const {
   // Async: enough for an island to catch up from the stalest base accepted, while every other
   // island pushes once more.
@@ -308,10 +309,7 @@ size_t SyncServer::kept_versions() const {
 
 absl::Status SyncServer::CheckAsyncLocked(const Fragment& f, uint32_t fragment,
                                           const std::string& island, uint64_t base) const {
-  if (!members_.count(island)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("island '", island, "' is not a member of run '", options_.run_id, "'"));
-  }
+  if (auto s = membership_.CheckMember(island); !s.ok()) return s;
   if (base > f.round) {
     return absl::FailedPreconditionError(absl::StrCat(
         "version ", base, " of fragment ", fragment, " is unknown; the current version is ",
@@ -374,6 +372,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::PushAsync(const std::vector<pb::Pus
     for (float& v : g) v *= scale;
   }
   frag.last_base[island] = base;
+  membership_.Contributed(island, absl::Now()).IgnoreError();  // a member: checked above
   if (steps_per_s > 0) steps_per_s_[island] = steps_per_s;
   if (fragment == 0) tokens_committed_ += tokens;
   ApplyLocked(fragment, g, {island}, tokens, staleness, absl::Now());
@@ -453,6 +452,14 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
 
 void SyncServer::Tick(absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Islands silent past their lease are dropped; rounds that waited only for them commit now
+  // with the contributions that arrived (weights renormalized over those).
+  for (const auto& name : membership_.ExpireLeases(now)) {
+    steps_per_s_.erase(name);
+    if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
+                                          absl::FormatDuration(membership_.lease()),
+                                          " of silence; rounds go on without it"));
+  }
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
     if (ReadyLocked(fragments_[f], now)) CommitLocked(f, now);
   }
@@ -463,9 +470,14 @@ void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> li
   on_commit_ = std::move(listener);
 }
 
+void SyncServer::SetEventListener(std::function<void(const std::string&)> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_event_ = std::move(listener);
+}
+
 size_t SyncServer::num_members() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return members_.size();
+  return membership_.size();
 }
 
 uint64_t SyncServer::round(uint32_t fragment) const {

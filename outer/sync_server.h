@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
 
@@ -40,6 +41,7 @@ struct SyncServerOptions {
   uint64_t total_inner_steps = 0;  // told to islands at join
   uint32_t num_data_streams = 1;   // the run's islands: disjoint data streams handed out at join
   uint64_t config_hash = 0;        // islands with another model config are refused
+  double lease_s = 5;              // a member silent for this long is dead and dropped
   size_t chunk_bytes = kDefaultChunkBytes;
   // Codec of pseudo-gradients and outer updates. Full state always travels as fp32.
   compression::CodecSpec codec = {compression::Codec::kFp32, 0};
@@ -111,6 +113,8 @@ class SyncServer {
 
   // Called (under the server's lock: keep it short) after each commit.
   void SetCommitListener(std::function<void(const CommittedRound&)> listener);
+  // Called (under the lock) with a line for each membership event worth logging.
+  void SetEventListener(std::function<void(const std::string&)> listener);
   size_t num_members() const;
 
   uint64_t round(uint32_t fragment = 0) const;
@@ -126,12 +130,6 @@ class SyncServer {
   const SyncServerOptions& options() const { return options_; }
 
  private:
-  struct Member {
-    std::string name;
-    uint32_t data_stream = 0;
-    absl::Time last_seen;
-    bool finished = false;  // pushed its last contribution
-  };
   struct Contribution {
     std::vector<float> delta;
     uint64_t tokens = 0;
@@ -164,16 +162,21 @@ class SyncServer {
                                 uint64_t base) const;
   uint32_t SyncEveryLocked(const std::string& island) const;
   size_t kept_versions() const;
+  // The run has trained everything it was set up for (islands leaving then is the normal end).
+  bool AllDoneLocked() const;
 
   const SyncServerOptions options_;
   mutable std::mutex mu_;
   std::condition_variable committed_cv_;
   std::vector<Fragment> fragments_;
-  uint64_t membership_epoch_ = 0;
-  std::map<std::string, Member> members_;
+  Membership membership_;
+  // The run's full complement of islands has joined once: the first round stops waiting for
+  // latecomers (an island that died before it contributed is not waited for).
+  bool complement_reached_ = false;
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;
+  std::function<void(const std::string&)> on_event_;
 };
 
 }  // namespace atl::outer

@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.optimizer = config.outer.optimizer;
   o.min_islands = config.outer.min_islands;
   o.round_timeout_s = config.outer.round_timeout_s;
+  o.lease_s = config.outer.lease_s;
   o.sync_every = uint32_t(config.outer.sync_every);
   o.total_inner_steps = uint64_t(config.train.steps);
   o.num_data_streams = uint32_t(config.outer.islands);
@@ -109,6 +110,10 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                          {"params_hash", absl::StrFormat("%016x", r.params_hash)},
                          {"wall_s", wall}});
     }
+  });
+  sync->SetEventListener([&](const std::string& line) {
+    std::fprintf(options.out, "%s\n", line.c_str());
+    std::fflush(options.out);
   });
   auto server = GrpcServer::Start(sync.get(), options.server);
   if (!server.ok()) return server.status();

@@ -6,6 +6,10 @@
 #include <map>
 #include <filesystem>
 #include <thread>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +32,77 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// Calls `f` until it succeeds, fails for good, or `timeout_s` has passed; UNAVAILABLE (no
+// coordinator) and RESOURCE_EXHAUSTED (no free data stream yet) are retried after 0.2 s, 0.4 s, ...
+// (at most 5 s), each with up to 50% random jitter so that islands do not retry in lockstep.
+template <typename F>
+auto WithRetries(double timeout_s, F&& f) -> decltype(f()) {
+  const auto until = Clock::now() + std::chrono::duration<double>(timeout_s);
+  std::mt19937_64 rng(std::random_device{}());
+  double backoff = 0.2;
+  while (true) {
+    auto r = f();
+    const bool transient =
+        absl::IsUnavailable(r.status()) || absl::IsResourceExhausted(r.status());
+    if (r.ok() || !transient || Clock::now() > until) return r;
+    const double wait = backoff * (1.0 + 0.5 * std::uniform_real_distribution<double>()(rng));
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    backoff = std::min(backoff * 2, 5.0);
+  }
+}
+
+// Renews the island's lease every `period_s` from its own thread, so that long inner steps or a
+// slow round never look like silence. Remembers the first refusal (the service declared the
+// island dead, or restarted without it): the training thread then rejoins.
+class HeartbeatThread {
+ public:
+  HeartbeatThread(outer::Transport& transport, pb::HeartbeatRequest request, double period_s)
+      : transport_(transport), request_(std::move(request)), period_s_(period_s) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~HeartbeatThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void set_step(int64_t step) { step_ = step; }
+  // The refusal since the last call, if any.
+  std::optional<absl::Status> TakeRefusal() {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto r = std::move(refusal_);
+    refusal_.reset();
+    return r;
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::duration<double>(period_s_), [&] { return stop_; })) {
+      pb::HeartbeatRequest request = request_;
+      request.set_inner_step(uint64_t(step_.load()));
+      lock.unlock();
+      auto r = transport_.Heartbeat(request);
+      lock.lock();
+      if (!r.ok() && (absl::IsNotFound(r.status()) || absl::IsPermissionDenied(r.status()))) {
+        refusal_ = r.status();
+      }
+    }
+  }
+
+  outer::Transport& transport_;
+  const pb::HeartbeatRequest request_;
+  const double period_s_;
+  std::atomic<int64_t> step_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::optional<absl::Status> refusal_;
+  std::thread thread_;
+};
+
 }  // namespace
 
 absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
@@ -44,14 +119,22 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   pb::JoinRequest join;
   join.set_run_id(config.outer.run_id);
   join.set_name(options.name);
-  auto joined = transport.Join(join);
+  // A coordinator that is restarting, or a run whose data streams are all held (by an island
+  // whose lease has not expired yet), is retried with exponential backoff and jitter.
+  auto join_with_retries = [&]() -> absl::StatusOr<pb::JoinResponse> {
+    return WithRetries(config.outer.reconnect_timeout_s, [&] { return transport.Join(join); });
+  };
+  auto joined = join_with_retries();
   if (!joined.ok()) {
     return absl::Status(joined.status().code(),
                         absl::StrCat("joining run '", config.outer.run_id, "': ",
                                      joined.status().message()));
   }
   const std::string island_id = joined->island_id();
+  const uint32_t data_stream = joined->data_stream();
+  std::unique_ptr<HeartbeatThread> heartbeats;
   auto leave = [&] {
+    heartbeats.reset();  // no lease renewals after the goodbye
     pb::LeaveRequest l;
     l.set_run_id(config.outer.run_id);
     l.set_island_id(island_id);
@@ -85,6 +168,11 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   if (!trainer.ok()) {
     leave();
     return trainer.status();
+  }
+  if (!async && joined->round() > 0) {
+    // A late joiner takes part from the run's current round: its step count (and so its
+    // learning-rate schedule and its last step) line up with the other islands'.
+    (*trainer)->FastForward(int64_t(joined->round()) * h);
   }
   const NamedParams params = inner::NamedParameters(*(*trainer)->model());
   const auto layout = LayoutOf(params);
@@ -133,6 +221,12 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     LoadFlat(syncs[f]->global(), params, fragments[f]);
   }
 
+  {
+    pb::HeartbeatRequest beat;
+    beat.set_run_id(config.outer.run_id);
+    beat.set_island_id(island_id);
+    heartbeats = std::make_unique<HeartbeatThread>(transport, beat, config.outer.heartbeat_s);
+  }
   std::error_code ec;
   fs::create_directories(options.run_dir, ec);
   WriteFileAtomic((fs::path(options.run_dir) / "config.toml").string(), ToToml(config))
@@ -184,6 +278,27 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   }
   bool finishing = false;
   uint64_t run_tokens = 0;
+  std::optional<absl::Status> pending_rejoin;
+  // Joins again under the same name (asking for the same data stream) and loads the global state.
+  auto rejoin = [&]() -> absl::Status {
+    progress.Message(absl::StrCat(label, "rejoining the run: ", pending_rejoin->message()));
+    join.set_preferred_data_stream(data_stream + 1);
+    auto again = join_with_retries();
+    if (!again.ok()) return again.status();
+    if (again->data_stream() != data_stream) {
+      progress.Message(absl::StrFormat(
+          "%swarning: data stream %d was taken meanwhile; this island goes on reading stream %d",
+          label, data_stream, data_stream));
+    }
+    for (uint32_t f = 0; f < num_fragments; ++f) {
+      if (auto s = syncs[f]->FetchGlobal(); !s.ok()) return s;
+      LoadFlat(syncs[f]->global(), params, fragments[f], 0.0);
+    }
+    pending_rejoin.reset();
+    summary.rejoins += 1;
+    progress.Message(absl::StrFormat("%srejoined at round %d", label, syncs[0]->round()));
+    return absl::OkStatus();
+  };
 
   // Waits for the oldest fragment in flight and merges its update.
   auto land = [&](double merge_alpha) -> absl::Status {
@@ -193,6 +308,12 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     auto outcome = job.result.get();
     const double idle_s = Since(t0);
     bytes_in_flight -= job.bytes;
+    if (!outcome.ok() && absl::IsPermissionDenied(outcome.status())) {
+      // The service no longer counts this island as a member (declared dead while it was
+      // silent, or restarted): the contribution is lost; the island rejoins before its next push.
+      if (!pending_rejoin) pending_rejoin = outcome.status();
+      return absl::OkStatus();
+    }
     if (!outcome.ok()) {
       return absl::Status(outcome.status().code(),
                           absl::StrCat("outer round of fragment ", job.fragment, ": ",
@@ -281,6 +402,14 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     }
     summary.compute_s += Since(t0);
     const int64_t t = (*trainer)->step();
+    heartbeats->set_step(t);
+    if (!pending_rejoin) pending_rejoin = heartbeats->TakeRefusal();
+    if (pending_rejoin) {
+      while (!in_flight.empty()) {
+        if (auto s = land(0.0); !s.ok()) return fail(s);
+      }
+      if (auto s = rejoin(); !s.ok()) return fail(s);
+    }
     const bool last = async ? (finishing || t == max_steps) : t == train.steps;
     // Merge what is due (tau steps after its push), then push the fragments due now.
     while (!in_flight.empty() && in_flight.front().apply_at <= t) {
@@ -387,6 +516,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
                       {"tokens", summary.tokens},
                       {"rounds", summary.rounds},
                       {"resyncs", summary.resyncs},
+                      {"rejoins", summary.rejoins},
                       {"wall_s", summary.wall_s},
                       {"compute_s", summary.compute_s},
                       {"sync_s", summary.sync_s},

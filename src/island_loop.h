@@ -34,6 +34,7 @@ struct IslandSummary {
   int64_t tokens = 0;
   uint64_t rounds = 0;
   uint64_t resyncs = 0;
+  uint64_t rejoins = 0;   // times the service had dropped this island and it joined again
   double wall_s = 0;
   double compute_s = 0;   // inner steps
   double sync_s = 0;      // idle: the training thread waiting for outer updates

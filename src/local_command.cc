@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -36,6 +37,7 @@ struct Child {
   bool exited = false;
   int status = 0;
   bool is_island = false;
+  bool expected_end = false;  // stopped by a scheduled event: its exit is not a failure
 };
 
 absl::Status Spawn(Child& child, const std::vector<std::string>& argv) {
@@ -100,6 +102,23 @@ std::string Describe(int status) {
 }
 
 }  // namespace
+
+absl::StatusOr<LocalEvent> ParseLocalEvent(LocalEvent::Kind kind, const std::string& text) {
+  const char* flag = kind == LocalEvent::kKill ? "--kill" : kind == LocalEvent::kTerm ? "--term" : "--join";
+  const std::vector<std::string> parts = absl::StrSplit(text, '@');
+  uint64_t round = 0;
+  if (parts.size() != 2 || parts[0].empty() || !absl::StartsWith(parts[1], "round") ||
+      !absl::SimpleAtoi(parts[1].substr(5), &round)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " '", text,
+                                                   "': expected ISLAND@roundN, e.g. island1@round3"));
+  }
+  LocalEvent e;
+  e.kind = kind;
+  e.round = round;
+  int index;
+  e.island = absl::SimpleAtoi(parts[0], &index) ? absl::StrCat("island", index) : parts[0];
+  return e;
+}
 
 absl::StatusOr<std::vector<double>> ParseThrottles(const std::string& list, int islands) {
   std::vector<double> out(size_t(std::max(islands, 0)), 1.0);
@@ -199,27 +218,69 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   }
 
   LocalSummary summary;
-  for (int i = 0; i < options.islands; ++i) {
+  // An island process; a name started before (a restart) gets its own directory and log.
+  auto start_island = [&](const std::string& name, double throttle) -> absl::Status {
+    std::string base = name;
+    for (int k = 2; fs::exists(fs::path(options.run_dir) / base); ++k) {
+      base = absl::StrCat(name, ".", k);
+    }
     auto island = std::make_unique<Child>();
-    island->name = absl::StrCat("island", i);
+    island->name = name;
     island->is_island = true;
-    const std::string dir = (fs::path(options.run_dir) / island->name).string();
-    island->log.open(fs::path(options.run_dir) / (island->name + ".log"));
+    const std::string dir = (fs::path(options.run_dir) / base).string();
+    island->log.open(fs::path(options.run_dir) / (base + ".log"));
     std::vector<std::string> a = {binary, "island", "--coordinator", address, "--name",
-                                  island->name, "--run-dir", dir};
-    if (size_t(i) < options.throttle.size() && options.throttle[size_t(i)] > 1) {
+                                  name, "--run-dir", dir};
+    if (throttle > 1) {
       a.push_back("--throttle");
-      a.push_back(absl::StrCat(options.throttle[size_t(i)]));
+      a.push_back(absl::StrCat(throttle));
     }
     a.insert(a.end(), common.begin(), common.end());
-    if (auto s = Spawn(*island, a); !s.ok()) {
+    if (auto s = Spawn(*island, a); !s.ok()) return s;
+    summary.island_dirs.push_back(dir);
+    children.push_back(std::move(island));
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < options.islands; ++i) {
+    const double throttle = size_t(i) < options.throttle.size() ? options.throttle[size_t(i)] : 1.0;
+    if (auto s = start_island(absl::StrCat("island", i), throttle); !s.ok()) {
       stop_all(SIGTERM);
       wait_all(10);
       return s;
     }
-    summary.island_dirs.push_back(dir);
-    children.push_back(std::move(island));
   }
+  // Scheduled events fire when the coordinator reports the round they wait for.
+  std::vector<bool> fired(options.events.size(), false);
+  uint64_t committed = 0;
+  auto fire_events = [&]() -> absl::Status {
+    for (size_t e = 0; e < options.events.size(); ++e) {
+      const LocalEvent& ev = options.events[e];
+      if (fired[e] || committed < ev.round) continue;
+      fired[e] = true;
+      if (ev.kind == LocalEvent::kJoin) {
+        std::fprintf(options.out, "atoll local: round %llu: starting %s\n",
+                     (unsigned long long)committed, ev.island.c_str());
+        if (auto s = start_island(ev.island, 1.0); !s.ok()) return s;
+        continue;
+      }
+      Child* target = nullptr;
+      for (auto& c : children) {
+        if (c->is_island && c->name == ev.island && !c->exited && !c->expected_end) target = c.get();
+      }
+      if (target == nullptr) {
+        std::fprintf(options.out, "atoll local: round %llu: %s is not running; nothing to stop\n",
+                     (unsigned long long)committed, ev.island.c_str());
+        continue;
+      }
+      const bool kill_it = ev.kind == LocalEvent::kKill;
+      std::fprintf(options.out, "atoll local: round %llu: sending %s to %s\n",
+                   (unsigned long long)committed, kill_it ? "SIGKILL" : "SIGTERM",
+                   ev.island.c_str());
+      target->expected_end = true;
+      kill(target->pid, kill_it ? SIGKILL : SIGTERM);
+    }
+    return absl::OkStatus();
+  };
 
   absl::Status failure;
   bool stopping = false;
@@ -238,12 +299,29 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
         Child& c = *owners[i];
-        Drain(c, [&](const std::string& line) { emit(c, line); });
+        Drain(c, [&](const std::string& line) {
+          emit(c, line);
+          // "round K/N committed ..." (sync) or "version K applied ..." (async)
+          uint64_t k = 0;
+          const auto space = line.find_first_of(" /", line.find(' ') + 1);
+          if (&c == &c0 && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
+              absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
+            committed = std::max(committed, k);
+          }
+        });
+      }
+    }
+    if (!stopping) {
+      if (auto s = fire_events(); !s.ok() && failure.ok()) {
+        failure = s;
+        stopping = true;
+        stop_all(SIGTERM);
       }
     }
     Reap(children);
     for (auto& c : children) {
-      const bool failed = c->exited && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+      const bool failed = c->exited && !c->expected_end &&
+                          !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
       if (failed && failure.ok() && !stopping) {
         failure = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
                                                   options.run_dir, "/", c->name, ".log"));
@@ -274,7 +352,7 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   // Pipes closed: every child has ended or is about to.
   wait_all(stopping ? 10 : 30);
   for (auto& c : children) {
-    const bool failed = !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    const bool failed = !c->expected_end && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
     if (failed && failure.ok() && c->is_island) {
       failure = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
                                                 options.run_dir, "/", c->name, ".log"));

@@ -12,11 +12,23 @@
 
 namespace atl {
 
+// A scheduled event of a rehearsal: at the commit of outer round `round` (counted over all
+// fragments, as the coordinator prints them), SIGKILL or SIGTERM an island, or start one.
+struct LocalEvent {
+  enum Kind { kKill, kTerm, kJoin } kind = kKill;
+  std::string island;  // "island1"
+  uint64_t round = 0;
+};
+
+// "island1@round3" or "1@round3" (island1) for `kind`.
+absl::StatusOr<LocalEvent> ParseLocalEvent(LocalEvent::Kind kind, const std::string& text);
+
 struct LocalOptions {
   int islands = 2;
   std::string config_path;
   std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
   std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)
+  std::vector<LocalEvent> events;      // failures and joins to rehearse
   std::string run_dir;                 // coordinator/, island0/, ... and a log per process
   std::string atoll_binary;            // default: this executable
   FILE* out = stdout;

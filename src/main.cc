@@ -98,6 +98,10 @@ int main(int argc, char** argv) {
   };
   auto* local = add_islands_command("local", "run a coordinator and M islands on this machine",
                                     "directory for every process' logs and outputs");
+  std::vector<std::string> kills, terms, joins;
+  local->add_option("--kill", kills, "SIGKILL an island at a round, e.g. island1@round3 (repeatable)");
+  local->add_option("--term", terms, "SIGTERM an island at a round: it leaves gracefully");
+  local->add_option("--join", joins, "start an island at a round, e.g. island2@round5 or 1@round5");
   auto* compare =
       add_islands_command("compare", "DiLoCo variants against the centralized baseline at equal "
                           "compute", "directory for every run and the report");
@@ -137,6 +141,15 @@ int main(int argc, char** argv) {
     options.config_path = config_path;
     options.overrides = local->remaining();
     options.throttle = *throttle_list;
+    for (auto [kind, list] : {std::pair{atl::LocalEvent::kKill, &kills},
+                              std::pair{atl::LocalEvent::kTerm, &terms},
+                              std::pair{atl::LocalEvent::kJoin, &joins}}) {
+      for (const auto& text : *list) {
+        auto e = atl::ParseLocalEvent(kind, text);
+        if (!e.ok()) return Fail(e.status());
+        options.events.push_back(*e);
+      }
+    }
     options.run_dir = run_dir;
     options.stop = &g_stop;
     auto summary = atl::RunLocal(options);

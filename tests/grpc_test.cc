@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -292,6 +293,52 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
   EXPECT_GT(steps[0], steps[1]);
   EXPECT_GE(tokens, 2 * 12 * 4 * 32);
   EXPECT_THAT(run.output, ::testing::HasSubstr("throttled 3.0x"));
+}
+
+// Chaos, CI-sized: 3 islands; island1 is SIGKILLed after round 2, island3 joins after round 3
+// (taking the dead island's data stream once its lease has run out), island2 leaves with SIGTERM
+// after round 8. Training reaches its last step; every round commits exactly once and in order;
+// the islands alive at the end hold the service's final parameters bit for bit.
+TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
+  testing::TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  testing::WriteFile(dir.Join("run.toml"),
+                     "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
+                     "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
+                     "[train]\nsteps = 80\nbatch_size = 4\neval_every = 0\neval_batches = 2\n"
+                     "threads = 1\n[optim]\nwarmup_steps = 2\n"
+                     "[outer]\nsync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.5\n");
+  // Throttled, so that the run lasts a few seconds: long enough for a process to start and join.
+  const auto run = testing::RunCommand(
+      std::string(ATOLL_BIN) + " local --islands 3 --config " + dir.Join("run.toml") +
+      " --run-dir " + dir.Join("run") + " --throttle 4,4,4" +
+      " --kill island1@round2 --join island3@round3 --term island2@round8");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island1' declared dead"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island3' joined at round"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island2' left at round"));
+
+  std::vector<uint64_t> rounds;
+  std::vector<std::string> hashes;
+  std::ifstream log(dir.Join("run/coordinator/rounds.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    auto j = nlohmann::json::parse(line);
+    rounds.push_back(j["round"].get<uint64_t>());
+    hashes.push_back(j["params_hash"]);
+  }
+  std::vector<uint64_t> expected(20);
+  for (uint64_t r = 0; r < 20; ++r) expected[r] = r;
+  EXPECT_EQ(rounds, expected);  // none lost, none applied twice
+  for (const char* island : {"island0", "island3"}) {
+    auto summary =
+        nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["step"], 80) << island;
+    EXPECT_EQ(summary["global_hash"], hashes.back()) << island;
+    const double loss = summary["val_loss"].get<double>();
+    EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_LT(loss, std::log(256.0));  // below a uniform guess over bytes
+  }
 }
 
 }  // namespace

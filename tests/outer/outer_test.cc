@@ -254,6 +254,7 @@ TEST_F(SyncServerTest, BadContributionsAreRefusedAndStateIsUntouched) {
 TEST_F(SyncServerTest, DeadlineCommitsWithMinIslandsAndLeaveCompletesARound) {
   options_.min_islands = 1;
   options_.round_timeout_s = 5;
+  options_.lease_s = 100;  // this test is about deadlines, not leases
   auto s = Make();
   Join(*s, "a");
   Join(*s, "b");
@@ -412,6 +413,65 @@ TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
   EXPECT_EQ(b.round(), 1u);
 }
 
+// ---- Elastic membership.
+
+TEST_F(SyncServerTest, ASilentIslandIsDroppedWhenItsLeaseExpiresAndTheRoundCommits) {
+  options_.num_data_streams = 2;
+  options_.lease_s = 1;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  s->Tick(absl::Now());
+  EXPECT_EQ(s->round(), 0u);  // b is silent but its lease holds
+  std::vector<std::string> events;
+  s->SetEventListener([&](const std::string& e) { events.push_back(e); });
+  absl::SleepFor(absl::Milliseconds(600));
+  pb::HeartbeatRequest beat;
+  beat.set_run_id("run");
+  beat.set_island_id("a");
+  ASSERT_TRUE(s->Heartbeat(beat).ok());
+  // 0.5 s later a has been silent for 0.5 s, b for 1.1 s: only b's lease has run out.
+  s->Tick(absl::Now() + absl::Milliseconds(500));
+  EXPECT_EQ(s->round(), 1u);
+  EXPECT_EQ(s->params(), (std::vector<float>{0, 1, 2, 3}));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_THAT(events[0], HasSubstr("island 'b' declared dead"));
+  // b comes back: told to rejoin; the state is untouched by its stale push.
+  auto r = s->Push(Payload("b", 1, {1, 1, 1, 1}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("rejoin"));
+  EXPECT_EQ(s->round(), 1u);
+  beat.set_island_id("b");
+  EXPECT_EQ(s->Heartbeat(beat).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SyncServerTest, ALateJoinerIsNotWaitedForInTheOpenRound) {
+  options_.num_data_streams = 3;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  Join(*s, "c");
+  for (const char* i : {"a", "b", "c"}) ASSERT_TRUE(s->Push(Payload(i, 0, {1, 1, 1, 1})).ok());
+  ASSERT_EQ(s->round(), 1u);
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("c");
+  ASSERT_TRUE(s->Leave(leave).ok());
+  Join(*s, "d");  // joins while round 1 is open: waited for from round 2
+  ASSERT_TRUE(s->Push(Payload("a", 1, {1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s->Push(Payload("b", 1, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 2u);  // committed without d
+  ASSERT_TRUE(s->Push(Payload("a", 2, {1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s->Push(Payload("b", 2, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 2u);  // round 2 waits for d
+  ASSERT_TRUE(s->Push(Payload("d", 2, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 3u);
+  const auto state = s->GetState();
+  ASSERT_EQ(state.islands_size(), 3);
+  EXPECT_EQ(state.islands(2).state(), "active");
+}
+
 // ---- Async mode.
 
 TEST(DynamicLocalStepsTest, HFollowsTheThroughputRatio) {
@@ -496,7 +556,9 @@ TEST_F(SyncServerTest, AsyncIslandsCatchUpAndStayBitIdentical) {
     EXPECT_EQ(r->version, s->round());
     EXPECT_EQ(island.global(), s->params());
     EXPECT_EQ(island.global_hash(), s->params_hash());
-    if (&island == &b) EXPECT_EQ(r->staleness, 3u);
+    if (&island == &b) {
+      EXPECT_EQ(r->staleness, 3u);
+    }
   }
   // The other island catches up at the end without pushing.
   auto caught = a.CatchUp(s->round());

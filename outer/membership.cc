@@ -1,0 +1,148 @@
+#include "outer/membership.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace atl::outer {
+
+const char* StateName(MemberState state) {
+  switch (state) {
+    case MemberState::kJoining: return "joining";
+    case MemberState::kActive: return "active";
+    case MemberState::kLeaving: return "leaving";
+    case MemberState::kDead: return "dead";
+  }
+  return "unknown";
+}
+
+bool TransitionAllowed(MemberState from, MemberState to) {
+  switch (from) {
+    case MemberState::kJoining:
+      return to == MemberState::kActive || to == MemberState::kLeaving || to == MemberState::kDead;
+    case MemberState::kActive:
+      return to == MemberState::kLeaving || to == MemberState::kDead;
+    case MemberState::kLeaving:
+    case MemberState::kDead:
+      return false;
+  }
+  return false;
+}
+
+Membership::Membership(uint32_t num_data_streams, absl::Duration lease)
+    : num_data_streams_(num_data_streams), lease_(lease) {}
+
+absl::Status Membership::Move(Member& m, MemberState to) {
+  if (!TransitionAllowed(m.state, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("island '", m.name, "' cannot go from ",
+                                                      StateName(m.state), " to ", StateName(to)));
+  }
+  m.state = to;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_stream,
+                                        const std::vector<uint64_t>& rounds, absl::Time now) {
+  if (name.empty()) return absl::InvalidArgumentError("an island needs a name");
+  if (members_.count(name)) {
+    return absl::AlreadyExistsError(absl::StrCat("an island named '", name,
+                                                 "' is already a member"));
+  }
+  std::vector<bool> taken(num_data_streams_, false);
+  for (const auto& [id, m] : members_) taken[m.data_stream] = true;
+  int stream = -1;
+  if (preferred_stream >= 0 && preferred_stream < int(num_data_streams_) &&
+      !taken[size_t(preferred_stream)]) {
+    stream = preferred_stream;
+  } else {
+    const auto free = std::find(taken.begin(), taken.end(), false);
+    if (free != taken.end()) stream = int(free - taken.begin());
+  }
+  if (stream < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", num_data_streams_, " data streams are taken by current members"));
+  }
+  Member m;
+  m.name = name;
+  m.data_stream = uint32_t(stream);
+  m.last_seen = now;
+  // Before the first commit every island is waited for; later, from the next round on.
+  for (uint64_t r : rounds) m.required_from.push_back(r == 0 ? 0 : r + 1);
+  members_[name] = m;
+  departed_.erase(name);
+  ++epoch_;
+  return m;
+}
+
+absl::Status Membership::CheckMember(const std::string& name) const {
+  if (members_.count(name)) return absl::OkStatus();
+  if (auto it = departed_.find(name); it != departed_.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "island '", name, "' is no longer a member (",
+        it->second == MemberState::kDead
+            ? absl::StrCat("declared dead after ", absl::FormatDuration(lease_), " of silence")
+            : std::string("it left"),
+        "): rejoin and fetch the global state"));
+  }
+  return absl::PermissionDeniedError(absl::StrCat("island '", name, "' is not a member"));
+}
+
+absl::Status Membership::Heartbeat(const std::string& name, absl::Time now) {
+  auto it = members_.find(name);
+  if (it == members_.end()) {
+    return absl::NotFoundError(std::string(CheckMember(name).message()));
+  }
+  it->second.last_seen = now;
+  return absl::OkStatus();
+}
+
+absl::Status Membership::Contributed(const std::string& name, absl::Time now) {
+  auto it = members_.find(name);
+  if (it == members_.end()) return CheckMember(name);
+  it->second.last_seen = now;
+  if (it->second.state == MemberState::kJoining) return Move(it->second, MemberState::kActive);
+  return absl::OkStatus();
+}
+
+absl::Status Membership::Leave(const std::string& name) {
+  auto it = members_.find(name);
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("island '", name, "' is not a member"));
+  }
+  if (auto s = Move(it->second, MemberState::kLeaving); !s.ok()) return s;
+  departed_[name] = MemberState::kLeaving;
+  members_.erase(it);
+  ++epoch_;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Membership::ExpireLeases(absl::Time now) {
+  std::vector<std::string> dead;
+  for (auto it = members_.begin(); it != members_.end();) {
+    if (now - it->second.last_seen > lease_ && Move(it->second, MemberState::kDead).ok()) {
+      dead.push_back(it->first);
+      departed_[it->first] = MemberState::kDead;
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!dead.empty()) ++epoch_;
+  return dead;
+}
+
+const Member* Membership::Find(const std::string& name) const {
+  auto it = members_.find(name);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+Member* Membership::FindMutable(const std::string& name) {
+  auto it = members_.find(name);
+  return it == members_.end() ? nullptr : &it->second;
+}
+
+bool Membership::Required(const Member& m, uint32_t fragment, uint64_t round) {
+  return fragment >= m.required_from.size() || m.required_from[fragment] <= round;
+}
+
+}  // namespace atl::outer

@@ -1,0 +1,89 @@
+// Who takes part in a run, in which state, and from which round each island is waited for.
+// Transport-independent, clock passed in: unit-tested without a network.
+//
+// States and transitions:
+//
+//   (Join) --> joining --(first accepted contribution)--> active
+//                 |                                          |
+//                 +--(Leave: goodbye)--> leaving <------------+
+//                 +--(lease expired)---> dead    <------------+
+//
+// joining: accepted and handed a data stream; the island is fetching the global state. It is not
+//   waited for until `required_from` (the round after the one open when it joined; round 0 for
+//   islands that join before the first commit), so running islands never pause for a join.
+// active: contributes every round; waited for in every round.
+// leaving / dead: terminal. The member is removed at once (its data stream is free again); the
+//   name is remembered with its end state, so a silent island that comes back is told why it is no
+//   longer a member and rejoins (fetching the state) under the same name.
+// A lease is renewed by every heartbeat and every contribution; a member silent for longer than
+// `lease` is dead.
+#ifndef ATOLL_OUTER_MEMBERSHIP_H_
+#define ATOLL_OUTER_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace atl::outer {
+
+enum class MemberState { kJoining, kActive, kLeaving, kDead };
+const char* StateName(MemberState state);
+// Whether `from` may move to `to` (the arrows above).
+bool TransitionAllowed(MemberState from, MemberState to);
+
+struct Member {
+  std::string name;
+  uint32_t data_stream = 0;
+  MemberState state = MemberState::kJoining;
+  std::vector<uint64_t> required_from;  // per fragment: first round this member is waited for
+  absl::Time last_seen;
+  bool finished = false;  // async: pushed its last contribution
+};
+
+class Membership {
+ public:
+  Membership(uint32_t num_data_streams, absl::Duration lease);
+
+  // `rounds`: the open round of each fragment. `preferred_stream` (if free) keeps an island that
+  // rejoins on its data. Refuses a name that is a current member (ALREADY_EXISTS) and a run whose
+  // data streams are all taken (RESOURCE_EXHAUSTED).
+  absl::StatusOr<Member> Join(const std::string& name, int preferred_stream,
+                              const std::vector<uint64_t>& rounds, absl::Time now);
+  // Renews the lease. NOT_FOUND names why a non-member is not one.
+  absl::Status Heartbeat(const std::string& name, absl::Time now);
+  // A contribution was accepted: renews the lease; joining -> active.
+  absl::Status Contributed(const std::string& name, absl::Time now);
+  absl::Status Leave(const std::string& name);
+  // Members silent for longer than the lease become dead and are removed; returns their names.
+  std::vector<std::string> ExpireLeases(absl::Time now);
+
+  // OK for a member; PERMISSION_DENIED (naming the end state when known) otherwise.
+  absl::Status CheckMember(const std::string& name) const;
+  const Member* Find(const std::string& name) const;
+  Member* FindMutable(const std::string& name);
+  // Whether round `round` of `fragment` waits for this member.
+  static bool Required(const Member& m, uint32_t fragment, uint64_t round);
+
+  const std::map<std::string, Member>& members() const { return members_; }
+  size_t size() const { return members_.size(); }
+  uint64_t epoch() const { return epoch_; }
+  absl::Duration lease() const { return lease_; }
+
+ private:
+  absl::Status Move(Member& m, MemberState to);
+
+  uint32_t num_data_streams_;
+  absl::Duration lease_;
+  uint64_t epoch_ = 0;                          // changes with every join and departure
+  std::map<std::string, Member> members_;       // by name (the island id)
+  std::map<std::string, MemberState> departed_;  // end state of former members, by name
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_MEMBERSHIP_H_

@@ -1,0 +1,81 @@
+#include "outer/membership.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace atl::outer {
+namespace {
+
+using ::testing::HasSubstr;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST(MembershipTest, TransitionsFollowTheStateMachine) {
+  using S = MemberState;
+  EXPECT_TRUE(TransitionAllowed(S::kJoining, S::kActive));
+  EXPECT_TRUE(TransitionAllowed(S::kJoining, S::kDead));
+  EXPECT_TRUE(TransitionAllowed(S::kJoining, S::kLeaving));
+  EXPECT_TRUE(TransitionAllowed(S::kActive, S::kLeaving));
+  EXPECT_TRUE(TransitionAllowed(S::kActive, S::kDead));
+  EXPECT_FALSE(TransitionAllowed(S::kActive, S::kJoining));
+  EXPECT_FALSE(TransitionAllowed(S::kDead, S::kActive));
+  EXPECT_FALSE(TransitionAllowed(S::kLeaving, S::kActive));
+  EXPECT_FALSE(TransitionAllowed(S::kDead, S::kLeaving));
+  EXPECT_STREQ(StateName(S::kJoining), "joining");
+  EXPECT_STREQ(StateName(S::kDead), "dead");
+}
+
+TEST(MembershipTest, JoiningThenActiveAndLateJoinersAreWaitedForFromTheNextRound) {
+  Membership m(3, absl::Seconds(5));
+  auto a = m.Join("a", -1, {0, 0}, kT0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->state, MemberState::kJoining);
+  EXPECT_EQ(a->required_from, (std::vector<uint64_t>{0, 0}));  // before the first commit
+  ASSERT_TRUE(m.Contributed("a", kT0).ok());
+  EXPECT_EQ(m.Find("a")->state, MemberState::kActive);
+  // Joining while round 4 of fragment 0 and round 3 of fragment 1 are open.
+  auto b = m.Join("b", -1, {4, 3}, kT0);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(Membership::Required(*b, 0, 4));
+  EXPECT_TRUE(Membership::Required(*b, 0, 5));
+  EXPECT_FALSE(Membership::Required(*b, 1, 3));
+  EXPECT_TRUE(Membership::Required(*b, 1, 4));
+  EXPECT_EQ(m.Join("a", -1, {4, 3}, kT0).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(m.epoch(), 2u);
+}
+
+TEST(MembershipTest, LeasesExpireIntoDeadAndTheNameRejoins) {
+  Membership m(2, absl::Seconds(5));
+  ASSERT_TRUE(m.Join("a", -1, {0}, kT0).ok());
+  ASSERT_TRUE(m.Join("b", -1, {0}, kT0).ok());
+  EXPECT_EQ(m.Join("c", -1, {0}, kT0).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(m.Heartbeat("a", kT0 + absl::Seconds(4)).ok());
+  EXPECT_TRUE(m.ExpireLeases(kT0 + absl::Seconds(5)).empty());  // exactly the lease: alive
+  EXPECT_EQ(m.ExpireLeases(kT0 + absl::Seconds(6)), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(m.size(), 1u);
+  // The dead island is told why, and comes back on its own data stream.
+  const auto s = m.Heartbeat("b", kT0 + absl::Seconds(7));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("declared dead after 5s of silence"));
+  EXPECT_EQ(m.CheckMember("b").code(), absl::StatusCode::kPermissionDenied);
+  auto back = m.Join("b", 1, {3}, kT0 + absl::Seconds(8));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data_stream, 1u);
+  EXPECT_EQ(back->state, MemberState::kJoining);
+  EXPECT_TRUE(m.CheckMember("b").ok());
+}
+
+TEST(MembershipTest, LeaveFreesTheStreamAndIsFinal) {
+  Membership m(1, absl::Seconds(5));
+  ASSERT_TRUE(m.Join("a", -1, {0}, kT0).ok());
+  ASSERT_TRUE(m.Leave("a").ok());
+  EXPECT_EQ(m.Leave("a").code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(m.CheckMember("a").message()), HasSubstr("it left"));
+  EXPECT_EQ(m.Contributed("a", kT0).code(), absl::StatusCode::kPermissionDenied);
+  auto c = m.Join("c", 0, {2}, kT0);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->data_stream, 0u);
+}
+
+}  // namespace
+}  // namespace atl::outer
