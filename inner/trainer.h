@@ -90,11 +90,10 @@ class Trainer {
   // from there). Async islands follow the run's global progress instead of their own step count.
   // Not part of the checkpointed state.
   void SetSchedulePosition(int64_t position) { schedule_shift_ = position - step_; }
-  // An island joining a run late starts at the run's step: counters and schedule jump forward
-  // (never back); model, optimizer state and data cursor are untouched.
-  void FastForward(int64_t step) {
-    if (step > step_) step_ = step;
-  }
+  // An island joining a run late, or rejoining after the service lost rounds, continues at the
+  // run's step: the step counter (and with it the schedule) moves there; model, optimizer state
+  // and data cursor are untouched.
+  void SetStep(int64_t step) { step_ = step; }
   int64_t tokens_per_step() const;
   int64_t tokens() const { return step_ * tokens_per_step(); }
   const TrainConfig& train_config() const { return train_; }

@@ -42,7 +42,8 @@ absl::Status Membership::Move(Member& m, MemberState to) {
 }
 
 absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_stream,
-                                        const std::vector<uint64_t>& rounds, absl::Time now) {
+                                        const std::vector<uint64_t>& rounds, absl::Time now,
+                                        const std::vector<uint64_t>& first_rounds) {
   if (name.empty()) return absl::InvalidArgumentError("an island needs a name");
   if (members_.count(name)) {
     return absl::AlreadyExistsError(absl::StrCat("an island named '", name,
@@ -66,8 +67,11 @@ absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_s
   m.name = name;
   m.data_stream = uint32_t(stream);
   m.last_seen = now;
-  // Before the first commit every island is waited for; later, from the next round on.
-  for (uint64_t r : rounds) m.required_from.push_back(r == 0 ? 0 : r + 1);
+  // In a fragment's first round every island is waited for; later, from the next round on.
+  for (size_t f = 0; f < rounds.size(); ++f) {
+    const uint64_t first = f < first_rounds.size() ? first_rounds[f] : 0;
+    m.required_from.push_back(rounds[f] == first ? rounds[f] : rounds[f] + 1);
+  }
   members_[name] = m;
   departed_.erase(name);
   ++epoch_;

@@ -49,11 +49,13 @@ class Membership {
  public:
   Membership(uint32_t num_data_streams, absl::Duration lease);
 
-  // `rounds`: the open round of each fragment. `preferred_stream` (if free) keeps an island that
-  // rejoins on its data. Refuses a name that is a current member (ALREADY_EXISTS) and a run whose
-  // data streams are all taken (RESOURCE_EXHAUSTED).
+  // `rounds`: the open round of each fragment; `first_rounds`: the round each fragment started
+  // (or resumed) at, in which every island that joins is waited for. `preferred_stream` (if free)
+  // keeps an island that rejoins on its data. Refuses a name that is a current member
+  // (ALREADY_EXISTS) and a run whose data streams are all taken (RESOURCE_EXHAUSTED).
   absl::StatusOr<Member> Join(const std::string& name, int preferred_stream,
-                              const std::vector<uint64_t>& rounds, absl::Time now);
+                              const std::vector<uint64_t>& rounds, absl::Time now,
+                              const std::vector<uint64_t>& first_rounds = {});
   // Renews the lease. NOT_FOUND names why a non-member is not one.
   absl::Status Heartbeat(const std::string& name, absl::Time now);
   // A contribution was accepted: renews the lease; joining -> active.

@@ -30,6 +30,10 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.lease_s (", c.lease_s, ") must be longer than outer.heartbeat_s (", c.heartbeat_s,
         "), both positive"));
   }
+  if (c.durable_every < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.durable_every must be >= 1, got ", c.durable_every));
+  }
   if (!(c.reconnect_timeout_s >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.reconnect_timeout_s must be >= 0, got ", c.reconnect_timeout_s));

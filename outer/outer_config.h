@@ -20,6 +20,7 @@ struct OuterConfig {
   double heartbeat_s = 1;            // islands renew their lease this often
   double lease_s = 5;                // an island silent this long is dead and dropped
   double reconnect_timeout_s = 60;   // islands retry joining (backoff + jitter) this long
+  int durable_every = 1;             // the coordinator writes its state every K rounds
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
   bool error_feedback = false;       // islands carry what the codec dropped into the next round
   bool stochastic_rounding = false;  // islands round pseudo-gradients stochastically
@@ -31,7 +32,7 @@ struct OuterConfig {
   // Async DiLoCo (arXiv 2401.09135).
   std::string mode = "sync";              // or "async": contributions applied as they arrive
   int max_staleness = 16;                 // async: versions; staler contributions are refused
-  bool staleness_scaling = false;         // async: scale a contribution by 1 / (1 + staleness)
+  bool staleness_scaling = true;          // async: scale a contribution by 1 / (1 + staleness)
   bool dynamic_local_steps = true;        // async: each island's H follows its throughput (DyLU)
   int momentum_delay = 0;                 // async: delayed Nesterov period N (0: outer.islands)
   bool async() const { return mode == "async"; }

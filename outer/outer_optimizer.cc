@@ -1,5 +1,6 @@
 #include "outer/outer_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,21 @@ void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
       u[i] = lr * m[i];
     }
   }
+}
+
+absl::Status OuterOptimizer::Restore(std::vector<float> momentum, std::vector<float> buffer,
+                                     int buffered) {
+  if (momentum.size() != momentum_.size() || buffer.size() != buffer_.size() || buffered < 0 ||
+      buffered >= std::max(1, config_.momentum_delay)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer optimizer state does not fit: momentum ", momentum.size(), " (expected ",
+        momentum_.size(), "), buffer ", buffer.size(), " (expected ", buffer_.size(),
+        "), buffered ", buffered));
+  }
+  momentum_ = std::move(momentum);
+  buffer_ = std::move(buffer);
+  buffered_ = buffered;
+  return absl::OkStatus();
 }
 
 void ApplyUpdate(float* theta, const float* u, size_t n) {

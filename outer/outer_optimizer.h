@@ -39,6 +39,11 @@ class OuterOptimizer {
 
   const std::vector<float>& momentum() const { return momentum_; }
   std::vector<float>& mutable_momentum() { return momentum_; }
+  // Delayed Nesterov's buffer and how many gradients it holds (for the service's durable state).
+  const std::vector<float>& buffer() const { return buffer_; }
+  int buffered() const { return buffered_; }
+  // All-or-nothing: sizes must match this optimizer's.
+  absl::Status Restore(std::vector<float> momentum, std::vector<float> buffer, int buffered);
 
  private:
   OuterOptimizerConfig config_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -69,7 +70,7 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   for (const auto& f : fragments_) rounds.push_back(f.round);
   // A proto3 int without presence: streams are numbered from 1 on the wire, 0 is "no preference".
   auto joined = membership_.Join(request.name(), int(request.preferred_data_stream()) - 1, rounds,
-                                 absl::Now());
+                                 absl::Now(), first_rounds_);
   if (!joined.ok()) return joined.status();
   const Member& m = *joined;
   complement_reached_ |= membership_.size() >= options_.num_data_streams;
@@ -226,7 +227,8 @@ bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
   // Before its deadline a round needs every member; the first round also waits for the run's full
   // complement of islands, so an island that is merely slower to start takes part from the start.
   const uint32_t fragment = uint32_t(&f - fragments_.data());
-  bool all = f.round > 0 || complement_reached_;
+  const uint64_t first = fragment < first_rounds_.size() ? first_rounds_[fragment] : 0;
+  bool all = f.round > first || complement_reached_;
   for (const auto& [id, m] : membership_.members()) {
     if (Membership::Required(m, fragment, f.round)) all &= f.contributions.count(id) > 0;
   }
@@ -401,10 +403,12 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uin
                                                       " is unknown; the current round is ", f.round));
   }
   const auto until = absl::ToChronoTime(deadline);
-  while (f.round <= round) {
-    if (committed_cv_.wait_until(lock, until) == std::cv_status::timeout && f.round <= round) {
-      return absl::DeadlineExceededError(absl::StrCat("round ", round, " of fragment ", *fid,
-                                                      " has not committed yet"));
+  auto released = [&] { return f.round > round && (!durability_gate_ || f.durable_round > round); };
+  while (!released()) {
+    if (committed_cv_.wait_until(lock, until) == std::cv_status::timeout && !released()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "round ", round, " of fragment ", *fid,
+          f.round > round ? " is not durable yet" : " has not committed yet"));
     }
   }
   for (const auto& c : f.committed) {
@@ -452,6 +456,7 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
 
 void SyncServer::Tick(absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (now >= complement_deadline_) complement_reached_ = true;
   // Islands silent past their lease are dropped; rounds that waited only for them commit now
   // with the contributions that arrived (weights renormalized over those).
   for (const auto& name : membership_.ExpireLeases(now)) {
@@ -463,6 +468,126 @@ void SyncServer::Tick(absl::Time now) {
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
     if (ReadyLocked(fragments_[f], now)) CommitLocked(f, now);
   }
+}
+
+namespace {
+
+std::string FloatBytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, size_t expected,
+                                            const char* what, uint32_t fragment) {
+  if (bytes.size() != expected * sizeof(float)) {
+    return absl::DataLossError(absl::StrCat("service state: fragment ", fragment, " ", what, " has ",
+                                            bytes.size(), " bytes, expected ",
+                                            expected * sizeof(float)));
+  }
+  std::vector<float> v(expected);
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+}  // namespace
+
+pb::ServiceState SyncServer::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  pb::ServiceState s;
+  s.set_run_id(options_.run_id);
+  s.set_config_hash(options_.config_hash);
+  s.set_membership_epoch(membership_.epoch());
+  s.set_tokens_committed(tokens_committed_);
+  for (uint32_t i = 0; i < fragments_.size(); ++i) {
+    const Fragment& f = fragments_[i];
+    auto* fs = s.add_fragments();
+    fs->set_fragment(i);
+    fs->set_round(f.round);
+    fs->set_params_hash(f.params_hash);
+    fs->set_num_elements(f.params.size());
+    fs->set_params(FloatBytes(f.params));
+    fs->set_momentum(FloatBytes(f.optimizer.momentum()));
+    fs->set_momentum_buffer(FloatBytes(f.optimizer.buffer()));
+    fs->set_buffered(uint32_t(f.optimizer.buffered()));
+  }
+  s.set_written_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+  return s;
+}
+
+absl::Status SyncServer::Restore(const pb::ServiceState& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state.run_id() != options_.run_id) {
+    return absl::FailedPreconditionError(absl::StrCat("service state is of run '", state.run_id(),
+                                                      "', not '", options_.run_id, "'"));
+  }
+  if (state.config_hash() != options_.config_hash) {
+    return absl::FailedPreconditionError("service state was written for another model config");
+  }
+  if (state.fragments_size() != int(fragments_.size())) {
+    return absl::FailedPreconditionError(absl::StrCat("service state has ", state.fragments_size(),
+                                                      " fragments, this run ", fragments_.size()));
+  }
+  if (membership_.size() > 0) {
+    return absl::FailedPreconditionError("service state must be restored before islands join");
+  }
+  // Check everything, then change anything.
+  std::vector<OuterOptimizer> optimizers;
+  std::vector<std::vector<float>> params;
+  for (uint32_t i = 0; i < fragments_.size(); ++i) {
+    const auto& fs = state.fragments(int(i));
+    const size_t n = fragments_[i].params.size();
+    auto p = FloatsOf(fs.params(), n, "parameters", i);
+    if (!p.ok()) return p.status();
+    if (HashParams(*p) != fs.params_hash()) {
+      return absl::DataLossError(absl::StrCat("service state: fragment ", i,
+                                              " parameters do not match their hash"));
+    }
+    OuterOptimizer opt(options_.optimizer, n);
+    auto m = FloatsOf(fs.momentum(), opt.momentum().size(), "momentum", i);
+    if (!m.ok()) return m.status();
+    auto b = FloatsOf(fs.momentum_buffer(), opt.buffer().size(), "momentum buffer", i);
+    if (!b.ok()) return b.status();
+    if (auto s = opt.Restore(*std::move(m), *std::move(b), int(fs.buffered())); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("service state: fragment ", i, ": ", s.message()));
+    }
+    optimizers.push_back(std::move(opt));
+    params.push_back(*std::move(p));
+  }
+  for (uint32_t i = 0; i < fragments_.size(); ++i) {
+    Fragment& f = fragments_[i];
+    f.params = std::move(params[i]);
+    f.params_hash = state.fragments(int(i)).params_hash();
+    f.optimizer = std::move(optimizers[i]);
+    f.round = state.fragments(int(i)).round();
+    f.durable_round = f.round;
+    f.committed.clear();
+    f.contributions.clear();
+    f.last_base.clear();
+  }
+  tokens_committed_ = state.tokens_committed();
+  // The round open at the resume is a first round again: it waits for the islands that come back
+  // (each is waited for in it), for their full complement or, at most, a grace period.
+  first_rounds_.clear();
+  for (const auto& f : fragments_) first_rounds_.push_back(f.round);
+  complement_reached_ = false;
+  complement_deadline_ =
+      absl::Now() + std::max(absl::Seconds(10), 2 * absl::Seconds(options_.lease_s));
+  return absl::OkStatus();
+}
+
+void SyncServer::SetDurabilityGate(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  durability_gate_ = on;
+}
+
+void SyncServer::MarkDurable(const pb::ServiceState& written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& fs : written.fragments()) {
+    if (fs.fragment() < fragments_.size()) {
+      Fragment& f = fragments_[fs.fragment()];
+      f.durable_round = std::max(f.durable_round, fs.round());
+    }
+  }
+  committed_cv_.notify_all();
 }
 
 void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> listener) {

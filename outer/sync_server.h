@@ -29,6 +29,7 @@
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
+#include "atoll/v1/service_state.pb.h"
 
 namespace atl::outer {
 
@@ -108,8 +109,19 @@ class SyncServer {
   // Encoded chunks of the current global parameters (fp32) within [offset, offset + n).
   absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& request);
 
-  // Commits the open round if its deadline has passed with enough contributions.
+  // Commits the open round if its deadline has passed with enough contributions, and drops
+  // members whose lease has run out.
   void Tick(absl::Time now);
+
+  // Durable state. Snapshot() copies the committed state (parameters, outer optimizer state,
+  // rounds, membership epoch) under the lock; Restore() replaces it, all or nothing, before any
+  // island joins. With the durability gate on, a committed round is handed to islands only once
+  // MarkDurable() has been called with a snapshot that contains it, so no island ever applies a
+  // round that a crash of the service could lose.
+  pb::ServiceState Snapshot() const;
+  absl::Status Restore(const pb::ServiceState& state);
+  void SetDurabilityGate(bool on);
+  void MarkDurable(const pb::ServiceState& written);
 
   // Called (under the server's lock: keep it short) after each commit.
   void SetCommitListener(std::function<void(const CommittedRound&)> listener);
@@ -146,6 +158,7 @@ class SyncServer {
     absl::Time deadline = absl::InfiniteFuture();
     std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
     std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
+    uint64_t durable_round = 0;                 // rounds of this fragment in a durable snapshot
   };
 
   absl::Status CheckRun(const std::string& run_id) const;
@@ -173,6 +186,9 @@ class SyncServer {
   // The run's full complement of islands has joined once: the first round stops waiting for
   // latecomers (an island that died before it contributed is not waited for).
   bool complement_reached_ = false;
+  absl::Time complement_deadline_ = absl::InfiniteFuture();  // after a resume: stop waiting then
+  std::vector<uint64_t> first_rounds_;  // per fragment: the round the run started or resumed at
+  bool durability_gate_ = false;
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;

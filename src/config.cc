@@ -67,6 +67,8 @@ std::vector<Field> Schema(Config& c) {
       {"outer.lease_s", &c.outer.lease_s, "silence after which an island is dead and dropped"},
       {"outer.reconnect_timeout_s", &c.outer.reconnect_timeout_s,
        "how long islands retry joining (exponential backoff with jitter)"},
+      {"outer.durable_every", &c.outer.durable_every,
+       "K: the coordinator writes its state every K rounds (1: rounds are released once durable)"},
       {"outer.codec", &c.outer.codec, "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"},
       {"outer.error_feedback", &c.outer.error_feedback, "carry codec error into the next round"},
       {"outer.stochastic_rounding", &c.outer.stochastic_rounding,

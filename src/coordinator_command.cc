@@ -1,14 +1,21 @@
 #include "src/coordinator_command.h"
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "compression/checksum.h"
 #include "compression/codec.h"
+#include "src/checkpoint.h"
 #include "inner/model.h"
 #include "outer/fragments.h"
 #include "src/flat_params.h"
@@ -60,17 +67,145 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
 }
 
+namespace {
+
+constexpr char kStateMagic[8] = {'A', 'T', 'O', 'L', 'L', 'S', 'V', '1'};
+constexpr const char* kStateFile = "service-state.pb";
+
+// Writes the service state in its own thread every `every` commits (and once more when stopped),
+// then tells the service which rounds are durable.
+class StateWriter {
+ public:
+  StateWriter(outer::SyncServer* sync, std::string path, int every, FILE* out)
+      : sync_(sync), path_(std::move(path)), every_(every), out_(out) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~StateWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Called by the commit listener (under the service's lock): only flags the work.
+  void Committed() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  double max_write_s() const { return max_write_s_; }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || pending_ >= every_; });
+      const bool last = stop_;
+      pending_ = 0;
+      lock.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      const pb::ServiceState state = sync_->Snapshot();
+      if (auto s = WriteServiceState(path_, state); !s.ok()) {
+        std::fprintf(out_, "atoll coordinator: error: service state not written: %s\n",
+                     std::string(s.message()).c_str());
+      } else {
+        sync_->MarkDurable(state);
+      }
+      max_write_s_ = std::max(
+          max_write_s_.load(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      lock.lock();
+      if (last) return;
+    }
+  }
+
+  outer::SyncServer* sync_;
+  const std::string path_;
+  const int every_;
+  FILE* out_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::atomic<double> max_write_s_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::Status WriteServiceState(const std::string& path, const pb::ServiceState& state) {
+  std::string bytes = state.SerializeAsString();
+  const uint64_t hash = compression::Checksum(bytes.data(), bytes.size());
+  std::string file(kStateMagic, 8);
+  for (int i = 0; i < 8; ++i) file.push_back(char((hash >> (8 * i)) & 0xFF));
+  file += bytes;
+  return WriteFileAtomic(path, file);
+}
+
+absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("no service state at ", path));
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (file.size() < 16 || std::memcmp(file.data(), kStateMagic, 8) != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": not an atoll service state (bad magic)"));
+  }
+  uint64_t hash = 0;
+  for (int i = 0; i < 8; ++i) hash |= uint64_t(uint8_t(file[8 + size_t(i)])) << (8 * i);
+  if (compression::Checksum(file.data() + 16, file.size() - 16) != hash) {
+    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (truncated or corrupted)"));
+  }
+  pb::ServiceState state;
+  if (!state.ParseFromArray(file.data() + 16, int(file.size() - 16))) {
+    return absl::DataLossError(absl::StrCat(path, ": cannot parse the service state"));
+  }
+  return state;
+}
+
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
   auto made = MakeSyncServer(config);
   if (!made.ok()) return made.status();
   auto sync = *std::move(made);
+  const std::string state_path =
+      options.run_dir.empty() ? "" : (std::filesystem::path(options.run_dir) / kStateFile).string();
+  if (options.resume) {
+    if (state_path.empty()) return absl::InvalidArgumentError("--resume needs the run directory");
+    auto state = ReadServiceState(state_path);
+    if (!state.ok()) return state.status();
+    if (auto s = sync->Restore(*state); !s.ok()) return s;
+    // Rounds logged but not durable are redone: drop them from the log.
+    const std::string log_path = options.run_dir + "/rounds.jsonl";
+    std::ifstream in(log_path);
+    std::string kept;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("round")) continue;
+      const int f = j.value("fragment", 0);
+      if (f < state->fragments_size() && j["round"].get<uint64_t>() < state->fragments(f).round()) {
+        kept += line + "\n";
+      }
+    }
+    in.close();
+    if (auto s = WriteFileAtomic(log_path, kept); !s.ok()) return s;
+    std::fprintf(options.out, "atoll coordinator: resumed run '%s' at round %llu from %s\n",
+                 config.outer.run_id.c_str(), (unsigned long long)sync->committed_rounds(),
+                 state_path.c_str());
+  }
   std::unique_ptr<MetricsLog> rounds_log;
+  std::unique_ptr<StateWriter> writer;
   if (!options.run_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options.run_dir, ec);
     auto log = MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1);
     if (!log.ok()) return log.status();
     rounds_log = *std::move(log);
+    // Writing every round, a round is handed out only once durable: a crash loses nothing any
+    // island has applied. Writing less often, up to durable_every - 1 rounds can be redone.
+    sync->SetDurabilityGate(config.outer.durable_every == 1);
+    writer = std::make_unique<StateWriter>(sync.get(), state_path, config.outer.durable_every,
+                                           options.out);
   }
   // Rounds per fragment: one per due step of the schedule, plus a final one at the last step for
   // fragments that are not due there.
@@ -79,7 +214,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   for (int64_t t = 1; t <= config.train.steps; ++t) total_rounds += schedule.DueAfter(t).size();
   total_rounds += uint64_t(config.outer.num_fragments) - schedule.DueAfter(config.train.steps).size();
   const auto start = std::chrono::steady_clock::now();
-  std::atomic<uint64_t> sync_rounds{0};
+  std::atomic<uint64_t> sync_rounds{sync->committed_rounds()};  // > 0 after a resume
   sync->SetCommitListener([&](const outer::CommittedRound& r) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (config.outer.async()) {
@@ -101,6 +236,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                  (unsigned long long)r.params_hash, wall);
     }
     std::fflush(options.out);
+    if (writer) writer->Committed();
     if (rounds_log) {
       rounds_log->Write({{"round", r.round},
                          {"fragment", r.fragment},
@@ -132,6 +268,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   (*server)->Shutdown();
+  writer.reset();  // the final state is durable before the coordinator says it stopped
   std::fprintf(options.out, "atoll coordinator: stopped after %llu rounds, params %016llx\n",
                (unsigned long long)sync->committed_rounds(), (unsigned long long)sync->params_hash());
   std::fflush(options.out);

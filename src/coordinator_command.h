@@ -14,6 +14,8 @@
 
 namespace atl {
 
+namespace pb = ::atollpb::v1;
+
 // The run's SyncServer: global parameters initialized exactly as every island initializes its
 // model (same config, same seed), layout from the model's named parameters.
 // With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/fragments.h).
@@ -21,7 +23,10 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
 
 struct CoordinatorOptions {
   GrpcServerOptions server;
-  std::string run_dir;                       // rounds.jsonl (optional)
+  // rounds.jsonl and the durable service state (service-state.pb, rewritten every
+  // outer.durable_every rounds and at shutdown); optional. Without it nothing is durable.
+  std::string run_dir;
+  bool resume = false;                       // continue from run_dir's service state
   FILE* out = stdout;                        // "listening on HOST:PORT", then one line per round
   const std::atomic<bool>* stop = nullptr;   // SIGINT / SIGTERM
 };
@@ -29,6 +34,11 @@ struct CoordinatorOptions {
 // Serves until `stop` is set, or until the run's last round has committed and every island has
 // left.
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options);
+
+// The service state file: magic "ATOLLSV1", XXH64 of the message, the message. Written to a
+// temporary file, fsynced and renamed. Reading checks all three and names what is wrong.
+absl::Status WriteServiceState(const std::string& path, const pb::ServiceState& state);
+absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path);
 
 }  // namespace atl
 

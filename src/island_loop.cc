@@ -172,7 +172,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   if (!async && joined->round() > 0) {
     // A late joiner takes part from the run's current round: its step count (and so its
     // learning-rate schedule and its last step) line up with the other islands'.
-    (*trainer)->FastForward(int64_t(joined->round()) * h);
+    (*trainer)->SetStep(int64_t(joined->round()) * h);
   }
   const NamedParams params = inner::NamedParameters(*(*trainer)->model());
   const auto layout = LayoutOf(params);
@@ -225,6 +225,23 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     pb::HeartbeatRequest beat;
     beat.set_run_id(config.outer.run_id);
     beat.set_island_id(island_id);
+    if (async && joined->round() == 0) {
+      // Async islands start together, as sync ones do in their first round: otherwise the first
+      // island up could spend the run's whole token budget before the others have started.
+      const auto until = Clock::now() + std::chrono::duration<double>(config.outer.reconnect_timeout_s);
+      while (true) {
+        auto state = transport.Heartbeat(beat);
+        if (!state.ok()) {
+          leave();
+          return state.status();
+        }
+        if (state->training_members() >= schedule.num_data_streams() || state->round() > 0 ||
+            Clock::now() > until) {
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
     heartbeats = std::make_unique<HeartbeatThread>(transport, beat, config.outer.heartbeat_s);
   }
   std::error_code ec;
@@ -284,8 +301,11 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     progress.Message(absl::StrCat(label, "rejoining the run: ", pending_rejoin->message()));
     join.set_preferred_data_stream(data_stream + 1);
     auto again = join_with_retries();
-    if (!again.ok()) return again.status();
-    if (again->data_stream() != data_stream) {
+    if (absl::IsAlreadyExists(again.status())) {
+      // Still a member (the service was only slow): fetching the state is enough.
+    } else if (!again.ok()) {
+      return again.status();
+    } else if (again->data_stream() != data_stream) {
       progress.Message(absl::StrFormat(
           "%swarning: data stream %d was taken meanwhile; this island goes on reading stream %d",
           label, data_stream, data_stream));
@@ -296,6 +316,11 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     }
     pending_rejoin.reset();
     summary.rejoins += 1;
+    if (!async) {
+      // Back in step with the run (the service may have lost rounds this island had done).
+      (*trainer)->SetStep(int64_t(syncs[0]->round()) * h);
+      std::fill(last_push.begin(), last_push.end(), (*trainer)->step());
+    }
     progress.Message(absl::StrFormat("%srejoined at round %d", label, syncs[0]->round()));
     return absl::OkStatus();
   };
@@ -308,9 +333,12 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     auto outcome = job.result.get();
     const double idle_s = Since(t0);
     bytes_in_flight -= job.bytes;
-    if (!outcome.ok() && absl::IsPermissionDenied(outcome.status())) {
+    if (!outcome.ok() && (absl::IsPermissionDenied(outcome.status()) ||
+                          absl::IsUnavailable(outcome.status()) ||
+                          absl::IsDeadlineExceeded(outcome.status()))) {
       // The service no longer counts this island as a member (declared dead while it was
-      // silent, or restarted): the contribution is lost; the island rejoins before its next push.
+      // silent), or is gone (restarting from its durable state): the contribution is lost; the
+      // island rejoins, with retries, and loads the global state before its next push.
       if (!pending_rejoin) pending_rejoin = outcome.status();
       return absl::OkStatus();
     }

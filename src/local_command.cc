@@ -265,7 +265,7 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
       }
       Child* target = nullptr;
       for (auto& c : children) {
-        if (c->is_island && c->name == ev.island && !c->exited && !c->expected_end) target = c.get();
+        if (c->name == ev.island && !c->exited && !c->expected_end) target = c.get();
       }
       if (target == nullptr) {
         std::fprintf(options.out, "atoll local: round %llu: %s is not running; nothing to stop\n",
@@ -278,6 +278,20 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
                    ev.island.c_str());
       target->expected_end = true;
       kill(target->pid, kill_it ? SIGKILL : SIGTERM);
+      if (!target->is_island) {
+        // The coordinator comes back at once on the same address, from its durable state.
+        waitpid(target->pid, &target->status, 0);
+        target->exited = true;
+        std::fprintf(options.out, "atoll local: restarting the coordinator with --resume\n");
+        auto again = std::make_unique<Child>();
+        again->name = "coordinator";
+        again->log.open(fs::path(options.run_dir) / "coordinator.log", std::ios::app);
+        std::vector<std::string> a = {binary, "coordinator", "--listen", address, "--resume",
+                                      (fs::path(options.run_dir) / "coordinator").string()};
+        a.insert(a.end(), common.begin(), common.end());
+        if (auto s = Spawn(*again, a); !s.ok()) return s;
+        children.push_back(std::move(again));
+      }
     }
     return absl::OkStatus();
   };
@@ -304,7 +318,7 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
           // "round K/N committed ..." (sync) or "version K applied ..." (async)
           uint64_t k = 0;
           const auto space = line.find_first_of(" /", line.find(' ') + 1);
-          if (&c == &c0 && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
+          if (!c.is_island && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
               absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
             committed = std::max(committed, k);
           }

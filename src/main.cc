@@ -60,7 +60,10 @@ int main(int argc, char** argv) {
   auto* coord = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
   coord->add_option("--config", config_path, "TOML config of the run");
   coord->add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
-  coord->add_option("--run-dir", run_dir, "directory for rounds.jsonl");
+  coord->add_option("--run-dir", run_dir, "directory for rounds.jsonl and the durable service state");
+  std::string resume_dir;
+  coord->add_option("--resume", resume_dir,
+                    "continue from the durable service state in RUN_DIR (and keep writing there)");
   coord->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
   coord->add_option("--tls-cert", tls.cert, "TLS certificate chain (PEM)");
   coord->add_option("--tls-key", tls.key, "TLS private key (PEM)");
@@ -166,7 +169,8 @@ int main(int argc, char** argv) {
     options.server.listen = listen;
     options.server.token = *token;
     options.server.tls = tls;
-    options.run_dir = run_dir;
+    options.run_dir = resume_dir.empty() ? run_dir : resume_dir;
+    options.resume = !resume_dir.empty();
     options.stop = &g_stop;
     if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
     return 0;

@@ -296,9 +296,10 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
 }
 
 // Chaos, CI-sized: 3 islands; island1 is SIGKILLed after round 2, island3 joins after round 3
-// (taking the dead island's data stream once its lease has run out), island2 leaves with SIGTERM
-// after round 8. Training reaches its last step; every round commits exactly once and in order;
-// the islands alive at the end hold the service's final parameters bit for bit.
+// (taking the dead island's data stream once its lease has run out), the coordinator is SIGKILLed
+// after round 6 and restarted from its durable state (the islands rejoin), island2 leaves with
+// SIGTERM after round 9. Training reaches its last step; every round commits exactly once and in
+// order; the islands alive at the end hold the service's final parameters bit for bit.
 TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
   testing::TempDir dir;
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
@@ -312,12 +313,15 @@ TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
   const auto run = testing::RunCommand(
       std::string(ATOLL_BIN) + " local --islands 3 --config " + dir.Join("run.toml") +
       " --run-dir " + dir.Join("run") + " --throttle 4,4,4" +
-      " --kill island1@round2 --join island3@round3 --term island2@round8");
+      " --kill island1@round2 --join island3@round3 --kill coordinator@round6" +
+      " --term island2@round9");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
   EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island1' declared dead"));
   EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island3' joined at round"));
   EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island2' left at round"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll coordinator: resumed run 'atoll' at round"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("[island0] rejoined at round"));
 
   std::vector<uint64_t> rounds;
   std::vector<std::string> hashes;
