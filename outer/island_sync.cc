@@ -1,6 +1,8 @@
 #include "outer/island_sync.h"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
@@ -31,30 +33,68 @@ uint64_t IslandSync::global_hash() const {
 }
 
 absl::Status IslandSync::FetchGlobal() {
-  pb::FetchStateRequest request;
-  request.set_run_id(run_id_);
-  request.set_island_id(island_id_);
-  request.set_fragment(options_.fragment);
-  auto chunks = transport_->FetchState(request);
-  if (!chunks.ok()) return chunks.status();
-  if (chunks->empty()) return absl::DataLossError("the service sent no state");
-  const auto& h0 = chunks->front().chunk().header();
-  Assembler assembler({run_id_, h0.island_id(), h0.round(), options_.fragment}, n_, 0, n_);
-  for (const auto& c : *chunks) {
-    if (c.params_hash() != chunks->front().params_hash()) {
-      return absl::DataLossError("state chunks disagree on the parameters' hash");
+  const uint64_t piece = std::max<uint64_t>(1, options_.fetch_piece_bytes / sizeof(float));
+  absl::Status last = absl::OkStatus();
+  for (int attempt = 0; attempt <= options_.retries; ++attempt) {
+    std::vector<float> values(n_);
+    uint64_t hash = 0, round = 0, bytes = 0;
+    bool changed = false;
+    for (uint64_t offset = 0; offset < n_ && !changed;) {
+      const uint64_t count = std::min(piece, n_ - offset);
+      pb::FetchStateRequest request;
+      request.set_run_id(run_id_);
+      request.set_island_id(island_id_);
+      request.set_fragment(options_.fragment);
+      request.set_offset(offset);
+      request.set_num_elements(count);
+      absl::Status s;
+      int tries = 0;
+      while (true) {
+        auto chunks = transport_->FetchState(request);
+        s = chunks.status();
+        if (chunks.ok() && chunks->empty()) s = absl::DataLossError("the service sent no state");
+        if (s.ok()) {
+          const auto& h0 = chunks->front().chunk().header();
+          if (offset > 0 && (h0.round() != round || chunks->front().params_hash() != hash)) {
+            changed = true;  // a round committed in between: start over
+            break;
+          }
+          round = h0.round();
+          hash = chunks->front().params_hash();
+          Assembler assembler({run_id_, h0.island_id(), round, options_.fragment}, n_, offset,
+                              count);
+          for (const auto& c : *chunks) {
+            if (c.params_hash() != hash) {
+              s = absl::DataLossError("state chunks disagree on the parameters' hash");
+              break;
+            }
+            if (s = assembler.Add(c.chunk()); !s.ok()) break;
+          }
+          if (s.ok()) s = assembler.CheckComplete();
+          if (s.ok()) {
+            std::copy(assembler.values().begin(), assembler.values().end(),
+                      values.begin() + int64_t(offset));
+            bytes += WireBytes(*chunks);
+            break;
+          }
+        }
+        const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
+                               absl::IsDeadlineExceeded(s);
+        if (!transient || ++tries > options_.retries) return s;
+      }
+      if (!changed) offset += count;
     }
-    if (auto s = assembler.Add(c.chunk()); !s.ok()) return s;
+    if (changed) continue;
+    if (compression::Checksum(values.data(), n_ * sizeof(float)) != hash) {
+      last = absl::DataLossError("fetched state does not match its hash");
+      continue;
+    }
+    global_ = std::move(values);
+    round_ = round;
+    fetched_bytes_ += bytes;
+    return absl::OkStatus();
   }
-  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
-  const uint64_t hash = compression::Checksum(assembler.values().data(), n_ * sizeof(float));
-  if (hash != chunks->front().params_hash()) {
-    return absl::DataLossError("fetched state does not match its hash");
-  }
-  global_ = std::move(assembler.mutable_values());
-  round_ = h0.round();
-  fetched_bytes_ += WireBytes(*chunks);
-  return absl::OkStatus();
+  return last.ok() ? absl::AbortedError("the global state kept changing during the transfer") : last;
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
@@ -105,10 +145,25 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     if (i == 0) requests[i].set_inner_steps_per_s(steps_per_s);
   }
   out.bytes_sent = WireBytes(requests);
-  auto pushed = transport_->Push(requests);
+  // A push that did not arrive intact is sent again; if a retried push finds its first attempt
+  // applied after all (the answer was lost), the round goes on as if it had been answered.
+  absl::StatusOr<pb::PushResponse> pushed = transport_->Push(requests);
+  for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(pushed.status()) ||
+                                                   absl::IsDataLoss(pushed.status()));
+       ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+    pushed = transport_->Push(requests);
+    if (absl::IsAlreadyExists(pushed.status()) && !options_.async) {
+      pushed = pb::PushResponse();
+      pushed->set_round(round_);
+    }
+  }
   out.push_s = Since(t0);
   if (!pushed.ok()) {
-    if (absl::IsFailedPrecondition(pushed.status())) {
+    // Stale or unknown round; or (async) a retried push that had been applied after all, whose
+    // version this island does not know: the full state puts it right.
+    if (absl::IsFailedPrecondition(pushed.status()) ||
+        (options_.async && absl::IsAlreadyExists(pushed.status()))) {
       return resync(std::string(pushed.status().message()));
     }
     return pushed.status();
@@ -166,6 +221,10 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   request.set_round(round);
   request.set_fragment(options_.fragment);
   auto update = transport_->AwaitUpdate(request);
+  for (int tries = 0; tries < options_.retries && absl::IsUnavailable(update.status()); ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+    update = transport_->AwaitUpdate(request);
+  }
   if (!update.ok()) return update.status();
   out.bytes_received += WireBytes(*update);
   if (update->empty()) return absl::DataLossError("the service sent an empty update");

@@ -46,6 +46,10 @@ struct IslandSyncOptions {
   bool stochastic_rounding = false;
   uint64_t seed = 0;
   size_t chunk_bytes = kDefaultChunkBytes;
+  // Full-state transfers go in pieces of this many bytes, each its own request: a transfer cut by
+  // the network resumes at the piece where it stopped.
+  size_t fetch_piece_bytes = size_t(16) << 20;
+  int retries = 4;  // per piece, push or update: transient failures (UNAVAILABLE, DATA_LOSS)
   uint32_t fragment = 0;  // which fragment this IslandSync carries
   // Async mode: the push is applied at once; the island then applies every version since the one
   // it started from, in order, and checks each hash, so its copy stays bit-identical.
@@ -57,7 +61,9 @@ class IslandSync {
   IslandSync(Transport* transport, std::string run_id, std::string island_id,
              uint64_t fragment_elements, IslandSyncOptions options = {});
 
-  // Replaces the global copy with the service's current state (verifying its hash).
+  // Replaces the global copy with the service's current state, piece by piece (resuming a cut
+  // transfer at the piece where it stopped, re-requesting corrupted pieces), verifying its hash;
+  // starts over if the state changed in between. All or nothing.
   absl::Status FetchGlobal();
   // After H inner steps: pushes global - local (weighted by `tokens`), waits for the round to
   // commit, applies the outer update to the global copy. On return global() holds the new global

@@ -30,6 +30,11 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.lease_s (", c.lease_s, ") must be longer than outer.heartbeat_s (", c.heartbeat_s,
         "), both positive"));
   }
+  if (c.spike_window < 0 || !(c.spike_factor > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.spike_window must be >= 0 and outer.spike_factor > 0, got ", c.spike_window, " and ",
+        c.spike_factor));
+  }
   if (c.durable_every < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.durable_every must be >= 1, got ", c.durable_every));

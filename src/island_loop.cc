@@ -1,6 +1,7 @@
 #include "src/island_loop.h"
 
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <future>
 #include <map>
@@ -16,6 +17,7 @@
 #include "compression/checksum.h"
 #include "compression/codec.h"
 #include "compression/codec_math.h"
+#include "inner/loss_guard.h"
 #include "outer/fragments.h"
 #include "outer/island_sync.h"
 #include "src/checkpoint.h"
@@ -101,6 +103,20 @@ class HeartbeatThread {
   bool stop_ = false;
   std::optional<absl::Status> refusal_;
   std::thread thread_;
+};
+
+// Passes every step on and remembers the last loss, for the spike guard.
+class LossWatch : public inner::LoopObserver {
+ public:
+  explicit LossWatch(inner::LoopObserver& next) : next_(next) {}
+  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
+    loss = step.loss;
+    return next_.OnStep(step, eval);
+  }
+  double loss = 0;
+
+ private:
+  inner::LoopObserver& next_;
 };
 
 }  // namespace
@@ -208,6 +224,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   sync_options.seed = compression::math::Mix64(config.train.seed) ^ joined->data_stream();
   sync_options.async = async;
   std::vector<std::unique_ptr<outer::IslandSync>> syncs;
+  const auto fetch_start = Clock::now();
   for (uint32_t f = 0; f < num_fragments; ++f) {
     sync_options.fragment = f;
     uint64_t n = 0;
@@ -220,6 +237,9 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     }
     LoadFlat(syncs[f]->global(), params, fragments[f]);
   }
+  const double fetch_s = Since(fetch_start);
+  uint64_t fetched = 0;
+  for (const auto& s : syncs) fetched += s->fetched_bytes();
 
   {
     pb::HeartbeatRequest beat;
@@ -259,13 +279,13 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   const double alpha = config.outer.alpha();
   progress.Message(absl::StrFormat(
       "%sjoined %s run '%s' at %s %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
-      "alpha = %.2f, %s, %s, %.2fM parameters%s",
+      "alpha = %.2f, %s, %s, %.2fM parameters (state: %.1f MiB in %.2fs)%s",
       label, async ? "async" : "sync", config.outer.run_id, async ? "version" : "round",
       syncs[0]->round(), joined->data_stream(), schedule.num_data_streams(), h, num_fragments, tau,
       alpha, config.outer.codec,
       async ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
             : absl::StrCat(train.steps, " inner steps"),
-      double(layout.total()) / 1e6,
+      double(layout.total()) / 1e6, double(fetched) / 1048576.0, fetch_s,
       options.throttle > 1 ? absl::StrFormat(", throttled %.1fx", options.throttle) : ""));
 
   // Training thread: inner steps, snapshots of due fragments, merges. Communication: one task per
@@ -283,6 +303,8 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   std::vector<int64_t> last_push(num_fragments, (*trainer)->step());
   const auto start = Clock::now();
   StepReporter reporter(**metrics, progress);
+  LossWatch watch(reporter);
+  inner::LossSpikeGuard guard(config.outer.spike_window, config.outer.spike_factor);
   IslandSummary summary;
   summary.island_id = island_id;
   uint64_t bytes_in_flight = 0;
@@ -420,9 +442,22 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   const int64_t max_steps = async ? train.steps * int64_t(schedule.num_data_streams()) : train.steps;
   while ((*trainer)->step() < max_steps) {
     const auto t0 = Clock::now();
-    if (auto s = inner::RunLoop(**trainer, (*trainer)->step() + 1, reporter, /*evaluate=*/false);
+    if (auto s = inner::RunLoop(**trainer, (*trainer)->step() + 1, watch, /*evaluate=*/false);
         !s.ok()) {
       return fail(s);
+    }
+    if (auto spike = guard.Check(watch.loss)) {
+      // The local parameters since the last sync are not to be trusted: drop them (and, for a
+      // non-finite loss, the AdamW moments they poisoned) and go on from the global parameters.
+      // The next push carries only the steps after this one (weighted, as always, by the tokens
+      // trained since the last push).
+      for (uint32_t f = 0; f < num_fragments; ++f) {
+        LoadFlat(syncs[f]->global(), params, fragments[f], 0.0);
+      }
+      if (!std::isfinite(watch.loss)) (*trainer)->optimizer().Reset();
+      summary.spikes += 1;
+      progress.Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label,
+                                       (*trainer)->step(), *spike));
     }
     if (options.throttle > 1) {
       // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
@@ -545,6 +580,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
                       {"rounds", summary.rounds},
                       {"resyncs", summary.resyncs},
                       {"rejoins", summary.rejoins},
+                      {"spikes", summary.spikes},
                       {"wall_s", summary.wall_s},
                       {"compute_s", summary.compute_s},
                       {"sync_s", summary.sync_s},

@@ -35,6 +35,7 @@ struct IslandSummary {
   uint64_t rounds = 0;
   uint64_t resyncs = 0;
   uint64_t rejoins = 0;   // times the service had dropped this island and it joined again
+  uint64_t spikes = 0;    // steps the loss-spike guard refused (local parameters reloaded)
   double wall_s = 0;
   double compute_s = 0;   // inner steps
   double sync_s = 0;      // idle: the training thread waiting for outer updates

@@ -252,13 +252,16 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   // Scheduled events fire when the coordinator reports the round they wait for.
   std::vector<bool> fired(options.events.size(), false);
   uint64_t committed = 0;
+  auto now_s = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  // Events waiting for the next commit, which shows the run has recovered from them.
+  std::vector<std::pair<std::string, double>> recovering;
   auto fire_events = [&]() -> absl::Status {
     for (size_t e = 0; e < options.events.size(); ++e) {
       const LocalEvent& ev = options.events[e];
       if (fired[e] || committed < ev.round) continue;
       fired[e] = true;
       if (ev.kind == LocalEvent::kJoin) {
-        std::fprintf(options.out, "atoll local: round %llu: starting %s\n",
+        std::fprintf(options.out, "atoll local: %.1fs: round %llu: starting %s\n", now_s(),
                      (unsigned long long)committed, ev.island.c_str());
         if (auto s = start_island(ev.island, 1.0); !s.ok()) return s;
         continue;
@@ -273,9 +276,11 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
         continue;
       }
       const bool kill_it = ev.kind == LocalEvent::kKill;
-      std::fprintf(options.out, "atoll local: round %llu: sending %s to %s\n",
+      std::fprintf(options.out, "atoll local: %.1fs: round %llu: sending %s to %s\n", now_s(),
                    (unsigned long long)committed, kill_it ? "SIGKILL" : "SIGTERM",
                    ev.island.c_str());
+      recovering.emplace_back(absl::StrCat(kill_it ? "SIGKILL" : "SIGTERM", " to ", ev.island),
+                              now_s());
       target->expected_end = true;
       kill(target->pid, kill_it ? SIGKILL : SIGTERM);
       if (!target->is_island) {
@@ -321,6 +326,11 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
           if (!c.is_island && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
               absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
             committed = std::max(committed, k);
+            for (const auto& [what, when] : recovering) {
+              std::fprintf(options.out, "atoll local: %.1fs: round %llu committed %.1f s after the %s\n",
+                           now_s(), (unsigned long long)k, now_s() - when, what.c_str());
+            }
+            recovering.clear();
           }
         });
       }

@@ -7,6 +7,7 @@
 
 #include "compression/checksum.h"
 #include "compression/codec.h"
+#include "outer/faulty_transport.h"
 #include "outer/in_process_transport.h"
 #include "outer/island_sync.h"
 #include "outer/outer_optimizer.h"
@@ -168,6 +169,20 @@ class SyncServerTest : public ::testing::Test {
       out[i].set_tokens(tokens);
     }
     return out;
+  }
+  // One sync round of two islands (in two threads), each with its own made-up local training.
+  static std::pair<absl::StatusOr<RoundOutcome>, absl::StatusOr<RoundOutcome>> SyncBoth(
+      IslandSync& a, IslandSync& b, int round) {
+    std::vector<float> la = a.global(), lb = b.global();
+    for (size_t i = 0; i < la.size(); ++i) {
+      la[i] -= 0.01f * std::cos(float(i * (round + 1)));
+      lb[i] += 0.003f * float(i % 7);
+    }
+    absl::StatusOr<RoundOutcome> ra;
+    std::thread th([&] { ra = a.SyncRound(la, 100); });
+    auto rb = b.SyncRound(lb, 50);
+    th.join();
+    return {std::move(ra), std::move(rb)};
   }
   static std::vector<float> Sines(size_t n) {
     std::vector<float> v(n);
@@ -332,15 +347,7 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
     ASSERT_TRUE(b.FetchGlobal().ok());
     uint64_t sent = 0;
     for (int round = 0; round < 5; ++round) {
-      std::vector<float> la = a.global(), lb = b.global();
-      for (size_t i = 0; i < 1000; ++i) {
-        la[i] -= 0.01f * std::cos(float(i * (round + 1)));
-        lb[i] += 0.003f * float(i % 7);
-      }
-      absl::StatusOr<RoundOutcome> ra;
-      std::thread th([&] { ra = a.SyncRound(la, 100); });
-      auto rb = b.SyncRound(lb, 50);
-      th.join();
+      auto [ra, rb] = SyncBoth(a, b, round);
       ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
       EXPECT_FALSE(ra->resynced);
       EXPECT_EQ(a.global(), s->params());
@@ -470,6 +477,54 @@ TEST_F(SyncServerTest, ALateJoinerIsNotWaitedForInTheOpenRound) {
   const auto state = s->GetState();
   ASSERT_EQ(state.islands_size(), 3);
   EXPECT_EQ(state.islands(2).state(), "active");
+}
+
+// ---- Faults on the wire.
+
+TEST_F(SyncServerTest, IslandsSurviveDroppedCorruptedAndCutTransfers) {
+  options_.optimizer = {0.7, 0.9, true};
+  options_.num_data_streams = 2;
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  options_.chunk_bytes = 256;
+  layout_.numels = {4000};
+  auto s = Make(Sines(4000));
+  InProcessTransport t1(s.get()), t2(s.get());
+  Faults faults;
+  faults.drop = 0.1;
+  faults.corrupt = 0.01;  // per chunk of 256 bytes
+  faults.cut_after_bytes = 10000;  // the first state transfer is cut part way through
+  faults.seed = 3;
+  FaultyTransport f1(&t1, faults);
+  faults.seed = 4;
+  FaultyTransport f2(&t2, faults);
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.codec = options_.codec;
+  so.chunk_bytes = 256;
+  so.fetch_piece_bytes = 4096;  // 4 pieces
+  so.retries = 8;
+  IslandSync a(&f1, "run", "a", 4000, so), b(&f2, "run", "b", 4000, so);
+  const auto fa = a.FetchGlobal(), fb = b.FetchGlobal();
+  ASSERT_TRUE(fa.ok()) << fa;
+  ASSERT_TRUE(fb.ok()) << fb;
+  EXPECT_EQ(a.global(), s->params());
+  int resyncs = 0;
+  for (int round = 0; round < 10; ++round) {
+    auto [ra, rb] = SyncBoth(a, b, round);
+    ASSERT_TRUE(ra.ok()) << ra.status();
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    resyncs += ra->resynced + rb->resynced;
+    // Whatever happened on the wire, both copies equal the service's, bit for bit.
+    EXPECT_EQ(a.global(), s->params()) << "round " << round;
+    EXPECT_EQ(b.global(), s->params()) << "round " << round;
+  }
+  EXPECT_EQ(s->round(), 10u);  // no round lost, none applied twice
+  EXPECT_GT(f1.dropped() + f2.dropped(), 0u);
+  EXPECT_GT(f1.corrupted() + f2.corrupted(), 0u);
+  EXPECT_EQ(f1.cut() + f2.cut(), 2u);
+  // A corrupted update is never applied: the island re-fetches the state instead.
+  EXPECT_GT(resyncs, 0);
 }
 
 // ---- Async mode.

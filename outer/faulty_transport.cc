@@ -1,0 +1,91 @@
+#include "outer/faulty_transport.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace atl::outer {
+
+FaultyTransport::FaultyTransport(Transport* inner, Faults faults)
+    : inner_(inner), faults_(faults), rng_(faults.seed) {}
+
+bool FaultyTransport::Drop() {
+  if (faults_.delay > absl::ZeroDuration()) absl::SleepFor(faults_.delay);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::uniform_real_distribution<double>()(rng_) < faults_.drop) {
+    ++dropped_;
+    return true;
+  }
+  return false;
+}
+
+bool FaultyTransport::Corrupt(pb::Chunk& chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunk.data().empty() || !(std::uniform_real_distribution<double>()(rng_) < faults_.corrupt)) {
+    return false;
+  }
+  const size_t at = std::uniform_int_distribution<size_t>(0, chunk.data().size() - 1)(rng_);
+  (*chunk.mutable_data())[at] ^= char(0x10);
+  ++corrupted_;
+  return true;
+}
+
+namespace {
+absl::Status Dropped(const char* call) {
+  return absl::UnavailableError(absl::StrCat(call, ": connection dropped (injected fault)"));
+}
+}  // namespace
+
+absl::StatusOr<pb::JoinResponse> FaultyTransport::Join(const pb::JoinRequest& r) {
+  if (Drop()) return Dropped("Join");
+  return inner_->Join(r);
+}
+
+absl::Status FaultyTransport::Leave(const pb::LeaveRequest& r) {
+  if (Drop()) return Dropped("Leave");
+  return inner_->Leave(r);
+}
+
+absl::StatusOr<pb::HeartbeatResponse> FaultyTransport::Heartbeat(const pb::HeartbeatRequest& r) {
+  if (Drop()) return Dropped("Heartbeat");
+  return inner_->Heartbeat(r);
+}
+
+absl::StatusOr<pb::PushResponse> FaultyTransport::Push(const std::vector<pb::PushRequest>& r) {
+  if (Drop()) return Dropped("Push");
+  std::vector<pb::PushRequest> sent = r;
+  for (auto& request : sent) Corrupt(*request.mutable_chunk());
+  return inner_->Push(sent);
+}
+
+absl::StatusOr<std::vector<pb::UpdateChunk>> FaultyTransport::AwaitUpdate(
+    const pb::UpdateRequest& r) {
+  if (Drop()) return Dropped("AwaitUpdate");
+  auto chunks = inner_->AwaitUpdate(r);
+  if (chunks.ok()) {
+    for (auto& c : *chunks) Corrupt(*c.mutable_chunk());
+  }
+  return chunks;
+}
+
+absl::StatusOr<std::vector<pb::StateChunk>> FaultyTransport::FetchState(
+    const pb::FetchStateRequest& r) {
+  if (Drop()) return Dropped("FetchState");
+  auto chunks = inner_->FetchState(r);
+  if (!chunks.ok()) return chunks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t bytes = 0;
+    for (const auto& c : *chunks) bytes += c.chunk().data().size();
+    const bool crosses = faults_.cut_after_bytes > 0 && cut_ == 0 &&
+                         state_bytes_ + bytes > faults_.cut_after_bytes;
+    if (crosses) {
+      ++cut_;
+      return absl::UnavailableError(absl::StrCat("FetchState: stream cut after ",
+                                                 faults_.cut_after_bytes, " bytes (injected fault)"));
+    }
+    state_bytes_ += bytes;
+  }
+  for (auto& c : *chunks) Corrupt(*c.mutable_chunk());
+  return chunks;
+}
+
+}  // namespace atl::outer

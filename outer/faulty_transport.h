@@ -1,0 +1,58 @@
+// A Transport wrapper that injects faults, for tests and failure rehearsals: calls that fail as if
+// the network dropped them, delays, corrupted chunk bytes (each direction), and state transfers cut
+// after a number of bytes. Deterministic for a given seed.
+#ifndef ATOLL_OUTER_FAULTY_TRANSPORT_H_
+#define ATOLL_OUTER_FAULTY_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <random>
+
+#include "absl/time/time.h"
+#include "outer/transport.h"
+
+namespace atl::outer {
+
+struct Faults {
+  double drop = 0;          // probability that a call fails with UNAVAILABLE before reaching the service
+  absl::Duration delay;     // added to every call
+  double corrupt = 0;       // probability that a payload chunk (push, update or state) has a byte flipped
+  // > 0: once, the state transfer that crosses this many bytes (counted over all transfers) fails
+  // with UNAVAILABLE: a cut connection.
+  uint64_t cut_after_bytes = 0;
+  uint64_t seed = 1;
+};
+
+class FaultyTransport : public Transport {
+ public:
+  FaultyTransport(Transport* inner, Faults faults);
+
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& r) override;
+  absl::Status Leave(const pb::LeaveRequest& r) override;
+  absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& r) override;
+  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& r) override;
+  absl::StatusOr<std::vector<pb::UpdateChunk>> AwaitUpdate(const pb::UpdateRequest& r) override;
+  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& r) override;
+
+  // Faults injected so far.
+  uint64_t dropped() const { return dropped_; }
+  uint64_t corrupted() const { return corrupted_; }
+  uint64_t cut() const { return cut_; }
+
+ private:
+  // Sleeps the delay; true when this call is to be dropped.
+  bool Drop();
+  bool Corrupt(pb::Chunk& chunk);
+
+  Transport* inner_;
+  Faults faults_;
+  std::mutex mu_;
+  std::mt19937_64 rng_;
+  std::atomic<uint64_t> dropped_{0}, corrupted_{0}, cut_{0};
+  uint64_t state_bytes_ = 0;  // state bytes delivered (under mu_)
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_FAULTY_TRANSPORT_H_
