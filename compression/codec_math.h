@@ -76,8 +76,9 @@ ATOLL_HD uint64_t Mix64(uint64_t z) {  // splitmix64's finalizer
   return z ^ (z >> 31);
 }
 
+// splitmix64 started at `seed`: the index-th output.
 ATOLL_HD uint64_t Draw(uint64_t seed, uint64_t index) {
-  return Mix64(seed ^ Mix64(index + 0x9E3779B97F4A7C15ull));
+  return Mix64(seed + (index + 1) * 0x9E3779B97F4A7C15ull);
 }
 
 // Uniform in [0, 1), a multiple of 2^-24 (exact in float).

@@ -218,6 +218,40 @@ TEST(CodecTest, StochasticRoundingIsReproducibleAndChunkable) {
   EXPECT_TRUE(std::equal(s.begin(), s.begin() + 128, n.begin()));
 }
 
+TEST(CodecTest, Fp4BlocksOf32MatchABruteForceReference) {
+  // Blocks of 32 take a compile-time-sized fast path: check it against the plain definition
+  // (nearest magnitude by exhaustive search, ties to the even code) on values full of ties.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> quarter(-32, 32), exponent(-20, 20);
+  std::vector<float> x(32 * 64 + 7);  // with a partial last block
+  for (auto& v : x) v = std::ldexp(float(quarter(rng)) * 0.25f, exponent(rng) / 8);
+  for (const auto& spec : {kE2M1, kE3M0}) {
+    const float mags_e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    const float mags_e3m0[8] = {0, 0.03125f, 0.0625f, 0.125f, 0.25f, 0.5f, 1, 2};
+    const float* mags = spec.codec == Codec::kFp4E2M1 ? mags_e2m1 : mags_e3m0;
+    const int offset = spec.codec == Codec::kFp4E2M1 ? 2 : 0;
+    const auto y = Dec(spec, Enc(spec, x), x.size());
+    for (size_t b = 0; b < x.size(); b += 32) {
+      float amax = 0;
+      const size_t end = std::min(x.size(), b + 32);
+      for (size_t i = b; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
+      int e = 0;
+      if (amax > 0) std::frexp(amax, &e);
+      const float scale = amax > 0 ? std::ldexp(1.0f, e - 1 - offset) : std::ldexp(1.0f, -127);
+      for (size_t i = b; i < end; ++i) {
+        const float v = std::fabs(x[i]) / scale;
+        int best = 0;
+        for (int c = 1; c < 8; ++c) {
+          const float dc = std::fabs(v - mags[c]), db = std::fabs(v - mags[best]);
+          if (dc < db || (dc == db && c % 2 == 0)) best = c;
+        }
+        const float want = (best == 0 ? 0.0f : std::copysign(mags[best] * scale, x[i]));
+        ASSERT_EQ(y[i], want) << CodecName(spec.codec) << " element " << i << " = " << x[i];
+      }
+    }
+  }
+}
+
 TEST(CodecTest, DeterministicAndSizes) {
   std::vector<float> x(1000);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * float(i % 17);
