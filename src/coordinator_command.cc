@@ -97,6 +97,7 @@ class StateWriter {
     cv_.notify_all();
   }
   double max_write_s() const { return max_write_s_; }
+  int writes() const { return writes_; }
 
  private:
   void Run() {
@@ -113,6 +114,7 @@ class StateWriter {
                      std::string(s.message()).c_str());
       } else {
         sync_->MarkDurable(state);
+        ++writes_;
       }
       max_write_s_ = std::max(
           max_write_s_.load(),
@@ -131,6 +133,7 @@ class StateWriter {
   int pending_ = 0;
   bool stop_ = false;
   std::atomic<double> max_write_s_{0};
+  std::atomic<int> writes_{0};
   std::thread thread_;
 };
 
@@ -268,7 +271,13 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   (*server)->Shutdown();
-  writer.reset();  // the final state is durable before the coordinator says it stopped
+  if (writer) {
+    const int writes = writer->writes();
+    const double slowest = writer->max_write_s();
+    writer.reset();  // the final state is durable before the coordinator says it stopped
+    std::fprintf(options.out, "atoll coordinator: service state written %d times, slowest %.1f ms\n",
+                 writes + 1, 1e3 * slowest);
+  }
   std::fprintf(options.out, "atoll coordinator: stopped after %llu rounds, params %016llx\n",
                (unsigned long long)sync->committed_rounds(), (unsigned long long)sync->params_hash());
   std::fflush(options.out);
