@@ -127,9 +127,19 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   auto data = inner::LoadDataset(config.data, config.model.context, config.model.vocab);
   if (!data.ok()) return data.status();
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
-  if (fs::exists(fs::path(options.run_dir) / "metrics.jsonl")) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("run directory ", options.run_dir, " already holds an island's run"));
+  std::optional<Checkpoint> resumed;
+  if (options.resume) {
+    // The island's own state (AdamW moments, data cursor, RNG) comes back from its newest
+    // checkpoint; the global parameters come from the service, as for any join.
+    auto latest = LatestCheckpoint(options.run_dir);
+    if (!latest.ok()) return latest.status();
+    auto ckpt = ReadCheckpoint(*latest);
+    if (!ckpt.ok()) return ckpt.status();
+    resumed = *std::move(ckpt);
+  } else if (fs::exists(fs::path(options.run_dir) / "metrics.jsonl")) {
+    return absl::AlreadyExistsError(absl::StrCat("run directory ", options.run_dir,
+                                                 " already holds an island's run (--resume "
+                                                 "continues it)"));
   }
 
   pb::JoinRequest join;
@@ -184,6 +194,12 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   if (!trainer.ok()) {
     leave();
     return trainer.status();
+  }
+  if (resumed) {
+    if (auto s = (*trainer)->ImportState(resumed->state); !s.ok()) {
+      leave();
+      return s;
+    }
   }
   if (!async && joined->round() > 0) {
     // A late joiner takes part from the run's current round: its step count (and so its
@@ -265,10 +281,11 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     heartbeats = std::make_unique<HeartbeatThread>(transport, beat, config.outer.heartbeat_s);
   }
   std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
+  fs::create_directories(fs::path(options.run_dir) / "checkpoints", ec);
   WriteFileAtomic((fs::path(options.run_dir) / "config.toml").string(), ToToml(config))
       .IgnoreError();
-  auto metrics = MetricsLog::Open((fs::path(options.run_dir) / "metrics.jsonl").string(), 0);
+  auto metrics = MetricsLog::Open((fs::path(options.run_dir) / "metrics.jsonl").string(),
+                                  resumed ? resumed->state.step : 0);
   if (!metrics.ok()) {
     leave();
     return metrics.status();
@@ -277,6 +294,11 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   Progress progress(options.progress, options.tty, train.steps, config.run.log_every, label);
   const int tau = config.outer.fragment_sync_delay;
   const double alpha = config.outer.alpha();
+  if (resumed) {
+    progress.Message(absl::StrFormat("%sresumed from its checkpoint of step %d (AdamW moments, "
+                                     "data cursor, RNG); global parameters from the service",
+                                     label, resumed->state.step));
+  }
   progress.Message(absl::StrFormat(
       "%sjoined %s run '%s' at %s %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
       "alpha = %.2f, %s, %s, %.2fM parameters (state: %.1f MiB in %.2fs)%s",
@@ -428,6 +450,31 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     return s;
   };
 
+  // Checkpoints: the training thread copies the island's state to CPU memory (the only stall) and
+  // a background task writes it (temp file, fsync, rename) while training goes on.
+  std::future<absl::Status> checkpoint_write;
+  auto save_checkpoint = [&](bool background) -> absl::Status {
+    if (checkpoint_write.valid()) {
+      if (auto s = checkpoint_write.get(); !s.ok()) {
+        progress.Message(absl::StrCat(label, "warning: checkpoint not written: ", s.message()));
+      }
+    }
+    const auto t0 = Clock::now();
+    inner::TrainerState state = (*trainer)->ExportState();
+    const double stall = Since(t0);
+    summary.checkpoints += 1;
+    summary.checkpoint_stall_max_s = std::max(summary.checkpoint_stall_max_s, stall);
+    auto write = [path = CheckpointPath(options.run_dir, state.step), state = std::move(state),
+                  meta = CheckpointMeta{Since(start), ToToml(config)}, dir = options.run_dir,
+                  keep = config.run.checkpoint_keep] {
+      auto s = WriteCheckpoint(path, state, meta);
+      if (s.ok()) PruneCheckpoints(dir, keep);
+      return s;
+    };
+    if (!background) return write();
+    checkpoint_write = std::async(std::launch::async, std::move(write));
+    return absl::OkStatus();
+  };
   auto evaluate = [&](int64_t t) {
     const auto eval = (*trainer)->Evaluate();
     summary.last_eval = eval;
@@ -464,6 +511,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
       std::this_thread::sleep_for(std::chrono::duration<double>(Since(t0) * (options.throttle - 1)));
     }
     summary.compute_s += Since(t0);
+    summary.steps_trained += 1;
     const int64_t t = (*trainer)->step();
     heartbeats->set_step(t);
     if (!pending_rejoin) pending_rejoin = heartbeats->TakeRefusal();
@@ -525,6 +573,10 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     const int64_t every = train.eval_every;
     // Async islands evaluate the run's final parameters once every island has finished (below).
     if ((every > 0 && t % every == 0 && !last) || (last && !async)) evaluate(t);
+    const int64_t ckpt_every = config.run.checkpoint_every;
+    if (ckpt_every > 0 && t % ckpt_every == 0 && !last) {
+      if (auto s = save_checkpoint(/*background=*/true); !s.ok()) return fail(s);
+    }
     if (options.stop != nullptr && options.stop->load()) break;
     if (last) break;
   }
@@ -563,6 +615,10 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   while (!in_flight.empty()) {
     if (auto s = land(0.0); !s.ok()) return fail(s);
   }
+  // The last checkpoint is written before the island says it is done.
+  if (auto s = save_checkpoint(/*background=*/false); !s.ok()) {
+    progress.Message(absl::StrCat(label, "warning: final checkpoint not written: ", s.message()));
+  }
   const std::vector<float> all_global = [&] {
     std::vector<float> g;
     for (const auto& s : syncs) g.insert(g.end(), s->global().begin(), s->global().end());
@@ -581,6 +637,11 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
                       {"resyncs", summary.resyncs},
                       {"rejoins", summary.rejoins},
                       {"spikes", summary.spikes},
+                      {"checkpoints", summary.checkpoints},
+                      {"checkpoint_stall_ms", 1e3 * summary.checkpoint_stall_max_s},
+                      {"steps_trained", summary.steps_trained},
+                      {"step_ms", 1e3 * summary.compute_s /
+                                      std::max<double>(1, double(summary.steps_trained))},
                       {"wall_s", summary.wall_s},
                       {"compute_s", summary.compute_s},
                       {"sync_s", summary.sync_s},

@@ -26,6 +26,7 @@ struct IslandOptions {
   bool tty = false;
   const std::atomic<bool>* stop = nullptr;  // leave the run after the current round
   double throttle = 1.0;  // >= 1: every inner step takes this many times as long (heterogeneity)
+  bool resume = false;    // continue from the newest checkpoint in run_dir
 };
 
 struct IslandSummary {
@@ -36,6 +37,9 @@ struct IslandSummary {
   uint64_t resyncs = 0;
   uint64_t rejoins = 0;   // times the service had dropped this island and it joined again
   uint64_t spikes = 0;    // steps the loss-spike guard refused (local parameters reloaded)
+  uint64_t checkpoints = 0;
+  int64_t steps_trained = 0;  // inner steps this process ran (the step counter may jump on a join)
+  double checkpoint_stall_max_s = 0;  // longest pause of training to snapshot a checkpoint
   double wall_s = 0;
   double compute_s = 0;   // inner steps
   double sync_s = 0;      // idle: the training thread waiting for outer updates

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/checkpoint.h"
 #include "src/rpc_security.h"
 
 extern char** environ;
@@ -218,26 +220,32 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   }
 
   LocalSummary summary;
-  // An island process; a name started before (a restart) gets its own directory and log.
+  // An island process. A name started before is restarted from its newest checkpoint (--resume);
+  // without one it starts afresh in a directory of its own.
   auto start_island = [&](const std::string& name, double throttle) -> absl::Status {
-    std::string base = name;
-    for (int k = 2; fs::exists(fs::path(options.run_dir) / base); ++k) {
-      base = absl::StrCat(name, ".", k);
-    }
     auto island = std::make_unique<Child>();
     island->name = name;
     island->is_island = true;
+    std::string base = name;
+    const bool restart = LatestCheckpoint((fs::path(options.run_dir) / name).string()).ok();
+    for (int k = 2; !restart && fs::exists(fs::path(options.run_dir) / base); ++k) {
+      base = absl::StrCat(name, ".", k);
+    }
     const std::string dir = (fs::path(options.run_dir) / base).string();
-    island->log.open(fs::path(options.run_dir) / (base + ".log"));
+    island->log.open(fs::path(options.run_dir) / (base + ".log"), std::ios::app);
     std::vector<std::string> a = {binary, "island", "--coordinator", address, "--name",
                                   name, "--run-dir", dir};
+    if (restart) a.push_back("--resume");
     if (throttle > 1) {
       a.push_back("--throttle");
       a.push_back(absl::StrCat(throttle));
     }
     a.insert(a.end(), common.begin(), common.end());
     if (auto s = Spawn(*island, a); !s.ok()) return s;
-    summary.island_dirs.push_back(dir);
+    if (std::find(summary.island_dirs.begin(), summary.island_dirs.end(), dir) ==
+        summary.island_dirs.end()) {
+      summary.island_dirs.push_back(dir);
+    }
     children.push_back(std::move(island));
     return absl::OkStatus();
   };

@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
   island->add_option("--run-dir", run_dir, "directory for metrics.jsonl and summary.json")->required();
   island->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
   island->add_option("--tls-ca", tls.ca, "trust these root certificates (PEM) and use TLS");
+  bool island_resume = false;
+  island->add_flag("--resume", island_resume,
+                   "continue from the newest checkpoint in --run-dir (AdamW state, data cursor), "
+                   "rejoining the run");
   double throttle = 1.0;
   island->add_option("--throttle", throttle,
                      "make every inner step take X times as long (a slower island, for tests and "
@@ -193,6 +197,7 @@ int main(int argc, char** argv) {
     options.tty = false;
     options.stop = &g_stop;
     options.throttle = throttle;
+    options.resume = island_resume;
     auto summary = atl::RunIsland(*config, **transport, options);
     if (!summary.ok()) return Fail(summary.status());
     std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "

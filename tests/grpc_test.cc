@@ -347,5 +347,28 @@ TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
   }
 }
 
+// An island killed mid-run comes back from its own checkpoint (written in the background every
+// 4 steps): it rejoins under its name, restores its AdamW state and data cursor, fetches the
+// global parameters, and the run ends with every copy bit-identical.
+TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
+  testing::TempDir dir;
+  const auto run = RunTwoIslands(
+      dir,
+      "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\n",
+      "--throttle 4,4 --train.steps=40 --train.checkpoint_every=4 --kill island1@round3 "
+      "--join island1@round4");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("[island1] resumed from its checkpoint of step"));
+  const auto service = ServiceHashes(dir);
+  ASSERT_EQ(service.at(0).size(), 10u);
+  for (const char* island : {"island0", "island1"}) {
+    auto summary =
+        nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["global_hash"], service.at(0).back()) << island;
+    EXPECT_EQ(summary["step"], 40) << island;
+    EXPECT_GT(summary["checkpoints"].get<int>(), 0) << island;
+  }
+}
+
 }  // namespace
 }  // namespace atl
