@@ -117,6 +117,10 @@ StepStats Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   StepStats stats;
   stats.lr = LearningRate(optim_, step_ + schedule_shift_, train_.steps);
+  if (ramp_done_ < ramp_steps_) {
+    ++ramp_done_;
+    stats.lr *= double(ramp_done_) / double(ramp_steps_);
+  }
   adamw_->ZeroGrad();
   const torch::Device device(train_.device);
   double loss_sum = 0;

@@ -90,6 +90,12 @@ class Trainer {
   // from there). Async islands follow the run's global progress instead of their own step count.
   // Not part of the checkpointed state.
   void SetSchedulePosition(int64_t position) { schedule_shift_ = position - step_; }
+  // Scales the learning rate of the next `steps` steps by 1/steps, 2/steps, ..., 1: a short warmup
+  // for fresh optimizer state (an island joining a run that is under way). Not checkpointed.
+  void RampLearningRate(int64_t steps) {
+    ramp_steps_ = steps;
+    ramp_done_ = 0;
+  }
   // An island joining a run late, or rejoining after the service lost rounds, continues at the
   // run's step: the step counter (and with it the schedule) moves there; model, optimizer state
   // and data cursor are untouched.
@@ -120,6 +126,7 @@ class Trainer {
   at::Tensor inputs_, targets_;  // reused micro-batch buffers (CPU)
   int64_t step_ = 0;
   int64_t schedule_shift_ = 0;
+  int64_t ramp_steps_ = 0, ramp_done_ = 0;
 };
 
 // Called after every step; returning an error stops the loop with it.

@@ -35,6 +35,10 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.spike_window must be >= 0 and outer.spike_factor > 0, got ", c.spike_window, " and ",
         c.spike_factor));
   }
+  if (c.join_warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.join_warmup_steps must be >= 0, got ", c.join_warmup_steps));
+  }
   if (c.durable_every < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.durable_every must be >= 1, got ", c.durable_every));

@@ -21,6 +21,7 @@ struct OuterConfig {
   double lease_s = 5;                // an island silent this long is dead and dropped
   double reconnect_timeout_s = 60;   // islands retry joining (backoff + jitter) this long
   int durable_every = 1;             // the coordinator writes its state every K rounds
+  int join_warmup_steps = 0;         // a late joiner's fresh AdamW ramps its lr up over this many steps
   int spike_window = 50;             // loss-spike guard: recent losses compared against (0: off)
   double spike_factor = 8;           // ... robust standard deviations above their median
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire

@@ -73,6 +73,8 @@ std::vector<Field> Schema(Config& c) {
        "loss-spike guard: recent losses to compare with (0: only non-finite losses)"},
       {"outer.spike_factor", &c.outer.spike_factor,
        "loss-spike guard: robust standard deviations above the median that make a spike"},
+      {"outer.join_warmup_steps", &c.outer.join_warmup_steps,
+       "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)"},
       {"outer.codec", &c.outer.codec, "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"},
       {"outer.error_feedback", &c.outer.error_feedback, "carry codec error into the next round"},
       {"outer.stochastic_rounding", &c.outer.stochastic_rounding,

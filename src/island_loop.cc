@@ -205,6 +205,9 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     // A late joiner takes part from the run's current round: its step count (and so its
     // learning-rate schedule and its last step) line up with the other islands'.
     (*trainer)->SetStep(int64_t(joined->round()) * h);
+    if (!resumed && config.outer.join_warmup_steps > 0) {
+      (*trainer)->RampLearningRate(config.outer.join_warmup_steps);
+    }
   }
   const NamedParams params = inner::NamedParameters(*(*trainer)->model());
   const auto layout = LayoutOf(params);

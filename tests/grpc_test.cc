@@ -310,7 +310,8 @@ TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
                      "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
                      "[train]\nsteps = 80\nbatch_size = 4\neval_every = 0\neval_batches = 2\n"
                      "threads = 1\n[optim]\nwarmup_steps = 2\n"
-                     "[outer]\nsync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.5\n");
+                     "[outer]\nsync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.5\n"
+                     "join_warmup_steps = 4\n");
   // Throttled, so that the run lasts a few seconds: long enough for a process to start and join.
   const auto run = testing::RunCommand(
       std::string(ATOLL_BIN) + " local --islands 3 --config " + dir.Join("run.toml") +

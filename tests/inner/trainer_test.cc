@@ -37,6 +37,25 @@ TEST(ScheduleTest, WarmupThenCosineToTheFloor) {
   EXPECT_NEAR(LearningRate(o, 500, 110), 0.1, 1e-12);
 }
 
+TEST(TrainerTest, JumpsAndRampsMoveTheScheduleAsAsked) {
+  auto c = TinyConfig("");
+  c.optim.warmup_steps = 0;
+  c.train.steps = 100;
+  auto data = Data(c);
+  auto t = Make(c, data);
+  t->SetStep(50);  // a late joiner: the schedule continues from the run's step
+  EXPECT_DOUBLE_EQ(t->Step().lr, LearningRate(c.optim, 50, 100));
+  t->RampLearningRate(4);  // fresh optimizer state: 1/4, 2/4, 3/4, 4/4 of the schedule
+  for (int k = 1; k <= 5; ++k) {
+    const int64_t at = t->step();
+    const double want = LearningRate(c.optim, at, 100) * (k <= 4 ? k / 4.0 : 1.0);
+    EXPECT_DOUBLE_EQ(t->Step().lr, want) << k;
+  }
+  t->SetSchedulePosition(90);  // async: the run's progress, whatever this island's step count
+  EXPECT_DOUBLE_EQ(t->Step().lr, LearningRate(c.optim, 90, 100));
+  EXPECT_EQ(t->step(), 57);
+}
+
 TEST(TrainerTest, SameSeedGivesBitIdenticalLosses) {
   auto c = TinyConfig("");
   auto data = Data(c);
