@@ -354,8 +354,9 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
       return again.status();
     } else if (again->data_stream() != data_stream) {
       progress.Message(absl::StrFormat(
-          "%swarning: data stream %d was taken meanwhile; this island goes on reading stream %d",
-          label, data_stream, data_stream));
+          "%swarning: its data stream %d was taken meanwhile (the service assigned %d); this "
+          "island goes on reading stream %d",
+          label, data_stream, again->data_stream(), data_stream));
     }
     for (uint32_t f = 0; f < num_fragments; ++f) {
       if (auto s = syncs[f]->FetchGlobal(); !s.ok()) return s;
