@@ -81,6 +81,7 @@ absl::Status IslandSync::FetchGlobal() {
         const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
                                absl::IsDeadlineExceeded(s);
         if (!transient || ++tries > options_.retries) return s;
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << tries, 2000)));
       }
       if (!changed) offset += count;
     }

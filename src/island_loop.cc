@@ -250,9 +250,14 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     for (size_t i : fragments[f]) n += layout.numels[i];
     syncs.push_back(std::make_unique<outer::IslandSync>(&transport, config.outer.run_id, island_id,
                                                         n, sync_options));
-    if (auto s = syncs[f]->FetchGlobal(); !s.ok()) {
+    // A coordinator that restarts right now is waited for, as for the join itself.
+    auto fetched = WithRetries(config.outer.reconnect_timeout_s, [&]() -> absl::StatusOr<bool> {
+      if (auto s = syncs[f]->FetchGlobal(); !s.ok()) return s;
+      return true;
+    });
+    if (!fetched.ok()) {
       leave();
-      return s;
+      return fetched.status();
     }
     LoadFlat(syncs[f]->global(), params, fragments[f]);
   }
