@@ -63,6 +63,15 @@ absl::Status SyncServer::CheckRun(const std::string& run_id) const {
                                           options_.run_id, "')"));
 }
 
+void SyncServer::FillSchedule(pb::OuterSchedule* sched) const {
+  sched->set_sync_every(options_.sync_every);
+  sched->set_num_fragments(uint32_t(fragments_.size()));
+  sched->set_num_data_streams(options_.num_data_streams);
+  sched->set_total_inner_steps(options_.total_inner_steps);
+  sched->set_async(options_.async);
+  sched->set_token_budget(options_.token_budget);
+}
+
 absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
@@ -84,13 +93,7 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   r.set_island_id(request.name());
   r.set_data_stream(m.data_stream);
   r.set_round(fragments_[0].round);
-  auto* sched = r.mutable_schedule();
-  sched->set_sync_every(options_.sync_every);
-  sched->set_num_fragments(uint32_t(fragments_.size()));
-  sched->set_num_data_streams(options_.num_data_streams);
-  sched->set_total_inner_steps(options_.total_inner_steps);
-  sched->set_async(options_.async);
-  sched->set_token_budget(options_.token_budget);
+  FillSchedule(r.mutable_schedule());
   r.set_config_hash(options_.config_hash);
   for (uint32_t f = 0; f < fragments_.size(); ++f) {
     auto* frag = r.add_fragments();
@@ -144,11 +147,7 @@ pb::GetStateResponse SyncServer::GetState() const {
     i->set_data_stream(m.data_stream);
     i->set_state(StateName(m.state));
   }
-  auto* sched = r.mutable_schedule();
-  sched->set_sync_every(options_.sync_every);
-  sched->set_num_fragments(uint32_t(fragments_.size()));
-  sched->set_num_data_streams(options_.num_data_streams);
-  sched->set_total_inner_steps(options_.total_inner_steps);
+  FillSchedule(r.mutable_schedule());
   const auto& committed = fragments_[0].committed;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     auto* s = r.add_committed();
@@ -618,11 +617,6 @@ uint64_t SyncServer::params_hash(uint32_t fragment) const {
 std::vector<float> SyncServer::params(uint32_t fragment) const {
   std::lock_guard<std::mutex> lock(mu_);
   return fragments_.at(fragment).params;
-}
-
-uint64_t SyncServer::tokens_committed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return tokens_committed_;
 }
 
 bool SyncServer::budget_reached() const {

@@ -136,8 +136,7 @@ class SyncServer {
   const FragmentLayout& layout(uint32_t fragment = 0) const { return fragments_[fragment].layout; }
   // Rounds (versions in async mode) committed over all fragments.
   uint64_t committed_rounds() const;
-  // Async: tokens of fragment 0's contributions, and whether they reached the budget.
-  uint64_t tokens_committed() const;
+  // Async: whether fragment 0's contributions have reached the token budget.
   bool budget_reached() const;
   const SyncServerOptions& options() const { return options_; }
 
@@ -162,6 +161,8 @@ class SyncServer {
   };
 
   absl::Status CheckRun(const std::string& run_id) const;
+  // The schedule islands are told at join and by GetState (one source for both).
+  void FillSchedule(pb::OuterSchedule* schedule) const;
   absl::StatusOr<uint32_t> CheckFragment(uint32_t fragment) const;
   bool ReadyLocked(const Fragment& f, absl::Time now) const;
   void CommitLocked(uint32_t fragment, absl::Time now);

@@ -573,6 +573,9 @@ TEST_F(SyncServerTest, AsyncAppliesEachContributionAtOnceAndRefusesStaleOnes) {
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(s->Push(Payload("a", 2, {1, 1, 1, 1}, 10)).ok());  // version 3, budget reached
   EXPECT_TRUE(s->budget_reached());
+  // GetState tells the same schedule as Join.
+  EXPECT_TRUE(s->GetState().schedule().async());
+  EXPECT_EQ(s->GetState().schedule().token_budget(), 25u);
   const auto before = s->params();
   // b's base 0 again would be 3 versions stale: refused (before the duplicate check), untouched.
   r = s->Push(Payload("b", 0, {1, 1, 1, 1}));
