@@ -45,8 +45,9 @@ void EncodeFp4FullBlocks(size_t nblocks, const float* in, uint8_t* scales, uint8
     const int e = Fp4ScaleExponent<F>(FromBits(m));
     scales[b] = uint8_t(e + 127);
     const float inv = Pow2(-e);
+    const int max_code = F::MaxCode(e);
     uint8_t c[kBlock];
-    for (uint32_t i = 0; i < kBlock; ++i) c[i] = Fp4Nearest<F>(src[i], inv);
+    for (uint32_t i = 0; i < kBlock; ++i) c[i] = Fp4Nearest<F>(src[i], inv, max_code);
     uint8_t* dst = codes + b * (kBlock / 2);
     for (uint32_t i = 0; i < kBlock / 2; ++i) dst[i] = uint8_t(c[2 * i] | (c[2 * i + 1] << 4));
   }
@@ -68,14 +69,15 @@ void EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out, const Ro
     const int e = Fp4ScaleExponent<F>(BlockAmax(in + first, len));
     scales[b] = uint8_t(e + 127);
     const float inv = Pow2(-e);
+    const int max_code = F::MaxCode(e);
     const float* src = in + first;
     if constexpr (kStochastic) {
       const uint64_t base = rounding.first_index + first;
       for (size_t i = 0; i < len; ++i) {
-        tmp[i] = Fp4Stochastic<F>(src[i], inv, Uniform(rounding.seed, base + i));
+        tmp[i] = Fp4Stochastic<F>(src[i], inv, Uniform(rounding.seed, base + i), max_code);
       }
     } else {
-      for (size_t i = 0; i < len; ++i) tmp[i] = Fp4Nearest<F>(src[i], inv);
+      for (size_t i = 0; i < len; ++i) tmp[i] = Fp4Nearest<F>(src[i], inv, max_code);
     }
     tmp[len] = 0;  // pads an odd last block
     uint8_t* dst = codes + first / 2;  // blocks are even, so each starts on a byte

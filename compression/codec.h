@@ -15,6 +15,11 @@
 // 4-bit codes: bit 3 is the sign, bits 0-2 index the magnitudes; a value that rounds to zero is
 // encoded as +0. Rounding is to nearest, ties to the even code, deterministic; the scale byte is
 // clamped to [0, 254] (E8M0 has no infinity and 255 is NaN), so blocks beyond that range saturate.
+// Encoding saturates, it never refuses a finite value: every payload an encoder writes decodes to
+// finite values. Finite inputs whose nearest code would overflow float on decoding take the largest
+// finite code of their sign instead: bf16 above 3.3895314e38 decodes to +-3.3895314e38, FP4 E3M0
+// blocks with amax >= 2^127 cap at magnitude 2^127, and int8 takes its scale one ulp lower when
+// 127 x scale would overflow (amax within an ulp of FLT_MAX).
 // Stochastic rounding (optional, Rounding below) rounds a value between two neighbouring codes up
 // with probability equal to its distance from the lower one over their gap, so it is unbiased;
 // element k of a tensor draws Uniform(seed, k) from a counter-based generator (codec_math.h), so

@@ -43,11 +43,11 @@ __global__ void FirstNonFiniteKernel(const float* in, size_t n, unsigned long lo
 }
 
 template <class F, bool kStochastic>
-__device__ uint8_t Fp4Code(float x, float inv, uint64_t seed, uint64_t index) {
+__device__ uint8_t Fp4Code(float x, float inv, int max_code, uint64_t seed, uint64_t index) {
   if constexpr (kStochastic) {
-    return m::Fp4Stochastic<F>(x, inv, m::Uniform(seed, index));
+    return m::Fp4Stochastic<F>(x, inv, m::Uniform(seed, index), max_code);
   } else {
-    return m::Fp4Nearest<F>(x, inv);
+    return m::Fp4Nearest<F>(x, inv, max_code);
   }
 }
 
@@ -61,11 +61,13 @@ __global__ void EncodeFp4Kernel(const float* in, size_t n, uint32_t block, size_
     const int e = m::Fp4ScaleExponent<F>(WarpBlockAmax(in, first, len, lane));
     if (lane == 0) out[b] = uint8_t(e + 127);
     const float inv = m::Pow2(-e);
+    const int max_code = F::MaxCode(e);
     for (size_t p = lane; p < (len + 1) / 2; p += 32) {
       const size_t k = first + 2 * p;
-      const uint8_t lo = Fp4Code<F, kStochastic>(in[k], inv, seed, first_index + k);
-      const uint8_t hi =
-          2 * p + 1 < len ? Fp4Code<F, kStochastic>(in[k + 1], inv, seed, first_index + k + 1) : 0;
+      const uint8_t lo = Fp4Code<F, kStochastic>(in[k], inv, max_code, seed, first_index + k);
+      const uint8_t hi = 2 * p + 1 < len ? Fp4Code<F, kStochastic>(in[k + 1], inv, max_code, seed,
+                                                                     first_index + k + 1)
+                                         : 0;
       codes[k / 2] = uint8_t(lo | (hi << 4));
     }
   }

@@ -87,18 +87,27 @@ ATOLL_HD float Uniform(uint64_t seed, uint64_t index) {
 }
 
 // ---- bf16: the top 16 bits of the float.
+// Finite floats above bf16's largest finite value (3.3895314e38) would round to infinity, which
+// no decoder accepts: they saturate to the largest finite bf16 of their sign instead.
+ATOLL_HD uint16_t Bf16Saturate(uint16_t h) {
+  return (h & 0x7F80u) == 0x7F80u ? uint16_t((h & 0x8000u) | 0x7F7Fu) : h;
+}
 ATOLL_HD uint16_t Bf16Nearest(float x) {
   const uint32_t u = Bits(x);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return Bf16Saturate(uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16));
 }
-// Rounds away from zero with probability (dropped bits) / 2^16: unbiased.
+// Rounds away from zero with probability (dropped bits) / 2^16: unbiased (saturating as above).
 ATOLL_HD uint16_t Bf16Stochastic(float x, uint64_t seed, uint64_t index) {
-  return uint16_t((Bits(x) + uint32_t(Draw(seed, index) & 0xFFFFu)) >> 16);
+  return Bf16Saturate(uint16_t((Bits(x) + uint32_t(Draw(seed, index) & 0xFFFFu)) >> 16));
 }
 ATOLL_HD float Bf16Value(uint16_t h) { return FromBits(uint32_t(h) << 16); }
 
-// ---- int8: per-block scale amax / 127.
-ATOLL_HD float Int8Scale(float amax) { return amax / 127.0f; }
+// ---- int8: per-block scale amax / 127, taken one ulp lower when 127 x scale would overflow (amax
+// within an ulp of FLT_MAX), so that every code decodes to a finite value.
+ATOLL_HD float Int8Scale(float amax) {
+  const float s = amax / 127.0f;
+  return IsFinite(s * 127.0f) ? s : FromBits(Bits(s) - 1u);
+}
 ATOLL_HD int8_t Int8Nearest(float x, float scale) {
   const float y = scale > 0 ? RoundHalfEven(x / scale) : 0.0f;
   return int8_t(Clamp(y, -127.0f, 127.0f));
@@ -117,6 +126,9 @@ ATOLL_HD int8_t Int8Stochastic(float x, float scale, float r) {
 // E8M0 byte e + 127, e = floor(log2 amax) - kScaleOffset, clamped to [-127, 127].
 struct E2M1 {  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
   static constexpr int kScaleOffset = 2;
+  // The largest code that stays finite at scale 2^e: e <= 125 here (floor(log2 FLT_MAX) - 2), and
+  // 6 x 2^125 is finite, so every code is.
+  ATOLL_HD static int MaxCode(int) { return 7; }
   ATOLL_HD static float Magnitude(int c) {
     return c < 2 ? 0.5f * float(c) : (1.0f + 0.5f * float(c & 1)) * Pow2((c >> 1) - 1);
   }
@@ -135,6 +147,8 @@ struct E2M1 {  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
 
 struct E3M0 {  // magnitudes 0 and 2^-5 ... 2^1
   static constexpr int kScaleOffset = 0;
+  // At scale 2^127 (amax >= 2^127) the top magnitude 2 x 2^127 overflows: saturate at 2^127.
+  ATOLL_HD static int MaxCode(int e) { return e >= 127 ? 6 : 7; }
   ATOLL_HD static float Magnitude(int c) { return c == 0 ? 0.0f : Pow2(c - 6); }
   ATOLL_HD static int Nearest(float v) {
     return int(v > 0.015625f) + int(v >= 0.046875f) + int(v > 0.09375f) + int(v >= 0.1875f) +
@@ -158,10 +172,13 @@ ATOLL_HD uint8_t Fp4WithSign(float x, int magnitude_code) {
   return uint8_t(magnitude_code | (sign << 3));
 }
 
-// inv_scale = 2^-e, so |x| * inv_scale is exact (or rounds the same way everywhere).
+ATOLL_HD int MinInt(int a, int b) { return a < b ? a : b; }
+
+// inv_scale = 2^-e, so |x| * inv_scale is exact (or rounds the same way everywhere); max_code is
+// F::MaxCode(e).
 template <class F>
-ATOLL_HD uint8_t Fp4Nearest(float x, float inv_scale) {
-  return Fp4WithSign(x, F::Nearest(FromBits(AbsBits(x)) * inv_scale));
+ATOLL_HD uint8_t Fp4Nearest(float x, float inv_scale, int max_code) {
+  return Fp4WithSign(x, MinInt(F::Nearest(FromBits(AbsBits(x)) * inv_scale), max_code));
 }
 
 // Rounds |x| / scale up to the next magnitude with probability (v - lo) / (hi - lo): unbiased
@@ -169,14 +186,14 @@ ATOLL_HD uint8_t Fp4Nearest(float x, float inv_scale) {
 // are within a factor of two), so the comparison is exact. Values past the largest magnitude
 // saturate.
 template <class F>
-ATOLL_HD uint8_t Fp4Stochastic(float x, float inv_scale, float r) {
+ATOLL_HD uint8_t Fp4Stochastic(float x, float inv_scale, float r, int max_code) {
   const float v = FromBits(AbsBits(x)) * inv_scale;
   int c = F::Floor(v);
   if (c < 7) {
     const float lo = F::Magnitude(c), gap = F::Magnitude(c + 1) - lo;
     c += int(r * gap < v - lo);
   }
-  return Fp4WithSign(x, c);
+  return Fp4WithSign(x, MinInt(c, max_code));
 }
 
 template <class F>

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -261,6 +262,50 @@ TEST(CodecTest, DeterministicAndSizes) {
   EXPECT_EQ(EncodedBytes(kE2M1, 1000), 32u + 500u);   // 8.5x smaller than fp32 at 1000
   EXPECT_EQ(EncodedBytes({Codec::kInt8, 64}, 1000), 16u * 4 + 1000u);
   EXPECT_EQ(EncodedBytes({Codec::kBf16, 0}, 1000), 2000u);
+}
+
+// Every finite input encodes to a payload its own decoder accepts, with the sign kept and the
+// magnitude saturated at most: no codec writes bytes that decode to infinity.
+TEST(CodecTest, EncodeSaturatesNearTheFloatMaximumAndDecodingAccepts) {
+  const float kMax = std::numeric_limits<float>::max();
+  std::vector<float> x = {kMax,
+                          -kMax,
+                          3.3961775e38f,   // rounds to infinity in bf16 without saturation
+                          -3.3961775e38f,
+                          std::ldexp(1.5f, 127) * 1.0000001f,  // E3M0 past 1.5 x 2^127
+                          std::ldexp(1.0f, 127),
+                          std::nextafter(kMax, 0.0f),
+                          1.0f,
+                          -2.5e38f,
+                          0.0f};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> big(1e38f, kMax);
+  for (int i = 0; i < 118; ++i) x.push_back((i % 2 ? -1.0f : 1.0f) * big(rng));
+  const CodecSpec specs[] = {{Codec::kFp32, 0}, {Codec::kBf16, 0},      {Codec::kInt8, 64},
+                             {Codec::kInt8, 1}, {Codec::kFp4E2M1, 32},  {Codec::kFp4E3M0, 32},
+                             {Codec::kFp4E3M0, 2}, {Codec::kFp4E2M1, 2}};
+  for (const CodecSpec& spec : specs) {
+    for (bool stochastic : {false, true}) {
+      Rounding r;
+      r.stochastic = stochastic;
+      r.seed = 99;
+      std::vector<uint8_t> bytes(EncodedBytes(spec, x.size()));
+      ASSERT_TRUE(Encode(spec, x.data(), x.size(), bytes.data(), r).ok());
+      std::vector<float> y(x.size());
+      auto s = Decode(spec, bytes.data(), bytes.size(), x.size(), y.data());
+      ASSERT_TRUE(s.ok()) << CodecName(spec.codec) << "/" << spec.block_size
+                          << (stochastic ? " stochastic: " : ": ") << s;
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(y[i])) << CodecName(spec.codec) << " element " << i;
+        if (y[i] != 0) {
+          EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "element " << i;
+        }
+      }
+      if (spec.codec == Codec::kBf16) {
+        EXPECT_EQ(y[0], 3.3895314e38f);  // bf16's largest finite value
+      }
+    }
+  }
 }
 
 TEST(CodecTest, RefusesBadInputAndBadSpecs) {
