@@ -85,19 +85,17 @@ void EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out, const Ro
   }
 }
 
+// Elements [lo, hi) of an n-element payload into out[0, hi - lo).
 template <class F>
-void DecodeFp4(uint32_t block, const uint8_t* in, size_t n, float* out) {
+void DecodeFp4(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t hi, float* out) {
   const size_t nblocks = (n + block - 1) / block;
   const uint8_t* codes = in + nblocks;
-  for (size_t b = 0; b < nblocks; ++b) {
-    const size_t first = b * block, len = std::min<size_t>(block, n - first);
+  for (size_t b = lo / block; b * block < hi; ++b) {
+    const size_t first = std::max(b * block, lo), last = std::min((b + 1) * block, hi);
     const float scale = Pow2(int(in[b]) - 127);
     float table[16];
     for (int c = 0; c < 16; ++c) table[c] = Fp4Value<F>(uint8_t(c), scale);
-    for (size_t i = 0; i < len; ++i) {
-      const size_t k = first + i;
-      out[k] = table[(codes[k / 2] >> ((k & 1) * 4)) & 0xF];
-    }
+    for (size_t k = first; k < last; ++k) out[k - lo] = table[(codes[k / 2] >> ((k & 1) * 4)) & 0xF];
   }
 }
 
@@ -119,14 +117,14 @@ void EncodeInt8(uint32_t block, const float* in, size_t n, uint8_t* out, const R
   }
 }
 
-void DecodeInt8(uint32_t block, const uint8_t* in, size_t n, float* out) {
+void DecodeInt8(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t hi, float* out) {
   const size_t nblocks = (n + block - 1) / block;
   const int8_t* q = reinterpret_cast<const int8_t*>(in + 4 * nblocks);
-  for (size_t b = 0; b < nblocks; ++b) {
-    const size_t first = b * block, len = std::min<size_t>(block, n - first);
+  for (size_t b = lo / block; b * block < hi; ++b) {
+    const size_t first = std::max(b * block, lo), last = std::min((b + 1) * block, hi);
     float scale;
     std::memcpy(&scale, in + 4 * b, 4);
-    for (size_t i = 0; i < len; ++i) out[first + i] = float(q[first + i]) * scale;
+    for (size_t k = first; k < last; ++k) out[k - lo] = float(q[k]) * scale;
   }
 }
 
@@ -236,21 +234,31 @@ absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* o
 }
 
 absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n, float* out) {
+  return DecodeSlice(spec, in, bytes, n, 0, n, out);
+}
+
+absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                         size_t first, size_t count, float* out) {
   if (bytes != EncodedBytes(spec, n)) {
     return absl::InvalidArgumentError(absl::StrCat(CodecName(spec.codec), " payload of ", n,
                                                    " elements must be ", EncodedBytes(spec, n),
                                                    " bytes, got ", bytes));
   }
-  switch (spec.codec) {
-    case Codec::kFp32: std::memcpy(out, in, bytes); break;
-    case Codec::kBf16: DecodeBf16(in, n, out); break;
-    case Codec::kInt8: DecodeInt8(spec.block_size, in, n, out); break;
-    case Codec::kFp4E2M1: DecodeFp4<E2M1>(spec.block_size, in, n, out); break;
-    case Codec::kFp4E3M0: DecodeFp4<E3M0>(spec.block_size, in, n, out); break;
+  if (first > n || count > n - first) {
+    return absl::OutOfRangeError(absl::StrCat("elements [", first, ", ", first + count,
+                                              ") are outside the payload's ", n));
   }
-  if (const size_t bad = FirstNonFinite(out, n); bad < n) {
+  const size_t last = first + count;
+  switch (spec.codec) {
+    case Codec::kFp32: std::memcpy(out, in + 4 * first, 4 * count); break;
+    case Codec::kBf16: DecodeBf16(in + 2 * first, count, out); break;
+    case Codec::kInt8: DecodeInt8(spec.block_size, in, n, first, last, out); break;
+    case Codec::kFp4E2M1: DecodeFp4<E2M1>(spec.block_size, in, n, first, last, out); break;
+    case Codec::kFp4E3M0: DecodeFp4<E3M0>(spec.block_size, in, n, first, last, out); break;
+  }
+  if (const size_t bad = FirstNonFinite(out, count); bad < count) {
     return absl::InvalidArgumentError(
-        absl::StrCat("payload decodes to a non-finite value at element ", bad));
+        absl::StrCat("payload decodes to a non-finite value at element ", first + bad));
   }
   return absl::OkStatus();
 }

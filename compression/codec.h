@@ -55,6 +55,10 @@ absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* o
 // Decodes n values; `bytes` must equal EncodedBytes(spec, n). Refuses payloads that decode to
 // non-finite values.
 absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n, float* out);
+// Decodes elements [first, first + count) of a payload of n elements (bytes must equal
+// EncodedBytes(spec, n)) into out[count]: a bounded window of a large payload, with the same checks.
+absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                         size_t first, size_t count, float* out);
 
 }  // namespace atl::compression
 

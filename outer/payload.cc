@@ -1,9 +1,11 @@
 #include "outer/payload.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
+#include "outer/names.h"
 
 namespace atl::outer {
 
@@ -55,45 +57,37 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
   return out;
 }
 
-Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
-                     compression::CodecSpec codec)
-    : id_(std::move(id)),
-      codec_(codec),
-      fragment_elements_(fragment_elements),
-      begin_(begin),
-      values_(n, 0.0f) {}
-
-absl::Status Assembler::Add(const pb::Chunk& chunk) {
+absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec,
+                        uint64_t fragment_elements, uint64_t begin, uint64_t end,
+                        const pb::Chunk& chunk) {
   const auto& h = chunk.header();
-  const std::string where = absl::StrCat("chunk ", h.chunk_index(), " of island '", h.island_id(),
-                                         "' for round ", h.round(), ", fragment ", h.fragment());
-  if (h.run_id() != id_.run_id) {
-    return absl::NotFoundError(absl::StrCat(where, ": unknown run '", h.run_id(), "'"));
+  const std::string where = absl::StrCat("chunk ", h.chunk_index(), " of island ",
+                                         Printable(h.island_id()), " for round ", h.round(),
+                                         ", fragment ", h.fragment());
+  if (h.run_id() != id.run_id) {
+    return absl::NotFoundError(absl::StrCat(where, ": unknown run ", Printable(h.run_id())));
   }
-  if (h.island_id() != id_.island_id || h.round() != id_.round || h.fragment() != id_.fragment) {
+  if (h.island_id() != id.island_id || h.round() != id.round || h.fragment() != id.fragment) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": does not belong to the payload of island '", id_.island_id,
-                     "', round ", id_.round, ", fragment ", id_.fragment));
+        absl::StrCat(where, ": does not belong to the payload of island ", Printable(id.island_id),
+                     ", round ", id.round, ", fragment ", id.fragment));
   }
-  if (h.fragment_elements() != fragment_elements_) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": fragment has ", fragment_elements_,
+  if (h.fragment_elements() != fragment_elements) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": fragment has ", fragment_elements,
                                                    " elements, chunk says ",
                                                    h.fragment_elements()));
   }
   auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
   if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", spec.status().message()));
-  if (spec->codec != codec_.codec || spec->block_size != codec_.block_size) {
+  if (spec->codec != codec.codec || spec->block_size != codec.block_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": codec ", compression::CodecName(spec->codec), "/", spec->block_size,
-        " does not match the run's ", compression::CodecName(codec_.codec), "/",
-        codec_.block_size));
+        " does not match the run's ", compression::CodecName(codec.codec), "/", codec.block_size));
   }
   const uint64_t first = h.offset(), count = h.num_elements();
-  if (count == 0 || first < begin_ || first + count > begin_ + values_.size() ||
-      first + count < first) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": range [", first, ", ", first + count,
-                                                   ") is outside [", begin_, ", ",
-                                                   begin_ + values_.size(), ")"));
+  if (count == 0 || first < begin || first > end || count > end - first) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": range [", first, ", +", count,
+                                                   ") is outside [", begin, ", ", end, ")"));
   }
   const size_t expected_bytes = compression::EncodedBytes(*spec, count);
   if (chunk.data().size() != expected_bytes) {
@@ -104,6 +98,136 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
   if (compression::Checksum(chunk.data().data(), chunk.data().size()) != chunk.xxh64()) {
     return absl::DataLossError(absl::StrCat(where, ": checksum mismatch"));
   }
+  return absl::OkStatus();
+}
+
+size_t EncodedPayload::bytes() const {
+  size_t b = 0;
+  for (const auto& c : chunks) b += c.data.size();
+  return b;
+}
+
+absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) const {
+  if (first < begin || first > begin + n || count > begin + n - first) {
+    return absl::OutOfRangeError(absl::StrCat("elements [", first, ", +", count,
+                                              ") are outside the payload's [", begin, ", ",
+                                              begin + n, ")"));
+  }
+  // The first chunk that ends after `first`.
+  auto it = std::upper_bound(chunks.begin(), chunks.end(), first,
+                             [](uint64_t x, const EncodedChunk& c) { return x < c.offset + c.count; });
+  while (count > 0) {
+    if (it == chunks.end() || it->offset > first) {
+      return absl::DataLossError(absl::StrCat("payload has no chunk holding element ", first));
+    }
+    const uint64_t within = first - it->offset;
+    const uint64_t take = std::min(count, it->count - within);
+    if (auto s = compression::DecodeSlice(codec, reinterpret_cast<const uint8_t*>(it->data.data()),
+                                          it->data.size(), it->count, within, take, out);
+        !s.ok()) {
+      return s;
+    }
+    first += take;
+    count -= take;
+    out += take;
+    ++it;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload) {
+  constexpr uint64_t kWindow = 1 << 14;
+  std::vector<float> window(std::min<uint64_t>(kWindow, payload.n));
+  double sum_sq = 0;
+  float max_abs = 0;
+  for (uint64_t a = 0; a < payload.n; a += kWindow) {
+    const uint64_t len = std::min(kWindow, payload.n - a);
+    if (auto s = payload.Read(payload.begin + a, len, window.data()); !s.ok()) return s;
+    for (uint64_t j = 0; j < len; ++j) {
+      sum_sq += double(window[j]) * double(window[j]);
+      max_abs = std::max(max_abs, std::abs(window[j]));
+    }
+  }
+  return PayloadStats{std::sqrt(sum_sq), double(max_abs)};
+}
+
+ChunkStream::ChunkStream(PayloadId id, compression::CodecSpec codec, uint64_t fragment_elements,
+                         uint64_t begin, uint64_t end)
+    : id_(std::move(id)), fragment_elements_(fragment_elements), end_(end) {
+  payload_.codec = codec;
+  payload_.begin = begin;
+}
+
+absl::Status ChunkStream::Add(pb::Chunk&& chunk) {
+  const auto& h = chunk.header();
+  const uint32_t index = uint32_t(payload_.chunks.size());
+  if (complete_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk_index(), " arrived after the ",
+                                                   "last chunk of the payload (", num_chunks_,
+                                                   " chunks)"));
+  }
+  if (h.chunk_index() != index || (index > 0 && h.num_chunks() != num_chunks_) ||
+      h.num_chunks() == 0 || h.num_chunks() <= h.chunk_index()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", h.chunk_index(), " of ", h.num_chunks(), " arrived where chunk ", index, " of ",
+        index > 0 ? num_chunks_ : h.num_chunks(), " was expected (chunks travel in order)"));
+  }
+  const uint64_t expected_offset = payload_.begin + payload_.n;
+  if (h.offset() != expected_offset) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " starts at element ",
+                                                   h.offset(), ", not where the payload stands (",
+                                                   expected_offset, ")"));
+  }
+  if (auto s = CheckChunk(id_, payload_.codec, fragment_elements_, payload_.begin, end_, chunk);
+      !s.ok()) {
+    return s;
+  }
+  const bool last = h.chunk_index() + 1 == h.num_chunks();
+  const uint64_t block = std::max<uint32_t>(1, payload_.codec.block_size);
+  if (!last && h.num_elements() % block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " of ", h.num_chunks(),
+                                                   " carries ", h.num_elements(),
+                                                   " elements: only the last chunk may end inside a ",
+                                                   block, "-element scale block"));
+  }
+  if (last && h.offset() + h.num_elements() != end_) {
+    return absl::InvalidArgumentError(absl::StrCat("the last chunk ends at element ",
+                                                   h.offset() + h.num_elements(),
+                                                   "; the payload must cover [", payload_.begin,
+                                                   ", ", end_, ")"));
+  }
+  num_chunks_ = h.num_chunks();
+  payload_.n += h.num_elements();
+  payload_.chunks.push_back(
+      {h.offset(), h.num_elements(), std::move(*chunk.mutable_data())});
+  complete_ = last;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkStream::CheckComplete() const {
+  if (complete_) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "payload of island ", Printable(id_.island_id), " for round ", id_.round, " is incomplete: ",
+      payload_.n, " of ", end_ - payload_.begin, " elements received"));
+}
+
+Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
+                     compression::CodecSpec codec)
+    : id_(std::move(id)),
+      codec_(codec),
+      fragment_elements_(fragment_elements),
+      begin_(begin),
+      values_(n, 0.0f) {}
+
+absl::Status Assembler::Add(const pb::Chunk& chunk) {
+  if (auto s = CheckChunk(id_, codec_, fragment_elements_, begin_, begin_ + values_.size(), chunk);
+      !s.ok()) {
+    return s;
+  }
+  const auto& h = chunk.header();
+  const uint64_t first = h.offset(), count = h.num_elements();
+  const std::string where = absl::StrCat("chunk ", h.chunk_index(), " of round ", h.round(),
+                                         ", fragment ", h.fragment());
   // Overlap with an accepted chunk (a duplicate or a forged range).
   auto next = ranges_.lower_bound(first);
   if (next != ranges_.end() && next->first < first + count) {
@@ -117,7 +241,7 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
   }
   // Decode into scratch first: a payload with non-finite values must not touch values_.
   std::vector<float> scratch(count);
-  if (auto s = compression::Decode(*spec, reinterpret_cast<const uint8_t*>(chunk.data().data()),
+  if (auto s = compression::Decode(codec_, reinterpret_cast<const uint8_t*>(chunk.data().data()),
                                    chunk.data().size(), count, scratch.data());
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
@@ -130,8 +254,8 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
 
 absl::Status Assembler::CheckComplete() const {
   if (complete()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("payload of island '", id_.island_id,
-                                                 "' for round ", id_.round, " is incomplete: ",
+  return absl::InvalidArgumentError(absl::StrCat("payload of island ", Printable(id_.island_id),
+                                                 " for round ", id_.round, " is incomplete: ",
                                                  covered_, " of ", values_.size(),
                                                  " elements received"));
 }

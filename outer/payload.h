@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -38,9 +39,71 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                     size_t max_chunk_bytes = kDefaultChunkBytes,
                                                     compression::Rounding rounding = {});
 
-// Collects the chunks of one payload covering elements [begin, begin + n) of a fragment. Every
-// chunk is checked (ids, codec, range, size, checksum, overlap, finite values) before its values
-// are accepted; a refused chunk leaves the assembler as it was.
+// The checks a chunk passes before its bytes are kept or decoded: it belongs to the payload (run,
+// island, round, fragment), uses the payload's codec, carries elements inside [begin, end) of a
+// fragment of `fragment_elements`, exactly the bytes those elements take, and a matching checksum.
+// NOT_FOUND for another run, DATA_LOSS for a checksum, INVALID_ARGUMENT otherwise. Strings from
+// the header appear in messages only through Printable().
+absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec,
+                        uint64_t fragment_elements, uint64_t begin, uint64_t end,
+                        const pb::Chunk& chunk);
+
+// A verified payload kept as it arrived (encoded): the chunks of elements [begin, begin + n) of a
+// fragment, in order and contiguous. Decoded on demand, window by window.
+struct EncodedChunk {
+  uint64_t offset = 0;  // first element, within the fragment
+  uint64_t count = 0;
+  std::string data;
+};
+
+struct EncodedPayload {
+  compression::CodecSpec codec;
+  uint64_t begin = 0, n = 0;
+  std::vector<EncodedChunk> chunks;
+
+  size_t bytes() const;
+  // Decodes elements [first, first + count) (fragment offsets inside the payload's range).
+  absl::Status Read(uint64_t first, uint64_t count, float* out) const;
+};
+
+// Decodes a payload window by window: every value must be finite (INVALID_ARGUMENT naming the first
+// one that is not); returns its L2 norm and largest magnitude.
+struct PayloadStats {
+  double norm = 0;
+  double max_abs = 0;
+};
+absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload);
+
+// Receives the chunks of one stream (a Push call) and checks each as it arrives, before keeping its
+// bytes: CheckChunk, then in order (chunk_index 0, 1, ...), contiguous from `begin` (each starts
+// where the previous ended), one num_chunks throughout, whole scale blocks in every chunk but the
+// last, and the last ending exactly at `end`. The bytes it keeps therefore never exceed the encoded
+// size of [begin, end), whatever a peer sends.
+class ChunkStream {
+ public:
+  ChunkStream(PayloadId id, compression::CodecSpec codec, uint64_t fragment_elements,
+              uint64_t begin, uint64_t end);
+
+  // Takes the chunk's data. A refused chunk leaves the stream as it was.
+  absl::Status Add(pb::Chunk&& chunk);
+  bool complete() const { return complete_; }
+  // Names what is missing when not complete.
+  absl::Status CheckComplete() const;
+  // The payload received (complete or not).
+  EncodedPayload Take() && { return std::move(payload_); }
+  const PayloadId& id() const { return id_; }
+
+ private:
+  PayloadId id_;
+  uint64_t fragment_elements_, end_;
+  EncodedPayload payload_;
+  uint32_t num_chunks_ = 0;  // from the first chunk
+  bool complete_ = false;
+};
+
+// Collects the chunks of one payload covering elements [begin, begin + n) of a fragment, in any
+// order. Every chunk is checked (CheckChunk, overlap, finite values) before its values are
+// accepted; a refused chunk leaves the assembler as it was.
 class Assembler {
  public:
   // Chunks must use `codec` (the run's codec for the payload's direction).

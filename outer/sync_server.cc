@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "compression/checksum.h"
+#include "outer/aggregation.h"
 
 namespace atl::outer {
 namespace {
@@ -160,64 +161,110 @@ pb::GetStateResponse SyncServer::GetState() const {
   return r;
 }
 
+PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t tokens, double steps_per_s)
+    : server_(server), chunks_(std::move(chunks)), tokens_(tokens), steps_per_s_(steps_per_s) {}
+
+PushStream::~PushStream() { server_->ClosePush(chunks_.id()); }
+
+absl::Status PushStream::Add(pb::PushRequest&& request) {
+  return chunks_.Add(std::move(*request.mutable_chunk()));
+}
+
+absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
+  const Fragment& frag = fragments_[id.fragment];
+  if (options_.async) return CheckAsyncLocked(frag, id.fragment, id.island_id, id.round);
+  if (auto s = membership_.CheckMember(id.island_id); !s.ok()) return s;
+  if (id.round != frag.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", id.round, " of fragment ", id.fragment,
+        id.round < frag.round ? " has already committed" : " is unknown",
+        "; the current round is ", frag.round, ": fetch the global state and continue"));
+  }
+  if (frag.contributions.count(id.island_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id,
+                                                 "' has already contributed to round ", id.round));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushRequest& first) {
+  const auto& h = first.chunk().header();
+  if (auto s = CheckRun(h.run_id()); !s.ok()) return s;
+  auto fid = CheckFragment(h.fragment());
+  if (!fid.ok()) return fid.status();
+  const PayloadId id{options_.run_id, h.island_id(), h.round(), *fid};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto s = CheckPushLocked(id); !s.ok()) return s;
+    if (!open_pushes_.emplace(id.island_id, id.fragment).second) {
+      return absl::UnavailableError(absl::StrCat("a push of island '", id.island_id,
+                                                 "' for fragment ", id.fragment,
+                                                 " is already under way; retry when it has ended"));
+    }
+  }
+  const uint64_t total = fragments_[*fid].layout.total();
+  return std::unique_ptr<PushStream>(new PushStream(
+      this, ChunkStream(id, options_.codec, total, 0, total), first.tokens(),
+      first.inner_steps_per_s()));
+}
+
+void SyncServer::ClosePush(const PayloadId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_pushes_.erase({id.island_id, id.fragment});
+}
+
+absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStream> stream) {
+  if (auto s = stream->chunks_.CheckComplete(); !s.ok()) return s;
+  if (stream->tokens_ == 0) {
+    return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
+  }
+  const double steps_per_s = stream->steps_per_s_;
+  if (!(steps_per_s >= 0) || !std::isfinite(steps_per_s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inner throughput must be a finite number >= 0, got ", steps_per_s));
+  }
+  const PayloadId id = stream->chunks_.id();
+  Contribution c;
+  c.tokens = stream->tokens_;
+  c.payload = std::move(stream->chunks_).Take();
+  // Decoding the whole contribution once (window by window) checks that every value is finite.
+  auto stats = Measure(c.payload);
+  if (!stats.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
+                                                   "' to round ", id.round, ": ",
+                                                   stats.status().message()));
+  }
+  c.norm = stats->norm;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Other contributions may have landed, and rounds committed, while this one arrived.
+  if (auto s = CheckPushLocked(id); !s.ok()) return s;
+  if (options_.async) return ApplyAsyncLocked(id, std::move(c), steps_per_s);
+  return RecordLocked(id, std::move(c));
+}
+
 absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequest>& requests) {
   if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
-  const auto& first = requests.front().chunk().header();
-  if (auto s = CheckRun(first.run_id()); !s.ok()) return s;
-  auto fid = CheckFragment(first.fragment());
-  if (!fid.ok()) return fid.status();
-  if (options_.async) return PushAsync(requests, *fid);
-  Fragment& frag = fragments_[*fid];
-  const std::string island = first.island_id();
-  const uint64_t round = first.round();
-  {
-    // Cheap checks before decoding anything.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto s = membership_.CheckMember(island); !s.ok()) return s;
-    if (round != frag.round) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "round ", round, " of fragment ", *fid,
-          round < frag.round ? " has already committed" : " is unknown", "; the current round is ",
-          frag.round, ": fetch the global state and continue"));
-    }
-    if (frag.contributions.count(island)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("island '", island, "' has already contributed to round ", round));
-    }
-  }
-  const uint64_t total = frag.layout.total();
-  Assembler assembler({options_.run_id, island, round, *fid}, total, 0, total, options_.codec);
+  auto stream = OpenPush(requests.front());
+  if (!stream.ok()) return stream.status();
   for (const auto& r : requests) {
-    if (auto s = assembler.Add(r.chunk()); !s.ok()) return s;
+    if (auto s = (*stream)->Add(pb::PushRequest(r)); !s.ok()) return s;
   }
-  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
-  const uint64_t tokens = requests.front().tokens();
-  if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
+  return FinishPush(*std::move(stream));
+}
 
-  std::lock_guard<std::mutex> lock(mu_);
-  // The state may have moved while we decoded.
-  if (round != frag.round) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " of fragment ", *fid,
-                                                      " committed while the payload arrived; "
-                                                      "fetch the global state and continue"));
-  }
-  if (auto s = membership_.CheckMember(island); !s.ok()) return s;
-  if (!frag.contributions
-           .emplace(island, Contribution{std::move(assembler.mutable_values()), tokens})
-           .second) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("island '", island, "' has already contributed to round ", round));
-  }
+absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, Contribution c) {
+  Fragment& frag = fragments_[id.fragment];
+  frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
-  membership_.Contributed(island, now).IgnoreError();  // a member: checked above
+  membership_.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
   if (frag.contributions.size() == 1) {
     frag.deadline = now + absl::Seconds(options_.round_timeout_s);
   }
   pb::PushResponse response;
-  response.set_round(round);
-  response.set_fragment(*fid);
+  response.set_round(id.round);
+  response.set_fragment(id.fragment);
   response.set_contributors(uint32_t(frag.contributions.size()));
-  if (ReadyLocked(frag, now)) CommitLocked(*fid, now);
+  if (ReadyLocked(frag, now)) CommitLocked(id.fragment, now);
   return response;
 }
 
@@ -238,23 +285,21 @@ bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
 void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
   Fragment& f = fragments_[fragment];
   const size_t n = f.params.size();
-  // Weighted mean in double, in island-id order (std::map): independent of arrival order.
-  std::vector<double> sum(n, 0.0);
-  double total = 0;
+  // In island-id order (std::map): the result does not depend on arrival order.
+  std::vector<ContributionRef> refs;
   std::vector<std::string> contributors;
   uint64_t tokens = 0;
   for (const auto& [id, c] : f.contributions) {
-    const double w = double(c.tokens);
-    for (size_t i = 0; i < n; ++i) sum[i] += w * double(c.delta[i]);
-    total += w;
+    refs.push_back({id, c.tokens, c.norm, &c.payload});
     contributors.push_back(id);
     tokens += c.tokens;
   }
-  std::vector<float> mean(n);
-  for (size_t i = 0; i < n; ++i) mean[i] = float(sum[i] / total);
+  std::vector<float> g(n);
+  // Contributions were verified (complete, finite) when they were recorded.
+  if (auto s = Aggregate(options_.aggregation, refs, n, g.data(), nullptr); !s.ok()) std::abort();
   f.contributions.clear();
   f.deadline = absl::InfiniteFuture();
-  ApplyLocked(fragment, mean, std::move(contributors), tokens, 0, now);
+  ApplyLocked(fragment, g, std::move(contributors), tokens, 0, now);
 }
 
 void SyncServer::ApplyLocked(uint32_t fragment, const std::vector<float>& g,
@@ -339,51 +384,29 @@ uint32_t SyncServer::SyncEveryLocked(const std::string& island) const {
   return DynamicLocalSteps(it->second, v_max, options_.sync_every);
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::PushAsync(const std::vector<pb::PushRequest>& requests,
-                                                       uint32_t fragment) {
-  Fragment& frag = fragments_[fragment];
-  const auto& first = requests.front().chunk().header();
-  const std::string island = first.island_id();
-  const uint64_t base = first.round();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto s = CheckAsyncLocked(frag, fragment, island, base); !s.ok()) return s;
-  }
-  const uint64_t total = frag.layout.total();
-  Assembler assembler({options_.run_id, island, base, fragment}, total, 0, total, options_.codec);
-  for (const auto& r : requests) {
-    if (auto s = assembler.Add(r.chunk()); !s.ok()) return s;
-  }
-  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
-  const uint64_t tokens = requests.front().tokens();
-  if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
-  const double steps_per_s = requests.front().inner_steps_per_s();
-  if (!(steps_per_s >= 0) || !std::isfinite(steps_per_s)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inner throughput must be a finite number >= 0, got ", steps_per_s));
-  }
-
-  std::lock_guard<std::mutex> lock(mu_);
-  // Other contributions may have landed while this one was decoded.
-  if (auto s = CheckAsyncLocked(frag, fragment, island, base); !s.ok()) return s;
-  const uint64_t staleness = frag.round - base;
-  std::vector<float>& g = assembler.mutable_values();
+absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsyncLocked(const PayloadId& id,
+                                                              Contribution c,
+                                                              double steps_per_s) {
+  Fragment& frag = fragments_[id.fragment];
+  const uint64_t staleness = frag.round - id.round;
+  std::vector<float> g(frag.params.size());
+  if (auto s = c.payload.Read(0, g.size(), g.data()); !s.ok()) return s;
   if (options_.staleness_scaling && staleness > 0) {
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
-  frag.last_base[island] = base;
-  membership_.Contributed(island, absl::Now()).IgnoreError();  // a member: checked above
-  if (steps_per_s > 0) steps_per_s_[island] = steps_per_s;
-  if (fragment == 0) tokens_committed_ += tokens;
-  ApplyLocked(fragment, g, {island}, tokens, staleness, absl::Now());
+  frag.last_base[id.island_id] = id.round;
+  membership_.Contributed(id.island_id, absl::Now()).IgnoreError();  // a member: checked
+  if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
+  if (id.fragment == 0) tokens_committed_ += c.tokens;
+  ApplyLocked(id.fragment, g, {id.island_id}, c.tokens, staleness, absl::Now());
   pb::PushResponse response;
-  response.set_round(base);
-  response.set_fragment(fragment);
+  response.set_round(id.round);
+  response.set_fragment(id.fragment);
   response.set_contributors(1);
   response.set_version(frag.round);
   response.set_staleness(uint32_t(staleness));
-  response.set_sync_every(SyncEveryLocked(island));
+  response.set_sync_every(SyncEveryLocked(id.island_id));
   response.set_tokens_committed(tokens_committed_);
   response.set_budget_reached(options_.token_budget > 0 &&
                               tokens_committed_ >= options_.token_budget);

@@ -20,12 +20,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "outer/aggregation.h"
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
@@ -53,6 +55,7 @@ struct SyncServerOptions {
   bool staleness_scaling = false;   // scale a contribution by 1 / (1 + staleness)
   bool dynamic_local_steps = true;  // DyLU: each island's H follows its measured throughput
   uint64_t token_budget = 0;        // tokens over all islands after which islands finish (0: none)
+  AggregationOptions aggregation;   // how a round's contributions are combined
 };
 
 // Dynamic local updates (arXiv 2401.09135): an island running at `v` inner steps/s while the
@@ -65,6 +68,30 @@ struct FragmentLayout {
   std::vector<std::string> names;
   std::vector<uint64_t> numels;
   uint64_t total() const;
+};
+
+class SyncServer;
+
+// One Push call in progress on the service: opened after the cheap checks (run, fragment, member,
+// round), fed message by message (each chunk checked before its bytes are kept: see ChunkStream),
+// finished by SyncServer::FinishPush. At most one per island and fragment is open at a time.
+class PushStream {
+ public:
+  ~PushStream();
+  PushStream(const PushStream&) = delete;
+  PushStream& operator=(const PushStream&) = delete;
+
+  absl::Status Add(pb::PushRequest&& request);
+  const std::string& island() const { return chunks_.id().island_id; }
+
+ private:
+  friend class SyncServer;
+  PushStream(SyncServer* server, ChunkStream chunks, uint64_t tokens, double steps_per_s);
+
+  SyncServer* server_;
+  ChunkStream chunks_;
+  uint64_t tokens_;
+  double steps_per_s_;
 };
 
 // A committed round, as every island receives it.
@@ -93,12 +120,16 @@ class SyncServer {
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& request);
   pb::GetStateResponse GetState() const;
 
-  // One island's whole contribution (all chunks of one payload, the stream of a Push call).
-  // Verified completely before anything is recorded; refusals name the problem:
+  // One island's contribution arrives as the stream of a Push call: OpenPush with its first
+  // message, PushStream::Add with every message (the first included), FinishPush at its end. The
+  // contribution is verified completely before anything is recorded; refusals name the problem:
   //   NOT_FOUND unknown run or fragment, PERMISSION_DENIED not a member, FAILED_PRECONDITION
   //   committed or unknown round, or (async) unknown or too stale a version (fetch the state),
-  //   ALREADY_EXISTS duplicate, DATA_LOSS checksum, INVALID_ARGUMENT sizes, ranges, codec or
-  //   non-finite values.
+  //   ALREADY_EXISTS duplicate, UNAVAILABLE another push of this island and fragment is under way,
+  //   DATA_LOSS checksum, INVALID_ARGUMENT sizes, ranges, chunk order, codec or non-finite values.
+  absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const pb::PushRequest& first);
+  absl::StatusOr<pb::PushResponse> FinishPush(std::unique_ptr<PushStream> stream);
+  // The three steps on a whole payload (the in-process transport and tests).
   absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
 
   // Blocks until `round` has committed (or returns at once if it has), or until `deadline`
@@ -141,9 +172,12 @@ class SyncServer {
   const SyncServerOptions& options() const { return options_; }
 
  private:
+  friend class PushStream;
+  // A verified contribution, kept encoded until its round commits.
   struct Contribution {
-    std::vector<float> delta;
+    EncodedPayload payload;
     uint64_t tokens = 0;
+    double norm = 0;
   };
 
   struct Fragment {
@@ -170,8 +204,13 @@ class SyncServer {
   void ApplyLocked(uint32_t fragment, const std::vector<float>& g,
                    std::vector<std::string> contributors, uint64_t tokens, uint64_t staleness,
                    absl::Time now);
-  absl::StatusOr<pb::PushResponse> PushAsync(const std::vector<pb::PushRequest>& requests,
-                                             uint32_t fragment);
+  // Sync: the contribution waits for its round. Async: it is applied at once.
+  absl::StatusOr<pb::PushResponse> RecordLocked(const PayloadId& id, Contribution c);
+  absl::StatusOr<pb::PushResponse> ApplyAsyncLocked(const PayloadId& id, Contribution c,
+                                                    double steps_per_s);
+  // The cheap checks of a push, at its start and again before it is recorded.
+  absl::Status CheckPushLocked(const PayloadId& id) const;
+  void ClosePush(const PayloadId& id);
   absl::Status CheckAsyncLocked(const Fragment& f, uint32_t fragment, const std::string& island,
                                 uint64_t base) const;
   uint32_t SyncEveryLocked(const std::string& island) const;
@@ -191,6 +230,7 @@ class SyncServer {
   std::vector<uint64_t> first_rounds_;  // per fragment: the round the run started or resumed at
   bool durability_gate_ = false;
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
+  std::set<std::pair<std::string, uint32_t>> open_pushes_;  // (island, fragment)
   uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;
   std::function<void(const std::string&)> on_event_;

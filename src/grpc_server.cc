@@ -78,24 +78,18 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
   grpc::Status Push(grpc::ServerContext* ctx, grpc::ServerReader<pb::PushRequest>* reader,
                     pb::PushResponse* resp) override {
     if (auto s = CheckToken(ctx, token_); !s.ok()) return s;
-    // A payload can hold at most a fragment's elements; more is a broken or hostile client.
-    uint64_t limit = 0;
-    for (uint32_t f = 0; f < sync_->num_fragments(); ++f) {
-      limit = std::max(limit, sync_->layout(f).total());
-    }
-    std::vector<pb::PushRequest> requests;
-    uint64_t elements = 0;
+    // Every message is checked as it arrives, before it is kept (PushStream::Add): a peer cannot
+    // make the service hold more than the encoded size of one fragment per push.
     pb::PushRequest r;
-    while (reader->Read(&r)) {
-      elements += r.chunk().header().num_elements();
-      if (elements > limit) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("payload carries more than the fragment's ", limit,
-                                         " elements"));
-      }
-      requests.push_back(std::move(r));
+    if (!reader->Read(&r)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty push: no chunks");
     }
-    auto result = sync_->Push(requests);
+    auto stream = sync_->OpenPush(r);
+    if (!stream.ok()) return ToGrpc(stream.status());
+    do {
+      if (auto s = (*stream)->Add(std::move(r)); !s.ok()) return ToGrpc(s);
+    } while (reader->Read(&r));
+    auto result = sync_->FinishPush(*std::move(stream));
     if (!result.ok()) return ToGrpc(result.status());
     *resp = *std::move(result);
     return grpc::Status::OK;

@@ -120,7 +120,7 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
       {run, absl::StatusCode::kNotFound, "unknown run 'elsewhere'"},
       {shape, absl::StatusCode::kInvalidArgument, "fragment has 6 elements"},
       {missing, absl::StatusCode::kInvalidArgument, "incomplete: 4 of 6"},
-      {oversized, absl::StatusCode::kInvalidArgument, "more than the fragment's 6 elements"},
+      {oversized, absl::StatusCode::kInvalidArgument, "after the last chunk"},
       {Payload("a", 3, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kFailedPrecondition,
        "round 3 of fragment 0 is unknown"},
       {Payload("zed", 0, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kPermissionDenied, "not a member"},

@@ -308,6 +308,31 @@ TEST(CodecTest, EncodeSaturatesNearTheFloatMaximumAndDecodingAccepts) {
   }
 }
 
+TEST(CodecTest, DecodeSliceEqualsTheSameElementsOfAFullDecode) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(1001);
+  for (float& v : x) v = normal(rng);
+  const CodecSpec specs[] = {{Codec::kFp32, 0},     {Codec::kBf16, 0},     {Codec::kInt8, 64},
+                             {Codec::kInt8, 7},     {Codec::kFp4E2M1, 32}, {Codec::kFp4E3M0, 6}};
+  std::uniform_int_distribution<size_t> pos(0, x.size());
+  for (const CodecSpec& spec : specs) {
+    const auto bytes = Enc(spec, x);
+    const auto all = Dec(spec, bytes, x.size());
+    for (int trial = 0; trial < 50; ++trial) {
+      size_t a = pos(rng), b = pos(rng);
+      if (a > b) std::swap(a, b);
+      std::vector<float> part(b - a);
+      ASSERT_TRUE(DecodeSlice(spec, bytes.data(), bytes.size(), x.size(), a, b - a, part.data()).ok());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + long(a)))
+          << CodecName(spec.codec) << " [" << a << ", " << b << ")";
+    }
+    std::vector<float> one(1);
+    EXPECT_EQ(DecodeSlice(spec, bytes.data(), bytes.size(), x.size(), x.size(), 1, one.data()).code(),
+              absl::StatusCode::kOutOfRange);
+  }
+}
+
 TEST(CodecTest, RefusesBadInputAndBadSpecs) {
   std::vector<float> x = {1.0f, NAN, 2.0f};
   std::vector<uint8_t> out(EncodedBytes(kE2M1, 3), 0xAB);

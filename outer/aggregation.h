@@ -1,0 +1,60 @@
+// How the service combines the islands' pseudo-gradients of a round into one outer gradient,
+// reading each contribution (kept encoded) window by window: memory is a few windows, whatever the
+// number of islands. Deterministic: contributions are taken in the order given (island-id order),
+// ties are broken by that order, so the result never depends on arrival order.
+//
+//   mean          token-weighted mean (DiLoCo)
+//   clipped_mean  each contribution's L2 norm clipped to clip_multiple x the median norm of the
+//                 round, then the token-weighted mean
+//   trimmed_mean  per coordinate, the k largest and k smallest values dropped
+//                 (k = floor(trim_fraction x M), at most (M - 1) / 2), the rest averaged unweighted
+//   median        per coordinate median (mean of the two middle values for even M): the trimmed
+//                 mean with k = (M - 1) / 2
+// The robust rules weigh islands equally: a weight a peer states itself must not decide a robust
+// statistic.
+#ifndef ATOLL_OUTER_AGGREGATION_H_
+#define ATOLL_OUTER_AGGREGATION_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "outer/payload.h"
+
+namespace atl::outer {
+
+enum class AggregationRule { kMean, kClippedMean, kTrimmedMean, kMedian };
+absl::StatusOr<AggregationRule> ParseAggregationRule(const std::string& name);
+const char* AggregationRuleName(AggregationRule rule);
+
+struct AggregationOptions {
+  AggregationRule rule = AggregationRule::kMean;
+  double clip_multiple = 2.0;   // clipped_mean
+  double trim_fraction = 0.25;  // trimmed_mean
+};
+
+struct ContributionRef {
+  std::string island;
+  uint64_t tokens = 0;
+  double norm = 0;  // L2 norm of the decoded contribution
+  const EncodedPayload* payload = nullptr;
+};
+
+// What a robust rule did to whom, for the round record and the metrics.
+struct AggregationReport {
+  std::vector<std::string> clipped;          // clipped_mean: islands whose norm was clipped
+  std::map<std::string, double> trimmed;     // trimmed_mean/median: share of coordinates dropped
+  std::vector<std::string> outliers;         // islands dropped far more often than chance
+};
+
+// Writes the outer gradient of elements [0, n) into out[n]. Every payload must cover [0, n).
+absl::Status Aggregate(const AggregationOptions& options,
+                       const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
+                       AggregationReport* report);
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_AGGREGATION_H_
