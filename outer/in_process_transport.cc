@@ -5,10 +5,7 @@ namespace atl::outer {
 absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(SyncServer& server,
                                                              const pb::UpdateRequest& request,
                                                              absl::Time deadline) {
-  if (request.run_id() != server.options().run_id) {
-    return absl::NotFoundError("unknown run '" + request.run_id() + "'");
-  }
-  auto committed = server.AwaitRound(request.round(), deadline, request.fragment());
+  auto committed = server.AwaitUpdate(request, deadline);
   if (!committed.ok()) return committed.status();
   std::vector<pb::UpdateChunk> out;
   const uint64_t begin = request.offset();

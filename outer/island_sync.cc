@@ -18,11 +18,13 @@ double Since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-IslandSync::IslandSync(Transport* transport, std::string run_id, std::string island_id,
-                       uint64_t fragment_elements, IslandSyncOptions options)
+IslandSync::IslandSync(Transport* transport, std::string run_id,
+                       std::shared_ptr<const IslandIdentity> identity, uint64_t fragment_elements,
+                       IslandSyncOptions options)
     : transport_(transport),
       run_id_(std::move(run_id)),
-      island_id_(std::move(island_id)),
+      island_id_(identity->island_id()),
+      identity_(std::move(identity)),
       n_(fragment_elements),
       options_(options),
       residual_(options.error_feedback ? fragment_elements : 0, 0.0f),
@@ -44,6 +46,7 @@ absl::Status IslandSync::FetchGlobal() {
       pb::FetchStateRequest request;
       request.set_run_id(run_id_);
       request.set_island_id(island_id_);
+      request.set_session(identity_->session());
       request.set_fragment(options_.fragment);
       request.set_offset(offset);
       request.set_num_elements(count);
@@ -143,7 +146,10 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   for (size_t i = 0; i < chunks->size(); ++i) {
     *requests[i].mutable_chunk() = std::move((*chunks)[i]);
     requests[i].set_tokens(tokens);
-    if (i == 0) requests[i].set_inner_steps_per_s(steps_per_s);
+    if (i == 0) {
+      requests[i].set_inner_steps_per_s(steps_per_s);
+      requests[i].set_session(identity_->session());
+    }
   }
   out.bytes_sent = WireBytes(requests);
   // A push that did not arrive intact is sent again; if a retried push finds its first attempt
@@ -219,6 +225,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   pb::UpdateRequest request;
   request.set_run_id(run_id_);
   request.set_island_id(island_id_);
+  request.set_session(identity_->session());
   request.set_round(round);
   request.set_fragment(options_.fragment);
   auto update = transport_->AwaitUpdate(request);

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,28 @@ struct RoundOutcome {
   bool budget_reached = false;
 };
 
+// Who an island is to the service: its id and the session credential of its current membership,
+// replaced when it rejoins. Shared by the island's threads (pushes, heartbeats, leave).
+class IslandIdentity {
+ public:
+  IslandIdentity(std::string island_id, std::string session)
+      : island_id_(std::move(island_id)), session_(std::move(session)) {}
+  const std::string& island_id() const { return island_id_; }
+  std::string session() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return session_;
+  }
+  void set_session(std::string session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    session_ = std::move(session);
+  }
+
+ private:
+  const std::string island_id_;
+  mutable std::mutex mu_;
+  std::string session_;
+};
+
 struct IslandSyncOptions {
   compression::CodecSpec codec = {compression::Codec::kFp32, 0};  // of pseudo-gradients
   // Error feedback: what the codec dropped from a pseudo-gradient is added to the next one. The
@@ -58,8 +82,9 @@ struct IslandSyncOptions {
 
 class IslandSync {
  public:
-  IslandSync(Transport* transport, std::string run_id, std::string island_id,
-             uint64_t fragment_elements, IslandSyncOptions options = {});
+  IslandSync(Transport* transport, std::string run_id,
+             std::shared_ptr<const IslandIdentity> identity, uint64_t fragment_elements,
+             IslandSyncOptions options = {});
 
   // Replaces the global copy with the service's current state, piece by piece (resuming a cut
   // transfer at the piece where it stopped, re-requesting corrupted pieces), verifying its hash;
@@ -89,11 +114,9 @@ class IslandSync {
   // has it, DATA_LOSS on a hash mismatch: the caller resyncs.
   absl::Status ApplyRound(uint64_t round, RoundOutcome& out);
 
- public:
-
- private:
   Transport* transport_;
   std::string run_id_, island_id_;
+  std::shared_ptr<const IslandIdentity> identity_;
   uint64_t n_;
   IslandSyncOptions options_;
   std::vector<float> residual_;  // error feedback

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "outer/credentials.h"
+#include "outer/names.h"
 
 namespace atl::outer {
 
@@ -44,7 +46,7 @@ absl::Status Membership::Move(Member& m, MemberState to) {
 absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_stream,
                                         const std::vector<uint64_t>& rounds, absl::Time now,
                                         const std::vector<uint64_t>& first_rounds) {
-  if (name.empty()) return absl::InvalidArgumentError("an island needs a name");
+  if (auto s = ValidateName(name, "island name"); !s.ok()) return s;
   if (members_.count(name)) {
     return absl::AlreadyExistsError(absl::StrCat("an island named '", name,
                                                  "' is already a member"));
@@ -67,13 +69,16 @@ absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_s
   m.name = name;
   m.data_stream = uint32_t(stream);
   m.last_seen = now;
+  m.session = NewCredential();
   // In a fragment's first round every island is waited for; later, from the next round on.
   for (size_t f = 0; f < rounds.size(); ++f) {
     const uint64_t first = f < first_rounds.size() ? first_rounds[f] : 0;
     m.required_from.push_back(rounds[f] == first ? rounds[f] : rounds[f] + 1);
   }
   members_[name] = m;
-  departed_.erase(name);
+  if (departed_.erase(name)) {
+    departed_order_.erase(std::find(departed_order_.begin(), departed_order_.end(), name));
+  }
   ++epoch_;
   return m;
 }
@@ -82,13 +87,31 @@ absl::Status Membership::CheckMember(const std::string& name) const {
   if (members_.count(name)) return absl::OkStatus();
   if (auto it = departed_.find(name); it != departed_.end()) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "island '", name, "' is no longer a member (",
+        "island ", Printable(name), " is no longer a member (",
         it->second == MemberState::kDead
             ? absl::StrCat("declared dead after ", absl::FormatDuration(lease_), " of silence")
             : std::string("it left"),
         "): rejoin and fetch the global state"));
   }
-  return absl::PermissionDeniedError(absl::StrCat("island '", name, "' is not a member"));
+  return absl::PermissionDeniedError(absl::StrCat("island ", Printable(name), " is not a member"));
+}
+
+absl::Status Membership::Authenticate(const std::string& name, const std::string& session) const {
+  auto it = members_.find(name);
+  if (it == members_.end()) return CheckMember(name);
+  if (!CredentialMatches(it->second.session, session)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the call names island '", name, "' but does not carry its session credential"));
+  }
+  return absl::OkStatus();
+}
+
+void Membership::Depart(const std::string& name, MemberState state) {
+  if (departed_.insert_or_assign(name, state).second) departed_order_.push_back(name);
+  while (departed_order_.size() > kMaxDeparted) {
+    departed_.erase(departed_order_.front());
+    departed_order_.pop_front();
+  }
 }
 
 absl::Status Membership::Heartbeat(const std::string& name, absl::Time now) {
@@ -111,10 +134,10 @@ absl::Status Membership::Contributed(const std::string& name, absl::Time now) {
 absl::Status Membership::Leave(const std::string& name) {
   auto it = members_.find(name);
   if (it == members_.end()) {
-    return absl::NotFoundError(absl::StrCat("island '", name, "' is not a member"));
+    return absl::NotFoundError(absl::StrCat("island ", Printable(name), " is not a member"));
   }
   if (auto s = Move(it->second, MemberState::kLeaving); !s.ok()) return s;
-  departed_[name] = MemberState::kLeaving;
+  Depart(name, MemberState::kLeaving);
   members_.erase(it);
   ++epoch_;
   return absl::OkStatus();
@@ -125,7 +148,7 @@ std::vector<std::string> Membership::ExpireLeases(absl::Time now) {
   for (auto it = members_.begin(); it != members_.end();) {
     if (now - it->second.last_seen > lease_ && Move(it->second, MemberState::kDead).ok()) {
       dead.push_back(it->first);
-      departed_[it->first] = MemberState::kDead;
+      Depart(it->first, MemberState::kDead);
       it = members_.erase(it);
     } else {
       ++it;

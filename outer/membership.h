@@ -17,10 +17,15 @@
 //   longer a member and rejoins (fetching the state) under the same name.
 // A lease is renewed by every heartbeat and every contribution; a member silent for longer than
 // `lease` is dead.
+// Identity: each join hands the member a fresh session credential; every later call must name the
+// member and present it (Authenticate). A rejoin gets a new one; the old one is worthless.
+// Names are checked (ValidateName) and the end states of former members are remembered for the
+// newest kMaxDeparted names only, so memory stays bounded whatever peers do.
 #ifndef ATOLL_OUTER_MEMBERSHIP_H_
 #define ATOLL_OUTER_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -43,10 +48,13 @@ struct Member {
   std::vector<uint64_t> required_from;  // per fragment: first round this member is waited for
   absl::Time last_seen;
   bool finished = false;  // async: pushed its last contribution
+  std::string session;    // credential handed out at join
 };
 
 class Membership {
  public:
+  static constexpr size_t kMaxDeparted = 1024;
+
   Membership(uint32_t num_data_streams, absl::Duration lease);
 
   // `rounds`: the open round of each fragment; `first_rounds`: the round each fragment started
@@ -66,6 +74,9 @@ class Membership {
 
   // OK for a member; PERMISSION_DENIED (naming the end state when known) otherwise.
   absl::Status CheckMember(const std::string& name) const;
+  // OK for a member presenting its session credential; UNAUTHENTICATED for a member presenting
+  // anything else; CheckMember's refusal for a non-member.
+  absl::Status Authenticate(const std::string& name, const std::string& session) const;
   const Member* Find(const std::string& name) const;
   Member* FindMutable(const std::string& name);
   // Whether round `round` of `fragment` waits for this member.
@@ -73,6 +84,7 @@ class Membership {
 
   const std::map<std::string, Member>& members() const { return members_; }
   size_t size() const { return members_.size(); }
+  size_t departed() const { return departed_.size(); }
   uint64_t epoch() const { return epoch_; }
   absl::Duration lease() const { return lease_; }
 
@@ -83,7 +95,10 @@ class Membership {
   absl::Duration lease_;
   uint64_t epoch_ = 0;                          // changes with every join and departure
   std::map<std::string, Member> members_;       // by name (the island id)
+  void Depart(const std::string& name, MemberState state);
+
   std::map<std::string, MemberState> departed_;  // end state of former members, by name
+  std::deque<std::string> departed_order_;       // oldest first, for the bound
 };
 
 }  // namespace atl::outer

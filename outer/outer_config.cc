@@ -2,11 +2,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
+#include "outer/names.h"
 
 namespace atl::outer {
 
 absl::Status Validate(const OuterConfig& c) {
-  if (c.run_id.empty()) return absl::InvalidArgumentError("outer.run_id must not be empty");
+  if (auto s = ValidateName(c.run_id, "outer.run_id"); !s.ok()) return s;
   if (c.sync_every < 1) {
     return absl::InvalidArgumentError(absl::StrCat("outer.sync_every must be >= 1, got ", c.sync_every));
   }

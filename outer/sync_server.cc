@@ -6,9 +6,11 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compression/checksum.h"
 #include "outer/aggregation.h"
+#include "outer/names.h"
 
 namespace atl::outer {
 namespace {
@@ -60,7 +62,7 @@ absl::StatusOr<uint32_t> SyncServer::CheckFragment(uint32_t fragment) const {
 
 absl::Status SyncServer::CheckRun(const std::string& run_id) const {
   if (run_id == options_.run_id) return absl::OkStatus();
-  return absl::NotFoundError(absl::StrCat("unknown run '", run_id, "' (this service runs '",
+  return absl::NotFoundError(absl::StrCat("unknown run ", Printable(run_id), " (this service runs '",
                                           options_.run_id, "')"));
 }
 
@@ -75,6 +77,12 @@ void SyncServer::FillSchedule(pb::OuterSchedule* sched) const {
 
 absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (request.config_hash() != options_.config_hash) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the island's [model] config differs from the run's (hash %016x, the run's %016x): both "
+        "must build the same model",
+        request.config_hash(), options_.config_hash));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<uint64_t> rounds;
   for (const auto& f : fragments_) rounds.push_back(f.round);
@@ -92,6 +100,7 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
 
   pb::JoinResponse r;
   r.set_island_id(request.name());
+  r.set_session(m.session);
   r.set_data_stream(m.data_stream);
   r.set_round(fragments_[0].round);
   FillSchedule(r.mutable_schedule());
@@ -108,6 +117,7 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
 absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
   if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
   steps_per_s_.erase(request.island_id());
   if (on_event_ && !AllDoneLocked()) {
@@ -124,6 +134,7 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
 absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
   if (auto s = membership_.Heartbeat(request.island_id(), absl::Now()); !s.ok()) return s;
   if (request.finished()) membership_.FindMutable(request.island_id())->finished = true;
   pb::HeartbeatResponse r;
@@ -161,8 +172,13 @@ pb::GetStateResponse SyncServer::GetState() const {
   return r;
 }
 
-PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t tokens, double steps_per_s)
-    : server_(server), chunks_(std::move(chunks)), tokens_(tokens), steps_per_s_(steps_per_s) {}
+PushStream::PushStream(SyncServer* server, ChunkStream chunks, std::string session,
+                       uint64_t tokens, double steps_per_s)
+    : server_(server),
+      chunks_(std::move(chunks)),
+      session_(std::move(session)),
+      tokens_(tokens),
+      steps_per_s_(steps_per_s) {}
 
 PushStream::~PushStream() { server_->ClosePush(chunks_.id()); }
 
@@ -195,6 +211,7 @@ absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushR
   const PayloadId id{options_.run_id, h.island_id(), h.round(), *fid};
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto s = membership_.Authenticate(id.island_id, first.session()); !s.ok()) return s;
     if (auto s = CheckPushLocked(id); !s.ok()) return s;
     if (!open_pushes_.emplace(id.island_id, id.fragment).second) {
       return absl::UnavailableError(absl::StrCat("a push of island '", id.island_id,
@@ -204,7 +221,7 @@ absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushR
   }
   const uint64_t total = fragments_[*fid].layout.total();
   return std::unique_ptr<PushStream>(new PushStream(
-      this, ChunkStream(id, options_.codec, total, 0, total), first.tokens(),
+      this, ChunkStream(id, options_.codec, total, 0, total), first.session(), first.tokens(),
       first.inner_steps_per_s()));
 }
 
@@ -236,7 +253,9 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
   }
   c.norm = stats->norm;
   std::lock_guard<std::mutex> lock(mu_);
-  // Other contributions may have landed, and rounds committed, while this one arrived.
+  // Other contributions may have landed, rounds committed and the island rejoined (with a new
+  // session) while this one arrived.
+  if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
   if (auto s = CheckPushLocked(id); !s.ok()) return s;
   if (options_.async) return ApplyAsyncLocked(id, std::move(c), steps_per_s);
   return RecordLocked(id, std::move(c));
@@ -266,6 +285,13 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   response.set_contributors(uint32_t(frag.contributions.size()));
   if (ReadyLocked(frag, now)) CommitLocked(id.fragment, now);
   return response;
+}
+
+absl::Status SyncServer::AuthenticateMemberLocked(const std::string& island,
+                                                  const std::string& session) const {
+  // Non-members get the caller's usual NOT_FOUND (which tells a dropped island to rejoin).
+  if (membership_.Find(island) == nullptr) return absl::OkStatus();
+  return membership_.Authenticate(island, session);
 }
 
 bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
@@ -413,6 +439,18 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsyncLocked(const PayloadId& i
   return response;
 }
 
+absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
+    const pb::UpdateRequest& request, absl::Time deadline) {
+  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
+      return s;
+    }
+  }
+  return AwaitRound(request.round(), deadline, request.fragment());
+}
+
 absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uint64_t round,
                                                                              absl::Time deadline,
                                                                              uint32_t fragment) {
@@ -449,6 +487,9 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
   uint64_t round, hash;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
+      return s;
+    }
     snapshot = fragments_[*fid].params;
     round = fragments_[*fid].round;
     hash = fragments_[*fid].params_hash;

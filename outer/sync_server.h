@@ -86,10 +86,12 @@ class PushStream {
 
  private:
   friend class SyncServer;
-  PushStream(SyncServer* server, ChunkStream chunks, uint64_t tokens, double steps_per_s);
+  PushStream(SyncServer* server, ChunkStream chunks, std::string session, uint64_t tokens,
+             double steps_per_s);
 
   SyncServer* server_;
   ChunkStream chunks_;
+  std::string session_;
   uint64_t tokens_;
   double steps_per_s_;
 };
@@ -132,6 +134,9 @@ class SyncServer {
   // The three steps on a whole payload (the in-process transport and tests).
   absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
 
+  // AwaitRound for a member presenting its session (UpdateRequest names island, round, fragment).
+  absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitUpdate(
+      const pb::UpdateRequest& request, absl::Time deadline);
   // Blocks until `round` has committed (or returns at once if it has), or until `deadline`
   // (DEADLINE_EXCEEDED). Rounds older than the few kept answer FAILED_PRECONDITION.
   absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(uint64_t round,
@@ -195,6 +200,8 @@ class SyncServer {
   };
 
   absl::Status CheckRun(const std::string& run_id) const;
+  // A member must present its session; a non-member passes (the caller refuses it its own way).
+  absl::Status AuthenticateMemberLocked(const std::string& island, const std::string& session) const;
   // The schedule islands are told at join and by GetState (one source for both).
   void FillSchedule(pb::OuterSchedule* schedule) const;
   absl::StatusOr<uint32_t> CheckFragment(uint32_t fragment) const;

@@ -5,6 +5,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "atoll/v1/outer.grpc.pb.h"
+#include "outer/credentials.h"
+#include "outer/names.h"
 #include "outer/in_process_transport.h"
 
 namespace atl {
@@ -22,7 +24,7 @@ grpc::Status CheckToken(grpc::ServerContext* context, const std::string& token) 
   auto it = md.find(kAuthMetadata);
   if (it != md.end()) {
     const std::string value(it->second.data(), it->second.size());
-    if (absl::StartsWith(value, "Bearer ") && TokenMatches(token, value.substr(7))) {
+    if (absl::StartsWith(value, "Bearer ") && outer::CredentialMatches(token, value.substr(7))) {
       return grpc::Status::OK;
     }
   }
@@ -60,7 +62,8 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
                         pb::GetStateResponse* resp) override {
     if (auto s = CheckToken(ctx, token_); !s.ok()) return s;
     if (req->run_id() != sync_->options().run_id) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown run '" + req->run_id() + "'");
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          "unknown run " + outer::Printable(req->run_id()));
     }
     *resp = sync_->GetState();
     return grpc::Status::OK;

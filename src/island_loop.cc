@@ -20,6 +20,7 @@
 #include "inner/loss_guard.h"
 #include "outer/fragments.h"
 #include "outer/island_sync.h"
+#include "outer/names.h"
 #include "src/checkpoint.h"
 #include "src/flat_params.h"
 #include "src/metrics.h"
@@ -58,8 +59,12 @@ auto WithRetries(double timeout_s, F&& f) -> decltype(f()) {
 // island dead, or restarted without it): the training thread then rejoins.
 class HeartbeatThread {
  public:
-  HeartbeatThread(outer::Transport& transport, pb::HeartbeatRequest request, double period_s)
-      : transport_(transport), request_(std::move(request)), period_s_(period_s) {
+  HeartbeatThread(outer::Transport& transport, pb::HeartbeatRequest request,
+                  std::shared_ptr<const outer::IslandIdentity> identity, double period_s)
+      : transport_(transport),
+        request_(std::move(request)),
+        identity_(std::move(identity)),
+        period_s_(period_s) {
     thread_ = std::thread([this] { Run(); });
   }
   ~HeartbeatThread() {
@@ -85,6 +90,7 @@ class HeartbeatThread {
     while (!cv_.wait_for(lock, std::chrono::duration<double>(period_s_), [&] { return stop_; })) {
       pb::HeartbeatRequest request = request_;
       request.set_inner_step(uint64_t(step_.load()));
+      request.set_session(identity_->session());
       lock.unlock();
       auto r = transport_.Heartbeat(request);
       lock.lock();
@@ -96,6 +102,7 @@ class HeartbeatThread {
 
   outer::Transport& transport_;
   const pb::HeartbeatRequest request_;
+  const std::shared_ptr<const outer::IslandIdentity> identity_;
   const double period_s_;
   std::atomic<int64_t> step_{0};
   std::mutex mu_;
@@ -124,6 +131,7 @@ class LossWatch : public inner::LoopObserver {
 absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
                                         const IslandOptions& options) {
   // Everything that can be checked locally is checked before joining.
+  if (auto s = outer::ValidateName(options.name, "island name (--name)"); !s.ok()) return s;
   auto data = inner::LoadDataset(config.data, config.model.context, config.model.vocab);
   if (!data.ok()) return data.status();
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
@@ -145,6 +153,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   pb::JoinRequest join;
   join.set_run_id(config.outer.run_id);
   join.set_name(options.name);
+  join.set_config_hash(ModelConfigHash(config.model));
   // A coordinator that is restarting, or a run whose data streams are all held (by an island
   // whose lease has not expired yet), is retried with exponential backoff and jitter.
   auto join_with_retries = [&]() -> absl::StatusOr<pb::JoinResponse> {
@@ -158,15 +167,17 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   }
   const std::string island_id = joined->island_id();
   const uint32_t data_stream = joined->data_stream();
+  auto identity = std::make_shared<outer::IslandIdentity>(island_id, joined->session());
   std::unique_ptr<HeartbeatThread> heartbeats;
   auto leave = [&] {
     heartbeats.reset();  // no lease renewals after the goodbye
     pb::LeaveRequest l;
     l.set_run_id(config.outer.run_id);
     l.set_island_id(island_id);
+    l.set_session(identity->session());
     transport.Leave(l).IgnoreError();  // best effort: the service also drops silent islands
   };
-  if (joined->config_hash() != ModelConfigHash(config.model)) {
+  if (joined->config_hash() != ModelConfigHash(config.model)) {  // the service checks it too
     leave();
     return absl::FailedPreconditionError(
         "this island's [model] config differs from the coordinator's: both must build the same "
@@ -248,7 +259,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     sync_options.fragment = f;
     uint64_t n = 0;
     for (size_t i : fragments[f]) n += layout.numels[i];
-    syncs.push_back(std::make_unique<outer::IslandSync>(&transport, config.outer.run_id, island_id,
+    syncs.push_back(std::make_unique<outer::IslandSync>(&transport, config.outer.run_id, identity,
                                                         n, sync_options));
     // A coordinator that restarts right now is waited for, as for the join itself.
     auto fetched = WithRetries(config.outer.reconnect_timeout_s, [&]() -> absl::StatusOr<bool> {
@@ -269,6 +280,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     pb::HeartbeatRequest beat;
     beat.set_run_id(config.outer.run_id);
     beat.set_island_id(island_id);
+    beat.set_session(identity->session());
     if (async && joined->round() == 0) {
       // Async islands start together, as sync ones do in their first round: otherwise the first
       // island up could spend the run's whole token budget before the others have started.
@@ -286,7 +298,8 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
     }
-    heartbeats = std::make_unique<HeartbeatThread>(transport, beat, config.outer.heartbeat_s);
+    heartbeats = std::make_unique<HeartbeatThread>(transport, beat, identity,
+                                                   config.outer.heartbeat_s);
   }
   std::error_code ec;
   fs::create_directories(fs::path(options.run_dir) / "checkpoints", ec);
@@ -357,7 +370,10 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
       // Still a member (the service was only slow): fetching the state is enough.
     } else if (!again.ok()) {
       return again.status();
-    } else if (again->data_stream() != data_stream) {
+    } else {
+      identity->set_session(again->session());
+    }
+    if (again.ok() && again->data_stream() != data_stream) {
       progress.Message(absl::StrFormat(
           "%swarning: its data stream %d was taken meanwhile (the service assigned %d); this "
           "island goes on reading stream %d",
@@ -596,6 +612,7 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     pb::HeartbeatRequest beat;
     beat.set_run_id(config.outer.run_id);
     beat.set_island_id(island_id);
+    beat.set_session(identity->session());
     beat.set_inner_step(uint64_t((*trainer)->step()));
     beat.set_finished(true);
     const auto until = t0 + std::chrono::duration<double>(config.outer.round_timeout_s);

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "outer/credentials.h"
 #include "src/checkpoint.h"
 #include "src/rpc_security.h"
 
@@ -156,7 +157,7 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
   fs::create_directories(options.run_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", options.run_dir));
   // Children read the token from the environment: it never appears on a command line.
-  if (std::getenv(kTokenEnv) == nullptr) setenv(kTokenEnv, RandomToken().c_str(), 1);
+  if (std::getenv(kTokenEnv) == nullptr) setenv(kTokenEnv, outer::NewCredential().c_str(), 1);
 
   std::vector<std::string> common;
   if (!options.config_path.empty()) common = {"--config", options.config_path};

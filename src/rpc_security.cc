@@ -2,7 +2,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -34,23 +33,6 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
   if (const char* env = std::getenv(kTokenEnv); env != nullptr && *env != '\0') return std::string(env);
   return absl::InvalidArgumentError(absl::StrCat(
       "a run token is required: pass --token-file FILE or set ", kTokenEnv));
-}
-
-std::string RandomToken() {
-  std::random_device rd;
-  static const char kHex[] = "0123456789abcdef";
-  std::string t;
-  for (int i = 0; i < 32; ++i) t.push_back(kHex[rd() % 16]);
-  return t;
-}
-
-bool TokenMatches(const std::string& expected, const std::string& presented) {
-  if (expected.empty() || expected.size() != presented.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>(expected[i] ^ presented[i]);
-  }
-  return diff == 0;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls) {

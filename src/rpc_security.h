@@ -18,8 +18,6 @@ inline constexpr char kAuthMetadata[] = "authorization";
 
 // The token from `token_file` if given, else from $ATOLL_TOKEN; an error when neither has one.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
-// A fresh random token (for `atoll local`).
-std::string RandomToken();
 
 struct TlsFiles {
   std::string cert;  // server: certificate chain (PEM)
@@ -29,9 +27,6 @@ struct TlsFiles {
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& tls);
-
-// Compares in time independent of where the strings differ.
-bool TokenMatches(const std::string& expected, const std::string& presented);
 
 }  // namespace atl
 

@@ -108,13 +108,16 @@ std::vector<float> TrainIdentical(const Config& c, int islands) {
       pb::JoinRequest join;
       join.set_run_id(cfg.outer.run_id);
       join.set_name("island" + std::to_string(i));
+      join.set_config_hash(ModelConfigHash(cfg.model));
       auto joined = transport.Join(join);
       ASSERT_TRUE(joined.ok());
       auto trainer = inner::Trainer::Create(cfg.model, cfg.optim, cfg.train, *data, 0, 1);
       ASSERT_TRUE(trainer.ok());
       const auto params = inner::NamedParameters(*(*trainer)->model());
-      outer::IslandSync sync(&transport, cfg.outer.run_id, joined->island_id(),
-                             LayoutOf(params).total());
+      outer::IslandSync sync(
+          &transport, cfg.outer.run_id,
+          std::make_shared<outer::IslandIdentity>(joined->island_id(), joined->session()),
+          LayoutOf(params).total());
       ASSERT_TRUE(sync.FetchGlobal().ok());
       LoadFlat(sync.global(), params);
       struct Quiet : inner::LoopObserver {

@@ -40,7 +40,9 @@ class GrpcServiceTest : public ::testing::Test {
     j.set_run_id("run");
     for (const char* name : {"a", "b"}) {
       j.set_name(name);
-      ASSERT_TRUE(client_->Join(j).ok());
+      auto joined = client_->Join(j);
+      ASSERT_TRUE(joined.ok()) << joined.status();
+      sessions_[name] = joined->session();
     }
   }
   std::unique_ptr<GrpcTransport> Client(const std::string& token) {
@@ -60,9 +62,11 @@ class GrpcServiceTest : public ::testing::Test {
       *out[i].mutable_chunk() = chunks[i];
       out[i].set_tokens(5);
     }
+    out[0].set_session(sessions_[island]);
     return out;
   }
   std::unique_ptr<outer::SyncServer> sync_;
+  std::map<std::string, std::string> sessions_;
   std::unique_ptr<GrpcServer> server_;
   std::unique_ptr<GrpcTransport> client_;
 };
@@ -147,6 +151,8 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
   // Fetching the state returns exactly the service's parameters, resumable from an offset.
   pb::FetchStateRequest f;
   f.set_run_id("run");
+  f.set_island_id("a");
+  f.set_session(sessions_["a"]);
   f.set_offset(2);
   auto state = client_->FetchState(f);
   ASSERT_TRUE(state.ok());

@@ -77,5 +77,62 @@ TEST(MembershipTest, LeaveFreesTheStreamAndIsFinal) {
   EXPECT_EQ(c->data_stream, 0u);
 }
 
+TEST(MembershipTest, NamesAreCheckedAndNeverEchoedRaw) {
+  Membership m(4, absl::Seconds(5));
+  const std::string huge(15 << 20, 'x');
+  for (const std::string& bad :
+       {std::string(""), std::string("a\nround 99/30 committed"), std::string("nul\0x", 5),
+        std::string("-dash"), std::string(65, 'a'), std::string("caf\xc3\xa9"), huge}) {
+    auto r = m.Join(bad, -1, {0}, kT0);
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string msg(r.status().message());
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\0'), std::string::npos);
+    EXPECT_LT(msg.size(), 400u);
+  }
+  EXPECT_EQ(m.size(), 0u);
+  EXPECT_TRUE(m.Join(std::string(64, 'a'), -1, {0}, kT0).ok());
+  EXPECT_TRUE(m.Join("dc1.rack-2_b", -1, {0}, kT0).ok());
+  // A non-member's name in a refusal is escaped too.
+  EXPECT_THAT(std::string(m.CheckMember("x\ny").message()), HasSubstr("'x\\ny'"));
+}
+
+TEST(MembershipTest, EachJoinGetsItsOwnSessionAndOnlyItAuthenticates) {
+  Membership m(2, absl::Seconds(5));
+  auto a = m.Join("a", -1, {0}, kT0);
+  auto b = m.Join("b", -1, {0}, kT0);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->session.size(), 32u);
+  EXPECT_NE(a->session, b->session);
+  EXPECT_TRUE(m.Authenticate("a", a->session).ok());
+  EXPECT_EQ(m.Authenticate("a", b->session).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(m.Authenticate("a", "").code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(m.Authenticate("zed", a->session).code(), absl::StatusCode::kPermissionDenied);
+  // A rejoin makes the old credential worthless.
+  ASSERT_TRUE(m.Leave("a").ok());
+  auto again = m.Join("a", -1, {0}, kT0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->session, a->session);
+  EXPECT_EQ(m.Authenticate("a", a->session).code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST(MembershipTest, FormerMembersAreRememberedInBoundedSpace) {
+  Membership m(1, absl::Seconds(5));
+  const size_t cycles = Membership::kMaxDeparted + 600;
+  for (size_t i = 0; i < cycles; ++i) {
+    const std::string name = "island" + std::to_string(i);
+    ASSERT_TRUE(m.Join(name, -1, {0}, kT0).ok());
+    ASSERT_TRUE(m.Leave(name).ok());
+  }
+  EXPECT_EQ(m.departed(), Membership::kMaxDeparted);
+  // The newest are still told why; the oldest have been forgotten.
+  EXPECT_THAT(std::string(m.CheckMember("island" + std::to_string(cycles - 1)).message()),
+              HasSubstr("it left"));
+  EXPECT_THAT(std::string(m.CheckMember("island0").message()), HasSubstr("is not a member"));
+  // Rejoining a remembered name forgets its end state (no double bookkeeping).
+  ASSERT_TRUE(m.Join("island" + std::to_string(cycles - 1), -1, {0}, kT0).ok());
+  EXPECT_EQ(m.departed(), Membership::kMaxDeparted - 1);
+}
+
 }  // namespace
 }  // namespace atl::outer

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <thread>
 
 #include "compression/checksum.h"
@@ -151,16 +153,22 @@ class SyncServerTest : public ::testing::Test {
   std::unique_ptr<SyncServer> Make(std::vector<float> init = {1, 2, 3, 4}) {
     return std::make_unique<SyncServer>(options_, layout_, std::move(init));
   }
-  static std::string Join(SyncServer& s, const std::string& name) {
+  // Joins and remembers the island's session credential, which every later call carries.
+  std::string Join(SyncServer& s, const std::string& name) {
     pb::JoinRequest r;
     r.set_run_id("run");
     r.set_name(name);
     auto j = s.Join(r);
     EXPECT_TRUE(j.ok()) << j.status();
-    return j.ok() ? j->island_id() : "";
+    if (!j.ok()) return "";
+    sessions_[name] = j->session();
+    return j->island_id();
   }
-  static std::vector<pb::PushRequest> Payload(const std::string& island, uint64_t round,
-                                              std::vector<float> delta, uint64_t tokens = 10) {
+  std::shared_ptr<const IslandIdentity> Id(const std::string& name) {
+    return std::make_shared<IslandIdentity>(name, sessions_[name]);
+  }
+  std::vector<pb::PushRequest> Payload(const std::string& island, uint64_t round,
+                                       std::vector<float> delta, uint64_t tokens = 10) {
     auto chunks = *EncodeChunks({"run", island, round, 0}, {compression::Codec::kFp32, 0},
                                 delta.data(), 0, delta.size(), delta.size());
     std::vector<pb::PushRequest> out(chunks.size());
@@ -168,6 +176,7 @@ class SyncServerTest : public ::testing::Test {
       *out[i].mutable_chunk() = chunks[i];
       out[i].set_tokens(tokens);
     }
+    out[0].set_session(sessions_[island]);
     return out;
   }
   // One sync round of two islands (in two threads), each with its own made-up local training.
@@ -191,6 +200,7 @@ class SyncServerTest : public ::testing::Test {
   }
   SyncServerOptions options_;
   FragmentLayout layout_;
+  std::map<std::string, std::string> sessions_;
 };
 
 TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
@@ -214,13 +224,13 @@ TEST_F(SyncServerTest, ResultDoesNotDependOnArrivalOrder) {
   options_.optimizer = {0.7, 0.9, true};
   options_.num_data_streams = 2;
   auto one = Make(), two = Make();
-  for (auto* s : {one.get(), two.get()}) {
-    Join(*s, "a");
-    Join(*s, "b");
-  }
   const std::vector<float> da = {0.1f, 0.2f, 0.3f, 1e-7f}, db = {0.3f, -0.2f, 1e7f, 0.7f};
+  Join(*one, "a");
+  Join(*one, "b");
   ASSERT_TRUE(one->Push(Payload("a", 0, da, 7)).ok());
   ASSERT_TRUE(one->Push(Payload("b", 0, db, 3)).ok());
+  Join(*two, "a");  // sessions are per service
+  Join(*two, "b");
   ASSERT_TRUE(two->Push(Payload("b", 0, db, 3)).ok());
   ASSERT_TRUE(two->Push(Payload("a", 0, da, 7)).ok());
   EXPECT_EQ(one->params_hash(), two->params_hash());
@@ -284,6 +294,7 @@ TEST_F(SyncServerTest, DeadlineCommitsWithMinIslandsAndLeaveCompletesARound) {
   pb::LeaveRequest leave;
   leave.set_run_id("run");
   leave.set_island_id("a");
+  leave.set_session(sessions_["a"]);
   ASSERT_TRUE(s->Leave(leave).ok());
   EXPECT_EQ(s->round(), 2u);  // b and c were everyone left
   EXPECT_EQ(s->GetState().islands_size(), 2);
@@ -304,9 +315,62 @@ TEST_F(SyncServerTest, TheFirstRoundWaitsForEveryIslandOfTheRun) {
   pb::LeaveRequest leave;
   leave.set_run_id("run");
   leave.set_island_id("b");
+  leave.set_session(sessions_["b"]);
   ASSERT_TRUE(s->Leave(leave).ok());
   ASSERT_TRUE(s->Push(Payload("a", 1, {1, 1, 1, 1})).ok());
   EXPECT_EQ(s->round(), 2u);
+}
+
+// Every call after the join names an island and carries its session credential: holding the run
+// token (or another island's credential) is not enough to act as an island.
+TEST_F(SyncServerTest, AnIslandCannotActAsAnother) {
+  options_.num_data_streams = 2;
+  options_.config_hash = 0x1234;
+  auto s = Make();
+  pb::JoinRequest other_model;
+  other_model.set_run_id("run");
+  other_model.set_name("a");
+  other_model.set_config_hash(0x9999);
+  auto refused = s->Join(other_model);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("[model] config differs"));
+  options_.config_hash = 0;
+  s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  const auto before = s->params();
+  const auto epoch = s->GetState().membership_epoch();
+  auto forged = Payload("a", 0, {1, 1, 1, 1});
+  forged[0].set_session(sessions_["b"]);
+  EXPECT_EQ(s->Push(forged).status().code(), absl::StatusCode::kUnauthenticated);
+  forged[0].clear_session();
+  EXPECT_EQ(s->Push(forged).status().code(), absl::StatusCode::kUnauthenticated);
+  pb::HeartbeatRequest beat;
+  beat.set_run_id("run");
+  beat.set_island_id("a");
+  beat.set_session(sessions_["b"]);
+  EXPECT_EQ(s->Heartbeat(beat).status().code(), absl::StatusCode::kUnauthenticated);
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("a");
+  leave.set_session(sessions_["b"]);
+  EXPECT_EQ(s->Leave(leave).code(), absl::StatusCode::kUnauthenticated);
+  pb::FetchStateRequest fetch;
+  fetch.set_run_id("run");
+  fetch.set_island_id("a");
+  fetch.set_session("0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(s->FetchState(fetch).status().code(), absl::StatusCode::kUnauthenticated);
+  pb::UpdateRequest update;
+  update.set_run_id("run");
+  update.set_island_id("a");
+  EXPECT_EQ(s->AwaitUpdate(update, absl::Now()).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(s->num_members(), 2u);
+  EXPECT_EQ(s->GetState().membership_epoch(), epoch);
+  EXPECT_EQ(s->params(), before);
+  // The real credential works.
+  leave.set_session(sessions_["a"]);
+  EXPECT_TRUE(s->Leave(leave).ok());
 }
 
 TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
@@ -342,7 +406,7 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
     so.codec = options_.codec;
     so.chunk_bytes = 256;
     so.error_feedback = true;
-    IslandSync a(&t1, "run", "a", 1000, so), b(&t2, "run", "b", 1000, so);
+    IslandSync a(&t1, "run", Id("a"), 1000, so), b(&t2, "run", Id("b"), 1000, so);
     ASSERT_TRUE(a.FetchGlobal().ok());
     ASSERT_TRUE(b.FetchGlobal().ok());
     uint64_t sent = 0;
@@ -374,7 +438,7 @@ TEST_F(SyncServerTest, ErrorFeedbackCarriesWhatTheCodecDropped) {
   IslandSyncOptions so;
   so.codec = options_.codec;
   so.error_feedback = true;
-  IslandSync a(&t, "run", "a", 64, so);
+  IslandSync a(&t, "run", Id("a"), 64, so);
   ASSERT_TRUE(a.FetchGlobal().ok());
   // A constant pseudo-gradient that FP4 cannot represent next to a larger value in its block.
   std::vector<float> delta(64, 0.1f);
@@ -408,7 +472,7 @@ TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
   InProcessTransport t(s.get());
   Join(*s, "a");
   Join(*s, "b");
-  IslandSync b(&t, "run", "b", 4);
+  IslandSync b(&t, "run", Id("b"), 4);
   ASSERT_TRUE(b.FetchGlobal().ok());
   ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
   s->Tick(absl::Now() + absl::Seconds(1));  // round 0 commits without b
@@ -437,6 +501,7 @@ TEST_F(SyncServerTest, ASilentIslandIsDroppedWhenItsLeaseExpiresAndTheRoundCommi
   pb::HeartbeatRequest beat;
   beat.set_run_id("run");
   beat.set_island_id("a");
+  beat.set_session(sessions_["a"]);
   ASSERT_TRUE(s->Heartbeat(beat).ok());
   // 0.5 s later a has been silent for 0.5 s, b for 1.1 s: only b's lease has run out.
   s->Tick(absl::Now() + absl::Milliseconds(500));
@@ -450,6 +515,7 @@ TEST_F(SyncServerTest, ASilentIslandIsDroppedWhenItsLeaseExpiresAndTheRoundCommi
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("rejoin"));
   EXPECT_EQ(s->round(), 1u);
   beat.set_island_id("b");
+  beat.set_session(sessions_["b"]);
   EXPECT_EQ(s->Heartbeat(beat).status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -464,6 +530,7 @@ TEST_F(SyncServerTest, ALateJoinerIsNotWaitedForInTheOpenRound) {
   pb::LeaveRequest leave;
   leave.set_run_id("run");
   leave.set_island_id("c");
+  leave.set_session(sessions_["c"]);
   ASSERT_TRUE(s->Leave(leave).ok());
   Join(*s, "d");  // joins while round 1 is open: waited for from round 2
   ASSERT_TRUE(s->Push(Payload("a", 1, {1, 1, 1, 1})).ok());
@@ -504,7 +571,7 @@ TEST_F(SyncServerTest, IslandsSurviveDroppedCorruptedAndCutTransfers) {
   so.chunk_bytes = 256;
   so.fetch_piece_bytes = 4096;  // 4 pieces
   so.retries = 8;
-  IslandSync a(&f1, "run", "a", 4000, so), b(&f2, "run", "b", 4000, so);
+  IslandSync a(&f1, "run", Id("a"), 4000, so), b(&f2, "run", Id("b"), 4000, so);
   const auto fa = a.FetchGlobal(), fb = b.FetchGlobal();
   ASSERT_TRUE(fa.ok()) << fa;
   ASSERT_TRUE(fb.ok()) << fb;
@@ -600,7 +667,7 @@ TEST_F(SyncServerTest, AsyncIslandsCatchUpAndStayBitIdentical) {
   so.codec = options_.codec;
   so.async = true;
   so.chunk_bytes = 256;
-  IslandSync a(&t1, "run", "a", 1000, so), b(&t2, "run", "b", 1000, so);
+  IslandSync a(&t1, "run", Id("a"), 1000, so), b(&t2, "run", Id("b"), 1000, so);
   ASSERT_TRUE(a.FetchGlobal().ok());
   ASSERT_TRUE(b.FetchGlobal().ok());
   // a pushes three times for each push of b: b catches up over several versions each time.
@@ -635,7 +702,7 @@ TEST_F(SyncServerTest, AsyncIslandTooFarBehindFetchesTheFullState) {
   Join(*s, "b");
   IslandSyncOptions so;
   so.async = true;
-  IslandSync b(&t, "run", "b", 4, so);
+  IslandSync b(&t, "run", Id("b"), 4, so);
   ASSERT_TRUE(b.FetchGlobal().ok());
   for (uint64_t v = 0; v < 3; ++v) ASSERT_TRUE(s->Push(Payload("a", v, {1, 1, 1, 1})).ok());
   auto r = b.SyncRound({0, 0, 0, 0}, 10);  // 3 versions stale, bound 1
