@@ -1,7 +1,10 @@
 #include "outer/outer_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
+#include "outer/aggregation.h"
 #include "outer/names.h"
 
 namespace atl::outer {
@@ -77,6 +80,23 @@ absl::Status Validate(const OuterConfig& c) {
   if (c.momentum_delay < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.momentum_delay must be >= 0, got ", c.momentum_delay));
+  }
+  if (auto rule = ParseAggregationRule(c.aggregation); !rule.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.aggregation: ", rule.status().message()));
+  }
+  if (!(c.clip_multiple > 0) || !std::isfinite(c.clip_multiple)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.clip_multiple must be positive, got ", c.clip_multiple));
+  }
+  if (!(c.trim_fraction >= 0 && c.trim_fraction < 0.5)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.trim_fraction must be in [0, 0.5), got ", c.trim_fraction));
+  }
+  if (!(c.max_update_norm >= 0) || !(c.max_update_value >= 0) || std::isinf(c.max_update_norm) ||
+      std::isinf(c.max_update_value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.max_update_norm and outer.max_update_value must be finite and >= 0 (0: no bound), "
+        "got ", c.max_update_norm, " and ", c.max_update_value));
   }
   if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));

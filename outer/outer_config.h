@@ -38,6 +38,14 @@ struct OuterConfig {
   bool staleness_scaling = true;          // async: scale a contribution by 1 / (1 + staleness)
   bool dynamic_local_steps = true;        // async: each island's H follows its throughput (DyLU)
   int momentum_delay = 0;                 // async: delayed Nesterov period N (0: outer.islands)
+  // Hostile or broken islands (the service refuses or outvotes what no healthy island sends).
+  std::string aggregation = "mean";       // mean, clipped_mean, trimmed_mean or median
+  double clip_multiple = 2.0;             // clipped_mean: norms clipped to this x the round's median
+  double trim_fraction = 0.25;            // trimmed_mean: share of values dropped at each end
+  // Bounds a healthy island stays far below: AdamW moves a weight by at most about lr per step, and
+  // tiny's pseudo-gradients measure 0.02 to 0.31 of their fragment's parameter norm (H = 50).
+  double max_update_norm = 10;            // contribution norm / fragment parameter norm (0: none)
+  double max_update_value = 1000;         // largest magnitude of any value (0: none)
   bool async() const { return mode == "async"; }
   double alpha() const {
     return fragment_update_alpha >= 0 ? fragment_update_alpha : (fragment_sync_delay > 0 ? 0.5 : 0.0);

@@ -31,40 +31,61 @@ OuterOptimizer::OuterOptimizer(const OuterOptimizerConfig& config, size_t num_el
               0.0f) {}
 
 void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
+  Preview(g, u);
+  Advance(g);
+}
+
+// Preview computes the new momentum in a register with the same float operations Advance stores,
+// so that the update is bit for bit what a single in-place pass would produce.
+void OuterOptimizer::Preview(const float* g, float* u) const {
   const float lr = float(config_.lr), mu = float(config_.momentum);
   const size_t n = size_;
   if (momentum_.empty()) {
     for (size_t i = 0; i < n; ++i) u[i] = lr * g[i];
     return;
   }
-  float* m = momentum_.data();
+  const float* m = momentum_.data();
   if (!buffer_.empty()) {  // delayed Nesterov
     const float period = float(config_.momentum_delay);
-    float* b = buffer_.data();
-    for (size_t i = 0; i < n; ++i) b[i] += g[i];
-    if (++buffered_ < config_.momentum_delay) {
+    if (buffered_ + 1 < config_.momentum_delay) {
       for (size_t i = 0; i < n; ++i) u[i] = lr * (g[i] / period);
       return;
     }
+    const float* b = buffer_.data();
+    for (size_t i = 0; i < n; ++i) {
+      const float m_new = mu * m[i] + (b[i] + g[i]) / period;
+      u[i] = lr * (g[i] / period + mu * m_new);
+    }
+    return;
+  }
+  if (config_.nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      const float m_new = mu * m[i] + g[i];
+      u[i] = lr * (g[i] + mu * m_new);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) u[i] = lr * (mu * m[i] + g[i]);
+  }
+}
+
+void OuterOptimizer::Advance(const float* g) {
+  if (momentum_.empty()) return;
+  const float mu = float(config_.momentum);
+  const size_t n = size_;
+  float* m = momentum_.data();
+  if (!buffer_.empty()) {
+    const float period = float(config_.momentum_delay);
+    float* b = buffer_.data();
+    for (size_t i = 0; i < n; ++i) b[i] += g[i];
+    if (++buffered_ < config_.momentum_delay) return;
     for (size_t i = 0; i < n; ++i) {
       m[i] = mu * m[i] + b[i] / period;
-      u[i] = lr * (g[i] / period + mu * m[i]);
       b[i] = 0.0f;
     }
     buffered_ = 0;
     return;
   }
-  if (config_.nesterov) {
-    for (size_t i = 0; i < n; ++i) {
-      m[i] = mu * m[i] + g[i];
-      u[i] = lr * (g[i] + mu * m[i]);
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      m[i] = mu * m[i] + g[i];
-      u[i] = lr * m[i];
-    }
-  }
+  for (size_t i = 0; i < n; ++i) m[i] = mu * m[i] + g[i];
 }
 
 absl::Status OuterOptimizer::Restore(std::vector<float> momentum, std::vector<float> buffer,

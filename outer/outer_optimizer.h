@@ -35,7 +35,13 @@ class OuterOptimizer {
   //   Nesterov:     m = mu * m + g;  u = lr * (g + mu * m)
   //   delayed Nesterov with period N: b += g; on all but every N-th call u = lr * (g / N); on
   //   every N-th call m = mu * m + b / N, u = lr * (g / N + mu * m), b = 0.
+  // Preview + Advance.
   void ComputeUpdate(const float* g, float* u);
+  // The update ComputeUpdate would write, without changing any state (so that the service can
+  // check an update before it commits to it).
+  void Preview(const float* g, float* u) const;
+  // Advances the momentum (and delayed Nesterov's buffer) by g, as ComputeUpdate does.
+  void Advance(const float* g);
 
   const std::vector<float>& momentum() const { return momentum_; }
   std::vector<float>& mutable_momentum() { return momentum_; }

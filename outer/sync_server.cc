@@ -21,6 +21,12 @@ uint64_t HashParams(const std::vector<float>& p) {
   return compression::Checksum(p.data(), p.size() * sizeof(float));
 }
 
+double Norm(const std::vector<float>& p) {
+  double sum = 0;
+  for (float v : p) sum += double(v) * double(v);
+  return std::sqrt(sum);
+}
+
 }  // namespace
 
 uint32_t DynamicLocalSteps(double v, double v_max, uint32_t h) {
@@ -36,6 +42,7 @@ SyncServer::Fragment::Fragment(FragmentLayout l, std::vector<float> p, const Out
     : layout(std::move(l)),
       params(std::move(p)),
       params_hash(HashParams(params)),
+      params_norm(Norm(params)),
       optimizer(o, params.size()) {}
 
 SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial)
@@ -252,7 +259,25 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
                                                    stats.status().message()));
   }
   c.norm = stats->norm;
+  if (options_.max_update_value > 0 && stats->max_abs > options_.max_update_value) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution of island '", id.island_id, "' to round ", id.round, ": a value of magnitude ",
+        stats->max_abs, " exceeds outer.max_update_value = ", options_.max_update_value));
+  }
+  if (options_.max_tokens > 0 && c.tokens > options_.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution of island '", id.island_id, "' claims ", c.tokens,
+        " tokens; a round of this run trains at most ", options_.max_tokens));
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  if (const double params_norm = fragments_[id.fragment].params_norm;
+      options_.max_update_norm > 0 && params_norm > 0 &&
+      c.norm > options_.max_update_norm * params_norm) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution of island '", id.island_id, "' to round ", id.round, " has norm ", c.norm,
+        ", ", c.norm / params_norm, " times the fragment's parameter norm (outer.max_update_norm = ",
+        options_.max_update_norm, ")"));
+  }
   // Other contributions may have landed, rounds committed and the island rejoined (with a new
   // session) while this one arrived.
   if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
@@ -313,51 +338,102 @@ void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
   const size_t n = f.params.size();
   // In island-id order (std::map): the result does not depend on arrival order.
   std::vector<ContributionRef> refs;
-  std::vector<std::string> contributors;
-  uint64_t tokens = 0;
-  for (const auto& [id, c] : f.contributions) {
-    refs.push_back({id, c.tokens, c.norm, &c.payload});
-    contributors.push_back(id);
-    tokens += c.tokens;
-  }
+  for (const auto& [id, c] : f.contributions) refs.push_back({id, c.tokens, c.norm, &c.payload});
+  std::vector<std::string> dropped;
   std::vector<float> g(n);
-  // Contributions were verified (complete, finite) when they were recorded.
-  if (auto s = Aggregate(options_.aggregation, refs, n, g.data(), nullptr); !s.ok()) std::abort();
+  while (!refs.empty()) {
+    RoundRecord record;
+    absl::Status s = Aggregate(options_.aggregation, refs, n, g.data(), &record.aggregation);
+    if (s.ok()) {
+      for (const auto& r : refs) {
+        record.contributors.push_back(r.island);
+        record.tokens += r.tokens;
+      }
+      record.dropped = dropped;
+      for (const auto& r : refs) {
+        record.relative_norms[r.island] = f.params_norm > 0 ? r.norm / f.params_norm : 0.0;
+      }
+      s = ApplyLocked(fragment, g, std::move(record), now);
+      if (s.ok()) break;
+    }
+    // The combination would leave the parameters non-finite (or could not be read): the round
+    // commits without the contribution of largest norm, the likeliest culprit, and tries again.
+    auto worst = std::max_element(refs.begin(), refs.end(), [](const auto& x, const auto& y) {
+      return x.norm < y.norm;
+    });
+    if (on_event_) {
+      on_event_(absl::StrCat("round ", f.round, " of fragment ", fragment, ": ", s.message(),
+                             "; committing without island '", worst->island, "'"));
+    }
+    dropped.push_back(worst->island);
+    refs.erase(worst);
+  }
+  if (refs.empty()) {
+    // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged).
+    RoundRecord record;
+    record.dropped = dropped;
+    CommitUpdateLocked(fragment, std::vector<float>(n, 0.0f), {}, std::move(record), now);
+  }
   f.contributions.clear();
   f.deadline = absl::InfiniteFuture();
-  ApplyLocked(fragment, g, std::move(contributors), tokens, 0, now);
 }
 
-void SyncServer::ApplyLocked(uint32_t fragment, const std::vector<float>& g,
-                             std::vector<std::string> contributors, uint64_t tokens,
-                             uint64_t staleness, absl::Time now) {
+absl::Status SyncServer::ApplyLocked(uint32_t fragment, const std::vector<float>& g,
+                                     RoundRecord record, absl::Time now) {
   Fragment& f = fragments_[fragment];
   const size_t n = f.params.size();
-  auto committed = std::make_shared<CommittedRound>();
-  committed->round = f.round;
-  committed->contributors = std::move(contributors);
-  committed->tokens = tokens;
-  committed->staleness = staleness;
   // The update every copy applies is the decoded encoding of the optimizer's update, so the
-  // service and the islands subtract exactly the same numbers.
+  // service and the islands subtract exactly the same numbers. Nothing changes until the whole
+  // update is known to keep every parameter finite.
   std::vector<float> update(n);
-  f.optimizer.ComputeUpdate(g.data(), update.data());
+  f.optimizer.Preview(g.data(), update.data());
   const PayloadId id{options_.run_id, "", f.round, fragment};
   auto chunks = EncodeChunks(id, options_.codec, update.data(), 0, n, n, options_.chunk_bytes);
-  // The update is a finite combination of verified finite inputs; an overflow to infinity would
-  // make every island diverge, so it is a bug worth stopping for.
-  if (!chunks.ok()) std::abort();
+  if (!chunks.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the outer update is not finite (", chunks.status().message(), ")"));
+  }
   Assembler decoded(id, n, 0, n, options_.codec);
   for (const auto& c : *chunks) {
-    if (!decoded.Add(c).ok()) std::abort();
+    if (auto s = decoded.Add(c); !s.ok()) return s;
   }
-  committed->update = std::move(decoded.mutable_values());
+  const std::vector<float>& u = decoded.values();
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= uint32_t(!std::isfinite(f.params[i] - u[i]));
+  if (bad) {
+    return absl::InvalidArgumentError("the update would make the global parameters non-finite");
+  }
+  f.optimizer.Advance(g.data());
+  CommitUpdateLocked(fragment, std::move(decoded.mutable_values()), *std::move(chunks),
+                     std::move(record), now);
+  return absl::OkStatus();
+}
+
+void SyncServer::CommitUpdateLocked(uint32_t fragment, std::vector<float> update,
+                                    std::vector<pb::Chunk> chunks, RoundRecord record,
+                                    absl::Time now) {
+  Fragment& f = fragments_[fragment];
+  const size_t n = f.params.size();
+  if (chunks.empty()) {  // a zero update still travels, so that islands apply it like any other
+    chunks = *EncodeChunks({options_.run_id, "", f.round, fragment}, options_.codec, update.data(),
+                           0, n, n, options_.chunk_bytes);
+  }
+  auto committed = std::make_shared<CommittedRound>();
+  committed->round = f.round;
+  committed->fragment = fragment;
+  committed->contributors = std::move(record.contributors);
+  committed->tokens = record.tokens;
+  committed->staleness = record.staleness;
+  committed->dropped = std::move(record.dropped);
+  committed->aggregation = std::move(record.aggregation);
+  committed->relative_norms = std::move(record.relative_norms);
+  committed->update = std::move(update);
   ApplyUpdate(f.params.data(), committed->update.data(), n);
   f.params_hash = HashParams(f.params);
+  f.params_norm = Norm(f.params);
   committed->params_hash = f.params_hash;
   committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-  committed->update_chunks = *std::move(chunks);
-  committed->fragment = fragment;
+  committed->update_chunks = std::move(chunks);
   if (on_commit_) on_commit_(*committed);
   f.committed.push_back(std::move(committed));
   while (f.committed.size() > kept_versions()) f.committed.pop_front();
@@ -421,11 +497,19 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsyncLocked(const PayloadId& i
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
+  RoundRecord record;
+  record.contributors = {id.island_id};
+  record.tokens = c.tokens;
+  record.staleness = staleness;
+  record.relative_norms[id.island_id] = frag.params_norm > 0 ? c.norm / frag.params_norm : 0.0;
+  if (auto s = ApplyLocked(id.fragment, g, std::move(record), absl::Now()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
+                                                   "' refused: ", s.message()));
+  }
   frag.last_base[id.island_id] = id.round;
   membership_.Contributed(id.island_id, absl::Now()).IgnoreError();  // a member: checked
   if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
   if (id.fragment == 0) tokens_committed_ += c.tokens;
-  ApplyLocked(id.fragment, g, {id.island_id}, c.tokens, staleness, absl::Now());
   pb::PushResponse response;
   response.set_round(id.round);
   response.set_fragment(id.fragment);
@@ -619,6 +703,7 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state) {
     Fragment& f = fragments_[i];
     f.params = std::move(params[i]);
     f.params_hash = state.fragments(int(i)).params_hash();
+    f.params_norm = Norm(f.params);
     f.optimizer = std::move(optimizers[i]);
     f.round = state.fragments(int(i)).round();
     f.durable_round = f.round;

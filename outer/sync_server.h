@@ -56,6 +56,12 @@ struct SyncServerOptions {
   bool dynamic_local_steps = true;  // DyLU: each island's H follows its measured throughput
   uint64_t token_budget = 0;        // tokens over all islands after which islands finish (0: none)
   AggregationOptions aggregation;   // how a round's contributions are combined
+  // Bounds on a contribution, refused with INVALID_ARGUMENT beyond them (0: no bound): its L2 norm
+  // relative to the fragment's parameter norm, the magnitude of any of its values, and the tokens
+  // it claims to weigh.
+  double max_update_norm = 0;
+  double max_update_value = 0;
+  uint64_t max_tokens = 0;
 };
 
 // Dynamic local updates (arXiv 2401.09135): an island running at `v` inner steps/s while the
@@ -107,6 +113,13 @@ struct CommittedRound {
   uint64_t tokens = 0;
   double commit_unix_s = 0;
   uint64_t staleness = 0;  // async: versions between the contribution's start and its arrival
+  // Islands whose contributions were left out because the combination would have made the
+  // parameters non-finite (largest norm first), and what the aggregation rule did.
+  std::vector<std::string> dropped;
+  AggregationReport aggregation;
+  // Each contribution's L2 norm over the fragment's parameter norm before the round (a drifting or
+  // broken island shows here first; outer.max_update_norm bounds it).
+  std::map<std::string, double> relative_norms;
 };
 
 // Each fragment has its own global parameters, outer optimizer state and rounds; membership is
@@ -190,6 +203,7 @@ class SyncServer {
     FragmentLayout layout;
     std::vector<float> params;
     uint64_t params_hash = 0;
+    double params_norm = 0;  // L2, for the relative bound on contributions
     OuterOptimizer optimizer;
     uint64_t round = 0;
     std::map<std::string, Contribution> contributions;  // of `round`, by island id
@@ -206,11 +220,25 @@ class SyncServer {
   void FillSchedule(pb::OuterSchedule* schedule) const;
   absl::StatusOr<uint32_t> CheckFragment(uint32_t fragment) const;
   bool ReadyLocked(const Fragment& f, absl::Time now) const;
+  // What a committed round records besides its update.
+  struct RoundRecord {
+    std::vector<std::string> contributors;
+    uint64_t tokens = 0;
+    uint64_t staleness = 0;
+    std::vector<std::string> dropped;
+    AggregationReport aggregation;
+    std::map<std::string, double> relative_norms;
+  };
+  // Aggregates the round's contributions and applies them; contributions whose combination would
+  // make the parameters non-finite are left out one by one (largest norm first).
   void CommitLocked(uint32_t fragment, absl::Time now);
-  // Runs the outer optimizer on g, applies the (encoded, decoded) update and logs the version.
-  void ApplyLocked(uint32_t fragment, const std::vector<float>& g,
-                   std::vector<std::string> contributors, uint64_t tokens, uint64_t staleness,
-                   absl::Time now);
+  // Runs the outer optimizer on g and applies the (encoded, decoded) update, unless it would make
+  // a parameter non-finite (INVALID_ARGUMENT; then nothing has changed).
+  absl::Status ApplyLocked(uint32_t fragment, const std::vector<float>& g, RoundRecord record,
+                           absl::Time now);
+  // Applies a decoded update, logs the round and releases it to the islands.
+  void CommitUpdateLocked(uint32_t fragment, std::vector<float> update,
+                          std::vector<pb::Chunk> chunks, RoundRecord record, absl::Time now);
   // Sync: the contribution waits for its round. Async: it is applied at once.
   absl::StatusOr<pb::PushResponse> RecordLocked(const PayloadId& id, Contribution c);
   absl::StatusOr<pb::PushResponse> ApplyAsyncLocked(const PayloadId& id, Contribution c,

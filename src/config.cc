@@ -92,6 +92,16 @@ std::vector<Field> Schema(Config& c) {
        "async: H of each island follows its inner throughput (DyLU)"},
       {"outer.momentum_delay", &c.outer.momentum_delay,
        "async: delayed Nesterov period N (0: outer.islands)"},
+      {"outer.aggregation", &c.outer.aggregation,
+       "mean, clipped_mean, trimmed_mean or median (robust to faulty islands)"},
+      {"outer.clip_multiple", &c.outer.clip_multiple,
+       "clipped_mean: norms clipped to this multiple of the round's median norm"},
+      {"outer.trim_fraction", &c.outer.trim_fraction,
+       "trimmed_mean: share of values dropped at each end, per coordinate"},
+      {"outer.max_update_norm", &c.outer.max_update_norm,
+       "refuse contributions whose norm exceeds this x the fragment's parameter norm (0: off)"},
+      {"outer.max_update_value", &c.outer.max_update_value,
+       "refuse contributions holding a value of larger magnitude (0: off)"},
       {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async"},
   };
 }

@@ -37,6 +37,15 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.num_data_streams = uint32_t(config.outer.islands);
   o.config_hash = ModelConfigHash(config.model);
   o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
+  o.aggregation.rule = *outer::ParseAggregationRule(config.outer.aggregation);  // validated too
+  o.aggregation.clip_multiple = config.outer.clip_multiple;
+  o.aggregation.trim_fraction = config.outer.trim_fraction;
+  o.max_update_norm = config.outer.max_update_norm;
+  o.max_update_value = config.outer.max_update_value;
+  // A contribution weighs the tokens of the steps since the island's last push: at most H steps
+  // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
+  o.max_tokens = 2 * uint64_t(config.outer.sync_every) * uint64_t(config.train.batch_size) *
+                 uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
   if (config.outer.async()) {
     o.async = true;
     o.max_staleness = uint32_t(config.outer.max_staleness);
@@ -241,13 +250,19 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::fflush(options.out);
     if (writer) writer->Committed();
     if (rounds_log) {
-      rounds_log->Write({{"round", r.round},
-                         {"fragment", r.fragment},
-                         {"contributors", r.contributors},
-                         {"tokens", r.tokens},
-                         {"staleness", r.staleness},
-                         {"params_hash", absl::StrFormat("%016x", r.params_hash)},
-                         {"wall_s", wall}});
+      nlohmann::json record = {{"round", r.round},
+                               {"fragment", r.fragment},
+                               {"contributors", r.contributors},
+                               {"tokens", r.tokens},
+                               {"staleness", r.staleness},
+                               {"relative_norms", r.relative_norms},
+                               {"params_hash", absl::StrFormat("%016x", r.params_hash)},
+                               {"wall_s", wall}};
+      if (!r.dropped.empty()) record["dropped"] = r.dropped;
+      if (!r.aggregation.clipped.empty()) record["clipped"] = r.aggregation.clipped;
+      if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
+      if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;
+      rounds_log->Write(record);
     }
   });
   sync->SetEventListener([&](const std::string& line) {

@@ -78,6 +78,32 @@ TEST(OuterOptimizerTest, DelayedNesterovStepsTheMomentumEveryNthGradient) {
   EXPECT_FALSE(Validate(OuterOptimizerConfig{0.7, 0.9, true, -1}).ok());
 }
 
+// The service previews an update to check it before committing to it: previewing changes nothing.
+TEST(OuterOptimizerTest, PreviewChangesNoStateAndMatchesTheUpdate) {
+  OuterOptimizerConfig delayed{0.7, 0.9, true};
+  delayed.momentum_delay = 3;
+  for (const OuterOptimizerConfig& c : {OuterOptimizerConfig{1.0, 0.0, false},
+                                        OuterOptimizerConfig{0.5, 0.5, false},
+                                        OuterOptimizerConfig{0.7, 0.9, true}, delayed}) {
+    OuterOptimizer opt(c, 64);
+    for (int step = 0; step < 7; ++step) {
+      std::vector<float> g(64), u1(64), u2(64), u3(64);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(float(i * 3 + step));
+      const auto m = opt.momentum();
+      const auto b = opt.buffer();
+      const int buffered = opt.buffered();
+      opt.Preview(g.data(), u1.data());
+      opt.Preview(g.data(), u2.data());
+      EXPECT_EQ(opt.momentum(), m);
+      EXPECT_EQ(opt.buffer(), b);
+      EXPECT_EQ(opt.buffered(), buffered);
+      EXPECT_EQ(u1, u2);
+      opt.ComputeUpdate(g.data(), u3.data());
+      EXPECT_EQ(0, std::memcmp(u1.data(), u3.data(), 64 * 4)) << "step " << step;
+    }
+  }
+}
+
 std::vector<float> Ramp(size_t n, float scale) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = scale * float(int(i % 97) - 48);
@@ -371,6 +397,79 @@ TEST_F(SyncServerTest, AnIslandCannotActAsAnother) {
   // The real credential works.
   leave.set_session(sessions_["a"]);
   EXPECT_TRUE(s->Leave(leave).ok());
+}
+
+// A member that pushes huge finite values (every element 3e38), values beyond the absolute bound,
+// a norm far beyond its fragment's or an absurd token count is refused; nothing changes.
+TEST_F(SyncServerTest, OutOfBoundsContributionsAreRefusedAndChangeNothing) {
+  options_.num_data_streams = 2;
+  options_.max_update_norm = 10;
+  options_.max_update_value = 1000;
+  options_.max_tokens = 100;
+  auto s = Make();  // parameter norm sqrt(30) = 5.48
+  Join(*s, "a");
+  Join(*s, "b");
+  const auto before = s->params();
+  const auto hash = s->params_hash();
+  struct Case {
+    std::vector<pb::PushRequest> payload;
+    const char* message;
+  } cases[] = {
+      {Payload("a", 0, {3e38f, 3e38f, 3e38f, 3e38f}), "exceeds outer.max_update_value"},
+      {Payload("a", 0, {0, 0, 1000.5f, 0}), "exceeds outer.max_update_value"},
+      {Payload("a", 0, {30, 30, 30, -30}), "times the fragment's parameter norm"},
+      {Payload("a", 0, {1, 1, 1, 1}, uint64_t(1) << 60), "claims 1152921504606846976 tokens"},
+  };
+  for (auto& c : cases) {
+    auto r = s->Push(c.payload);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+    EXPECT_EQ(s->params(), before);
+    EXPECT_EQ(s->params_hash(), hash);
+  }
+  // Inside the bounds: accepted, and the round commits as usual.
+  ASSERT_TRUE(s->Push(Payload("a", 0, {20, 20, 20, -20}, 100)).ok());
+  ASSERT_TRUE(s->Push(Payload("b", 0, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 1u);
+}
+
+// Without bounds, contributions whose combination would overflow the parameters are left out one
+// by one (the round commits without them, the process stays up, nothing non-finite is ever
+// applied); in async mode such a contribution is refused.
+TEST_F(SyncServerTest, AnUpdateThatWouldOverflowIsNeverApplied) {
+  options_.num_data_streams = 3;
+  options_.max_update_norm = 0;
+  options_.max_update_value = 0;
+  auto s = Make({3e38f, -3e38f, 1, 2});
+  std::vector<std::string> events;
+  s->SetEventListener([&](const std::string& e) { events.push_back(e); });
+  for (const char* i : {"a", "b", "c"}) Join(*s, i);
+  ASSERT_TRUE(s->Push(Payload("a", 0, {-3e38f, 0, 0, 0})).ok());      // 3e38 - (-3e38): overflow
+  ASSERT_TRUE(s->Push(Payload("b", 0, {0, 3e38f, 0, 0}, 1)).ok());    // with a: still overflows
+  ASSERT_TRUE(s->Push(Payload("c", 0, {0, 0, 0.5f, 0.5f}, 5)).ok());  // healthy
+  EXPECT_EQ(s->round(), 1u);
+  const auto p = s->params();
+  for (float v : p) EXPECT_TRUE(std::isfinite(v));
+  EXPECT_EQ(p[2], 0.5f);  // c's contribution alone was applied (outer SGD, lr 1)
+  EXPECT_EQ(p[3], 1.5f);
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events[0], HasSubstr("non-finite"));
+  auto round = s->AwaitRound(0, absl::Now());
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ((*round)->contributors, std::vector<std::string>{"c"});
+  EXPECT_EQ((*round)->dropped, (std::vector<std::string>{"a", "b"}));
+
+  options_.async = true;
+  options_.num_data_streams = 1;
+  auto async = Make({3e38f, 0, 0, 0});
+  Join(*async, "a");
+  const auto hash = async->params_hash();
+  auto r = async->Push(Payload("a", 0, {-3e38f, 0, 0, 0}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("non-finite"));
+  EXPECT_EQ(async->params_hash(), hash);
+  EXPECT_EQ(async->round(), 0u);
+  EXPECT_TRUE(async->Push(Payload("a", 0, {1, 0, 0, 0})).ok());
 }
 
 TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
