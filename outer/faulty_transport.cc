@@ -1,6 +1,10 @@
 #include "outer/faulty_transport.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "compression/checksum.h"
+#include "compression/codec.h"
 
 namespace atl::outer {
 
@@ -52,8 +56,29 @@ absl::StatusOr<pb::HeartbeatResponse> FaultyTransport::Heartbeat(const pb::Heart
 absl::StatusOr<pb::PushResponse> FaultyTransport::Push(const std::vector<pb::PushRequest>& r) {
   if (Drop()) return Dropped("Push");
   std::vector<pb::PushRequest> sent = r;
-  for (auto& request : sent) Corrupt(*request.mutable_chunk());
+  for (auto& request : sent) {
+    if (faults_.scale_pushes != 1) Scale(*request.mutable_chunk());
+    Corrupt(*request.mutable_chunk());
+  }
   return inner_->Push(sent);
+}
+
+void FaultyTransport::Scale(pb::Chunk& chunk) const {
+  const auto& h = chunk.header();
+  auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
+  if (!spec.ok()) return;
+  std::vector<float> values(h.num_elements());
+  std::string& data = *chunk.mutable_data();
+  if (!compression::Decode(*spec, reinterpret_cast<const uint8_t*>(data.data()), data.size(),
+                           values.size(), values.data())
+           .ok()) {
+    return;
+  }
+  for (float& v : values) v *= faults_.scale_pushes;
+  if (compression::Encode(*spec, values.data(), values.size(), reinterpret_cast<uint8_t*>(data.data()))
+          .ok()) {
+    chunk.set_xxh64(compression::Checksum(data.data(), data.size()));
+  }
 }
 
 absl::StatusOr<std::vector<pb::UpdateChunk>> FaultyTransport::AwaitUpdate(

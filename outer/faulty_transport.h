@@ -1,6 +1,8 @@
 // A Transport wrapper that injects faults, for tests and failure rehearsals: calls that fail as if
-// the network dropped them, delays, corrupted chunk bytes (each direction), and state transfers cut
-// after a number of bytes. Deterministic for a given seed.
+// the network dropped them, delays, corrupted chunk bytes (each direction), state transfers cut
+// after a number of bytes, and a faulty island's pseudo-gradients (scaled or sign-flipped, then
+// re-encoded with valid checksums: nothing on the wire tells them apart from healthy ones).
+// Deterministic for a given seed.
 #ifndef ATOLL_OUTER_FAULTY_TRANSPORT_H_
 #define ATOLL_OUTER_FAULTY_TRANSPORT_H_
 
@@ -21,6 +23,8 @@ struct Faults {
   // > 0: once, the state transfer that crosses this many bytes (counted over all transfers) fails
   // with UNAVAILABLE: a cut connection.
   uint64_t cut_after_bytes = 0;
+  // != 1: every pushed pseudo-gradient is multiplied by this (-1: sign-flipped) before it is sent.
+  float scale_pushes = 1;
   uint64_t seed = 1;
 };
 
@@ -44,6 +48,7 @@ class FaultyTransport : public Transport {
   // Sleeps the delay; true when this call is to be dropped.
   bool Drop();
   bool Corrupt(pb::Chunk& chunk);
+  void Scale(pb::Chunk& chunk) const;
 
   Transport* inner_;
   Faults faults_;

@@ -91,6 +91,13 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base, {{"model.n_layer", "3000000000"}}, absl::StatusCode::kInvalidArgument,
        "--model.n_layer"},
       {"[train]\nsteps = 3\n", {}, absl::StatusCode::kInvalidArgument, "data.path is required"},
+      {base, {{"outer.aggregation", "mode"}}, absl::StatusCode::kInvalidArgument,
+       "unknown aggregation 'mode'"},
+      {base, {{"outer.trim_fraction", "0.5"}}, absl::StatusCode::kInvalidArgument,
+       "outer.trim_fraction"},
+      {base, {{"outer.max_update_norm", "-1"}}, absl::StatusCode::kInvalidArgument,
+       "outer.max_update_norm"},
+      {base, {{"outer.run_id", "a b"}}, absl::StatusCode::kInvalidArgument, "outer.run_id 'a b'"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);

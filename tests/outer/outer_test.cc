@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "compression/checksum.h"
 #include "compression/codec.h"
+#include "outer/aggregation.h"
 #include "outer/faulty_transport.h"
 #include "outer/in_process_transport.h"
 #include "outer/island_sync.h"
@@ -102,6 +104,87 @@ TEST(OuterOptimizerTest, PreviewChangesNoStateAndMatchesTheUpdate) {
       EXPECT_EQ(0, std::memcmp(u1.data(), u3.data(), 64 * 4)) << "step " << step;
     }
   }
+}
+
+// Encodes values as the service keeps a contribution (fp32 chunks of 3 elements: windows and chunk
+// boundaries do not line up).
+EncodedPayload Encoded(const std::vector<float>& v) {
+  ChunkStream stream({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.size(), 0, v.size());
+  auto chunks = EncodeChunks({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.data(), 0,
+                             v.size(), v.size(), 12);
+  EXPECT_TRUE(chunks.ok());
+  for (auto& c : *chunks) EXPECT_TRUE(stream.Add(std::move(c)).ok());
+  return std::move(stream).Take();
+}
+
+TEST(AggregationTest, RulesAreTheirFormulasCoordinateWise) {
+  const std::vector<std::vector<float>> v = {{1, 10, -2}, {2, 20, -2}, {3, -30, 0}, {100, 0, -2}};
+  std::vector<EncodedPayload> payloads;
+  for (const auto& x : v) payloads.push_back(Encoded(x));
+  std::vector<ContributionRef> refs;
+  const char* names[] = {"a", "b", "c", "d"};
+  const uint64_t tokens[] = {1, 1, 2, 4};
+  for (int i = 0; i < 4; ++i) {
+    double norm = 0;
+    for (float x : v[size_t(i)]) norm += double(x) * x;
+    refs.push_back({names[i], tokens[i], std::sqrt(norm), &payloads[size_t(i)]});
+  }
+  auto agg = [&](AggregationOptions o, AggregationReport* report = nullptr) {
+    std::vector<float> out(3);
+    EXPECT_TRUE(Aggregate(o, refs, 3, out.data(), report).ok());
+    return out;
+  };
+  AggregationOptions o;
+  EXPECT_EQ(agg(o), (std::vector<float>{409.0f / 8, -30.0f / 8, -12.0f / 8}));  // token-weighted
+  o.rule = AggregationRule::kMedian;  // middle two of four, unweighted
+  AggregationReport median_report;
+  EXPECT_EQ(agg(o, &median_report), (std::vector<float>{2.5f, 5.0f, -2.0f}));
+  EXPECT_EQ(median_report.trimmed.size(), 4u);
+  o.rule = AggregationRule::kTrimmedMean;
+  o.trim_fraction = 0.2;  // floor(0.8) = 0: the unweighted mean
+  EXPECT_EQ(agg(o), (std::vector<float>{26.5f, 0.0f, -1.5f}));
+  o.trim_fraction = 0.25;
+  EXPECT_EQ(agg(o), (std::vector<float>{2.5f, 5.0f, -2.0f}));
+  // clipped_mean: d's norm (100.02) is far above 2 x the median norm; it is scaled down to it.
+  o.rule = AggregationRule::kClippedMean;
+  AggregationReport report;
+  const auto clipped = agg(o, &report);
+  EXPECT_EQ(report.clipped, std::vector<std::string>{"d"});
+  EXPECT_LT(clipped[0], 30.0f);
+  EXPECT_GT(clipped[0], 2.0f);
+}
+
+TEST(AggregationTest, DeterministicAcrossWindowsAndNamesTheOutlier) {
+  // 10,000 elements span several decoding windows; one island flips and triples its values.
+  const size_t n = 10000;
+  std::vector<EncodedPayload> payloads;
+  std::vector<ContributionRef> refs;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<float> x(n);
+    for (size_t j = 0; j < n; ++j) {
+      x[j] = std::sin(float(j)) + 0.01f * std::sin(float(j * 7919 + size_t(i) * 104729));
+    }
+    if (i == 2) {
+      for (float& e : x) e *= -3.0f;
+    }
+    payloads.push_back(Encoded(x));
+  }
+  for (int i = 0; i < 5; ++i) {
+    refs.push_back({std::string(1, char('a' + i)), 1, 1.0, &payloads[size_t(i)]});
+  }
+  AggregationOptions o;
+  o.rule = AggregationRule::kMedian;
+  AggregationReport report;
+  std::vector<float> out(n), again(n);
+  ASSERT_TRUE(Aggregate(o, refs, n, out.data(), &report).ok());
+  std::reverse(refs.begin(), refs.end());  // a different order of the same islands...
+  std::sort(refs.begin(), refs.end(),
+            [](const auto& x, const auto& y) { return x.island < y.island; });  // ...sorted again
+  ASSERT_TRUE(Aggregate(o, refs, n, again.data(), nullptr).ok());
+  EXPECT_EQ(out, again);
+  EXPECT_EQ(report.outliers, std::vector<std::string>{"c"});
+  EXPECT_GT(report.trimmed["c"], 0.9);
+  for (size_t j = 0; j < n; j += 997) EXPECT_NEAR(out[j], std::sin(float(j)), 0.011f);
 }
 
 std::vector<float> Ramp(size_t n, float scale) {
