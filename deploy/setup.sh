@@ -9,7 +9,7 @@ build="${ATOLL_BUILD_DIR:-$root/build}"
 packages=(
   build-essential cmake pkg-config ccache git perl openssl iproute2 iperf3
   libtorch-dev libopenblas0-pthread
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
 )

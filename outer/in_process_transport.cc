@@ -2,10 +2,10 @@
 
 namespace atl::outer {
 
-absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(SyncServer& server,
-                                                             const pb::UpdateRequest& request,
-                                                             absl::Time deadline) {
-  auto committed = server.AwaitUpdate(request, deadline);
+absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
+    SyncServer& server, const pb::UpdateRequest& request, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  auto committed = server.AwaitUpdate(request, deadline, cancelled);
   if (!committed.ok()) return committed.status();
   std::vector<pb::UpdateChunk> out;
   const uint64_t begin = request.offset();

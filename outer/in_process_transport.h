@@ -34,9 +34,9 @@ class InProcessTransport : public Transport {
 };
 
 // The update chunks of a committed round, as the OuterSync service streams them.
-absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(SyncServer& server,
-                                                             const pb::UpdateRequest& request,
-                                                             absl::Time deadline);
+absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
+    SyncServer& server, const pb::UpdateRequest& request, absl::Time deadline,
+    const std::function<bool()>& cancelled = nullptr);
 
 }  // namespace atl::outer
 

@@ -82,7 +82,7 @@ absl::Status IslandSync::FetchGlobal() {
           }
         }
         const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
-                               absl::IsDeadlineExceeded(s);
+                               absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
         if (!transient || ++tries > options_.retries) return s;
         std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << tries, 2000)));
       }
@@ -156,7 +156,8 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   // applied after all (the answer was lost), the round goes on as if it had been answered.
   absl::StatusOr<pb::PushResponse> pushed = transport_->Push(requests);
   for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(pushed.status()) ||
-                                                   absl::IsDataLoss(pushed.status()));
+                                                   absl::IsDataLoss(pushed.status()) ||
+                                                   absl::IsResourceExhausted(pushed.status()));
        ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
     pushed = transport_->Push(requests);
@@ -229,7 +230,9 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   request.set_round(round);
   request.set_fragment(options_.fragment);
   auto update = transport_->AwaitUpdate(request);
-  for (int tries = 0; tries < options_.retries && absl::IsUnavailable(update.status()); ++tries) {
+  for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(update.status()) ||
+                                                   absl::IsResourceExhausted(update.status()));
+       ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
     update = transport_->AwaitUpdate(request);
   }

@@ -312,6 +312,11 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   return response;
 }
 
+absl::Status SyncServer::Authenticate(const std::string& island, const std::string& session) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return membership_.Authenticate(island, session);
+}
+
 absl::Status SyncServer::AuthenticateMemberLocked(const std::string& island,
                                                   const std::string& session) const {
   // Non-members get the caller's usual NOT_FOUND (which tells a dropped island to rejoin).
@@ -524,7 +529,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsyncLocked(const PayloadId& i
 }
 
 absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
-    const pb::UpdateRequest& request, absl::Time deadline) {
+    const pb::UpdateRequest& request, absl::Time deadline, const std::function<bool()>& cancelled) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -532,12 +537,12 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
       return s;
     }
   }
-  return AwaitRound(request.round(), deadline, request.fragment());
+  return AwaitRound(request.round(), deadline, request.fragment(), cancelled);
 }
 
-absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uint64_t round,
-                                                                             absl::Time deadline,
-                                                                             uint32_t fragment) {
+absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(
+    uint64_t round, absl::Time deadline, uint32_t fragment,
+    const std::function<bool()>& cancelled) {
   auto fid = CheckFragment(fragment);
   if (!fid.ok()) return fid.status();
   std::unique_lock<std::mutex> lock(mu_);
@@ -546,14 +551,17 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(uin
     return absl::FailedPreconditionError(absl::StrCat("round ", round, " of fragment ", *fid,
                                                       " is unknown; the current round is ", f.round));
   }
-  const auto until = absl::ToChronoTime(deadline);
   auto released = [&] { return f.round > round && (!durability_gate_ || f.durable_round > round); };
   while (!released()) {
-    if (committed_cv_.wait_until(lock, until) == std::cv_status::timeout && !released()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "round ", round, " of fragment ", *fid,
           f.round > round ? " is not durable yet" : " has not committed yet"));
     }
+    if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
+    const absl::Time wake = cancelled ? std::min(deadline, now + kCancelPoll) : deadline;
+    committed_cv_.wait_until(lock, absl::ToChronoTime(wake));
   }
   for (const auto& c : f.committed) {
     if (c->round == round) return c;

@@ -131,6 +131,8 @@ class SyncServer {
              std::vector<std::vector<float>> initial);
 
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request);
+  // OK when `island` is a member and `session` its credential (see Membership::Authenticate).
+  absl::Status Authenticate(const std::string& island, const std::string& session) const;
   absl::Status Leave(const pb::LeaveRequest& request);
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& request);
   pb::GetStateResponse GetState() const;
@@ -148,13 +150,17 @@ class SyncServer {
   absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
 
   // AwaitRound for a member presenting its session (UpdateRequest names island, round, fragment).
+  // `cancelled`, when given, is polled while waiting (a caller that went away frees its thread
+  // within kCancelPoll, not at the deadline): CANCELLED.
+  static constexpr absl::Duration kCancelPoll = absl::Milliseconds(200);
   absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitUpdate(
-      const pb::UpdateRequest& request, absl::Time deadline);
+      const pb::UpdateRequest& request, absl::Time deadline,
+      const std::function<bool()>& cancelled = nullptr);
   // Blocks until `round` has committed (or returns at once if it has), or until `deadline`
   // (DEADLINE_EXCEEDED). Rounds older than the few kept answer FAILED_PRECONDITION.
-  absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(uint64_t round,
-                                                                   absl::Time deadline,
-                                                                   uint32_t fragment = 0);
+  absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(
+      uint64_t round, absl::Time deadline, uint32_t fragment = 0,
+      const std::function<bool()>& cancelled = nullptr);
   // Encoded chunks of the current global parameters (fp32) within [offset, offset + n).
   absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& request);
 

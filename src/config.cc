@@ -102,6 +102,11 @@ std::vector<Field> Schema(Config& c) {
        "refuse contributions whose norm exceeds this x the fragment's parameter norm (0: off)"},
       {"outer.max_update_value", &c.outer.max_update_value,
        "refuse contributions holding a value of larger magnitude (0: off)"},
+      {"outer.stream_idle_timeout_s", &c.outer.stream_idle_timeout_s,
+       "coordinator: cancel a push stream silent for this long"},
+      {"outer.max_calls", &c.outer.max_calls, "coordinator: calls running at once, in total"},
+      {"outer.max_calls_per_island", &c.outer.max_calls_per_island,
+       "coordinator: calls running at once for one island"},
       {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async"},
   };
 }

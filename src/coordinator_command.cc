@@ -269,7 +269,11 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::fprintf(options.out, "%s\n", line.c_str());
     std::fflush(options.out);
   });
-  auto server = GrpcServer::Start(sync.get(), options.server);
+  GrpcServerOptions server_options = options.server;
+  server_options.stream_idle_timeout_s = config.outer.stream_idle_timeout_s;
+  server_options.max_calls = config.outer.max_calls;
+  server_options.max_calls_per_island = config.outer.max_calls_per_island;
+  auto server = GrpcServer::Start(sync.get(), server_options);
   if (!server.ok()) return server.status();
   const std::string plan =
       config.outer.async()

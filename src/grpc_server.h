@@ -1,6 +1,19 @@
-// The coordinator's gRPC server: the Coordinator and OuterSync services over one SyncServer, with
-// the run token checked on every call. Payload streams are assembled here and handed to the
-// SyncServer whole; nothing reaches it before the token is verified.
+// The coordinator's gRPC server: the Coordinator and OuterSync services over one SyncServer.
+//
+// What a peer must get past, in order, on every call: the run token; with mutual TLS, a client
+// certificate whose common name is the island the call names; the island's session credential
+// (checked by the SyncServer); and the limits below. Nothing reaches the SyncServer's state before
+// that, and no peer can make the server hold unbounded memory or threads:
+//   - messages are at most kMaxMessageBytes (chunks are 1 MiB by default, 4 MiB at most);
+//   - a push is checked message by message before anything is kept (PushStream);
+//   - at most max_calls calls run at a time, at most max_calls_per_island for any one island
+//     (more are refused with RESOURCE_EXHAUSTED, which islands retry), and the gRPC thread pool
+//     is capped to match;
+//   - a push stream that sends nothing for stream_idle_timeout_s is cancelled;
+//   - HTTP/2: a bounded number of concurrent streams per connection, keepalive pings from clients
+//     no more often than every 10 s, idle connections closed after 10 minutes;
+//   - the listening port is never shared (SO_REUSEPORT off): a second coordinator on the same
+//     port fails to start instead of splitting the islands between two services.
 #ifndef ATOLL_SRC_GRPC_SERVER_H_
 #define ATOLL_SRC_GRPC_SERVER_H_
 
@@ -15,15 +28,22 @@
 
 namespace atl {
 
+inline constexpr int kMaxMessageBytes = (4 << 20) + (64 << 10);
+
 struct GrpcServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free port
   std::string token;
-  TlsFiles tls;
-  double tick_s = 0.1;  // how often round deadlines are checked
+  TlsFiles tls;         // tls.ca set: mutual TLS, the certificate's common name is the island
+  double tick_s = 0.1;  // how often round deadlines, leases and idle streams are checked
+  double stream_idle_timeout_s = 60;
+  int max_calls = 256;
+  int max_calls_per_island = 32;
 };
 
 class GrpcServer {
  public:
+  // Errors name the problem: an address that is not HOST:PORT, a port in use, unreadable or
+  // mismatched TLS files.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(outer::SyncServer* sync,
                                                            const GrpcServerOptions& options);
   ~GrpcServer();
@@ -34,8 +54,10 @@ class GrpcServer {
 
  private:
   GrpcServer() = default;
+  class Guard;
   class CoordinatorImpl;
   class OuterSyncImpl;
+  std::unique_ptr<Guard> guard_;
   std::unique_ptr<CoordinatorImpl> coordinator_;
   std::unique_ptr<OuterSyncImpl> outer_sync_;
   std::unique_ptr<grpc::Server> server_;

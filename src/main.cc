@@ -67,6 +67,9 @@ int main(int argc, char** argv) {
   coord->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
   coord->add_option("--tls-cert", tls.cert, "TLS certificate chain (PEM)");
   coord->add_option("--tls-key", tls.key, "TLS private key (PEM)");
+  coord->add_option("--tls-ca", tls.ca,
+                    "mutual TLS: islands must present a certificate signed by this CA (PEM) whose "
+                    "common name is their name (deploy/make_certs.sh makes them)");
   coord->allow_extras();
   coord->footer(KeysHelp());
 
@@ -77,6 +80,8 @@ int main(int argc, char** argv) {
   island->add_option("--run-dir", run_dir, "directory for metrics.jsonl and summary.json")->required();
   island->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
   island->add_option("--tls-ca", tls.ca, "trust these root certificates (PEM) and use TLS");
+  island->add_option("--tls-cert", tls.cert, "mutual TLS: this island's certificate (PEM)");
+  island->add_option("--tls-key", tls.key, "mutual TLS: this island's private key (PEM)");
   bool island_resume = false;
   island->add_flag("--resume", island_resume,
                    "continue from the newest checkpoint in --run-dir (AdamW state, data cursor), "

@@ -19,14 +19,27 @@ inline constexpr char kAuthMetadata[] = "authorization";
 // The token from `token_file` if given, else from $ATOLL_TOKEN; an error when neither has one.
 absl::StatusOr<std::string> LoadToken(const std::string& token_file);
 
+// The same three files serve both ends:
+//   coordinator: cert + key are its identity; ca, when given, turns on mutual TLS: every island
+//     must present a certificate signed by it, whose common name is the island's name.
+//   island: ca is the root to trust (and turns TLS on); cert + key, when given, are its own
+//     certificate for mutual TLS.
+// Every file is read and checked when credentials are made (parses as PEM, the key matches the
+// certificate), so a swapped or unreadable file is a clear error before anything listens.
 struct TlsFiles {
-  std::string cert;  // server: certificate chain (PEM)
-  std::string key;   // server: private key (PEM)
-  std::string ca;    // client: root certificates to trust (PEM)
+  std::string cert;  // certificate chain (PEM)
+  std::string key;   // private key (PEM)
+  std::string ca;    // root certificates (PEM)
 };
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& tls);
+
+// Checks a "host:port" listening address (IPv6 hosts in brackets, port 0-65535).
+absl::Status CheckListenAddress(const std::string& address);
+// Why binding `address` fails, asked of the operating system (after gRPC could not listen):
+// "address already in use", "cannot assign requested address", ...; OK if it can bind now.
+absl::Status ProbeListen(const std::string& address);
 
 }  // namespace atl
 

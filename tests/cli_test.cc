@@ -117,6 +117,35 @@ TEST_F(CliTest, CoordinatorNeedsARunToken) {
   EXPECT_THAT(r.output, HasSubstr("missing.token"));
 }
 
+// A coordinator that cannot listen prints why and exits 2 (it used to crash): a port another
+// coordinator holds (never shared), an invalid port, swapped TLS files.
+TEST_F(CliTest, CoordinatorStartUpErrorsExitTwoWithAReason) {
+  setenv("ATOLL_TOKEN", "t0k3n", 1);
+  testing::WriteFile(dir_.Join("twice.sh"), R"(
+    "$1" coordinator --config "$2" --listen 127.0.0.1:0 > "$3" 2>&1 & pid=$!
+    for i in $(seq 100); do grep -q listening "$3" && break; sleep 0.1; done
+    port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$3")
+    "$1" coordinator --config "$2" --listen "127.0.0.1:$port"
+    code=$?
+    kill $pid; wait $pid
+    echo "second exit $code")");
+  auto r = testing::RunCommand("bash " + dir_.Join("twice.sh") + " " + ATOLL_BIN + " " +
+                               dir_.Join("tiny.toml") + " " + dir_.Join("first.log"));
+  EXPECT_THAT(r.output, HasSubstr("second exit 2")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("Address already in use")) << r.output;
+  r = Atoll("coordinator --config " + dir_.Join("tiny.toml") + " --listen 127.0.0.1:70000");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("the port must be a number from 0 to 65535"));
+  const auto made = testing::RunCommand(std::string(ATOLL_SOURCE_DIR) + "/deploy/make_certs.sh " +
+                                        dir_.Join("certs") + " a");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  r = Atoll("coordinator --config " + dir_.Join("tiny.toml") + " --tls-cert " +
+            dir_.Join("certs/coordinator.key") + " --tls-key " + dir_.Join("certs/coordinator.pem"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("swapped files?"));
+  unsetenv("ATOLL_TOKEN");
+}
+
 TEST_F(CliTest, CompareWritesTheReport) {
   auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
                  dir_.Join("cmp") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=2" +

@@ -6,12 +6,15 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "compression/checksum.h"
 #include "outer/payload.h"
+#include "atoll/v1/outer.grpc.pb.h"
 #include "src/grpc_server.h"
 #include "src/grpc_transport.h"
 #include "tests/test_util.h"
@@ -194,6 +197,185 @@ TEST(GrpcTlsTest, TlsWithTheRightRootWorksPlaintextDoesNot) {
   EXPECT_TRUE(joined.ok()) << joined.status();
   t.tls.ca = dir.Join("missing.pem");
   EXPECT_EQ(GrpcTransport::Create(t).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Mutual TLS: each island's certificate names it; an island cannot join, heartbeat or push as
+// another, even holding the run token and the other's session credential; no certificate, no call.
+TEST(GrpcTlsTest, MutualTlsBindsEachIslandToItsCertificate) {
+  testing::TempDir dir;
+  const auto made = testing::RunCommand(std::string(ATOLL_SOURCE_DIR) + "/deploy/make_certs.sh " +
+                                        dir.Join("certs") + " a b");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto file = [&](const std::string& name) { return dir.Join("certs/" + name); };
+  outer::SyncServerOptions o;
+  o.run_id = "run";
+  o.num_data_streams = 2;
+  outer::SyncServer sync(o, {{"w"}, {2}}, {1, 2});
+  GrpcServerOptions so;
+  so.token = "t";
+  so.tls = {file("coordinator.pem"), file("coordinator.key"), file("ca.pem")};
+  auto server = GrpcServer::Start(&sync, so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = [&](const std::string& island, double timeout_s = 10) {
+    GrpcTransportOptions t;
+    t.target = (*server)->address();
+    t.token = "t";
+    t.rpc_timeout_s = timeout_s;
+    t.tls.ca = file("ca.pem");
+    if (!island.empty()) {
+      t.tls.cert = file(island + ".pem");
+      t.tls.key = file(island + ".key");
+    }
+    return *GrpcTransport::Create(t);
+  };
+  auto a = client("a"), b = client("b");
+  pb::JoinRequest j;
+  j.set_run_id("run");
+  j.set_name("a");
+  auto b_as_a = b->Join(j);
+  EXPECT_EQ(b_as_a.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(b_as_a.status().message()), HasSubstr("certificate is island 'b'"));
+  auto joined_a = a->Join(j);
+  ASSERT_TRUE(joined_a.ok()) << joined_a.status();
+  j.set_name("b");
+  auto joined_b = b->Join(j);
+  ASSERT_TRUE(joined_b.ok()) << joined_b.status();
+  // b presents a's own session credential, but its certificate is b's.
+  pb::HeartbeatRequest beat;
+  beat.set_run_id("run");
+  beat.set_island_id("a");
+  beat.set_session(joined_a->session());
+  EXPECT_EQ(b->Heartbeat(beat).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(a->Heartbeat(beat).ok());
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("a");
+  leave.set_session(joined_a->session());
+  EXPECT_EQ(b->Leave(leave).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(sync.num_members(), 2u);
+  // Without a client certificate the handshake fails: nothing reaches the service.
+  auto anonymous = client("", 2);
+  j.set_name("c");
+  EXPECT_FALSE(anonymous->Join(j).ok());
+  EXPECT_EQ(sync.num_members(), 2u);
+}
+
+// Resource limits: calls beyond an island's share or the total are refused at once
+// (RESOURCE_EXHAUSTED), and push streams that send nothing are cancelled after the idle timeout.
+TEST(GrpcLimitsTest, CallCapsAndIdleStreams) {
+  outer::SyncServerOptions o;
+  o.run_id = "run";
+  o.num_data_streams = 2;
+  outer::SyncServer sync(o, {{"w"}, {2}}, {1, 2});
+  GrpcServerOptions so;
+  so.token = "t";
+  so.max_calls = 6;
+  so.max_calls_per_island = 2;
+  so.stream_idle_timeout_s = 0.5;
+  auto server = GrpcServer::Start(&sync, so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = pb::OuterSync::NewStub(channel);
+  auto coordinator = pb::Coordinator::NewStub(channel);
+  auto prepare = [](grpc::ClientContext* ctx, double timeout_s) {
+    ctx->AddMetadata("authorization", "Bearer t");
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(int(timeout_s * 1000)));
+  };
+  pb::JoinRequest j;
+  j.set_run_id("run");
+  j.set_name("a");
+  pb::JoinResponse joined;
+  {
+    grpc::ClientContext ctx;
+    prepare(&ctx, 10);
+    ASSERT_TRUE(coordinator->Join(&ctx, j, &joined).ok());
+  }
+  // Island a waits for round 0's update three times at once: the third is over its share.
+  pb::UpdateRequest u;
+  u.set_run_id("run");
+  u.set_island_id("a");
+  u.set_session(joined.session());
+  std::vector<std::unique_ptr<grpc::ClientContext>> waits;
+  std::vector<std::unique_ptr<grpc::ClientReader<pb::UpdateChunk>>> readers;
+  for (int i = 0; i < 2; ++i) {
+    waits.push_back(std::make_unique<grpc::ClientContext>());
+    prepare(waits.back().get(), 30);
+    readers.push_back(stub->AwaitUpdate(waits.back().get(), u));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both are waiting now
+  {
+    grpc::ClientContext ctx;
+    prepare(&ctx, 10);
+    auto third = stub->AwaitUpdate(&ctx, u);
+    pb::UpdateChunk chunk;
+    EXPECT_FALSE(third->Read(&chunk));
+    const auto status = third->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("island 'a' already has 2 calls running"));
+  }
+  // Push streams that never send: the total cap (6, two taken) refuses the fifth one at once...
+  std::vector<std::unique_ptr<grpc::ClientContext>> idle;
+  std::vector<std::unique_ptr<grpc::ClientWriter<pb::PushRequest>>> writers;
+  std::vector<pb::PushResponse> responses(5);
+  for (int i = 0; i < 5; ++i) {
+    idle.push_back(std::make_unique<grpc::ClientContext>());
+    prepare(idle.back().get(), 30);
+    writers.push_back(stub->Push(idle.back().get(), &responses[size_t(i)]));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  int exhausted = 0, cancelled = 0;
+  for (auto& w : writers) {
+    const auto status = w->Finish();
+    exhausted += status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    cancelled += status.error_code() == grpc::StatusCode::CANCELLED;
+  }
+  // ...and the other four are cancelled after 0.5 s of silence, well within their 30 s deadline.
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(exhausted, 1);
+  EXPECT_EQ(cancelled, 4);
+  EXPECT_LT(waited, 5.0);
+  for (size_t i = 0; i < waits.size(); ++i) waits[i]->TryCancel();
+  for (auto& r : readers) r->Finish();
+}
+
+// A coordinator that cannot listen says why and stops: a port in use (never shared), an address
+// that is not HOST:PORT, swapped or unreadable TLS files.
+TEST(GrpcStartTest, StartUpErrorsAreErrors) {
+  testing::TempDir dir;
+  outer::SyncServerOptions o;
+  o.run_id = "run";
+  outer::SyncServer sync(o, {{"w"}, {2}}, {1, 2});
+  GrpcServerOptions so;
+  so.token = "t";
+  auto first = GrpcServer::Start(&sync, so);
+  ASSERT_TRUE(first.ok()) << first.status();
+  so.listen = (*first)->address();
+  auto second = GrpcServer::Start(&sync, so);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use"));
+  for (const char* bad : {"localhost", "127.0.0.1:99999", "127.0.0.1:http", ":"}) {
+    so.listen = bad;
+    auto s = GrpcServer::Start(&sync, so);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s.status();
+  }
+  so.listen = "203.0.113.7:0";  // an address this machine does not have
+  auto foreign = GrpcServer::Start(&sync, so);
+  EXPECT_EQ(foreign.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(foreign.status().message()), HasSubstr("assign"));
+  const auto made = testing::RunCommand(std::string(ATOLL_SOURCE_DIR) + "/deploy/make_certs.sh " +
+                                        dir.Join("certs") + " a");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  so.listen = "127.0.0.1:0";
+  so.tls = {dir.Join("certs/coordinator.key"), dir.Join("certs/coordinator.pem"), ""};
+  auto swapped = GrpcServer::Start(&sync, so);
+  EXPECT_EQ(swapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(swapped.status().message()), HasSubstr("swapped files?"));
+  so.tls = {dir.Join("certs/coordinator.pem"), dir.Join("certs/a.key"), ""};
+  auto mismatched = GrpcServer::Start(&sync, so);
+  EXPECT_THAT(std::string(mismatched.status().message()), HasSubstr("is not the key of"));
+  so.tls = {dir.Join("certs/missing.pem"), dir.Join("certs/a.key"), ""};
+  EXPECT_EQ(GrpcServer::Start(&sync, so).status().code(), absl::StatusCode::kNotFound);
 }
 
 // (c) Coordinator + 2 islands as separate processes over TCP on loopback: plain DiLoCo, and
