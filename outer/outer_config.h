@@ -48,7 +48,7 @@ struct OuterConfig {
   double max_update_value = 1000;         // largest magnitude of any value (0: none)
   // The coordinator's resource limits (see src/grpc_server.h).
   double stream_idle_timeout_s = 60;      // a push stream silent this long is cancelled
-  int max_calls = 256;                    // calls running at once, all islands together
+  int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
   int max_calls_per_island = 32;          // calls running at once for one island
   bool async() const { return mode == "async"; }
   double alpha() const {

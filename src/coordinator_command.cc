@@ -271,7 +271,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   });
   GrpcServerOptions server_options = options.server;
   server_options.stream_idle_timeout_s = config.outer.stream_idle_timeout_s;
-  server_options.max_calls = config.outer.max_calls;
+  server_options.max_pending_calls = config.outer.max_pending_calls;
   server_options.max_calls_per_island = config.outer.max_calls_per_island;
   auto server = GrpcServer::Start(sync.get(), server_options);
   if (!server.ok()) return server.status();

@@ -25,11 +25,13 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(grpc::StatusCode(int(s.code())), std::string(s.message()));
 }
 
-// Counts running calls, in total and per island; a Slot holds one place until it is destroyed.
+// Counts running calls per member island, and calls not (yet) tied to a member: joins, state
+// queries, pushes before their first message, refused calls. A Slot holds one place until it is
+// destroyed. A flood of anonymous calls fills only the pending places: members keep theirs.
 class CallLimits {
  public:
-  CallLimits(int max_total, int max_per_island)
-      : max_total_(max_total), max_per_island_(max_per_island) {}
+  CallLimits(int max_pending, int max_per_island)
+      : max_pending_(max_pending), max_per_island_(max_per_island) {}
 
   class Slot {
    public:
@@ -50,19 +52,18 @@ class CallLimits {
       limits_ = nullptr;
     }
     CallLimits* limits_ = nullptr;
-    std::string key_;  // "" for the total count
+    std::string key_;  // "" for the pending calls
   };
 
-  // key "": a place among all calls; otherwise a place among the island's calls.
+  // key "": a place among the pending calls; otherwise among the island's calls.
   absl::Status Enter(const std::string& key, Slot* slot) {
     std::lock_guard<std::mutex> lock(mu_);
-    int& count = key.empty() ? total_ : per_island_[key];
-    const int max = key.empty() ? max_total_ : max_per_island_;
+    int& count = key.empty() ? pending_ : per_island_[key];
+    const int max = key.empty() ? max_pending_ : max_per_island_;
     if (count >= max) {
-      if (!key.empty() && count == 0) per_island_.erase(key);
       return absl::ResourceExhaustedError(
-          key.empty() ? absl::StrCat("the service is running its maximum of ", max,
-                                     " calls; retry later")
+          key.empty() ? absl::StrCat("the service is handling its maximum of ", max,
+                                     " calls not tied to a member; retry later")
                       : absl::StrCat("island '", key, "' already has ", max,
                                      " calls running; retry later"));
     }
@@ -77,15 +78,15 @@ class CallLimits {
   void Leave(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
     if (key.empty()) {
-      --total_;
+      --pending_;
     } else if (--per_island_[key] == 0) {
       per_island_.erase(key);
     }
   }
 
-  const int max_total_, max_per_island_;
+  const int max_pending_, max_per_island_;
   std::mutex mu_;
-  int total_ = 0;
+  int pending_ = 0;
   std::map<std::string, int> per_island_;
 };
 
@@ -143,10 +144,10 @@ class GrpcServer::Guard {
         token_(options.token),
         mutual_tls_(!options.tls.ca.empty()),
         idle_timeout_s_(options.stream_idle_timeout_s),
-        limits_(options.max_calls, options.max_calls_per_island) {}
+        limits_(options.max_pending_calls, options.max_calls_per_island) {}
 
-  // The run token, then a place among all running calls.
-  grpc::Status Admit(grpc::ServerContext* ctx, CallLimits::Slot* slot) {
+  // The run token.
+  grpc::Status Admit(grpc::ServerContext* ctx) {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kAuthMetadata);
     bool ok = false;
@@ -155,8 +156,11 @@ class GrpcServer::Guard {
       ok = absl::StartsWith(value, "Bearer ") && outer::CredentialMatches(token_, value.substr(7));
     }
     if (!ok) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token");
-    return ToGrpc(limits_.Enter("", slot));
+    return grpc::Status::OK;
   }
+
+  // A place among the calls not tied to a member.
+  grpc::Status Pending(CallLimits::Slot* slot) { return ToGrpc(limits_.Enter("", slot)); }
 
   // With mutual TLS, the certificate must be the named island's.
   grpc::Status CheckPeer(grpc::ServerContext* ctx, const std::string& island) const {
@@ -174,13 +178,13 @@ class GrpcServer::Guard {
     return grpc::Status::OK;
   }
 
-  // The certificate, then (for a member presenting its session) a place among the island's calls.
-  // A call the session check would refuse goes on without one: the SyncServer refuses it at once,
-  // with the status that tells the island what to do.
+  // The certificate, then a place among the island's calls for a member presenting its session,
+  // or among the pending calls for anything else (which the SyncServer then refuses at once, with
+  // the status that tells an island what to do).
   grpc::Status Identify(grpc::ServerContext* ctx, const std::string& island,
                         const std::string& session, CallLimits::Slot* slot) {
     if (auto s = CheckPeer(ctx, island); !s.ok()) return s;
-    if (!sync_->Authenticate(island, session).ok()) return grpc::Status::OK;
+    if (!sync_->Authenticate(island, session).ok()) return Pending(slot);
     return ToGrpc(limits_.Enter(island, slot));
   }
 
@@ -206,8 +210,9 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* req,
                     pb::JoinResponse* resp) override {
     CallLimits::Slot call;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
     if (auto s = guard_->CheckPeer(ctx, req->name()); !s.ok()) return s;
+    if (auto s = guard_->Pending(&call); !s.ok()) return s;
     auto r = sync_->Join(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
@@ -215,16 +220,16 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
   }
   grpc::Status Leave(grpc::ServerContext* ctx, const pb::LeaveRequest* req,
                      pb::LeaveResponse*) override {
-    CallLimits::Slot call, island;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
-    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &island); !s.ok()) return s;
+    CallLimits::Slot call;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
     return ToGrpc(sync_->Leave(*req));
   }
   grpc::Status Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                          pb::HeartbeatResponse* resp) override {
-    CallLimits::Slot call, island;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
-    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &island); !s.ok()) return s;
+    CallLimits::Slot call;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
     auto r = sync_->Heartbeat(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
@@ -233,7 +238,8 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
   grpc::Status GetState(grpc::ServerContext* ctx, const pb::GetStateRequest* req,
                         pb::GetStateResponse* resp) override {
     CallLimits::Slot call;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Pending(&call); !s.ok()) return s;
     if (req->run_id() != sync_->options().run_id) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           "unknown run " + outer::Printable(req->run_id()));
@@ -253,8 +259,9 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
 
   grpc::Status Push(grpc::ServerContext* ctx, grpc::ServerReader<pb::PushRequest>* reader,
                     pb::PushResponse* resp) override {
-    CallLimits::Slot call, island;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
+    CallLimits::Slot call;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Pending(&call); !s.ok()) return s;
     auto watch = guard_->Watch(ctx);
     // Every message is checked as it arrives, before it is kept (PushStream::Add): a peer cannot
     // make the service hold more than the encoded size of one fragment per push.
@@ -262,7 +269,9 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
     if (!reader->Read(&r)) return Ended(ctx, "empty push: no chunks");
     watch->Touch();
     const auto& h = r.chunk().header();
+    CallLimits::Slot island;
     if (auto s = guard_->Identify(ctx, h.island_id(), r.session(), &island); !s.ok()) return s;
+    call = std::move(island);  // a member's push counts among its own calls from here on
     auto stream = sync_->OpenPush(r);
     if (!stream.ok()) return ToGrpc(stream.status());
     do {
@@ -278,9 +287,9 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
 
   grpc::Status AwaitUpdate(grpc::ServerContext* ctx, const pb::UpdateRequest* req,
                            grpc::ServerWriter<pb::UpdateChunk>* writer) override {
-    CallLimits::Slot call, island;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
-    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &island); !s.ok()) return s;
+    CallLimits::Slot call;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
     const auto deadline = std::min(absl::FromChrono(ctx->deadline()),
                                    absl::Now() + absl::Seconds(sync_->options().round_timeout_s * 2));
     auto chunks =
@@ -294,9 +303,9 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
 
   grpc::Status FetchState(grpc::ServerContext* ctx, const pb::FetchStateRequest* req,
                           grpc::ServerWriter<pb::StateChunk>* writer) override {
-    CallLimits::Slot call, island;
-    if (auto s = guard_->Admit(ctx, &call); !s.ok()) return s;
-    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &island); !s.ok()) return s;
+    CallLimits::Slot call;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
     auto chunks = sync_->FetchState(*req);
     if (!chunks.ok()) return ToGrpc(chunks.status());
     for (const auto& c : *chunks) {
@@ -324,7 +333,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(outer::SyncServer*
                                                               const GrpcServerOptions& options) {
   if (options.token.empty()) return absl::InvalidArgumentError("the server needs a run token");
   if (auto s = CheckListenAddress(options.listen); !s.ok()) return s;
-  if (options.max_calls < 1 || options.max_calls_per_island < 1 ||
+  if (options.max_pending_calls < 1 || options.max_calls_per_island < 1 ||
       !(options.stream_idle_timeout_s > 0)) {
     return absl::InvalidArgumentError("server limits must be positive");
   }
@@ -345,9 +354,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(outer::SyncServer*
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60 * 1000);
-  // Handler threads: every admitted call, plus room for those refused at the door.
+  // Handler threads: every admitted call (members are at most the run's data streams), plus room
+  // for those refused at the door.
   grpc::ResourceQuota quota("atoll-coordinator");
-  quota.SetMaxThreads(options.max_calls + 32);
+  quota.SetMaxThreads(options.max_pending_calls +
+                      int(sync->options().num_data_streams) * options.max_calls_per_island + 32);
   builder.SetResourceQuota(quota);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {

@@ -6,9 +6,10 @@
 // that, and no peer can make the server hold unbounded memory or threads:
 //   - messages are at most kMaxMessageBytes (chunks are 1 MiB by default, 4 MiB at most);
 //   - a push is checked message by message before anything is kept (PushStream);
-//   - at most max_calls calls run at a time, at most max_calls_per_island for any one island
-//     (more are refused with RESOURCE_EXHAUSTED, which islands retry), and the gRPC thread pool
-//     is capped to match;
+//   - a member island runs at most max_calls_per_island calls at a time; calls not tied to a
+//     member (joins, state queries, pushes before their first message, refused calls) at most
+//     max_pending_calls together, so that a flood of them never takes a member's places; more are
+//     refused with RESOURCE_EXHAUSTED (islands retry), and the gRPC thread pool is capped to match;
 //   - a push stream that sends nothing for stream_idle_timeout_s is cancelled;
 //   - HTTP/2: a bounded number of concurrent streams per connection, keepalive pings from clients
 //     no more often than every 10 s, idle connections closed after 10 minutes;
@@ -36,7 +37,7 @@ struct GrpcServerOptions {
   TlsFiles tls;         // tls.ca set: mutual TLS, the certificate's common name is the island
   double tick_s = 0.1;  // how often round deadlines, leases and idle streams are checked
   double stream_idle_timeout_s = 60;
-  int max_calls = 256;
+  int max_pending_calls = 64;
   int max_calls_per_island = 32;
 };
 

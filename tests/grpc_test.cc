@@ -269,7 +269,7 @@ TEST(GrpcLimitsTest, CallCapsAndIdleStreams) {
   outer::SyncServer sync(o, {{"w"}, {2}}, {1, 2});
   GrpcServerOptions so;
   so.token = "t";
-  so.max_calls = 6;
+  so.max_pending_calls = 4;
   so.max_calls_per_island = 2;
   so.stream_idle_timeout_s = 0.5;
   auto server = GrpcServer::Start(&sync, so);
@@ -314,7 +314,8 @@ TEST(GrpcLimitsTest, CallCapsAndIdleStreams) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr("island 'a' already has 2 calls running"));
   }
-  // Push streams that never send: the total cap (6, two taken) refuses the fifth one at once...
+  // Push streams that never send: the cap on calls not tied to a member (4) refuses the fifth at
+  // once...
   std::vector<std::unique_ptr<grpc::ClientContext>> idle;
   std::vector<std::unique_ptr<grpc::ClientWriter<pb::PushRequest>>> writers;
   std::vector<pb::PushResponse> responses(5);

@@ -1,9 +1,13 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include <cstdlib>
 #include <fstream>
@@ -71,6 +75,80 @@ CommandResult RunCommand(const std::string& command) {
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   return r;
 }
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, const std::string& log_path)
+    : log_path_(log_path) {
+  pid_ = fork();
+  if (pid_ == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0 && !reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+}
+
+bool ChildProcess::Alive() {
+  if (reaped_) return false;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) == pid_) {
+    reaped_ = true;
+    return false;
+  }
+  return true;
+}
+
+std::string ChildProcess::WaitForOutput(const std::string& text, double timeout_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string log;
+  while (std::chrono::steady_clock::now() < until) {
+    log = ReadFile(log_path_);
+    if (log.find(text) != std::string::npos || !Alive()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return log;
+}
+
+int ChildProcess::Terminate(double timeout_s) {
+  if (reaped_) return -1;
+  kill(pid_, SIGTERM);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int status = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+namespace {
+
+int64_t StatusField(int pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::strtoll(line.c_str() + field.size() + 1, nullptr, 10);
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t ChildProcess::RssBytes() const { return StatusField(pid_, "VmRSS") * 1024; }
+int64_t ChildProcess::PeakRssBytes() const { return StatusField(pid_, "VmHWM") * 1024; }
+int ChildProcess::Threads() const { return int(StatusField(pid_, "Threads")); }
 
 Config TinyConfig(const std::string& data_path) {
   Config c;
