@@ -223,6 +223,7 @@ absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* o
     return absl::InvalidArgumentError(
         absl::StrCat("non-finite value ", in[bad], " at element ", bad, " refused before encoding"));
   }
+  if (n == 0) return absl::OkStatus();
   switch (spec.codec) {
     case Codec::kFp32: std::memcpy(out, in, n * 4); break;
     case Codec::kBf16: EncodeBf16(in, n, out, rounding); break;
@@ -248,6 +249,7 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes,
     return absl::OutOfRangeError(absl::StrCat("elements [", first, ", ", first + count,
                                               ") are outside the payload's ", n));
   }
+  if (count == 0) return absl::OkStatus();
   const size_t last = first + count;
   switch (spec.codec) {
     case Codec::kFp32: std::memcpy(out, in + 4 * first, 4 * count); break;

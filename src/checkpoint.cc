@@ -210,7 +210,9 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
                                 kFormatVersion));
   }
   const size_t data_start = AlignUp(sizeof(kMagic) + 16 + header_len);
-  if (data_start + header.data_bytes() > file_size) return corrupt("truncated data region");
+  if (header.data_bytes() > file_size || data_start > file_size - header.data_bytes()) {
+    return corrupt("truncated data region");
+  }
 
   Checkpoint out;
   out.state.step = header.step();
@@ -226,11 +228,20 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   for (const auto& rec : header.tensors()) {
     auto dtype = FromProto(rec.dtype());
     if (!dtype.ok()) return corrupt(absl::StrCat(rec.name(), ": ", dtype.status().message()));
+    // The shape must account for exactly the bytes the record holds, inside the file, before
+    // anything is allocated: a header cannot make the reader allocate what the file does not hold.
     std::vector<int64_t> shape(rec.shape().begin(), rec.shape().end());
-    auto t = torch::empty(shape, *dtype);
-    if (size_t(t.nbytes()) != rec.num_bytes() || rec.offset() + rec.num_bytes() > header.data_bytes()) {
+    uint64_t bytes = c10::elementSize(*dtype);
+    bool fits = shape.size() <= 16;
+    for (int64_t d : shape) {
+      fits = fits && d >= 0 && (d == 0 || bytes <= UINT64_MAX / uint64_t(d));
+      if (fits) bytes *= uint64_t(d);
+    }
+    if (!fits || bytes != rec.num_bytes() || rec.offset() > header.data_bytes() ||
+        rec.num_bytes() > header.data_bytes() - rec.offset()) {
       return corrupt(absl::StrCat(rec.name(), ": size does not match its shape or the file"));
     }
+    auto t = torch::empty(shape, *dtype);
     in.seekg(std::streamoff(data_start + rec.offset()));
     in.read(static_cast<char*>(t.data_ptr()), std::streamsize(rec.num_bytes()));
     if (!in) return corrupt(absl::StrCat(rec.name(), ": short read"));

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "atoll/v1/checkpoint.pb.h"
+#include "compression/checksum.h"
 #include "src/train_command.h"
 #include "tests/test_util.h"
 
@@ -78,6 +80,36 @@ TEST(CheckpointTest, DamageIsDetectedNeverLoaded) {
   testing::WriteFile(path, "definitely not a checkpoint");
   EXPECT_THAT(std::string(ReadCheckpoint(path).status().message()), HasSubstr("not an atoll"));
   EXPECT_EQ(ReadCheckpoint(dir.Join("missing")).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Found by fuzz_checkpoint: a header with valid checksums (XXH64 is no secret) claiming a huge or
+// negative shape made the reader allocate what it claimed (std::bad_alloc, an abort) before any
+// size check. Now the shape must match the record's bytes inside the file first.
+TEST(CheckpointTest, AHeaderCannotMakeTheReaderAllocateWhatTheFileDoesNotHold) {
+  testing::TempDir dir;
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{1 << 30, 1 << 30, 1 << 10}, std::vector<int64_t>{-4, 2},
+        std::vector<int64_t>{int64_t(1) << 62, 4}}) {
+    ::atollpb::v1::CheckpointHeader header;
+    header.set_format_version(1);
+    header.set_data_bytes(64);
+    auto* t = header.add_tensors();
+    t->set_name("model/w");
+    t->set_dtype(::atollpb::v1::DTYPE_FLOAT32);
+    for (int64_t d : shape) t->add_shape(d);
+    t->set_num_bytes(64);
+    const std::string bytes = header.SerializeAsString();
+    std::string file = "ATOLLCK1";
+    const uint64_t len = bytes.size(), sum = compression::Checksum(bytes.data(), bytes.size());
+    file.append(reinterpret_cast<const char*>(&len), 8);
+    file.append(reinterpret_cast<const char*>(&sum), 8);
+    file += bytes;
+    file.resize((file.size() + 63) / 64 * 64 + 64, '\0');
+    testing::WriteFile(dir.Join("hostile.ckpt"), file);
+    auto r = ReadCheckpoint(dir.Join("hostile.ckpt"));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("does not match its shape"));
+  }
 }
 
 TEST(CheckpointTest, LatestAndPrune) {

@@ -1,0 +1,52 @@
+// Payload assembly on arbitrary chunks: the in-order stream checks (ChunkStream) and the any-order
+// assembler islands use, then decoding what was accepted.
+#include <cstdlib>
+#include <vector>
+
+#include "compression/checksum.h"
+#include "outer/payload.h"
+#include "tests/fuzz/fuzz_input.h"
+
+namespace pb = ::atollpb::v1;
+using namespace atl;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  fuzz::Input in(data, size);
+  const uint8_t flags = in.Number<uint8_t>();
+  auto spec = compression::MakeSpec(1 + in.Number<uint8_t>() % 5, in.Number<uint16_t>());
+  if (!spec.ok()) spec = compression::ParseCodec("fp4_e2m1");
+  const uint64_t n = 1 + in.Number<uint16_t>() % 5000;
+  const outer::PayloadId id{"run", "a", 3, 1};
+  outer::ChunkStream stream(id, *spec, n, 0, n);
+  outer::Assembler assembler(id, n, 0, n, *spec);
+  while (!in.empty()) {
+    pb::Chunk chunk;
+    if (!chunk.ParseFromString(in.Record())) continue;
+    // Optionally make the ids and the checksum right, so that the deeper checks are reached.
+    if (flags & 1) {
+      auto* h = chunk.mutable_header();
+      h->set_run_id(id.run_id);
+      h->set_island_id(id.island_id);
+      h->set_round(id.round);
+      h->set_fragment(id.fragment);
+      h->set_fragment_elements(n);
+      h->set_codec(pb::Codec(int(spec->codec)));
+      h->set_block_size(spec->block_size);
+    }
+    if (flags & 2) {
+      chunk.set_xxh64(compression::Checksum(chunk.data().data(), chunk.data().size()));
+    }
+    (void)assembler.Add(chunk);
+    (void)stream.Add(pb::Chunk(chunk));
+  }
+  (void)assembler.CheckComplete();
+  if (stream.complete()) {
+    const outer::EncodedPayload payload = std::move(stream).Take();
+    if (payload.begin != 0 || payload.n != n) std::abort();  // a complete stream covers its range
+    if (payload.bytes() > compression::EncodedBytes(*spec, n)) std::abort();  // the memory bound
+    (void)outer::Measure(payload);
+    std::vector<float> window(std::min<uint64_t>(n, 100));
+    (void)payload.Read(n - window.size(), window.size(), window.data());
+  }
+  return 0;
+}
