@@ -49,6 +49,7 @@ struct IslandSummary {
   uint64_t global_hash = 0;  // XXH64 of the final global parameters (fragments concatenated)
   std::optional<inner::EvalStats> last_eval;
   std::vector<uint32_t> staleness;  // async: of each contribution, in order
+  uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
 };
 
 absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,

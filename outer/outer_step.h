@@ -1,0 +1,147 @@
+// The outer step of an island, called after every inner step: it pushes the fragments that are
+// due (their pseudo-gradients travel in background tasks while training goes on), merges each
+// fragment's outer update tau steps later, rejoins when the service dropped the island, and ends
+// the run synced. Sync rounds and async versions are two policies, chosen once.
+//
+// It sees the model only through IslandModel (flat fp32 vectors per fragment: src/ implements it
+// over the trainer), the service only through a Transport and the IslandSession.
+//
+// Threading: everything runs on the training thread except the push-and-wait tasks, which own
+// their snapshot of the parameters and their fragment's IslandSync until they are landed.
+#ifndef ATOLL_OUTER_OUTER_STEP_H_
+#define ATOLL_OUTER_OUTER_STEP_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "outer/fragments.h"
+#include "outer/island_session.h"
+#include "outer/island_sync.h"
+
+namespace atl::outer {
+
+// What the outer step needs of the inner training.
+class IslandModel {
+ public:
+  virtual ~IslandModel() = default;
+  virtual int64_t step() const = 0;
+  // The local values of a fragment's parameters, flat, in the service's order.
+  virtual std::vector<float> Snapshot(uint32_t fragment) = 0;
+  // theta = alpha * theta + (1 - alpha) * global (alpha 0: load the global parameters).
+  virtual void Merge(uint32_t fragment, const std::vector<float>& global, double alpha) = 0;
+  // Sync: back in step with the run after a rejoin (the service may have lost rounds).
+  virtual void JumpToStep(int64_t step) = 0;
+  // Async: the learning-rate schedule follows the run's progress, not this island's steps.
+  virtual void FollowRunProgress(int64_t position) = 0;
+};
+
+struct OuterStepOptions {
+  int64_t total_steps = 0;      // the run's inner steps (async: each island's share of the budget)
+  uint32_t sync_every = 0;      // H
+  int tau = 0;                  // inner steps between a fragment's push and its merge
+  double alpha = 0;             // merge factor
+  bool async = false;
+  uint64_t token_budget = 0;    // async: the run's tokens
+  uint32_t num_data_streams = 1;
+  int64_t tokens_per_step = 0;  // of this island
+  double round_timeout_s = 600;  // async: how long an island waits for the others to finish
+  RetryPolicy retry;
+  IslandSyncOptions sync;       // codec, error feedback, rounding (fragment set per fragment)
+};
+
+// A fragment's round, merged.
+struct LandedRound {
+  uint32_t fragment = 0;
+  int64_t pushed_at = 0;  // inner step of the snapshot
+  int64_t step = 0;       // inner step after which it was merged
+  double idle_s = 0;      // the training thread waited this long for it
+  uint32_t sync_every = 0;  // the island's H from now on
+  uint64_t global_hash = 0;  // of the fragment's global parameters after the merge
+  RoundOutcome outcome;
+};
+
+struct OuterStepStats {
+  uint64_t rounds = 0, resyncs = 0, rejoins = 0;
+  double idle_s = 0;  // the training thread waiting for outer updates
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t peak_bytes_in_flight = 0;
+  std::vector<uint32_t> staleness;  // async: of each contribution, in order
+  uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
+};
+
+class OuterStepHook {
+ public:
+  OuterStepHook(Transport& transport, IslandSession& session, IslandModel& model,
+                std::vector<uint64_t> fragment_sizes, OuterStepOptions options);
+  ~OuterStepHook();
+
+  // Loads the global parameters into the model (join, rejoin), waiting for a restarting service.
+  absl::Status FetchGlobal();
+  // After an inner step: lands what is due, rejoins if the service dropped the island, pushes
+  // what is due. `steps_per_s`: the island's measured inner throughput (async DyLU).
+  absl::Status AfterStep(double steps_per_s);
+  // The island has done its last step (sync: the run's last; async: the budget is spent).
+  bool done() const { return done_; }
+  // Async islands train until the budget is spent, bounded by the whole budget.
+  int64_t max_steps() const;
+  // Ends the run: lands what is in flight; async islands then wait for the others and apply the
+  // versions committed since, so every island ends on the service's final parameters.
+  absl::Status Finish(bool stopped);
+  // Drops the local progress since the last sync (the loss-spike guard).
+  void ReloadGlobal();
+
+  void set_observer(std::function<void(const LandedRound&)> observer) {
+    observer_ = std::move(observer);
+  }
+  std::function<void(const std::string&)> on_message;  // lines worth printing
+  const OuterStepStats& stats() const { return stats_; }
+  uint64_t fetched_bytes() const;
+  // XXH64 of the global parameters, fragments concatenated.
+  uint64_t global_hash() const;
+  uint64_t round() const { return syncs_[0]->round(); }
+
+ private:
+  struct InFlight {
+    uint32_t fragment = 0;
+    int64_t pushed_at = 0, apply_at = 0;
+    uint64_t bytes = 0;  // encoded payload, counted while in flight
+    std::future<absl::StatusOr<RoundOutcome>> result;
+  };
+  std::vector<uint32_t> DueAfter(int64_t t) const;
+  int64_t Delay() const;
+  bool IsLast(int64_t t) const;
+  void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);
+  absl::Status Land(double alpha);
+  absl::Status LandAll(double alpha);
+  absl::Status LandDue(int64_t t, double alpha);
+  absl::Status Rejoin(const absl::Status& why);
+  absl::Status CatchUpWithTheRun();
+
+  Transport& transport_;
+  IslandSession& session_;
+  IslandModel& model_;
+  const OuterStepOptions options_;
+  const SyncSchedule schedule_;
+  std::vector<std::unique_ptr<IslandSync>> syncs_;
+  std::deque<InFlight> in_flight_;
+  uint64_t bytes_in_flight_ = 0;
+  std::vector<int64_t> last_push_;  // per fragment: step of its last push
+  std::vector<int64_t> next_due_;   // async: per fragment, the step of its next push
+  int64_t h_now_;                   // async: the island's H (dynamic local steps)
+  bool finishing_ = false;          // async: the run's token budget is spent
+  bool done_ = false;
+  std::optional<absl::Status> pending_rejoin_;
+  OuterStepStats stats_;
+  std::function<void(const LandedRound&)> observer_;
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_OUTER_STEP_H_
