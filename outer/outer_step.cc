@@ -15,6 +15,92 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Rounds: every island pushes fragment p after steps t = t_p (mod H) of the run's schedule and the
+// round commits when all have; the run ends after the run's steps.
+class SyncRounds : public RoundPolicy {
+ public:
+  SyncRounds(const OuterStepOptions& o, uint32_t fragments)
+      : options_(o), schedule_(int(o.sync_every), int(fragments)) {}
+  int64_t max_steps() const override { return options_.total_steps; }
+  bool IsLast(int64_t t) const override { return t == options_.total_steps; }
+  std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
+  int64_t Delay() const override { return options_.tau; }
+  uint32_t sync_every() const override { return options_.sync_every; }
+  void Pushed(uint32_t, int64_t) override {}
+  void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
+  void Rejoined(uint64_t round, IslandModel& model) override {
+    // Back in step with the run (the service may have lost rounds this island had done).
+    model.JumpToStep(int64_t(round) * options_.sync_every);
+  }
+  absl::Status Finish(OuterStepHook&, bool) override { return absl::OkStatus(); }
+
+ private:
+  const OuterStepOptions options_;
+  const SyncSchedule schedule_;
+};
+
+// Versions: each contribution is applied as it arrives; the island's H follows its throughput
+// (the service's answer), the learning rate the run's progress; the run ends when the token budget
+// is spent, and then every island catches up with the versions committed after its last push.
+class AsyncVersions : public RoundPolicy {
+ public:
+  AsyncVersions(const OuterStepOptions& o, uint32_t fragments)
+      : options_(o), h_now_(o.sync_every), next_due_(fragments) {
+    const SyncSchedule schedule(int(o.sync_every), int(fragments));
+    for (uint32_t f = 0; f < fragments; ++f) {
+      next_due_[f] = schedule.offset(int(f)) > 0 ? schedule.offset(int(f)) : o.sync_every;
+    }
+  }
+  // Bounded by the whole budget.
+  int64_t max_steps() const override {
+    return options_.total_steps * int64_t(options_.num_data_streams);
+  }
+  bool IsLast(int64_t t) const override { return finishing_ || t == max_steps(); }
+  std::vector<uint32_t> DueAfter(int64_t t) const override {
+    std::vector<uint32_t> due;
+    for (uint32_t f = 0; f < next_due_.size(); ++f) {
+      if (next_due_[f] <= t) due.push_back(f);
+    }
+    return due;
+  }
+  // A fragment lands before its next push: tau stays below the island's current H.
+  int64_t Delay() const override { return std::min<int64_t>(options_.tau, h_now_ - 1); }
+  uint32_t sync_every() const override { return uint32_t(h_now_); }
+  void Pushed(uint32_t f, int64_t t) override { next_due_[f] = t + h_now_; }
+  void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
+    if (o.sync_every > 0) h_now_ = o.sync_every;
+    finishing_ |= o.budget_reached;
+    if (o.tokens_committed > stats.run_tokens && options_.token_budget > 0) {
+      stats.run_tokens = o.tokens_committed;
+      model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(options_.token_budget) *
+                                      double(options_.total_steps)));
+    }
+    stats.staleness.push_back(o.staleness);
+  }
+  void Rejoined(uint64_t, IslandModel&) override {}
+  // Says this island has finished, waits until every other one has too (or the round timeout),
+  // then applies the versions committed since, checking every hash.
+  absl::Status Finish(OuterStepHook& hook, bool stopped) override {
+    if (stopped) return absl::OkStatus();
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.round_timeout_s);
+    absl::StatusOr<pb::HeartbeatResponse> state;
+    while (true) {
+      state = hook.session().Heartbeat(/*finished=*/true);
+      if (!state.ok()) return state.status();
+      if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return hook.CatchUp({state->versions().begin(), state->versions().end()});
+  }
+
+ private:
+  const OuterStepOptions options_;
+  int64_t h_now_;                   // the island's H (dynamic local steps)
+  std::vector<int64_t> next_due_;   // per fragment, the step of its next push
+  bool finishing_ = false;          // the run's token budget is spent
+};
+
 }  // namespace
 
 OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, IslandModel& model,
@@ -23,17 +109,18 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
       session_(session),
       model_(model),
       options_(std::move(options)),
-      schedule_(int(options_.sync_every), int(fragment_sizes.size())),
-      last_push_(fragment_sizes.size(), model.step()),
-      next_due_(fragment_sizes.size()),
-      h_now_(options_.sync_every) {
+      last_push_(fragment_sizes.size(), model.step()) {
+  if (options_.async) {
+    policy_ = std::make_unique<AsyncVersions>(options_, uint32_t(fragment_sizes.size()));
+  } else {
+    policy_ = std::make_unique<SyncRounds>(options_, uint32_t(fragment_sizes.size()));
+  }
   IslandSyncOptions sync = options_.sync;
   sync.async = options_.async;
   for (uint32_t f = 0; f < fragment_sizes.size(); ++f) {
     sync.fragment = f;
     syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
                                                   session_.identity(), fragment_sizes[f], sync));
-    next_due_[f] = schedule_.offset(int(f)) > 0 ? schedule_.offset(int(f)) : options_.sync_every;
   }
 }
 
@@ -42,10 +129,7 @@ OuterStepHook::~OuterStepHook() {
   for (auto& job : in_flight_) job.result.wait();
 }
 
-int64_t OuterStepHook::max_steps() const {
-  return options_.async ? options_.total_steps * int64_t(options_.num_data_streams)
-                        : options_.total_steps;
-}
+int64_t OuterStepHook::max_steps() const { return policy_->max_steps(); }
 
 absl::Status OuterStepHook::FetchGlobal() {
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
@@ -74,39 +158,21 @@ uint64_t OuterStepHook::global_hash() const {
   return compression::Checksum(all.data(), all.size() * sizeof(float));
 }
 
-std::vector<uint32_t> OuterStepHook::DueAfter(int64_t t) const {
-  if (!options_.async) return schedule_.DueAfter(t);
-  std::vector<uint32_t> due;
-  for (uint32_t f = 0; f < syncs_.size(); ++f) {
-    if (next_due_[f] <= t) due.push_back(f);
-  }
-  return due;
-}
-
-int64_t OuterStepHook::Delay() const {
-  // Async: a fragment lands before its next push, so tau stays below the island's current H.
-  return options_.async ? std::min<int64_t>(options_.tau, h_now_ - 1) : options_.tau;
-}
-
-bool OuterStepHook::IsLast(int64_t t) const {
-  return options_.async ? (finishing_ || t == max_steps()) : t == options_.total_steps;
-}
-
 absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   if (!pending_rejoin_) pending_rejoin_ = session_.TakeRefusal();
   if (pending_rejoin_) {
     // Back on the global parameters (and, sync, at the run's step): the next push is a round away.
     if (auto s = LandAll(0.0); !s.ok()) return s;
     if (auto s = Rejoin(*pending_rejoin_); !s.ok()) return s;
-    done_ = IsLast(model_.step());
+    done_ = policy_->IsLast(model_.step());
     return absl::OkStatus();
   }
   const int64_t t = model_.step();
-  done_ = IsLast(t);
+  done_ = policy_->IsLast(t);
   // Merge what is due (tau steps after its push), then push the fragments due now.
   if (auto s = LandDue(t, options_.alpha); !s.ok()) return s;
   if (!done_) {
-    for (uint32_t f : DueAfter(t)) Push(f, t, t + Delay(), steps_per_s);
+    for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->Delay(), steps_per_s);
     return LandDue(t, options_.alpha);  // tau = 0: blocking
   }
   // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
@@ -127,7 +193,7 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   job.bytes = compression::EncodedBytes(options_.sync.codec, syncs_[f]->global().size());
   const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
   last_push_[f] = t;
-  next_due_[f] = t + h_now_;
+  policy_->Pushed(f, t);
   job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = model_.Snapshot(f),
                                                tokens, steps_per_s] {
     return sync->SyncRound(local, tokens, steps_per_s);
@@ -172,17 +238,7 @@ absl::Status OuterStepHook::Land(double alpha) {
                                                s.message()));
   }
   model_.Merge(job.fragment, syncs_[job.fragment]->global(), outcome->resynced ? 0.0 : alpha);
-  if (options_.async) {
-    if (outcome->sync_every > 0) h_now_ = outcome->sync_every;
-    finishing_ |= outcome->budget_reached;
-    if (outcome->tokens_committed > stats_.run_tokens && options_.token_budget > 0) {
-      stats_.run_tokens = outcome->tokens_committed;
-      model_.FollowRunProgress(int64_t(double(stats_.run_tokens) /
-                                       double(options_.token_budget) *
-                                       double(options_.total_steps)));
-    }
-    stats_.staleness.push_back(outcome->staleness);
-  }
+  policy_->Landed(*outcome, model_, stats_);
   stats_.rounds += 1;
   stats_.resyncs += outcome->resynced ? 1 : 0;
   stats_.idle_s += idle_s;
@@ -194,7 +250,7 @@ absl::Status OuterStepHook::Land(double alpha) {
     landed.pushed_at = job.pushed_at;
     landed.step = model_.step();
     landed.idle_s = idle_s;
-    landed.sync_every = uint32_t(options_.async ? h_now_ : options_.sync_every);
+    landed.sync_every = policy_->sync_every();
     landed.global_hash = syncs_[job.fragment]->global_hash();
     landed.outcome = *std::move(outcome);
     observer_(landed);
@@ -214,48 +270,32 @@ absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
   if (auto s = FetchGlobal(); !s.ok()) return s;
   pending_rejoin_.reset();
   stats_.rejoins += 1;
-  if (!options_.async) {
-    // Back in step with the run (the service may have lost rounds this island had done).
-    model_.JumpToStep(int64_t(syncs_[0]->round()) * options_.sync_every);
-    std::fill(last_push_.begin(), last_push_.end(), model_.step());
-  }
+  policy_->Rejoined(syncs_[0]->round(), model_);
+  std::fill(last_push_.begin(), last_push_.end(), model_.step());
   if (on_message) on_message(absl::StrCat("rejoined at round ", syncs_[0]->round()));
   return absl::OkStatus();
 }
 
 absl::Status OuterStepHook::Finish(bool stopped) {
-  if (options_.async && !stopped) {
-    if (auto s = CatchUpWithTheRun(); !s.ok()) return s;
-  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (auto s = policy_->Finish(*this, stopped); !s.ok()) return s;
+  stats_.idle_s += Since(t0);  // waiting for the other islands counts as idle
   return LandAll(0.0);
 }
 
-// Says this island has finished, waits until every other one has too, then applies the versions
-// committed since, checking every hash.
-absl::Status OuterStepHook::CatchUpWithTheRun() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto until = t0 + std::chrono::duration<double>(options_.round_timeout_s);
-  absl::StatusOr<pb::HeartbeatResponse> state;
-  while (true) {
-    state = session_.Heartbeat(/*finished=*/true);
-    if (!state.ok()) return state.status();
-    if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (state->versions_size() != int(syncs_.size())) {
+absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {
+  if (versions.size() != syncs_.size()) {
     return absl::DataLossError("the service's heartbeat names the wrong fragments");
   }
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
-    auto caught = syncs_[f]->CatchUp(state->versions(int(f)));
+    auto caught = syncs_[f]->CatchUp(versions[f]);
     if (!caught.ok()) return caught.status();
     stats_.bytes_received += caught->bytes_received;
     stats_.resyncs += caught->resynced ? 1 : 0;
     model_.Merge(f, syncs_[f]->global(), 0.0);
   }
-  stats_.idle_s += Since(t0);
   if (on_message) {
-    on_message(absl::StrCat("finished: caught up with version ", state->versions(0),
-                            " of the run after ", absl::StrFormat("%.1f", Since(t0)), "s"));
+    on_message(absl::StrCat("finished: caught up with version ", versions[0], " of the run"));
   }
   return absl::OkStatus();
 }

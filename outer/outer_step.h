@@ -76,6 +76,27 @@ struct OuterStepStats {
   uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
 };
 
+class OuterStepHook;
+
+// When fragments are pushed and when the island is done: sync rounds (the run's schedule, every
+// island in step) or async versions (each island's own H, until the run's token budget is spent).
+class RoundPolicy {
+ public:
+  virtual ~RoundPolicy() = default;
+  virtual int64_t max_steps() const = 0;
+  virtual bool IsLast(int64_t t) const = 0;
+  virtual std::vector<uint32_t> DueAfter(int64_t t) const = 0;
+  virtual int64_t Delay() const = 0;  // inner steps between a push and its merge
+  virtual uint32_t sync_every() const = 0;
+  virtual void Pushed(uint32_t fragment, int64_t t) = 0;
+  // A merged round's answer; may move the model's schedule.
+  virtual void Landed(const RoundOutcome& outcome, IslandModel& model, OuterStepStats& stats) = 0;
+  // After a rejoin, with the global parameters of `round` loaded.
+  virtual void Rejoined(uint64_t round, IslandModel& model) = 0;
+  // The end of the run, once the island's last contribution has landed.
+  virtual absl::Status Finish(OuterStepHook& hook, bool stopped) = 0;
+};
+
 class OuterStepHook {
  public:
   OuterStepHook(Transport& transport, IslandSession& session, IslandModel& model,
@@ -106,6 +127,10 @@ class OuterStepHook {
   // XXH64 of the global parameters, fragments concatenated.
   uint64_t global_hash() const;
   uint64_t round() const { return syncs_[0]->round(); }
+  IslandSession& session() { return session_; }
+
+  // Async: applies the versions committed up to `versions` (one per fragment), then loads them.
+  absl::Status CatchUp(const std::vector<uint64_t>& versions);
 
  private:
   struct InFlight {
@@ -114,28 +139,21 @@ class OuterStepHook {
     uint64_t bytes = 0;  // encoded payload, counted while in flight
     std::future<absl::StatusOr<RoundOutcome>> result;
   };
-  std::vector<uint32_t> DueAfter(int64_t t) const;
-  int64_t Delay() const;
-  bool IsLast(int64_t t) const;
   void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);
   absl::Status Land(double alpha);
   absl::Status LandAll(double alpha);
   absl::Status LandDue(int64_t t, double alpha);
   absl::Status Rejoin(const absl::Status& why);
-  absl::Status CatchUpWithTheRun();
 
   Transport& transport_;
   IslandSession& session_;
   IslandModel& model_;
   const OuterStepOptions options_;
-  const SyncSchedule schedule_;
+  std::unique_ptr<RoundPolicy> policy_;
   std::vector<std::unique_ptr<IslandSync>> syncs_;
   std::deque<InFlight> in_flight_;
   uint64_t bytes_in_flight_ = 0;
   std::vector<int64_t> last_push_;  // per fragment: step of its last push
-  std::vector<int64_t> next_due_;   // async: per fragment, the step of its next push
-  int64_t h_now_;                   // async: the island's H (dynamic local steps)
-  bool finishing_ = false;          // async: the run's token budget is spent
   bool done_ = false;
   std::optional<absl::Status> pending_rejoin_;
   OuterStepStats stats_;
