@@ -29,8 +29,15 @@ absl::Status Validate(const AdamWOptions& o) {
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
     : options_(options) {
   for (auto& [name, p] : params) {
-    slots_.push_back({name, p, at::zeros_like(p, at::MemoryFormat::Preserve),
+    slots_.push_back({name, p, at::Tensor(), at::zeros_like(p, at::MemoryFormat::Preserve),
                       at::zeros_like(p, at::MemoryFormat::Preserve), p.dim() >= 2});
+  }
+}
+
+AdamW::AdamW(std::vector<AdamWParam> params, AdamWOptions options) : options_(options) {
+  for (auto& p : params) {
+    slots_.push_back({p.name, p.param, p.grad, at::zeros_like(p.param, at::MemoryFormat::Preserve),
+                      at::zeros_like(p.param, at::MemoryFormat::Preserve), p.decay});
   }
 }
 
@@ -41,7 +48,7 @@ void AdamW::Step(double lr) {
   const double bias_correction2 = 1 - std::pow(options_.beta2, double(step_));
   const double step_size = lr / bias_correction1;
   for (auto& s : slots_) {
-    const at::Tensor& grad = s.param.grad();
+    const at::Tensor& grad = s.grad.defined() ? s.grad : s.param.grad();
     if (!grad.defined()) continue;
     if (s.decay && options_.weight_decay != 0) s.param.mul_(1 - lr * options_.weight_decay);
     s.exp_avg.mul_(options_.beta1).add_(grad, 1 - options_.beta1);
@@ -53,7 +60,11 @@ void AdamW::Step(double lr) {
 
 void AdamW::ZeroGrad() {
   for (auto& s : slots_) {
-    if (s.param.grad().defined()) s.param.mutable_grad().zero_();
+    if (s.grad.defined()) {
+      s.grad.zero_();
+    } else if (s.param.grad().defined()) {
+      s.param.mutable_grad().zero_();
+    }
   }
 }
 

@@ -30,9 +30,20 @@ struct NamedTensor {
   at::Tensor tensor;
 };
 
+// A parameter (or the part of one a rank owns) and where its gradient is. An undefined grad means
+// param.grad().
+struct AdamWParam {
+  std::string name;
+  at::Tensor param;
+  at::Tensor grad;
+  bool decay = false;  // weight decay applies (matrices)
+};
+
 class AdamW {
  public:
+  // Weight decay for parameters of dim >= 2, gradients in .grad().
   AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options);
+  AdamW(std::vector<AdamWParam> params, AdamWOptions options);
 
   // One update with learning rate lr from the gradients in params' .grad().
   void Step(double lr);
@@ -45,11 +56,13 @@ class AdamW {
   std::vector<NamedTensor> State() const;
   // All-or-nothing: on a missing name or a shape mismatch nothing changes.
   absl::Status LoadState(int64_t step, const std::vector<NamedTensor>& state);
+  // The moments as State() lists them are written in place by their owner; this sets the count.
+  void SetStep(int64_t step) { step_ = step; }
 
  private:
   struct Slot {
     std::string name;
-    at::Tensor param, exp_avg, exp_avg_sq;
+    at::Tensor param, grad, exp_avg, exp_avg_sq;
     bool decay;
   };
   std::vector<Slot> slots_;

@@ -339,9 +339,17 @@ size_t BatchSampler::PeekWindow() {
 }
 
 void BatchSampler::Next(int batch, int64_t* inputs, int64_t* targets) {
+  NextSlice(batch, 0, batch, inputs, targets);
+}
+
+void BatchSampler::NextSlice(int batch, int first, int count, int64_t* inputs, int64_t* targets) {
   const size_t t = size_t(windows_->context());
   for (int b = 0; b < batch; ++b) {
-    windows_->Fill(PeekWindow(), inputs + b * t, targets + b * t);
+    if (b >= first && b < first + count) {
+      windows_->Fill(PeekWindow(), inputs + (b - first) * t, targets + (b - first) * t);
+    } else {
+      EnsurePermutation();  // the epoch may roll over on a window this rank skips
+    }
     cursor_.index += 1;
   }
 }

@@ -112,6 +112,9 @@ class BatchSampler {
 
   // Fills `batch` windows: inputs and targets are [batch, context] row-major.
   void Next(int batch, int64_t* inputs, int64_t* targets);
+  // Takes `batch` windows from the stream but fills only [first, first + count) of them: the
+  // share of one rank of an island whose data-parallel ranks split each global batch.
+  void NextSlice(int batch, int first, int count, int64_t* inputs, int64_t* targets);
   // Index (into the WindowSet) of the next window this stream would serve.
   size_t PeekWindow();
 

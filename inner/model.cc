@@ -124,13 +124,23 @@ GptImpl::GptImpl(const ModelConfig& c) : config_(c) {
   }
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   auto pos = torch::arange(t, tokens.options().dtype(torch::kLong));
   auto x = tok_emb_->forward(tokens) + pos_emb_->forward(pos);
-  x = F::dropout(x, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
-  for (const auto& block : *blocks_) x = block->as<Block>()->forward(x);
-  return head_->forward(ln_f_->forward(x));
+  return F::dropout(x, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+}
+
+torch::Tensor GptImpl::RunBlock(int i, const torch::Tensor& x) {
+  return blocks_[size_t(i)]->as<Block>()->forward(x);
+}
+
+torch::Tensor GptImpl::Logits(const torch::Tensor& x) { return head_->forward(ln_f_->forward(x)); }
+
+torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
+  auto x = Embed(tokens);
+  for (int i = 0; i < config_.n_layer; ++i) x = RunBlock(i, x);
+  return Logits(x);
 }
 
 torch::Tensor GptImpl::Loss(const torch::Tensor& tokens, const torch::Tensor& targets) {

@@ -82,6 +82,11 @@ class GptImpl : public torch::nn::Module {
 
   // tokens: [B, T] int64 with T <= context. Returns logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
+  // The pieces of forward, for training unit by unit (inner/parallel/fsdp): token + position
+  // embeddings (with dropout), block i, and the final norm with the head.
+  torch::Tensor Embed(const torch::Tensor& tokens);
+  torch::Tensor RunBlock(int i, const torch::Tensor& x);
+  torch::Tensor Logits(const torch::Tensor& x);
   // Mean next-token cross-entropy (nats).
   torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
 

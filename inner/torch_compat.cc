@@ -16,4 +16,10 @@ void SetDefaultCpuRngState(const at::Tensor& state) {
   gen.set_state(state);
 }
 
+void ResizeStorage(const at::Tensor& t, size_t bytes) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
 }  // namespace atl::inner::compat

@@ -31,6 +31,11 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, cons
 // A fresh CPU generator seeded with `seed` (the API moved between 1.x and 2.x only in headers).
 at::Generator MakeCpuGenerator(uint64_t seed);
 
+// Gives the storage behind `t` (and every view of it) `bytes` bytes of fresh, uninitialized memory
+// from its own allocator; 0 frees it. The storage object stays the same, so tensors that autograd
+// saved keep pointing at it (FSDP frees a unit's parameters between forward and backward).
+void ResizeStorage(const at::Tensor& t, size_t bytes);
+
 // Snapshot / restore of the default CPU generator (dropout draws from it).
 at::Tensor GetDefaultCpuRngState();
 void SetDefaultCpuRngState(const at::Tensor& state);

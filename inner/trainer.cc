@@ -4,7 +4,11 @@
 
 #include <chrono>
 #include <cmath>
-#include <unordered_map>
+#include <map>
+#include <set>
+
+#include "inner/parallel/fsdp.h"
+#include "inner/parallel/mesh.h"
 
 #include "absl/strings/str_cat.h"
 #include "inner/torch_compat.h"
@@ -35,6 +39,11 @@ absl::Status Validate(const TrainConfig& c) {
   if (c.device != "cpu" && c.device.rfind("cuda", 0) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.device must be \"cpu\" or \"cuda[:N]\", got \"", c.device, "\""));
+  }
+  if (c.activation_checkpoint != "none" && c.activation_checkpoint != "full") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "activation_checkpoint.mode must be \"none\" or \"full\", got \"",
+        c.activation_checkpoint, "\""));
   }
   if (c.device != "cpu" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
@@ -83,7 +92,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
                                                          const OptimConfig& optim,
                                                          const TrainConfig& train,
                                                          std::shared_ptr<const Dataset> data,
-                                                         int stream, int num_streams) {
+                                                         int stream, int num_streams,
+                                                         parallel::DeviceMesh* mesh) {
   if (auto s = Validate(model); !s.ok()) return s;
   if (auto s = Validate(train); !s.ok()) return s;
   if (auto s = Validate(optim, train); !s.ok()) return s;
@@ -99,21 +109,33 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   torch::manual_seed(train.seed);
 
   std::unique_ptr<Trainer> t(new Trainer(model, optim, train, data, *std::move(sampler)));
-  t->model_ = Gpt(model);
-  t->model_->to(torch::Device(train.device));
-  t->model_->train();
-  t->params_ = NamedParameters(*t->model_);
-  t->adamw_ = std::make_unique<AdamW>(t->params_, optim.adamw);
+  if (mesh == nullptr) {
+    t->own_mesh_ = parallel::DeviceMesh::Single();
+    mesh = t->own_mesh_.get();
+  }
+  t->mesh_ = mesh;
+  parallel::FsdpOptions fsdp;
+  fsdp.checkpoint_activations = train.activation_checkpoint == "full";
+  auto sharded = parallel::FsdpGpt::Create(model, *mesh, train.device != "cpu", fsdp);
+  if (!sharded.ok()) return sharded.status();
+  t->fsdp_ = *std::move(sharded);
+  t->fsdp_->module()->train();
+  std::vector<AdamWParam> params;
+  for (auto& s : t->fsdp_->shards()) params.push_back({s.name, s.value, s.grad, s.decay});
+  t->adamw_ = std::make_unique<AdamW>(std::move(params), optim.adamw);
   t->inputs_ = torch::empty({train.batch_size, model.context}, torch::kLong);
   t->targets_ = torch::empty({train.batch_size, model.context}, torch::kLong);
   return t;
 }
 
+Gpt& Trainer::model() { return fsdp_->module(); }
+
 int64_t Trainer::tokens_per_step() const {
-  return int64_t(train_.batch_size) * train_.grad_accum * model_config_.context;
+  return int64_t(train_.batch_size) * train_.grad_accum * model_config_.context *
+         mesh_->shape().dp();
 }
 
-StepStats Trainer::Step() {
+absl::StatusOr<StepStats> Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   StepStats stats;
   stats.lr = LearningRate(optim_, step_ + schedule_shift_, train_.steps);
@@ -123,50 +145,73 @@ StepStats Trainer::Step() {
   }
   adamw_->ZeroGrad();
   const torch::Device device(train_.device);
+  const int dp = mesh_->shape().dp(), b = train_.batch_size;
+  // Each rank's loss is the mean over its slice; the gradients are averaged over the ranks.
+  const double grad_scale = 1.0 / (double(train_.grad_accum) * double(dp));
   double loss_sum = 0;
   for (int micro = 0; micro < train_.grad_accum; ++micro) {
-    sampler_.Next(train_.batch_size, inputs_.data_ptr<int64_t>(), targets_.data_ptr<int64_t>());
-    auto loss = model_->Loss(inputs_.to(device), targets_.to(device));
-    if (train_.grad_accum > 1) loss = loss / double(train_.grad_accum);
-    loss.backward();
-    loss_sum += loss.item<double>();
+    sampler_.NextSlice(b * dp, mesh_->dp_rank() * b, b, inputs_.data_ptr<int64_t>(),
+                       targets_.data_ptr<int64_t>());
+    auto loss = fsdp_->ForwardBackward(inputs_.to(device), targets_.to(device), grad_scale);
+    if (!loss.ok()) return loss.status();
+    loss_sum += *loss / double(train_.grad_accum);
   }
-  std::vector<torch::Tensor> params;
-  params.reserve(params_.size());
-  for (auto& [name, p] : params_) params.push_back(p);
-  const double max_norm =
-      optim_.grad_clip > 0 ? optim_.grad_clip : std::numeric_limits<double>::infinity();
-  stats.grad_norm = torch::nn::utils::clip_grad_norm_(params, max_norm);
+  if (auto s = fsdp_->ReduceReplicas(); !s.ok()) return s;
+  // The global gradient norm over all shards, clipped as torch's clip_grad_norm_ does.
+  auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), torch::kDouble);
+  if (auto s = mesh_->group(parallel::MeshDim::kDpShard).AllReduceSum(norm); !s.ok()) return s;
+  stats.grad_norm = std::sqrt(norm.item<double>());
+  if (optim_.grad_clip > 0) {
+    const double coef = optim_.grad_clip / (stats.grad_norm + 1e-6);
+    if (coef < 1) fsdp_->ScaleGrad(coef);
+  }
   adamw_->Step(stats.lr);
+  auto loss = torch::full({1}, loss_sum, torch::kDouble);
+  if (auto s = mesh_->dp().AllReduceSum(loss); !s.ok()) return s;
   step_ += 1;
   stats.step = step_;
-  stats.loss = loss_sum;
+  stats.loss = loss.item<double>() / double(dp);
   stats.tokens = tokens();
   stats.compute_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
 
-EvalStats Trainer::Evaluate() {
-  torch::NoGradGuard no_grad;
-  model_->eval();
+absl::StatusOr<EvalStats> Trainer::Evaluate() {
+  fsdp_->module()->eval();
   const torch::Device device(train_.device);
   const WindowSet& val = data_->val;
   const size_t total =
       std::min(val.size(), size_t(train_.eval_batches) * size_t(train_.batch_size));
   const int64_t t = model_config_.context;
+  // Data-parallel ranks split the batches; every rank of the mesh takes part in every batch's
+  // collectives (a rank without a batch of its own evaluates an empty share).
+  const int dp = mesh_->shape().dp();
+  const size_t batches = (total + size_t(train_.batch_size) - 1) / size_t(train_.batch_size);
   double weighted = 0;
-  for (size_t begin = 0; begin < total; begin += size_t(train_.batch_size)) {
+  for (size_t k = 0; k < batches; k += size_t(dp)) {
+    const size_t mine = k + size_t(mesh_->dp_rank());
+    const size_t begin = std::min(total, mine * size_t(train_.batch_size));
     const int64_t n = int64_t(std::min(total - begin, size_t(train_.batch_size)));
-    auto in = torch::empty({n, t}, torch::kLong), tg = torch::empty({n, t}, torch::kLong);
-    for (int64_t i = 0; i < n; ++i) {
-      val.Fill(begin + size_t(i), in.data_ptr<int64_t>() + i * t, tg.data_ptr<int64_t>() + i * t);
+    // Ranks without a batch of their own repeat the first one and do not count it.
+    const size_t from = n > 0 ? begin : 0;
+    const int64_t rows = n > 0 ? n : std::min<int64_t>(int64_t(total), train_.batch_size);
+    auto in = torch::empty({rows, t}, torch::kLong), tg = torch::empty({rows, t}, torch::kLong);
+    for (int64_t i = 0; i < rows; ++i) {
+      val.Fill(from + size_t(i), in.data_ptr<int64_t>() + i * t, tg.data_ptr<int64_t>() + i * t);
     }
-    weighted += model_->Loss(in.to(device), tg.to(device)).item<double>() * double(n);
+    auto loss = fsdp_->Loss(in.to(device), tg.to(device));
+    if (!loss.ok()) {
+      fsdp_->module()->train();
+      return loss.status();
+    }
+    if (n > 0) weighted += *loss * double(n);
   }
-  model_->train();
+  fsdp_->module()->train();
+  auto sum = torch::full({1}, weighted, torch::kDouble);
+  if (auto s = mesh_->dp().AllReduceSum(sum); !s.ok()) return s;
   EvalStats out;
-  out.loss = weighted / double(total);
+  out.loss = sum.item<double>() / double(total);
   out.bits = out.loss / std::log(2.0);
   out.per_byte = data_->per_byte;
   return out;
@@ -177,40 +222,89 @@ TrainerState Trainer::ExportState() const {
   s.step = step_;
   s.adam_step = adamw_->step();
   s.cursor = sampler_.cursor();
-  for (const auto& [name, p] : params_) {
-    s.tensors.push_back({kModelPrefix + name, p.detach().to(torch::kCPU, /*non_blocking=*/false,
-                                                            /*copy=*/true)});
-  }
-  for (auto& t : adamw_->State()) {
-    s.tensors.push_back({kOptimPrefix + t.name, t.tensor.to(torch::kCPU, false, true)});
+  const auto& shards = fsdp_->shards();
+  const auto moments = adamw_->State();  // exp_avg and exp_avg_sq of each shard, in order
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& p = shards[i];
+    auto slice = [&](const std::string& name, const at::Tensor& v) {
+      s.tensors.push_back({name, v.detach().to(torch::kCPU, false, true), p.offset, p.shape});
+    };
+    slice(kModelPrefix + p.name, p.value);
+    slice(std::string(kOptimPrefix) + "exp_avg/" + p.name, moments[2 * i].tensor);
+    slice(std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, moments[2 * i + 1].tensor);
   }
   s.rng_state = compat::GetDefaultCpuRngState();
   return s;
 }
 
+namespace {
+
+// Copies elements [offset, offset + target.numel()) of the tensor `name` (flattened) from the
+// slices that hold them; false when some element is not held, or a slice disagrees on the shape.
+absl::Status Gather(const std::multimap<std::string, const TensorSlice*>& slices,
+                    const std::string& name, const std::vector<int64_t>& shape, int64_t offset,
+                    at::Tensor& target, std::vector<std::pair<at::Tensor, at::Tensor>>* copies) {
+  const int64_t want_end = offset + target.numel();
+  int64_t covered = 0;
+  auto [lo, hi] = slices.equal_range(name);
+  for (auto it = lo; it != hi; ++it) {
+    const TensorSlice& s = *it->second;
+    if (s.shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " has shape ", c10::str(s.shape),
+                                                     ", expected ", c10::str(shape)));
+    }
+    if (s.values.scalar_type() != target.scalar_type() || s.values.dim() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": wrong dtype or layout"));
+    }
+    const int64_t a = std::max(offset, s.offset), b = std::min(want_end, s.offset + s.values.numel());
+    if (a >= b) continue;
+    copies->emplace_back(target.narrow(0, a - offset, b - a), s.values.narrow(0, a - s.offset, b - a));
+    covered += b - a;
+  }
+  if (covered != target.numel()) {
+    return absl::NotFoundError(absl::StrCat("the state does not hold elements [", offset, ", ",
+                                            want_end, ") of ", name, " (it holds ", covered, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Trainer::ImportState(const TrainerState& state) {
   if (state.step < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", state.step));
-  std::unordered_map<std::string, const torch::Tensor*> by_name;
-  std::vector<NamedTensor> optim;
+  if (state.adam_step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative AdamW step ", state.adam_step));
+  }
+  std::multimap<std::string, const TensorSlice*> slices;
+  std::set<std::string> names;
   for (const auto& t : state.tensors) {
-    if (t.name.rfind(kOptimPrefix, 0) == 0) {
-      optim.push_back({t.name.substr(sizeof(kOptimPrefix) - 1), t.tensor});
-    } else {
-      by_name[t.name] = &t.tensor;
+    slices.emplace(t.name, &t);
+    if (t.name.rfind(kModelPrefix, 0) == 0) names.insert(t.name);
+  }
+  const auto& shards = fsdp_->shards();
+  const auto moments = adamw_->State();
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, source): all checked first
+  std::set<std::string> model_names;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto& p = shards[i];
+    model_names.insert(kModelPrefix + p.name);
+    at::Tensor value = p.value, avg = moments[2 * i].tensor, avg_sq = moments[2 * i + 1].tensor;
+    for (auto [name, target] : {std::pair{kModelPrefix + p.name, &value},
+                                {std::string(kOptimPrefix) + "exp_avg/" + p.name, &avg},
+                                {std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, &avg_sq}}) {
+      if (auto s = Gather(slices, name, p.shape, p.offset, *target, &copies); !s.ok()) return s;
     }
   }
-  for (const auto& [name, p] : params_) {
-    auto it = by_name.find(kModelPrefix + name);
-    if (it == by_name.end()) return absl::NotFoundError(absl::StrCat("missing parameter ", name));
-    if (it->second->sizes() != p.sizes() || it->second->dtype() != p.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter ", name, " has shape ",
-                                                     c10::str(it->second->sizes()), ", expected ",
-                                                     c10::str(p.sizes())));
+  // Every parameter of the model, not only this rank's, must be in a state it accepts.
+  for (const auto& name : fsdp_->module()->named_parameters().keys()) {
+    if (!names.count(kModelPrefix + name)) {
+      return absl::NotFoundError(absl::StrCat("missing parameter ", name));
     }
   }
-  if (by_name.size() != params_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("state holds ", by_name.size(),
-                                                   " parameters, the model has ", params_.size()));
+  if (names.size() != size_t(fsdp_->module()->named_parameters().size())) {
+    return absl::InvalidArgumentError(absl::StrCat("state holds ", names.size(),
+                                                   " parameters, the model has ",
+                                                   fsdp_->module()->named_parameters().size()));
   }
   if (state.cursor.index > sampler_.windows_per_epoch()) {
     return absl::InvalidArgumentError(absl::StrCat("data cursor ", state.cursor.index,
@@ -223,10 +317,10 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
       return absl::InvalidArgumentError("RNG state does not fit this build's CPU generator");
     }
   }
-  // AdamW validates everything before it copies; after it succeeds nothing below can fail.
-  if (auto s = adamw_->LoadState(state.adam_step, optim); !s.ok()) return s;
+  // Checked: nothing below can fail.
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : params_) p.copy_(*by_name.at(kModelPrefix + name));
+  for (auto& [dst, src] : copies) dst.copy_(src);
+  adamw_->SetStep(state.adam_step);
   sampler_.set_cursor(state.cursor);
   if (state.rng_state.defined()) compat::SetDefaultCpuRngState(state.rng_state);
   step_ = state.step;
@@ -237,13 +331,16 @@ absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observe
                      bool evaluate) {
   const auto& cfg = trainer.train_config();
   while (trainer.step() < until_step) {
-    const StepStats stats = trainer.Step();
+    auto stats = trainer.Step();
+    if (!stats.ok()) return stats.status();
     std::optional<EvalStats> eval;
     if (evaluate &&
-        ((cfg.eval_every > 0 && stats.step % cfg.eval_every == 0) || stats.step == cfg.steps)) {
-      eval = trainer.Evaluate();
+        ((cfg.eval_every > 0 && stats->step % cfg.eval_every == 0) || stats->step == cfg.steps)) {
+      auto e = trainer.Evaluate();
+      if (!e.ok()) return e.status();
+      eval = *e;
     }
-    if (auto s = observer.OnStep(stats, eval ? &*eval : nullptr); !s.ok()) return s;
+    if (auto s = observer.OnStep(*stats, eval ? &*eval : nullptr); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

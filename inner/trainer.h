@@ -2,6 +2,11 @@
 // optimizer step (micro-batch accumulation, clipping, update); `RunLoop` is the loop around it.
 // Nothing here knows about the network: the outer sync plugs in through LoopObserver.
 //
+// The same trainer runs one rank or many: the model is an FsdpGpt over the island's mesh (one rank
+// is its case N = 1). Each data-parallel rank takes its slice of every global micro-batch
+// (train.batch_size sequences per rank), so N ranks see exactly the batches one rank would with N
+// times the batch. Every rank of an island must call Step and Evaluate together.
+//
 // Threading: a Trainer belongs to the training thread. Other threads may read parameters only
 // through snapshots that the training thread hands over.
 #ifndef ATOLL_INNER_TRAINER_H_
@@ -33,13 +38,14 @@ struct OptimConfig {
 
 struct TrainConfig {
   int64_t steps = 1000;  // optimizer steps (the schedule's horizon)
-  int batch_size = 16;   // sequences per micro-batch
+  int batch_size = 16;   // sequences per micro-batch, per data-parallel rank
   int grad_accum = 1;    // micro-batches per optimizer step
   int64_t eval_every = 100;
   int eval_batches = 8;  // fixed validation micro-batches
   uint64_t seed = 42;    // dropout and other runtime randomness
   int threads = 0;       // intra-op threads; 0 = torch's default (all cores)
   std::string device = "cpu";
+  std::string activation_checkpoint = "none";  // "none" or "full": recompute blocks in backward
 };
 
 absl::Status Validate(const OptimConfig& config, const TrainConfig& train);
@@ -63,27 +69,45 @@ struct EvalStats {
   bool per_byte = false;  // tokens are bytes (text data): `bits` is bits per byte
 };
 
-// Everything needed to continue bit-identically; serialized by src/checkpoint.
+// Elements [offset, offset + values.numel()) of a flattened tensor of `shape`: a rank exports the
+// parts of the parameters and moments it owns; one rank owns whole tensors.
+struct TensorSlice {
+  std::string name;  // "model/<param>", "optim/exp_avg/<param>", "optim/exp_avg_sq/<param>"
+  at::Tensor values;  // 1-D
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+};
+
+// Everything needed to continue bit-identically; serialized by src/checkpoint. The slices of any
+// set of ranks of any sharding: ImportState takes what it owns from whichever slices hold it.
 struct TrainerState {
   int64_t step = 0;
   int64_t adam_step = 0;
   DataCursor cursor;
-  std::vector<NamedTensor> tensors;  // "model/<param>", "optim/exp_avg/<param>", ...
-  at::Tensor rng_state;              // default CPU generator (dropout)
+  std::vector<TensorSlice> tensors;
+  at::Tensor rng_state;  // default CPU generator (dropout)
 };
+
+namespace parallel {
+class DeviceMesh;
+class FsdpGpt;
+}  // namespace parallel
 
 class Trainer {
  public:
-  // stream / num_streams select this trainer's disjoint share of the training windows.
+  // stream / num_streams select this island's disjoint share of the training windows. `mesh`:
+  // the island's ranks (nullptr: one rank); it must outlive the trainer.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ModelConfig& model,
                                                          const OptimConfig& optim,
                                                          const TrainConfig& train,
                                                          std::shared_ptr<const Dataset> data,
-                                                         int stream = 0, int num_streams = 1);
+                                                         int stream = 0, int num_streams = 1,
+                                                         parallel::DeviceMesh* mesh = nullptr);
   ~Trainer();
 
-  StepStats Step();
-  EvalStats Evaluate();
+  // Errors come from the island's collectives (a rank gone): the island cannot go on.
+  absl::StatusOr<StepStats> Step();
+  absl::StatusOr<EvalStats> Evaluate();
 
   int64_t step() const { return step_; }
   // Moves the learning-rate schedule to `position` for the next step (it advances by one per step
@@ -100,15 +124,21 @@ class Trainer {
   // run's step: the step counter (and with it the schedule) moves there; model, optimizer state
   // and data cursor are untouched.
   void SetStep(int64_t step) { step_ = step; }
+  // Tokens of one step of the whole island (all data-parallel ranks).
   int64_t tokens_per_step() const;
   int64_t tokens() const { return step_ * tokens_per_step(); }
   const TrainConfig& train_config() const { return train_; }
-  Gpt& model() { return model_; }
+  // The module; with several ranks its parameters hold data only while a unit is gathered.
+  Gpt& model();
+  parallel::FsdpGpt& sharded() { return *fsdp_; }
+  parallel::DeviceMesh& mesh() { return *mesh_; }
   AdamW& optimizer() { return *adamw_; }
   const BatchSampler& sampler() const { return sampler_; }
 
-  TrainerState ExportState() const;  // tensors are copies on the CPU
-  // All-or-nothing: a state that does not fit this model leaves the trainer untouched.
+  // This rank's parameters and moments (copies on the CPU).
+  TrainerState ExportState() const;
+  // All-or-nothing: a state that does not fit this model (or does not hold every element this
+  // rank owns) leaves the trainer untouched. Takes its parts from slices of any sharding.
   absl::Status ImportState(const TrainerState& state);
 
  private:
@@ -120,8 +150,9 @@ class Trainer {
   TrainConfig train_;
   std::shared_ptr<const Dataset> data_;
   BatchSampler sampler_;
-  Gpt model_{nullptr};
-  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::unique_ptr<parallel::DeviceMesh> own_mesh_;  // one rank, when none is given
+  parallel::DeviceMesh* mesh_ = nullptr;
+  std::unique_ptr<parallel::FsdpGpt> fsdp_;
   std::unique_ptr<AdamW> adamw_;
   at::Tensor inputs_, targets_;  // reused micro-batch buffers (CPU)
   int64_t step_ = 0;

@@ -639,7 +639,7 @@ absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, size_t exp
                                             expected * sizeof(float)));
   }
   std::vector<float> v(expected);
-  std::memcpy(v.data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());
   return v;
 }
 

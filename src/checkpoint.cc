@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -105,16 +107,45 @@ absl::Status WritePiecesAtomic(const std::string& path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> StepOfCheckpoint(const std::string& filename) {
-  // step-00000200.ckpt
-  if (!absl::StartsWith(filename, "step-") || !absl::EndsWith(filename, ".ckpt")) {
-    return absl::InvalidArgumentError("not a checkpoint name");
-  }
+constexpr char kManifest[] = "manifest.json";
+
+absl::StatusOr<int64_t> StepOfCheckpoint(std::string filename) {
+  // step-00000200 (a directory) or step-00000200.ckpt (a file written before rank shards)
+  if (absl::EndsWith(filename, ".ckpt")) filename.resize(filename.size() - 5);
   int64_t step;
-  if (!absl::SimpleAtoi(filename.substr(5, filename.size() - 10), &step)) {
+  if (!absl::StartsWith(filename, "step-") || !absl::SimpleAtoi(filename.substr(5), &step)) {
     return absl::InvalidArgumentError("not a checkpoint name");
   }
   return step;
+}
+
+std::string RankFileName(int rank, int world) {
+  return absl::StrFormat("rank-%05d-of-%05d.ckpt", rank, world);
+}
+
+// The rank files a manifest lists, all present; or why not.
+absl::StatusOr<std::vector<std::string>> CompleteRankFiles(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kManifest);
+  if (!in) return absl::NotFoundError(absl::StrCat(dir, ": no manifest (an incomplete checkpoint)"));
+  const auto manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (manifest.is_discarded() || !manifest.contains("files") || !manifest["files"].is_array()) {
+    return absl::DataLossError(absl::StrCat(dir, "/", kManifest, " cannot be parsed"));
+  }
+  std::vector<std::string> files;
+  for (const auto& f : manifest["files"]) {
+    if (!f.is_string()) return absl::DataLossError(absl::StrCat(dir, ": bad manifest"));
+    const std::string name = f.get<std::string>();
+    if (name.find('/') != std::string::npos || name.empty()) {
+      return absl::DataLossError(absl::StrCat(dir, ": bad file name in the manifest"));
+    }
+    const std::string path = (fs::path(dir) / name).string();
+    if (!fs::exists(path)) {
+      return absl::NotFoundError(absl::StrCat(dir, ": ", name, " is missing (a rank did not finish)"));
+    }
+    files.push_back(path);
+  }
+  if (files.empty()) return absl::DataLossError(absl::StrCat(dir, ": the manifest lists no files"));
+  return files;
 }
 
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& run_dir) {
@@ -122,7 +153,11 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
     auto step = StepOfCheckpoint(e.path().filename().string());
-    if (step.ok() && e.is_regular_file()) out.emplace_back(*step, e.path().string());
+    if (!step.ok()) continue;
+    if (e.is_directory() ? CompleteRankFiles(e.path().string()).ok()
+                         : e.is_regular_file() && e.path().extension() == ".ckpt") {
+      out.emplace_back(*step, e.path().string());
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -151,13 +186,15 @@ absl::Status WriteCheckpoint(const std::string& path, const inner::TrainerState&
   std::vector<torch::Tensor> contiguous;
   uint64_t offset = 0;
   for (const auto& t : state.tensors) {
-    auto dtype = ToProto(t.tensor.scalar_type());
+    auto dtype = ToProto(t.values.scalar_type());
     if (!dtype.ok()) return dtype.status();
-    auto c = t.tensor.to(torch::kCPU).contiguous();
+    auto c = t.values.to(torch::kCPU).contiguous().reshape({-1});
     auto* rec = header.add_tensors();
     rec->set_name(t.name);
     rec->set_dtype(*dtype);
-    for (auto d : c.sizes()) rec->add_shape(d);
+    for (auto d : t.shape) rec->add_shape(d);
+    rec->set_slice_offset(uint64_t(t.offset));
+    rec->set_slice_numel(uint64_t(c.numel()));
     rec->set_offset(offset);
     rec->set_num_bytes(c.nbytes());
     rec->set_xxh64(compression::Checksum(c.data_ptr(), c.nbytes()));
@@ -184,7 +221,7 @@ absl::Status WriteCheckpoint(const std::string& path, const inner::TrainerState&
   return WritePiecesAtomic(path, pieces);
 }
 
-absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+static absl::StatusOr<Checkpoint> ReadCheckpointFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open checkpoint ", path));
   auto corrupt = [&](const std::string& what) {
@@ -228,33 +265,76 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   for (const auto& rec : header.tensors()) {
     auto dtype = FromProto(rec.dtype());
     if (!dtype.ok()) return corrupt(absl::StrCat(rec.name(), ": ", dtype.status().message()));
-    // The shape must account for exactly the bytes the record holds, inside the file, before
-    // anything is allocated: a header cannot make the reader allocate what the file does not hold.
+    // The shape and slice must account for exactly the bytes the record holds, inside the file,
+    // before anything is allocated: a header cannot make the reader allocate what the file does
+    // not hold.
     std::vector<int64_t> shape(rec.shape().begin(), rec.shape().end());
-    uint64_t bytes = c10::elementSize(*dtype);
+    uint64_t numel = 1;
     bool fits = shape.size() <= 16;
     for (int64_t d : shape) {
-      fits = fits && d >= 0 && (d == 0 || bytes <= UINT64_MAX / uint64_t(d));
-      if (fits) bytes *= uint64_t(d);
+      fits = fits && d >= 0 && (d == 0 || numel <= UINT64_MAX / uint64_t(d));
+      if (fits) numel *= uint64_t(d);
     }
-    if (!fits || bytes != rec.num_bytes() || rec.offset() > header.data_bytes() ||
+    const uint64_t slice = rec.slice_numel() == 0 ? numel : rec.slice_numel();
+    const uint64_t elem = c10::elementSize(*dtype);
+    fits = fits && rec.slice_offset() <= numel && slice <= numel - rec.slice_offset() &&
+           slice <= UINT64_MAX / elem;
+    if (!fits || slice * elem != rec.num_bytes() || rec.offset() > header.data_bytes() ||
         rec.num_bytes() > header.data_bytes() - rec.offset()) {
       return corrupt(absl::StrCat(rec.name(), ": size does not match its shape or the file"));
     }
-    auto t = torch::empty(shape, *dtype);
+    auto t = torch::empty({int64_t(slice)}, *dtype);
     in.seekg(std::streamoff(data_start + rec.offset()));
     in.read(static_cast<char*>(t.data_ptr()), std::streamsize(rec.num_bytes()));
     if (!in) return corrupt(absl::StrCat(rec.name(), ": short read"));
     if (compression::Checksum(t.data_ptr(), rec.num_bytes()) != rec.xxh64()) {
       return corrupt(absl::StrCat(rec.name(), ": checksum mismatch"));
     }
-    out.state.tensors.push_back({rec.name(), std::move(t)});
+    out.state.tensors.push_back({rec.name(), std::move(t), int64_t(rec.slice_offset()), shape});
   }
   return out;
 }
 
+absl::Status WriteCheckpointShard(const std::string& dir, int rank, int world,
+                                  const inner::TrainerState& state, const CheckpointMeta& meta) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("create ", dir, ": ", ec.message()));
+  if (auto s = WriteCheckpoint((fs::path(dir) / RankFileName(rank, world)).string(), state, meta);
+      !s.ok()) {
+    return s;
+  }
+  if (rank != 0) return absl::OkStatus();
+  nlohmann::json manifest = {{"format", "atoll-checkpoint"}, {"step", state.step},
+                             {"world_size", world}, {"wall_s", meta.wall_s}};
+  for (int r = 0; r < world; ++r) manifest["files"].push_back(RankFileName(r, world));
+  return WriteFileAtomic((fs::path(dir) / kManifest).string(), manifest.dump(2) + "\n");
+}
+
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+  if (!fs::is_directory(path)) return ReadCheckpointFile(path);
+  auto files = CompleteRankFiles(path);
+  if (!files.ok()) return files.status();
+  Checkpoint merged;
+  for (size_t i = 0; i < files->size(); ++i) {
+    auto part = ReadCheckpointFile((*files)[i]);
+    if (!part.ok()) return part.status();
+    if (i == 0) {
+      merged.meta = part->meta;
+      merged.state.step = part->state.step;
+      merged.state.adam_step = part->state.adam_step;
+      merged.state.cursor = part->state.cursor;
+      merged.state.rng_state = part->state.rng_state;
+    } else if (part->state.step != merged.state.step) {
+      return absl::DataLossError(absl::StrCat(path, ": its rank files are of different steps"));
+    }
+    for (auto& t : part->state.tensors) merged.state.tensors.push_back(std::move(t));
+  }
+  return merged;
+}
+
 std::string CheckpointPath(const std::string& run_dir, int64_t step) {
-  return (fs::path(run_dir) / "checkpoints" / absl::StrFormat("step-%08d.ckpt", step)).string();
+  return (fs::path(run_dir) / "checkpoints" / absl::StrFormat("step-%08d", step)).string();
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& run_dir) {
@@ -268,7 +348,7 @@ absl::StatusOr<std::string> LatestCheckpoint(const std::string& run_dir) {
 void PruneCheckpoints(const std::string& run_dir, int keep) {
   auto all = ListCheckpoints(run_dir);
   std::error_code ec;
-  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove(all[i].second, ec);
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i].second, ec);
 }
 
 }  // namespace atl

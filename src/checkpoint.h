@@ -1,6 +1,10 @@
-// Island checkpoints: one file per checkpoint under RUN_DIR/checkpoints/, written to a temporary
-// file, fsynced and renamed, so a reader sees either the old or the new checkpoint, never half of
-// one. Every tensor carries an XXH64 checksum; a damaged file is refused, never half-loaded.
+// Checkpoints of a trainer: RUN_DIR/checkpoints/step-NNNNNNNN/ holds one file per rank
+// (rank-RRRRR-of-WWWWW.ckpt: the parameter and AdamW slices that rank owns, with the step, data
+// cursor and RNG) and manifest.json (written by rank 0). Every file is written to a temporary file,
+// fsynced and renamed; a checkpoint counts once its manifest and every rank's file are there, so a
+// reader sees the old or the new checkpoint, never half of one. Every tensor carries an XXH64
+// checksum; a damaged file is refused, never half-loaded. Reading merges the ranks' slices, and a
+// trainer takes what it owns from them, so a checkpoint written by N ranks resumes on M.
 #ifndef ATOLL_SRC_CHECKPOINT_H_
 #define ATOLL_SRC_CHECKPOINT_H_
 
@@ -24,13 +28,19 @@ struct Checkpoint {
   CheckpointMeta meta;
 };
 
+// One file holding `state` (a rank's part of a checkpoint, or a whole one).
 absl::Status WriteCheckpoint(const std::string& path, const inner::TrainerState& state,
                              const CheckpointMeta& meta);
+// Rank `rank` of `world` writes its file into the checkpoint directory `dir`; rank 0 also writes
+// the manifest.
+absl::Status WriteCheckpointShard(const std::string& dir, int rank, int world,
+                                  const inner::TrainerState& state, const CheckpointMeta& meta);
+// A checkpoint directory (every rank's slices merged) or a single file.
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
 
-// RUN_DIR/checkpoints/step-00000200.ckpt
+// RUN_DIR/checkpoints/step-00000200
 std::string CheckpointPath(const std::string& run_dir, int64_t step);
-// The newest checkpoint of a run directory; NOT_FOUND when it has none.
+// The newest complete checkpoint of a run directory; NOT_FOUND when it has none.
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& run_dir);
 // Removes all but the newest `keep` checkpoints.
 void PruneCheckpoints(const std::string& run_dir, int keep);

@@ -193,7 +193,7 @@ class CheckpointHook {
     auto write = [path = CheckpointPath(options_.run_dir, state.step), state = std::move(state),
                   meta = CheckpointMeta{wall_s, ToToml(config_)}, dir = options_.run_dir,
                   keep = config_.run.checkpoint_keep] {
-      auto s = WriteCheckpoint(path, state, meta);
+      auto s = WriteCheckpointShard(path, 0, 1, state, meta);
       if (s.ok()) PruneCheckpoints(dir, keep);
       return s;
     };
@@ -390,15 +390,17 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     (*session)->Leave();
     return s;
   };
-  auto evaluate = [&](int64_t t) {
-    const auto eval = (*trainer)->Evaluate();
-    summary.last_eval = eval;
+  auto evaluate = [&](int64_t t) -> absl::Status {
+    auto eval = (*trainer)->Evaluate();
+    if (!eval.ok()) return eval.status();
+    summary.last_eval = *eval;
     nlohmann::json record = {{"step", t}, {"tokens", (*trainer)->tokens()},
-                             {"wall_s", Since(start)}, {"val_loss", eval.loss},
-                             {eval.per_byte ? "val_bpb" : "val_bits_per_token", eval.bits}};
+                             {"wall_s", Since(start)}, {"val_loss", eval->loss},
+                             {eval->per_byte ? "val_bpb" : "val_bits_per_token", eval->bits}};
     if (async) record["run_tokens"] = outer.stats().run_tokens;
     (*metrics)->Write(record);
-    progress.Message(absl::StrFormat("%sstep %d | val_loss %.4f", label, t, eval.loss));
+    progress.Message(absl::StrFormat("%sstep %d | val_loss %.4f", label, t, eval->loss));
+    return absl::OkStatus();
   };
 
   // The inner loop: one step, the spike guard, the outer step, evaluation and checkpoints.
@@ -431,7 +433,9 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
     const bool last = outer.done();
     // Async islands evaluate the run's final parameters once every island has finished (below).
     const int64_t every = train.eval_every;
-    if ((every > 0 && t % every == 0 && !last) || (last && !async)) evaluate(t);
+    if ((every > 0 && t % every == 0 && !last) || (last && !async)) {
+      if (auto s = evaluate(t); !s.ok()) return fail(s);
+    }
     const int64_t ckpt_every = config.run.checkpoint_every;
     if (ckpt_every > 0 && t % ckpt_every == 0 && !last) {
       if (auto s = checkpoints.Save(/*background=*/true, Since(start)); !s.ok()) return fail(s);
@@ -440,7 +444,9 @@ absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& 
   }
   const bool stopped = options.stop != nullptr && options.stop->load();
   if (auto s = outer.Finish(stopped); !s.ok()) return fail(s);
-  if (async && !stopped) evaluate((*trainer)->step());
+  if (async && !stopped) {
+    if (auto s = evaluate((*trainer)->step()); !s.ok()) return fail(s);
+  }
   // The last checkpoint is written before the island says it is done.
   if (auto s = checkpoints.Save(/*background=*/false, Since(start)); !s.ok()) {
     progress.Message(absl::StrCat(label, "warning: final checkpoint not written: ", s.message()));

@@ -38,7 +38,7 @@ class TrainObserver : public inner::LoopObserver {
 
   absl::Status SaveCheckpoint() {
     const std::string path = CheckpointPath(options_.run_dir, trainer_.step());
-    auto s = WriteCheckpoint(path, trainer_.ExportState(), {WallSeconds(), ToToml(config_)});
+    auto s = WriteCheckpointShard(path, 0, 1, trainer_.ExportState(), {WallSeconds(), ToToml(config_)});
     if (s.ok()) PruneCheckpoints(options_.run_dir, config_.run.checkpoint_keep);
     return s;
   }

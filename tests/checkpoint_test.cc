@@ -25,10 +25,10 @@ inner::TrainerState SampleState() {
   s.step = 17;
   s.adam_step = 16;
   s.cursor = {2, 33};
-  s.tensors = {{"model/a", torch::randn({3, 5})},
-               {"model/b", torch::arange(7, torch::kLong)},
-               {"optim/exp_avg/a", torch::randn({3, 5}).to(torch::kBFloat16)},
-               {"empty", torch::zeros({0})}};
+  s.tensors = {{"model/a", torch::randn({15}), 0, {3, 5}},
+               {"model/b", torch::arange(4, torch::kLong), 3, {7}},  // a rank's slice
+               {"optim/exp_avg/a", torch::randn({15}).to(torch::kBFloat16), 0, {3, 5}},
+               {"empty", torch::zeros({0}), 0, {0}}};
   s.rng_state = torch::randint(0, 255, {40}, torch::kByte);
   return s;
 }
@@ -48,7 +48,9 @@ TEST(CheckpointTest, RoundTripIsBitExact) {
   ASSERT_EQ(r->state.tensors.size(), s.tensors.size());
   for (size_t i = 0; i < s.tensors.size(); ++i) {
     EXPECT_EQ(r->state.tensors[i].name, s.tensors[i].name);
-    EXPECT_TRUE(torch::equal(r->state.tensors[i].tensor, s.tensors[i].tensor));
+    EXPECT_TRUE(torch::equal(r->state.tensors[i].values, s.tensors[i].values));
+    EXPECT_EQ(r->state.tensors[i].offset, s.tensors[i].offset);
+    EXPECT_EQ(r->state.tensors[i].shape, s.tensors[i].shape);
   }
   EXPECT_TRUE(torch::equal(r->state.rng_state, s.rng_state));
   // Nothing but the checkpoint is left behind.
@@ -116,10 +118,21 @@ TEST(CheckpointTest, LatestAndPrune) {
   TempDir dir;
   std::filesystem::create_directories(dir.Join("checkpoints"));
   for (int step : {5, 40, 300}) {
-    ASSERT_TRUE(WriteCheckpoint(CheckpointPath(dir.path(), step), SampleState(), {}).ok());
+    ASSERT_TRUE(WriteCheckpointShard(CheckpointPath(dir.path(), step), 0, 1, SampleState(), {}).ok());
   }
   EXPECT_EQ(*LatestCheckpoint(dir.path()), CheckpointPath(dir.path(), 300));
-  PruneCheckpoints(dir.path(), 2);
+  // A checkpoint of two ranks counts once both files and the manifest are there.
+  auto second = SampleState();
+  second.step = 400;
+  ASSERT_TRUE(WriteCheckpointShard(CheckpointPath(dir.path(), 400), 1, 2, second, {}).ok());
+  EXPECT_EQ(*LatestCheckpoint(dir.path()), CheckpointPath(dir.path(), 300));
+  ASSERT_TRUE(WriteCheckpointShard(CheckpointPath(dir.path(), 400), 0, 2, second, {}).ok());
+  EXPECT_EQ(*LatestCheckpoint(dir.path()), CheckpointPath(dir.path(), 400));
+  auto merged = ReadCheckpoint(CheckpointPath(dir.path(), 400));
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->state.tensors.size(), 2 * second.tensors.size());
+  EXPECT_EQ(merged->state.step, 400);
+  PruneCheckpoints(dir.path(), 3);
   EXPECT_FALSE(std::filesystem::exists(CheckpointPath(dir.path(), 5)));
   EXPECT_TRUE(std::filesystem::exists(CheckpointPath(dir.path(), 40)));
   TempDir empty;
@@ -171,7 +184,7 @@ TEST(ResumeTest, ResumeIsBitIdentical) {
   ASSERT_TRUE(ca.ok() && cb.ok());
   ASSERT_EQ(ca->state.tensors.size(), cb->state.tensors.size());
   for (size_t i = 0; i < ca->state.tensors.size(); ++i) {
-    EXPECT_TRUE(torch::equal(ca->state.tensors[i].tensor, cb->state.tensors[i].tensor))
+    EXPECT_TRUE(torch::equal(ca->state.tensors[i].values, cb->state.tensors[i].values))
         << ca->state.tensors[i].name;
   }
   EXPECT_EQ(ca->state.cursor, cb->state.cursor);
@@ -193,7 +206,7 @@ TEST(ResumeTest, ResumeDropsMetricsPastTheCheckpoint) {
   o.stop_after_step = 8;
   ASSERT_TRUE(Train(c, o).ok());
   // Simulate a crash after step 8: the newest checkpoint is step 5's.
-  std::filesystem::remove(CheckpointPath(o.run_dir, 8));
+  std::filesystem::remove_all(CheckpointPath(o.run_dir, 8));
   o.stop_after_step = 0;
   o.resume = true;
   auto r = Train(c, o);

@@ -16,7 +16,7 @@ TEST(AdamWTest, BitIdenticalToTorchAdamW) {
 
   AdamWOptions o;
   o.weight_decay = 0.1;
-  AdamW ours({{"w", w1}, {"b", b1}}, o);
+  AdamW ours(std::vector<std::pair<std::string, torch::Tensor>>{{"w", w1}, {"b", b1}}, o);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<torch::Tensor>{w2},
                       std::make_unique<torch::optim::AdamWOptions>(
@@ -46,7 +46,7 @@ TEST(AdamWTest, BitIdenticalToTorchAdamW) {
 
 TEST(AdamWTest, LoadStateIsAllOrNothing) {
   auto w = torch::zeros({3, 3}, torch::requires_grad());
-  AdamW opt({{"w", w}}, {});
+  AdamW opt(std::vector<std::pair<std::string, torch::Tensor>>{{"w", w}}, AdamWOptions{});
   w.mutable_grad() = torch::ones({3, 3});
   opt.Step(0.1);
   auto before = opt.State();

@@ -1,0 +1,107 @@
+// A GPT trained unit by unit (the embeddings, each block, the final norm with the head), each
+// unit's parameters kept as one flat fp32 buffer sharded over the mesh's dp_shard ranks (FSDP,
+// ZeRO-3): a rank holds its shard of every unit's parameters, gradients and AdamW state, and the
+// whole of one unit (two with prefetch) only while it computes with it.
+//
+//   forward, unit u:   all-gather u's parameters (u + 1's starts in the background meanwhile),
+//                      run it, free them (the autograd graph keeps the storage object, empty)
+//   backward, unit u:  gather u again (u - 1 prefetched), backward through u (recomputing its
+//                      forward first with activation checkpointing), reduce-scatter its gradients
+//                      into the shard, free the full parameters and gradients
+//
+// One rank is the case N = 1 of the same code: the shard is the whole unit, nothing is gathered or
+// freed, gradients accumulate in place. Gradients are summed over dp_replicate after the last
+// micro-batch (HSDP). Each unit's flat buffer is padded to a multiple of the shard count.
+#ifndef ATOLL_INNER_PARALLEL_FSDP_H_
+#define ATOLL_INNER_PARALLEL_FSDP_H_
+
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "inner/model.h"
+#include "inner/parallel/mesh.h"
+
+namespace atl::inner::parallel {
+
+struct FsdpOptions {
+  bool checkpoint_activations = false;  // recompute each block's forward in backward
+  bool prefetch = true;                 // gather the next unit while the current one computes
+};
+
+// The part of one model parameter that this rank owns.
+struct ParamShard {
+  std::string name;            // the model parameter's name ("blocks.3.attn.qkv.weight")
+  std::vector<int64_t> shape;  // the whole parameter's shape
+  int64_t offset = 0;          // first owned element, within the flattened parameter
+  at::Tensor value;            // 1-D view into the unit's shard
+  at::Tensor grad;             // 1-D view into the unit's shard gradient
+  bool decay = false;          // a matrix: weight decay applies
+  int unit = 0;
+};
+
+// Bytes this rank holds for the model's state, for the memory benchmark.
+struct FsdpMemory {
+  int64_t shard_bytes = 0;        // parameters + gradients (the shards)
+  int64_t peak_gathered_bytes = 0;  // full units (parameters and gradients) alive at once, at most
+};
+
+class FsdpGpt {
+ public:
+  static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(const ModelConfig& config,
+                                                         DeviceMesh& mesh, bool cuda,
+                                                         FsdpOptions options);
+  ~FsdpGpt();
+
+  // One micro-batch: forward, backward, gradients added to the shards scaled by `grad_scale`.
+  // Returns this rank's mean loss of the micro-batch.
+  absl::StatusOr<double> ForwardBackward(const at::Tensor& inputs, const at::Tensor& targets,
+                                         double grad_scale);
+  // After the last micro-batch of a step: sums the shard gradients over dp_replicate.
+  absl::Status ReduceReplicas();
+  // Mean loss of a batch, forward only.
+  absl::StatusOr<double> Loss(const at::Tensor& inputs, const at::Tensor& targets);
+  void ZeroGrad();
+  // Sum of the squares of this rank's gradient elements (padding excluded).
+  double GradSquaredNorm() const;
+  void ScaleGrad(double factor);
+
+  std::vector<ParamShard>& shards() { return shards_; }
+  const std::vector<ParamShard>& shards() const { return shards_; }
+  Gpt& module() { return model_; }
+  DeviceMesh& mesh() { return mesh_; }
+  int num_units() const { return int(units_.size()); }
+  // The parameter names of unit u, in model order.
+  std::vector<std::string> unit_parameters(int u) const;
+  FsdpMemory memory() const;
+
+ private:
+  struct Unit;
+  FsdpGpt(Gpt model, DeviceMesh& mesh, FsdpOptions options);
+  absl::Status BuildUnits();
+  bool sharded() const;
+  absl::Status Gather(int u);      // starts (if needed) and waits for u's parameters
+  void Prefetch(int u);            // starts u's gather in the background
+  void Release(int u);             // frees u's full parameters (sharded only)
+  void PrepareGrad(int u);         // full gradient buffer of u, zeroed, behind the params' grads
+  absl::Status ScatterGrad(int u, double grad_scale);
+  at::Tensor RunUnit(int u, const at::Tensor& x);
+  absl::StatusOr<at::Tensor> Forward(const at::Tensor& inputs, const at::Tensor& targets,
+                                     bool train, std::vector<at::Tensor>* unit_inputs,
+                                     std::vector<at::Tensor>* unit_outputs);
+
+  Gpt model_;
+  DeviceMesh& mesh_;
+  const FsdpOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<ParamShard> shards_;
+  int64_t live_bytes_ = 0, peak_live_bytes_ = 0;
+};
+
+}  // namespace atl::inner::parallel
+
+#endif  // ATOLL_INNER_PARALLEL_FSDP_H_

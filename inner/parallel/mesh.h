@@ -1,0 +1,72 @@
+// The device mesh of an island in torchtitan's vocabulary: pp x dp_replicate x dp_shard x tp,
+// pp outermost and tp innermost (rank = ((pp * R + dp_replicate) * S + dp_shard) * T + tp), with
+// a process group for each dimension (the ranks that differ only in it) and one for data
+// parallelism as a whole (dp_replicate x dp_shard).
+#ifndef ATOLL_INNER_PARALLEL_MESH_H_
+#define ATOLL_INNER_PARALLEL_MESH_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "inner/parallel/communicator.h"
+
+namespace atl::inner::parallel {
+
+// [parallelism] of the config; -1 takes the ranks the others leave.
+struct ParallelismConfig {
+  int data_parallel_replicate_degree = 1;
+  int data_parallel_shard_degree = -1;  // FSDP (ZeRO-3)
+  int tensor_parallel_degree = 1;
+  int pipeline_parallel_degree = 1;
+};
+
+absl::Status Validate(const ParallelismConfig& config);
+
+enum class MeshDim { kPp = 0, kDpReplicate = 1, kDpShard = 2, kTp = 3 };
+const char* MeshDimName(MeshDim dim);
+
+struct MeshShape {
+  int pp = 1, dp_replicate = 1, dp_shard = 1, tp = 1;
+  int size() const { return pp * dp_replicate * dp_shard * tp; }
+  int degree(MeshDim d) const;
+  int dp() const { return dp_replicate * dp_shard; }
+};
+
+// The degrees for `world_size` ranks: at most one -1, and the product must be the world size.
+absl::StatusOr<MeshShape> ResolveMesh(const ParallelismConfig& config, int world_size);
+
+class DeviceMesh {
+ public:
+  // Creates every group this rank belongs to (collectively: every rank must call it).
+  static absl::StatusOr<std::unique_ptr<DeviceMesh>> Create(const MeshShape& shape,
+                                                            const RankInfo& info, bool cuda,
+                                                            std::chrono::milliseconds timeout);
+  // One rank, no communication.
+  static std::unique_ptr<DeviceMesh> Single();
+
+  const MeshShape& shape() const { return shape_; }
+  int rank() const { return rank_; }
+  int coordinate(MeshDim d) const { return coords_[int(d)]; }
+  // This rank's place among the data-parallel ranks (replicate-major).
+  int dp_rank() const {
+    return coordinate(MeshDim::kDpReplicate) * shape_.dp_shard + coordinate(MeshDim::kDpShard);
+  }
+  Communicator& group(MeshDim d) { return *groups_[int(d)]; }
+  Communicator& dp() { return *dp_; }
+  Communicator& world() { return *world_; }
+
+ private:
+  DeviceMesh() = default;
+  MeshShape shape_;
+  int rank_ = 0;
+  int coords_[4] = {0, 0, 0, 0};
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Communicator> groups_[4];
+  std::unique_ptr<Communicator> dp_, world_;
+};
+
+}  // namespace atl::inner::parallel
+
+#endif  // ATOLL_INNER_PARALLEL_MESH_H_
