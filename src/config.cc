@@ -43,6 +43,16 @@ std::vector<Field> Schema(Config& c) {
       {"train.seed", &c.train.seed, "seed of runtime randomness (dropout)"},
       {"train.threads", &c.train.threads, "intra-op CPU threads (0: all cores)"},
       {"train.device", &c.train.device, "\"cpu\" or \"cuda[:N]\""},
+      {"activation_checkpoint.mode", &c.train.activation_checkpoint,
+       "\"none\" or \"full\" (recompute each block's forward in backward)"},
+      {"parallelism.data_parallel_shard_degree", &c.parallelism.data_parallel_shard_degree,
+       "FSDP ranks of an island (-1: the ranks the other degrees leave)"},
+      {"parallelism.data_parallel_replicate_degree",
+       &c.parallelism.data_parallel_replicate_degree, "replicated data-parallel groups (HSDP)"},
+      {"parallelism.tensor_parallel_degree", &c.parallelism.tensor_parallel_degree,
+       "tensor-parallel ranks"},
+      {"parallelism.pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree,
+       "pipeline stages"},
       {"train.log_every", &c.run.log_every, "steps between progress lines"},
       {"train.checkpoint_every", &c.run.checkpoint_every, "steps between checkpoints (0: at end)"},
       {"train.checkpoint_keep", &c.run.checkpoint_keep, "newest checkpoints kept"},
@@ -270,6 +280,7 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Ove
   if (auto s = inner::Validate(config.train); !s.ok()) return s;
   if (auto s = inner::Validate(config.optim, config.train); !s.ok()) return s;
   if (auto s = ValidateRun(config.run); !s.ok()) return s;
+  if (auto s = inner::parallel::Validate(config.parallelism); !s.ok()) return s;
   if (auto s = outer::Validate(config.outer); !s.ok()) return s;
   return config;
 }

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "inner/data.h"
 #include "inner/model.h"
+#include "inner/parallel/mesh.h"
 #include "inner/trainer.h"
 #include "outer/outer_config.h"
 
@@ -34,6 +35,7 @@ struct Config {
   inner::TrainConfig train;
   inner::OptimConfig optim;
   RunConfig run;
+  inner::parallel::ParallelismConfig parallelism;  // the mesh of an island's ranks
   outer::OuterConfig outer;
   CompareConfig compare;
 };

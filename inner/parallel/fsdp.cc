@@ -93,8 +93,6 @@ absl::Status FsdpGpt::BuildUnits() {
       u.scatter = at::empty({u.shard_numel}, options);
       u.full = at::empty({u.padded}, options);
       u.full_grad = at::empty({u.padded}, options);
-      compat::ResizeStorage(u.full, 0);
-      compat::ResizeStorage(u.full_grad, 0);
     } else {
       u.full = u.shard = flat;
       u.full_grad = u.shard_grad = at::zeros({u.padded}, options);
@@ -121,6 +119,10 @@ absl::Status FsdpGpt::BuildUnits() {
       s.decay = shape.size() >= 2;
       s.unit = int(ui);
       shards_.push_back(std::move(s));
+    }
+    if (sharded()) {  // gathered only when needed, from now on
+      compat::ResizeStorage(u.full, 0);
+      compat::ResizeStorage(u.full_grad, 0);
     }
   }
   return absl::OkStatus();
