@@ -1,0 +1,28 @@
+// Helpers shared by the files of SyncServer (not part of its interface).
+#ifndef ATOLL_OUTER_SYNC_SERVER_INTERNAL_H_
+#define ATOLL_OUTER_SYNC_SERVER_INTERNAL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "compression/checksum.h"
+
+namespace atl::outer::internal {
+
+inline constexpr size_t kCommittedKept = 8;  // sync rounds kept for islands that fetch late
+
+inline uint64_t HashParams(const float* p, size_t n) {
+  return compression::Checksum(p, n * sizeof(float));
+}
+inline uint64_t HashParams(const std::vector<float>& p) { return HashParams(p.data(), p.size()); }
+
+inline double Norm(const std::vector<float>& p) {
+  double sum = 0;
+  for (float v : p) sum += double(v) * double(v);
+  return std::sqrt(sum);
+}
+
+}  // namespace atl::outer::internal
+
+#endif  // ATOLL_OUTER_SYNC_SERVER_INTERNAL_H_
