@@ -114,7 +114,7 @@ absl::Status Aggregate(const AggregationOptions& options,
   const size_t m = contributions.size();
   if (m == 0) return absl::FailedPreconditionError("no contributions to aggregate");
   for (const auto& c : contributions) {
-    if (c.payload == nullptr || c.payload->begin != 0 || c.payload->n != n) {
+    if (c.payload == nullptr || !c.payload->Covers(n)) {
       return absl::InvalidArgumentError(absl::StrCat("the contribution of island '", c.island,
                                                      "' does not cover the fragment's ", n,
                                                      " elements"));

@@ -10,12 +10,19 @@ absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
   std::vector<pb::UpdateChunk> out;
   const uint64_t begin = request.offset();
   const uint64_t end = request.num_elements() == 0 ? UINT64_MAX : begin + request.num_elements();
+  // The hash of the range asked for, when the service knew the range at the commit.
+  uint64_t range_hash = (*committed)->params_hash;
+  if (request.num_elements() > 0) {
+    auto it = (*committed)->range_hashes.find({begin, begin + request.num_elements()});
+    range_hash = it == (*committed)->range_hashes.end() ? 0 : it->second;
+  }
   for (const auto& c : (*committed)->update_chunks) {
     const uint64_t first = c.header().offset(), last = first + c.header().num_elements();
     if (last <= begin || first >= end) continue;
     pb::UpdateChunk u;
     *u.mutable_chunk() = c;
     u.set_params_hash((*committed)->params_hash);
+    u.set_range_hash(range_hash);
     u.set_contributors(uint32_t((*committed)->contributors.size()));
     out.push_back(std::move(u));
   }

@@ -25,71 +25,93 @@ IslandSync::IslandSync(Transport* transport, std::string run_id,
       run_id_(std::move(run_id)),
       island_id_(identity->island_id()),
       identity_(std::move(identity)),
-      n_(fragment_elements),
-      options_(options),
-      residual_(options.error_feedback ? fragment_elements : 0, 0.0f),
-      global_(fragment_elements, 0.0f) {}
+      fragment_elements_(fragment_elements),
+      ranges_(options.ranges.empty()
+                  ? std::vector<std::pair<uint64_t, uint64_t>>{{0, fragment_elements}}
+                  : options.ranges),
+      options_(options) {
+  n_ = 0;
+  for (const auto& [b, e] : ranges_) n_ += e - b;
+  residual_.assign(options.error_feedback ? n_ : 0, 0.0f);
+  global_.assign(n_, 0.0f);
+}
 
 uint64_t IslandSync::global_hash() const {
   return compression::Checksum(global_.data(), global_.size() * sizeof(float));
 }
 
-absl::Status IslandSync::FetchGlobal() {
+absl::Status IslandSync::FetchRange(uint64_t begin, uint64_t end, float* values, uint64_t* round,
+                                    uint64_t* hash, bool* changed, uint64_t* bytes) {
   const uint64_t piece = std::max<uint64_t>(1, options_.fetch_piece_bytes / sizeof(float));
+  for (uint64_t offset = begin; offset < end;) {
+    const uint64_t count = std::min(piece, end - offset);
+    pb::FetchStateRequest request;
+    request.set_run_id(run_id_);
+    request.set_island_id(island_id_);
+    request.set_session(identity_->session());
+    request.set_fragment(options_.fragment);
+    request.set_offset(offset);
+    request.set_num_elements(count);
+    int tries = 0;
+    while (true) {
+      auto chunks = transport_->FetchState(request);
+      absl::Status s = chunks.status();
+      if (chunks.ok() && chunks->empty()) s = absl::DataLossError("the service sent no state");
+      if (s.ok()) {
+        const auto& h0 = chunks->front().chunk().header();
+        if (*round != UINT64_MAX &&
+            (h0.round() != *round || chunks->front().params_hash() != *hash)) {
+          *changed = true;  // a round committed in between: start over
+          return absl::OkStatus();
+        }
+        *round = h0.round();
+        *hash = chunks->front().params_hash();
+        Assembler assembler({run_id_, h0.island_id(), *round, options_.fragment},
+                            fragment_elements_, offset, count);
+        for (const auto& c : *chunks) {
+          if (c.params_hash() != *hash || c.range_hash() != chunks->front().range_hash()) {
+            s = absl::DataLossError("state chunks disagree on the parameters' hash");
+            break;
+          }
+          if (s = assembler.Add(c.chunk()); !s.ok()) break;
+        }
+        if (s.ok()) s = assembler.CheckComplete();
+        if (s.ok() && compression::Checksum(assembler.values().data(), count * sizeof(float)) !=
+                          chunks->front().range_hash()) {
+          s = absl::DataLossError("fetched state does not match its hash");
+        }
+        if (s.ok()) {
+          std::copy(assembler.values().begin(), assembler.values().end(), values + (offset - begin));
+          *bytes += WireBytes(*chunks);
+          break;
+        }
+      }
+      const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
+                             absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
+      if (!transient || ++tries > options_.retries) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << tries, 2000)));
+    }
+    offset += count;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IslandSync::FetchGlobal() {
   absl::Status last = absl::OkStatus();
   for (int attempt = 0; attempt <= options_.retries; ++attempt) {
     std::vector<float> values(n_);
-    uint64_t hash = 0, round = 0, bytes = 0;
+    uint64_t round = UINT64_MAX, hash = 0, bytes = 0, at = 0;
     bool changed = false;
-    for (uint64_t offset = 0; offset < n_ && !changed;) {
-      const uint64_t count = std::min(piece, n_ - offset);
-      pb::FetchStateRequest request;
-      request.set_run_id(run_id_);
-      request.set_island_id(island_id_);
-      request.set_session(identity_->session());
-      request.set_fragment(options_.fragment);
-      request.set_offset(offset);
-      request.set_num_elements(count);
-      absl::Status s;
-      int tries = 0;
-      while (true) {
-        auto chunks = transport_->FetchState(request);
-        s = chunks.status();
-        if (chunks.ok() && chunks->empty()) s = absl::DataLossError("the service sent no state");
-        if (s.ok()) {
-          const auto& h0 = chunks->front().chunk().header();
-          if (offset > 0 && (h0.round() != round || chunks->front().params_hash() != hash)) {
-            changed = true;  // a round committed in between: start over
-            break;
-          }
-          round = h0.round();
-          hash = chunks->front().params_hash();
-          Assembler assembler({run_id_, h0.island_id(), round, options_.fragment}, n_, offset,
-                              count);
-          for (const auto& c : *chunks) {
-            if (c.params_hash() != hash) {
-              s = absl::DataLossError("state chunks disagree on the parameters' hash");
-              break;
-            }
-            if (s = assembler.Add(c.chunk()); !s.ok()) break;
-          }
-          if (s.ok()) s = assembler.CheckComplete();
-          if (s.ok()) {
-            std::copy(assembler.values().begin(), assembler.values().end(),
-                      values.begin() + int64_t(offset));
-            bytes += WireBytes(*chunks);
-            break;
-          }
-        }
-        const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
-                               absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
-        if (!transient || ++tries > options_.retries) return s;
-        std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << tries, 2000)));
+    for (const auto& [begin, end] : ranges_) {
+      if (auto s = FetchRange(begin, end, values.data() + at, &round, &hash, &changed, &bytes);
+          !s.ok()) {
+        return s;
       }
-      if (!changed) offset += count;
+      if (changed) break;
+      at += end - begin;
     }
     if (changed) continue;
-    if (compression::Checksum(values.data(), n_ * sizeof(float)) != hash) {
+    if (whole() && compression::Checksum(values.data(), n_ * sizeof(float)) != hash) {
       last = absl::DataLossError("fetched state does not match its hash");
       continue;
     }
@@ -131,17 +153,29 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     rounding.seed = compression::math::Mix64(options_.seed ^ compression::math::Mix64(
                                                  (round_ << 20) ^ options_.fragment));
   }
-  auto chunks = EncodeChunks(id, options_.codec, delta.data(), 0, n_, n_, options_.chunk_bytes,
-                             rounding);
-  if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
-  if (options_.error_feedback) {
-    // The residual is what the service will not see: delta minus its decoded encoding.
-    Assembler sent(id, n_, 0, n_, options_.codec);
-    for (const auto& c : *chunks) {
-      if (auto s = sent.Add(c); !s.ok()) return s;
+  // One stream for all the owned ranges, chunks numbered across them.
+  std::vector<pb::Chunk> all;
+  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
+    const auto [begin, end] = ranges_[r];
+    auto chunks = EncodeChunks(id, options_.codec, delta.data() + at, begin, end - begin,
+                               fragment_elements_, options_.chunk_bytes, rounding);
+    if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
+    if (options_.error_feedback) {
+      // The residual is what the service will not see: delta minus its decoded encoding.
+      Assembler sent(id, fragment_elements_, begin, end - begin, options_.codec);
+      for (const auto& c : *chunks) {
+        if (auto s = sent.Add(c); !s.ok()) return s;
+      }
+      for (uint64_t i = 0; i < end - begin; ++i) residual_[at + i] = delta[at + i] - sent.values()[i];
     }
-    for (uint64_t i = 0; i < n_; ++i) residual_[i] = delta[i] - sent.values()[i];
+    for (auto& c : *chunks) all.push_back(std::move(c));
+    at += end - begin;
   }
+  for (size_t i = 0; i < all.size(); ++i) {
+    all[i].mutable_header()->set_chunk_index(uint32_t(i));
+    all[i].mutable_header()->set_num_chunks(uint32_t(all.size()));
+  }
+  auto* chunks = &all;
   std::vector<pb::PushRequest> requests(chunks->size());
   for (size_t i = 0; i < chunks->size(); ++i) {
     *requests[i].mutable_chunk() = std::move((*chunks)[i]);
@@ -229,28 +263,44 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   request.set_session(identity_->session());
   request.set_round(round);
   request.set_fragment(options_.fragment);
-  auto update = transport_->AwaitUpdate(request);
-  for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(update.status()) ||
-                                                   absl::IsResourceExhausted(update.status()));
-       ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
-    update = transport_->AwaitUpdate(request);
+  // Each owned range separately (whole fragment: num_elements 0), checked against its hash.
+  std::vector<float> next = global_;
+  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
+    const auto [begin, end] = ranges_[r];
+    request.set_offset(whole() ? 0 : begin);
+    request.set_num_elements(whole() ? 0 : end - begin);
+    auto update = transport_->AwaitUpdate(request);
+    for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(update.status()) ||
+                                                     absl::IsResourceExhausted(update.status()));
+         ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+      update = transport_->AwaitUpdate(request);
+    }
+    if (!update.ok()) return update.status();
+    out.bytes_received += WireBytes(*update);
+    if (update->empty()) return absl::DataLossError("the service sent an empty update");
+    Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, begin,
+                        end - begin, options_.codec);
+    for (const auto& u : *update) {
+      if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
+    }
+    if (auto s = assembler.CheckComplete(); !s.ok()) return s;
+    ApplyUpdate(next.data() + at, assembler.values().data(), end - begin);
+    const uint64_t want = update->front().range_hash();
+    if (want == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the service did not know the range [", begin, ", ", end, ") at round ", round));
+    }
+    if (compression::Checksum(next.data() + at, (end - begin) * sizeof(float)) != want) {
+      return absl::DataLossError(absl::StrCat("global parameters [", begin, ", ", end,
+                                              ") after round ", round,
+                                              " do not match the service's hash"));
+    }
+    if (!options_.async) out.contributors = update->front().contributors();
+    at += end - begin;
   }
-  if (!update.ok()) return update.status();
-  out.bytes_received += WireBytes(*update);
-  if (update->empty()) return absl::DataLossError("the service sent an empty update");
-  Assembler assembler({run_id_, "", round, options_.fragment}, n_, 0, n_, options_.codec);
-  for (const auto& u : *update) {
-    if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
-  }
-  if (auto s = assembler.CheckComplete(); !s.ok()) return s;
-  ApplyUpdate(global_.data(), assembler.values().data(), n_);
-  if (!options_.async) out.contributors = update->front().contributors();
+  global_ = std::move(next);
   round_ = round + 1;
-  if (global_hash() != update->front().params_hash()) {
-    return absl::DataLossError(absl::StrCat("global parameters after round ", round,
-                                            " do not match the service's hash"));
-  }
   return absl::OkStatus();
 }
 

@@ -3,6 +3,10 @@
 // steps into a pseudo-gradient, pushes it, applies the committed outer update and checks that its
 // copy is bit-identical to the service's (resyncing with a full fetch when it is not).
 //
+// A rank of a sharded island carries only the ranges of the fragment it owns: its copy, its
+// pseudo-gradient, its push (one stream holding its ranges), the updates it receives and the hashes
+// it checks are of those ranges. No rank ever holds a whole fragment.
+//
 // Threading: one IslandSync belongs to one thread at a time.
 #ifndef ATOLL_OUTER_ISLAND_SYNC_H_
 #define ATOLL_OUTER_ISLAND_SYNC_H_
@@ -75,6 +79,8 @@ struct IslandSyncOptions {
   size_t fetch_piece_bytes = size_t(16) << 20;
   int retries = 4;  // per piece, push or update: transient failures (UNAVAILABLE, DATA_LOSS)
   uint32_t fragment = 0;  // which fragment this IslandSync carries
+  // The ranges [begin, end) of the fragment this rank owns, ascending; empty: the whole fragment.
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
   // Async mode: the push is applied at once; the island then applies every version since the one
   // it started from, in order, and checks each hash, so its copy stays bit-identical.
   bool async = false;
@@ -82,6 +88,7 @@ struct IslandSyncOptions {
 
 class IslandSync {
  public:
+  // `fragment_elements`: of the whole fragment; the copy holds the ranges of options.ranges.
   IslandSync(Transport* transport, std::string run_id,
              std::shared_ptr<const IslandIdentity> identity, uint64_t fragment_elements,
              IslandSyncOptions options = {});
@@ -90,10 +97,10 @@ class IslandSync {
   // transfer at the piece where it stopped, re-requesting corrupted pieces), verifying its hash;
   // starts over if the state changed in between. All or nothing.
   absl::Status FetchGlobal();
-  // After H inner steps: pushes global - local (weighted by `tokens`), waits for the round to
-  // commit, applies the outer update to the global copy. On return global() holds the new global
-  // parameters, which the caller loads into its model. `steps_per_s` reports the island's inner
-  // throughput (async mode's dynamic local steps).
+  // After H inner steps: pushes global - local (weighted by `tokens`, the whole island's), waits
+  // for the round to commit, applies the outer update to the global copy. On return global() holds
+  // the new global parameters, which the caller loads into its model. `local` holds the owned
+  // ranges, concatenated. `steps_per_s` reports the island's inner throughput (async DyLU).
   absl::StatusOr<RoundOutcome> SyncRound(const std::vector<float>& local, uint64_t tokens,
                                          double steps_per_s = 0);
 
@@ -101,7 +108,9 @@ class IslandSync {
   // the full state when the service no longer has them. For async islands at the end of a run.
   absl::StatusOr<RoundOutcome> CatchUp(uint64_t version);
 
+  // The owned ranges of the global parameters, concatenated.
   const std::vector<float>& global() const { return global_; }
+  const std::vector<std::pair<uint64_t, uint64_t>>& ranges() const { return ranges_; }
   uint64_t round() const { return round_; }
   uint64_t global_hash() const;
   // Total bytes of full-state fetches (joins and resyncs).
@@ -111,13 +120,20 @@ class IslandSync {
  private:
   // Receives the update of `round` (blocking until it commits), applies it to the global copy and
   // checks the result against the service's hash. FAILED_PRECONDITION when the service no longer
-  // has it, DATA_LOSS on a hash mismatch: the caller resyncs.
+  // has it (or did not know this rank's range), DATA_LOSS on a hash mismatch: the caller resyncs.
   absl::Status ApplyRound(uint64_t round, RoundOutcome& out);
+  // Fetches elements [begin, end) of the fragment into values[0, end - begin), piece by piece,
+  // each verified; the round and fragment hash the pieces were served at.
+  absl::Status FetchRange(uint64_t begin, uint64_t end, float* values, uint64_t* round,
+                          uint64_t* hash, bool* changed, uint64_t* bytes);
+  bool whole() const { return ranges_.size() == 1 && ranges_[0].first == 0 && ranges_[0].second == fragment_elements_; }
 
   Transport* transport_;
   std::string run_id_, island_id_;
   std::shared_ptr<const IslandIdentity> identity_;
-  uint64_t n_;
+  uint64_t fragment_elements_;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_;
+  uint64_t n_;  // elements owned
   IslandSyncOptions options_;
   std::vector<float> residual_;  // error feedback
   std::vector<float> global_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
@@ -107,12 +108,28 @@ size_t EncodedPayload::bytes() const {
   return b;
 }
 
-absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) const {
-  if (first < begin || first > begin + n || count > begin + n - first) {
-    return absl::OutOfRangeError(absl::StrCat("elements [", first, ", +", count,
-                                              ") are outside the payload's [", begin, ", ",
-                                              begin + n, ")"));
+bool EncodedPayload::Covers(uint64_t n) const {
+  uint64_t next = 0;
+  for (const auto& c : chunks) {
+    if (c.offset != next) return false;
+    next += c.count;
   }
+  return next == n;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> EncodedPayload::Ranges() const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const auto& c : chunks) {
+    if (!out.empty() && out.back().second == c.offset) {
+      out.back().second += c.count;
+    } else {
+      out.emplace_back(c.offset, c.offset + c.count);
+    }
+  }
+  return out;
+}
+
+absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) const {
   // The first chunk that ends after `first`.
   auto it = std::upper_bound(chunks.begin(), chunks.end(), first,
                              [](uint64_t x, const EncodedChunk& c) { return x < c.offset + c.count; });
@@ -135,27 +152,59 @@ absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) co
   return absl::OkStatus();
 }
 
+absl::Status EncodedPayload::Merge(EncodedPayload&& other) {
+  if (other.codec.codec != codec.codec || other.codec.block_size != codec.block_size) {
+    return absl::InvalidArgumentError("payloads of different codecs");
+  }
+  auto by_offset = [](const EncodedChunk& a, const EncodedChunk& b) { return a.offset < b.offset; };
+  // Check the two sorted lists against each other before anything moves.
+  size_t i = 0, j = 0;
+  uint64_t end = 0;
+  bool any = false;
+  while (i < chunks.size() || j < other.chunks.size()) {
+    const bool mine = j == other.chunks.size() ||
+                      (i < chunks.size() && chunks[i].offset < other.chunks[j].offset);
+    const EncodedChunk& c = mine ? chunks[i++] : other.chunks[j++];
+    if (any && c.offset < end) {
+      return absl::InvalidArgumentError(absl::StrCat("elements from ", c.offset,
+                                                     " were already received"));
+    }
+    end = c.offset + c.count;
+    any = true;
+  }
+  std::vector<EncodedChunk> merged;
+  merged.reserve(chunks.size() + other.chunks.size());
+  std::merge(std::make_move_iterator(chunks.begin()), std::make_move_iterator(chunks.end()),
+             std::make_move_iterator(other.chunks.begin()),
+             std::make_move_iterator(other.chunks.end()), std::back_inserter(merged), by_offset);
+  chunks = std::move(merged);
+  elements += other.elements;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload) {
   constexpr uint64_t kWindow = 1 << 14;
-  std::vector<float> window(std::min<uint64_t>(kWindow, payload.n));
-  double sum_sq = 0;
+  std::vector<float> window(kWindow);
+  PayloadStats stats;
   float max_abs = 0;
-  for (uint64_t a = 0; a < payload.n; a += kWindow) {
-    const uint64_t len = std::min(kWindow, payload.n - a);
-    if (auto s = payload.Read(payload.begin + a, len, window.data()); !s.ok()) return s;
-    for (uint64_t j = 0; j < len; ++j) {
-      sum_sq += double(window[j]) * double(window[j]);
-      max_abs = std::max(max_abs, std::abs(window[j]));
+  for (const auto& [begin, end] : payload.Ranges()) {
+    for (uint64_t a = begin; a < end; a += kWindow) {
+      const uint64_t len = std::min(kWindow, end - a);
+      if (auto s = payload.Read(a, len, window.data()); !s.ok()) return s;
+      for (uint64_t j = 0; j < len; ++j) {
+        stats.sum_squares += double(window[j]) * double(window[j]);
+        max_abs = std::max(max_abs, std::abs(window[j]));
+      }
     }
   }
-  return PayloadStats{std::sqrt(sum_sq), double(max_abs)};
+  stats.max_abs = max_abs;
+  return stats;
 }
 
 ChunkStream::ChunkStream(PayloadId id, compression::CodecSpec codec, uint64_t fragment_elements,
-                         uint64_t begin, uint64_t end)
-    : id_(std::move(id)), fragment_elements_(fragment_elements), end_(end) {
+                         size_t max_ranges)
+    : id_(std::move(id)), fragment_elements_(fragment_elements), max_ranges_(max_ranges) {
   payload_.codec = codec;
-  payload_.begin = begin;
 }
 
 absl::Status ChunkStream::Add(pb::Chunk&& chunk) {
@@ -172,35 +221,39 @@ absl::Status ChunkStream::Add(pb::Chunk&& chunk) {
         "chunk ", h.chunk_index(), " of ", h.num_chunks(), " arrived where chunk ", index, " of ",
         index > 0 ? num_chunks_ : h.num_chunks(), " was expected (chunks travel in order)"));
   }
-  const uint64_t expected_offset = payload_.begin + payload_.n;
-  if (h.offset() != expected_offset) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " starts at element ",
-                                                   h.offset(), ", not where the payload stands (",
-                                                   expected_offset, ")"));
-  }
-  if (auto s = CheckChunk(id_, payload_.codec, fragment_elements_, payload_.begin, end_, chunk);
+  if (auto s = CheckChunk(id_, payload_.codec, fragment_elements_, 0, fragment_elements_, chunk);
       !s.ok()) {
     return s;
   }
-  const bool last = h.chunk_index() + 1 == h.num_chunks();
-  const uint64_t block = std::max<uint32_t>(1, payload_.codec.block_size);
-  if (!last && h.num_elements() % block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " of ", h.num_chunks(),
-                                                   " carries ", h.num_elements(),
-                                                   " elements: only the last chunk may end inside a ",
-                                                   block, "-element scale block"));
+  // Ascending and never overlapping: the chunk continues the previous one or starts a new range.
+  bool new_range = index == 0;
+  if (index > 0) {
+    const EncodedChunk& prev = payload_.chunks.back();
+    const uint64_t prev_end = prev.offset + prev.count;
+    if (h.offset() < prev_end) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " starts at element ",
+                                                     h.offset(), ", inside what the payload already holds (up to ",
+                                                     prev_end, ")"));
+    }
+    new_range = h.offset() > prev_end;
+    const uint64_t block = std::max<uint32_t>(1, payload_.codec.block_size);
+    if (!new_range && prev.count % block != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", index - 1, " carries ", prev.count, " elements and chunk ", index,
+          " continues it: only the last chunk of a range may end inside a ", block,
+          "-element scale block"));
+    }
   }
-  if (last && h.offset() + h.num_elements() != end_) {
-    return absl::InvalidArgumentError(absl::StrCat("the last chunk ends at element ",
-                                                   h.offset() + h.num_elements(),
-                                                   "; the payload must cover [", payload_.begin,
-                                                   ", ", end_, ")"));
+  if (new_range && ranges_ == max_ranges_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", index, " starts range ",
+                                                   ranges_ + 1, " of a payload that may hold ",
+                                                   max_ranges_));
   }
+  ranges_ += new_range ? 1 : 0;
   num_chunks_ = h.num_chunks();
-  payload_.n += h.num_elements();
-  payload_.chunks.push_back(
-      {h.offset(), h.num_elements(), std::move(*chunk.mutable_data())});
-  complete_ = last;
+  payload_.elements += h.num_elements();
+  payload_.chunks.push_back({h.offset(), h.num_elements(), std::move(*chunk.mutable_data())});
+  complete_ = h.chunk_index() + 1 == h.num_chunks();
   return absl::OkStatus();
 }
 
@@ -208,7 +261,7 @@ absl::Status ChunkStream::CheckComplete() const {
   if (complete_) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "payload of island ", Printable(id_.island_id), " for round ", id_.round, " is incomplete: ",
-      payload_.n, " of ", end_ - payload_.begin, " elements received"));
+      payload_.chunks.size(), " of ", num_chunks_, " chunks received"));
 }
 
 Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
@@ -220,14 +273,22 @@ Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, u
       values_(n, 0.0f) {}
 
 absl::Status Assembler::Add(const pb::Chunk& chunk) {
-  if (auto s = CheckChunk(id_, codec_, fragment_elements_, begin_, begin_ + values_.size(), chunk);
-      !s.ok()) {
+  if (auto s = CheckChunk(id_, codec_, fragment_elements_, 0, fragment_elements_, chunk); !s.ok()) {
     return s;
   }
   const auto& h = chunk.header();
-  const uint64_t first = h.offset(), count = h.num_elements();
   const std::string where = absl::StrCat("chunk ", h.chunk_index(), " of round ", h.round(),
                                          ", fragment ", h.fragment());
+  // The part of the chunk inside [begin, begin + n): a chunk of a service's update may straddle
+  // the range a rank owns.
+  const uint64_t first = std::max(h.offset(), begin_);
+  const uint64_t last = std::min(h.offset() + h.num_elements(), begin_ + values_.size());
+  if (first >= last) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": range [", h.offset(), ", +",
+                                                   h.num_elements(), ") is outside [", begin_, ", ",
+                                                   begin_ + values_.size(), ")"));
+  }
+  const uint64_t count = last - first;
   // Overlap with an accepted chunk (a duplicate or a forged range).
   auto next = ranges_.lower_bound(first);
   if (next != ranges_.end() && next->first < first + count) {
@@ -241,8 +302,9 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
   }
   // Decode into scratch first: a payload with non-finite values must not touch values_.
   std::vector<float> scratch(count);
-  if (auto s = compression::Decode(codec_, reinterpret_cast<const uint8_t*>(chunk.data().data()),
-                                   chunk.data().size(), count, scratch.data());
+  if (auto s = compression::DecodeSlice(
+          codec_, reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size(),
+          h.num_elements(), first - h.offset(), count, scratch.data());
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
   }

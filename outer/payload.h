@@ -48,8 +48,9 @@ absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec
                         uint64_t fragment_elements, uint64_t begin, uint64_t end,
                         const pb::Chunk& chunk);
 
-// A verified payload kept as it arrived (encoded): the chunks of elements [begin, begin + n) of a
-// fragment, in order and contiguous. Decoded on demand, window by window.
+// A verified payload kept as it arrived (encoded): chunks of a fragment, in order of their
+// offsets, not overlapping, possibly with gaps (one rank's ranges, or several ranks' merged).
+// Decoded on demand, window by window.
 struct EncodedChunk {
   uint64_t offset = 0;  // first element, within the fragment
   uint64_t count = 0;
@@ -58,31 +59,39 @@ struct EncodedChunk {
 
 struct EncodedPayload {
   compression::CodecSpec codec;
-  uint64_t begin = 0, n = 0;
   std::vector<EncodedChunk> chunks;
+  uint64_t elements = 0;  // covered by the chunks
 
   size_t bytes() const;
-  // Decodes elements [first, first + count) (fragment offsets inside the payload's range).
+  // Whether the chunks cover [0, n) without a gap.
+  bool Covers(uint64_t n) const;
+  // The element ranges [begin, end) the chunks cover, adjacent chunks joined.
+  std::vector<std::pair<uint64_t, uint64_t>> Ranges() const;
+  // Decodes elements [first, first + count) (fragment offsets); DATA_LOSS if a gap is crossed.
   absl::Status Read(uint64_t first, uint64_t count, float* out) const;
+  // Adds the chunks of `other` (same codec); INVALID_ARGUMENT if they overlap chunks held (and
+  // then nothing changes).
+  absl::Status Merge(EncodedPayload&& other);
 };
 
 // Decodes a payload window by window: every value must be finite (INVALID_ARGUMENT naming the first
-// one that is not); returns its L2 norm and largest magnitude.
+// one that is not); returns its sum of squares and largest magnitude.
 struct PayloadStats {
-  double norm = 0;
+  double sum_squares = 0;
   double max_abs = 0;
 };
 absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload);
 
 // Receives the chunks of one stream (a Push call) and checks each as it arrives, before keeping its
-// bytes: CheckChunk, then in order (chunk_index 0, 1, ...), contiguous from `begin` (each starts
-// where the previous ended), one num_chunks throughout, whole scale blocks in every chunk but the
-// last, and the last ending exactly at `end`. The bytes it keeps therefore never exceed the encoded
-// size of [begin, end), whatever a peer sends.
+// bytes: CheckChunk, in order (chunk_index 0, 1, ... with one num_chunks throughout), ascending
+// and never overlapping (a chunk continues the previous one or starts a new range after it, at
+// most `max_ranges` ranges), whole scale blocks in a chunk that the next one continues. A whole
+// fragment's payload is one range; a rank of a sharded island pushes the ranges it owns. The bytes
+// kept are bounded by the encoded size of the fragment plus a scale block per range.
 class ChunkStream {
  public:
   ChunkStream(PayloadId id, compression::CodecSpec codec, uint64_t fragment_elements,
-              uint64_t begin, uint64_t end);
+              size_t max_ranges = 1);
 
   // Takes the chunk's data. A refused chunk leaves the stream as it was.
   absl::Status Add(pb::Chunk&& chunk);
@@ -91,19 +100,23 @@ class ChunkStream {
   absl::Status CheckComplete() const;
   // The payload received (complete or not).
   EncodedPayload Take() && { return std::move(payload_); }
+  const EncodedPayload& payload() const { return payload_; }
   const PayloadId& id() const { return id_; }
 
  private:
   PayloadId id_;
-  uint64_t fragment_elements_, end_;
+  uint64_t fragment_elements_;
+  size_t max_ranges_;
   EncodedPayload payload_;
+  size_t ranges_ = 0;
   uint32_t num_chunks_ = 0;  // from the first chunk
   bool complete_ = false;
 };
 
 // Collects the chunks of one payload covering elements [begin, begin + n) of a fragment, in any
-// order. Every chunk is checked (CheckChunk, overlap, finite values) before its values are
-// accepted; a refused chunk leaves the assembler as it was.
+// order; of a chunk that straddles the range, the part inside is kept. Every chunk is checked
+// (CheckChunk, overlap, finite values) before its values are accepted; a refused chunk leaves the
+// assembler as it was.
 class Assembler {
  public:
   // Chunks must use `codec` (the run's codec for the payload's direction).

@@ -115,7 +115,7 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
   if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
-  steps_per_s_.erase(request.island_id());
+  ForgetIslandLocked(request.island_id());
   if (on_event_ && !AllDoneLocked()) {
     on_event_(absl::StrCat("island '", request.island_id(), "' left at round ", fragments_[0].round));
   }
@@ -168,6 +168,14 @@ pb::GetStateResponse SyncServer::GetState() const {
   return r;
 }
 
+void SyncServer::ForgetIslandLocked(const std::string& island) {
+  steps_per_s_.erase(island);
+  for (auto& f : fragments_) {
+    f.partials.erase(island);
+    f.applied.erase(island);
+  }
+}
+
 absl::Status SyncServer::Authenticate(const std::string& island, const std::string& session) const {
   std::lock_guard<std::mutex> lock(mu_);
   return membership_.Authenticate(island, session);
@@ -186,7 +194,7 @@ void SyncServer::Tick(absl::Time now) {
   // Islands silent past their lease are dropped; rounds that waited only for them commit now
   // with the contributions that arrived (weights renormalized over those).
   for (const auto& name : membership_.ExpireLeases(now)) {
-    steps_per_s_.erase(name);
+    ForgetIslandLocked(name);
     if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
                                           absl::FormatDuration(membership_.lease()),
                                           " of silence; rounds go on without it"));

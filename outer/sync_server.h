@@ -20,7 +20,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -92,11 +94,12 @@ class PushStream {
 
  private:
   friend class SyncServer;
-  PushStream(SyncServer* server, ChunkStream chunks, std::string session, uint64_t tokens,
-             double steps_per_s);
+  PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_offset, std::string session,
+             uint64_t tokens, double steps_per_s);
 
   SyncServer* server_;
   ChunkStream chunks_;
+  uint64_t first_offset_;  // with the island and fragment, the key of the open push
   std::string session_;
   uint64_t tokens_;
   double steps_per_s_;
@@ -120,6 +123,9 @@ struct CommittedRound {
   // Each contribution's L2 norm over the fragment's parameter norm before the round (a drifting or
   // broken island shows here first; outer.max_update_norm bounds it).
   std::map<std::string, double> relative_norms;
+  // XXH64 of the parameters after the round over every range islands' ranks own (as seen in their
+  // pushes and state fetches): each rank checks its range against these.
+  std::map<std::pair<uint64_t, uint64_t>, uint64_t> range_hashes;
 };
 
 // Each fragment has its own global parameters, outer optimizer state and rounds; membership is
@@ -203,6 +209,13 @@ class SyncServer {
     uint64_t tokens = 0;
     double norm = 0;
   };
+  // An island's contribution while its ranks' pushes arrive (each carries the ranges it owns).
+  struct Partial {
+    uint64_t round = 0;  // async: the version it started from
+    EncodedPayload payload;
+    uint64_t tokens = 0;
+    double sum_squares = 0;
+  };
 
   struct Fragment {
     Fragment(FragmentLayout l, std::vector<float> p, const OuterOptimizerConfig& o);
@@ -213,6 +226,9 @@ class SyncServer {
     OuterOptimizer optimizer;
     uint64_t round = 0;
     std::map<std::string, Contribution> contributions;  // of `round`, by island id
+    std::map<std::string, Partial> partials;            // incomplete ones, by island id
+    std::map<std::string, std::pair<uint64_t, pb::PushResponse>> applied;  // async: last, by island
+    std::set<std::pair<uint64_t, uint64_t>> known_ranges;  // [begin, end) ranks own
     absl::Time deadline = absl::InfiniteFuture();
     std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
     std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
@@ -251,7 +267,20 @@ class SyncServer {
                                                     double steps_per_s);
   // The cheap checks of a push, at its start and again before it is recorded.
   absl::Status CheckPushLocked(const PayloadId& id) const;
-  void ClosePush(const PayloadId& id);
+  void ClosePush(const PayloadId& id, uint64_t first_offset);
+  // Adds a verified stream to the island's contribution; returns the complete contribution when
+  // this stream completed it.
+  absl::StatusOr<std::optional<Contribution>> AddToPartialLocked(const PayloadId& id,
+                                                                 EncodedPayload payload,
+                                                                 uint64_t tokens,
+                                                                 double sum_squares);
+  // Async: a rank whose part did not complete its island's contribution waits for the rank that
+  // does, and answers what it was answered.
+  absl::StatusOr<pb::PushResponse> AwaitAppliedLocked(std::unique_lock<std::mutex>& lock,
+                                                      const PayloadId& id);
+  // What the service kept for an island that left or died.
+  void ForgetIslandLocked(const std::string& island);
+  void RememberRangesLocked(Fragment& f, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   absl::Status CheckAsyncLocked(const Fragment& f, uint32_t fragment, const std::string& island,
                                 uint64_t base) const;
   uint32_t SyncEveryLocked(const std::string& island) const;
@@ -271,7 +300,7 @@ class SyncServer {
   std::vector<uint64_t> first_rounds_;  // per fragment: the round the run started or resumed at
   bool durability_gate_ = false;
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
-  std::set<std::pair<std::string, uint32_t>> open_pushes_;  // (island, fragment)
+  std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)
   uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;
   std::function<void(const std::string&)> on_event_;

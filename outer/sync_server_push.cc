@@ -19,15 +19,16 @@ using internal::HashParams;
 using internal::Norm;
 using internal::kCommittedKept;
 
-PushStream::PushStream(SyncServer* server, ChunkStream chunks, std::string session,
-                       uint64_t tokens, double steps_per_s)
+PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_offset,
+                       std::string session, uint64_t tokens, double steps_per_s)
     : server_(server),
       chunks_(std::move(chunks)),
+      first_offset_(first_offset),
       session_(std::move(session)),
       tokens_(tokens),
       steps_per_s_(steps_per_s) {}
 
-PushStream::~PushStream() { server_->ClosePush(chunks_.id()); }
+PushStream::~PushStream() { server_->ClosePush(chunks_.id(), first_offset_); }
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
   return chunks_.Add(std::move(*request.mutable_chunk()));
@@ -60,57 +61,140 @@ absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushR
     std::lock_guard<std::mutex> lock(mu_);
     if (auto s = membership_.Authenticate(id.island_id, first.session()); !s.ok()) return s;
     if (auto s = CheckPushLocked(id); !s.ok()) return s;
-    if (!open_pushes_.emplace(id.island_id, id.fragment).second) {
+    // One push at a time per island, fragment and first element (a rank retrying its push while
+    // the first attempt is still being read is told to wait).
+    if (!open_pushes_.emplace(id.island_id, id.fragment, h.offset()).second) {
       return absl::UnavailableError(absl::StrCat("a push of island '", id.island_id,
-                                                 "' for fragment ", id.fragment,
-                                                 " is already under way; retry when it has ended"));
+                                                 "' for fragment ", id.fragment, " from element ",
+                                                 h.offset(), " is already under way; retry when "
+                                                 "it has ended"));
     }
   }
-  const uint64_t total = fragments_[*fid].layout.total();
+  const FragmentLayout& layout = fragments_[*fid].layout;
+  // A rank owns a range per unit (block) of the fragment it shards: at most one per parameter. The
+  // cap bounds what a peer can make the stream keep per range (one scale block each).
   return std::unique_ptr<PushStream>(new PushStream(
-      this, ChunkStream(id, options_.codec, total, 0, total), first.session(), first.tokens(),
-      first.inner_steps_per_s()));
+      this, ChunkStream(id, options_.codec, layout.total(), std::max<size_t>(64, layout.names.size())),
+      h.offset(), first.session(), first.tokens(), first.inner_steps_per_s()));
 }
 
-void SyncServer::ClosePush(const PayloadId& id) {
+void SyncServer::ClosePush(const PayloadId& id, uint64_t first_offset) {
   std::lock_guard<std::mutex> lock(mu_);
-  open_pushes_.erase({id.island_id, id.fragment});
+  open_pushes_.erase({id.island_id, id.fragment, first_offset});
+}
+
+void SyncServer::RememberRangesLocked(Fragment& f,
+                                      const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  constexpr size_t kMaxKnownRanges = 4096;  // bounded whatever peers send
+  for (const auto& r : ranges) {
+    if (f.known_ranges.size() >= kMaxKnownRanges) return;
+    f.known_ranges.insert(r);
+  }
+}
+
+absl::StatusOr<std::optional<SyncServer::Contribution>> SyncServer::AddToPartialLocked(
+    const PayloadId& id, EncodedPayload payload, uint64_t tokens, double sum_squares) {
+  Fragment& f = fragments_[id.fragment];
+  const auto ranges = payload.Ranges();
+  Partial& p = f.partials[id.island_id];
+  if (p.payload.chunks.empty() || p.round != id.round) {
+    p = Partial();  // a first part, or one abandoned for an older round
+    p.round = id.round;
+    p.payload.codec = options_.codec;
+    p.tokens = tokens;
+  }
+  if (tokens != p.tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("the ranks of island '", id.island_id,
+                                                   "' disagree on the tokens of round ", id.round,
+                                                   ": ", tokens, " and ", p.tokens));
+  }
+  // A part sent again (its answer was lost) is a duplicate; a part that overlaps others is wrong.
+  const auto held = p.payload.Ranges();
+  const bool duplicate = std::all_of(ranges.begin(), ranges.end(), [&](const auto& r) {
+    return std::any_of(held.begin(), held.end(),
+                       [&](const auto& h) { return h.first <= r.first && r.second <= h.second; });
+  });
+  if (duplicate && !held.empty()) {
+    return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id, "' has already sent "
+                                                 "these elements of round ", id.round));
+  }
+  if (auto s = p.payload.Merge(std::move(payload)); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
+                                                   "' to round ", id.round, ": ", s.message()));
+  }
+  p.sum_squares += sum_squares;
+  RememberRangesLocked(f, ranges);
+  if (!p.payload.Covers(f.layout.total())) return std::optional<Contribution>();
+  Contribution c;
+  c.payload = std::move(p.payload);
+  c.tokens = p.tokens;
+  c.norm = std::sqrt(p.sum_squares);
+  f.partials.erase(id.island_id);
+  return std::optional<Contribution>(std::move(c));
+}
+
+absl::StatusOr<pb::PushResponse> SyncServer::AwaitAppliedLocked(std::unique_lock<std::mutex>& lock,
+                                                                const PayloadId& id) {
+  Fragment& f = fragments_[id.fragment];
+  const absl::Time deadline = absl::Now() + absl::Seconds(options_.round_timeout_s);
+  while (true) {
+    auto it = f.applied.find(id.island_id);
+    if (it != f.applied.end() && it->second.first == id.round) return it->second.second;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the other ranks of island '", id.island_id, "' did not complete its contribution"));
+    }
+    committed_cv_.wait_until(lock, absl::ToChronoTime(std::min(deadline, absl::Now() + kCancelPoll)));
+  }
 }
 
 absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStream> stream) {
   if (auto s = stream->chunks_.CheckComplete(); !s.ok()) return s;
-  if (stream->tokens_ == 0) {
-    return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
+  const uint64_t tokens = stream->tokens_;
+  if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
+  const PayloadId id = stream->chunks_.id();
+  if (options_.max_tokens > 0 && tokens > options_.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution of island '", id.island_id, "' claims ", tokens,
+        " tokens; a round of this run trains at most ", options_.max_tokens));
   }
   const double steps_per_s = stream->steps_per_s_;
   if (!(steps_per_s >= 0) || !std::isfinite(steps_per_s)) {
     return absl::InvalidArgumentError(
         absl::StrCat("inner throughput must be a finite number >= 0, got ", steps_per_s));
   }
-  const PayloadId id = stream->chunks_.id();
-  Contribution c;
-  c.tokens = stream->tokens_;
-  c.payload = std::move(stream->chunks_).Take();
-  // Decoding the whole contribution once (window by window) checks that every value is finite.
-  auto stats = Measure(c.payload);
+  EncodedPayload payload = std::move(stream->chunks_).Take();
+  // Decoding the part once (window by window) checks that every value is finite.
+  auto stats = Measure(payload);
   if (!stats.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
                                                    "' to round ", id.round, ": ",
                                                    stats.status().message()));
   }
-  c.norm = stats->norm;
   if (options_.max_update_value > 0 && stats->max_abs > options_.max_update_value) {
     return absl::InvalidArgumentError(absl::StrCat(
         "contribution of island '", id.island_id, "' to round ", id.round, ": a value of magnitude ",
         stats->max_abs, " exceeds outer.max_update_value = ", options_.max_update_value));
   }
-  if (options_.max_tokens > 0 && c.tokens > options_.max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "contribution of island '", id.island_id, "' claims ", c.tokens,
-        " tokens; a round of this run trains at most ", options_.max_tokens));
+  std::unique_lock<std::mutex> lock(mu_);
+  // Other contributions may have landed, rounds committed and the island rejoined (with a new
+  // session) while this one arrived.
+  if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
+  if (auto s = CheckPushLocked(id); !s.ok()) return s;
+  auto complete = AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares);
+  if (!complete.ok()) return complete.status();
+  Fragment& frag = fragments_[id.fragment];
+  if (!complete->has_value()) {
+    // A part of the island's contribution: the rank that completes it is answered as a whole push.
+    if (options_.async) return AwaitAppliedLocked(lock, id);
+    pb::PushResponse response;
+    response.set_round(id.round);
+    response.set_fragment(id.fragment);
+    response.set_contributors(uint32_t(frag.contributions.size()));
+    return response;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (const double params_norm = fragments_[id.fragment].params_norm;
+  Contribution c = std::move(**complete);
+  if (const double params_norm = frag.params_norm;
       options_.max_update_norm > 0 && params_norm > 0 &&
       c.norm > options_.max_update_norm * params_norm) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -118,11 +202,11 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
         ", ", c.norm / params_norm, " times the fragment's parameter norm (outer.max_update_norm = ",
         options_.max_update_norm, ")"));
   }
-  // Other contributions may have landed, rounds committed and the island rejoined (with a new
-  // session) while this one arrived.
-  if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
-  if (auto s = CheckPushLocked(id); !s.ok()) return s;
-  if (options_.async) return ApplyAsyncLocked(id, std::move(c), steps_per_s);
+  if (options_.async) {
+    auto applied = ApplyAsyncLocked(id, std::move(c), steps_per_s);
+    if (applied.ok()) frag.applied[id.island_id] = {id.round, *applied};
+    return applied;
+  }
   return RecordLocked(id, std::move(c));
 }
 

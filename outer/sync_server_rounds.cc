@@ -75,6 +75,7 @@ void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
     CommitUpdateLocked(fragment, std::vector<float>(n, 0.0f), {}, std::move(record), now);
   }
   f.contributions.clear();
+  f.partials.clear();  // parts of islands that did not complete theirs in time
   f.deadline = absl::InfiniteFuture();
 }
 
@@ -129,6 +130,9 @@ void SyncServer::CommitUpdateLocked(uint32_t fragment, std::vector<float> update
   committed->relative_norms = std::move(record.relative_norms);
   committed->update = std::move(update);
   ApplyUpdate(f.params.data(), committed->update.data(), n);
+  for (const auto& [begin, end] : f.known_ranges) {
+    if (end <= n) committed->range_hashes[{begin, end}] = HashParams(f.params.data() + begin, end - begin);
+  }
   f.params_hash = HashParams(f.params);
   f.params_norm = Norm(f.params);
   committed->params_hash = f.params_hash;
@@ -202,28 +206,30 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   auto fid = CheckFragment(request.fragment());
   if (!fid.ok()) return fid.status();
-  std::vector<float> snapshot;
-  uint64_t round, hash;
+  std::vector<float> snapshot;  // of the range asked for only
+  uint64_t round, hash, total, n;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
       return s;
     }
-    snapshot = fragments_[*fid].params;
-    round = fragments_[*fid].round;
-    hash = fragments_[*fid].params_hash;
+    const Fragment& f = fragments_[*fid];
+    total = f.params.size();
+    if (request.offset() > total) {
+      return absl::OutOfRangeError(absl::StrCat("offset ", request.offset(),
+                                                " is past the fragment's ", total, " elements"));
+    }
+    n = request.num_elements() == 0
+            ? total - request.offset()
+            : std::min<uint64_t>(request.num_elements(), total - request.offset());
+    snapshot.assign(f.params.begin() + int64_t(request.offset()),
+                    f.params.begin() + int64_t(request.offset() + n));
+    round = f.round;
+    hash = f.params_hash;
   }
-  const uint64_t total = snapshot.size();
-  if (request.offset() > total) {
-    return absl::OutOfRangeError(
-        absl::StrCat("offset ", request.offset(), " is past the fragment's ", total, " elements"));
-  }
-  const uint64_t n = request.num_elements() == 0
-                         ? total - request.offset()
-                         : std::min<uint64_t>(request.num_elements(), total - request.offset());
+  const uint64_t range_hash = HashParams(snapshot);
   auto chunks = EncodeChunks({options_.run_id, "", round, *fid}, {compression::Codec::kFp32, 0},
-                             snapshot.data() + request.offset(), request.offset(), n, total,
-                             options_.chunk_bytes);
+                             snapshot.data(), request.offset(), n, total, options_.chunk_bytes);
   if (!chunks.ok()) return chunks.status();
   std::vector<pb::StateChunk> out;
   out.reserve(chunks->size());
@@ -231,6 +237,7 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
     pb::StateChunk s;
     *s.mutable_chunk() = std::move(c);
     s.set_params_hash(hash);
+    s.set_range_hash(range_hash);
     out.push_back(std::move(s));
   }
   return out;

@@ -126,7 +126,7 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
       {fragment, absl::StatusCode::kNotFound, "unknown fragment 2"},
       {run, absl::StatusCode::kNotFound, "unknown run 'elsewhere'"},
       {shape, absl::StatusCode::kInvalidArgument, "fragment has 6 elements"},
-      {missing, absl::StatusCode::kInvalidArgument, "incomplete: 4 of 6"},
+      {missing, absl::StatusCode::kInvalidArgument, "incomplete: 2 of 3 chunks"},
       {oversized, absl::StatusCode::kInvalidArgument, "after the last chunk"},
       {Payload("a", 3, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kFailedPrecondition,
        "round 3 of fragment 0 is unknown"},

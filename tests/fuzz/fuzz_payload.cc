@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!spec.ok()) spec = compression::ParseCodec("fp4_e2m1");
   const uint64_t n = 1 + in.Number<uint16_t>() % 5000;
   const outer::PayloadId id{"run", "a", 3, 1};
-  outer::ChunkStream stream(id, *spec, n, 0, n);
+  outer::ChunkStream stream(id, *spec, n, 1 + (flags >> 2) % 4);
   outer::Assembler assembler(id, n, 0, n, *spec);
   while (!in.empty()) {
     pb::Chunk chunk;
@@ -42,11 +42,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)assembler.CheckComplete();
   if (stream.complete()) {
     const outer::EncodedPayload payload = std::move(stream).Take();
-    if (payload.begin != 0 || payload.n != n) std::abort();  // a complete stream covers its range
-    if (payload.bytes() > compression::EncodedBytes(*spec, n)) std::abort();  // the memory bound
+    // The memory bound: the encoded size of what it covers, plus a scale block per range.
+    const auto ranges = payload.Ranges();
+    const uint64_t block = std::max<uint32_t>(1, spec->block_size);
+    if (payload.bytes() > compression::EncodedBytes(*spec, payload.elements) +
+                              ranges.size() * compression::EncodedBytes(*spec, block)) {
+      std::abort();
+    }
+    uint64_t covered = 0;
+    for (const auto& [a, b] : ranges) covered += b - a;
+    if (covered != payload.elements) std::abort();  // ranges never overlap
     (void)outer::Measure(payload);
-    std::vector<float> window(std::min<uint64_t>(n, 100));
-    (void)payload.Read(n - window.size(), window.size(), window.data());
+    std::vector<float> window(std::min<uint64_t>(payload.elements, 100));
+    (void)payload.Read(ranges.front().first, std::min(window.size(),
+                                                      size_t(ranges.front().second - ranges.front().first)),
+                       window.data());
   }
   return 0;
 }

@@ -109,7 +109,7 @@ TEST(OuterOptimizerTest, PreviewChangesNoStateAndMatchesTheUpdate) {
 // Encodes values as the service keeps a contribution (fp32 chunks of 3 elements: windows and chunk
 // boundaries do not line up).
 EncodedPayload Encoded(const std::vector<float>& v) {
-  ChunkStream stream({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.size(), 0, v.size());
+  ChunkStream stream({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.size());
   auto chunks = EncodeChunks({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.data(), 0,
                              v.size(), v.size(), 12);
   EXPECT_TRUE(chunks.ok());
@@ -570,6 +570,140 @@ TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
   EXPECT_EQ(s->Join(r).status().code(), absl::StatusCode::kResourceExhausted);
   r.set_run_id("other");
   EXPECT_EQ(s->Join(r).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Island a is two ranks, each owning two ranges of the fragment and pushing them in its own stream;
+// island b is one rank. Every rank's ranges stay bit-identical with the service's after every
+// round, with every codec; with fp32 the service ends exactly where it would with a one-rank a.
+TEST_F(SyncServerTest, RanksPushTheRangesTheyOwnAndStayBitIdentical) {
+  options_.optimizer = {0.7, 0.9, true};
+  options_.num_data_streams = 2;
+  layout_.numels = {1000};
+  const std::vector<float> init = Sines(1000);
+  const std::vector<std::pair<uint64_t, uint64_t>> r0 = {{0, 300}, {600, 800}},
+                                                   r1 = {{300, 600}, {800, 1000}};
+  auto local = [](const std::vector<float>& global, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                  int round, float sign) {
+    std::vector<float> v;
+    for (const auto& [b, e] : ranges) {
+      for (uint64_t i = b; i < e; ++i) v.push_back(0);
+    }
+    for (size_t i = 0; i < v.size(); ++i) v[i] = global[i] + sign * 0.01f * std::cos(float(i + round));
+    return v;
+  };
+  auto slice = [](const std::vector<float>& all, const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+    std::vector<float> v;
+    for (const auto& [b, e] : ranges) v.insert(v.end(), all.begin() + long(b), all.begin() + long(e));
+    return v;
+  };
+  std::vector<float> whole_result;
+  for (const char* name : {"fp32", "fp4_e2m1"}) {
+    for (bool sharded : {true, false}) {
+      SCOPED_TRACE(std::string(name) + (sharded ? " sharded" : " whole"));
+      options_.codec = *compression::ParseCodec(name);
+      auto s = Make(init);
+      InProcessTransport t0(s.get()), t1(s.get()), tb(s.get());
+      Join(*s, "a");
+      Join(*s, "b");
+      IslandSyncOptions so;
+      so.codec = options_.codec;
+      so.chunk_bytes = 128;
+      so.ranges = sharded ? r0 : std::vector<std::pair<uint64_t, uint64_t>>{};
+      IslandSync a0(&t0, "run", Id("a"), 1000, so);
+      so.ranges = r1;
+      IslandSync a1(&t1, "run", Id("a"), 1000, so);
+      so.ranges = {};
+      IslandSync b(&tb, "run", Id("b"), 1000, so);
+      ASSERT_TRUE(a0.FetchGlobal().ok() && a1.FetchGlobal().ok() && b.FetchGlobal().ok());
+      EXPECT_EQ(a0.global(), slice(init, sharded ? r0 : std::vector<std::pair<uint64_t, uint64_t>>{{0, 1000}}));
+      for (int round = 0; round < 4; ++round) {
+        absl::StatusOr<RoundOutcome> ra0, ra1, rb;
+        std::vector<float> la = sharded ? local(a0.global(), r0, round, 1) : std::vector<float>();
+        if (!sharded) {
+          // One rank holding everything: the same local values, whole.
+          std::vector<float> l0 = local(slice(a0.global(), r0), r0, round, 1);
+          std::vector<float> l1 = local(slice(a0.global(), r1), r1, round, 1);
+          la = a0.global();
+          size_t k = 0;
+          for (const auto& [bg, e] : r0) for (uint64_t i = bg; i < e; ++i) la[i] = l0[k++];
+          k = 0;
+          for (const auto& [bg, e] : r1) for (uint64_t i = bg; i < e; ++i) la[i] = l1[k++];
+        }
+        std::thread t_a0([&] { ra0 = a0.SyncRound(la, 100); });
+        std::thread t_a1([&] {
+          if (sharded) ra1 = a1.SyncRound(local(a1.global(), r1, round, 1), 100);
+        });
+        rb = b.SyncRound(local(b.global(), {{0, 1000}}, round, -1), 60);
+        t_a0.join();
+        t_a1.join();
+        ASSERT_TRUE(ra0.ok() && rb.ok()) << ra0.status() << rb.status();
+        EXPECT_FALSE(ra0->resynced);
+        EXPECT_EQ(ra0->contributors, 2u);
+        if (sharded) {
+          ASSERT_TRUE(ra1.ok()) << ra1.status();
+          EXPECT_FALSE(ra1->resynced);
+          EXPECT_EQ(a0.global(), slice(s->params(), r0));
+          EXPECT_EQ(a1.global(), slice(s->params(), r1));
+        }
+        EXPECT_EQ(b.global(), s->params());
+      }
+      if (std::string(name) == "fp32") {
+        if (sharded) {
+          whole_result = s->params();
+        } else {
+          EXPECT_EQ(s->params(), whole_result);  // the same numbers, however they travelled
+        }
+      }
+    }
+  }
+}
+
+// The parts of one island's contribution (its ranks' pushes) are checked against each other: a part
+// sent again is a duplicate, overlapping parts and parts disagreeing on the tokens are refused; in
+// async mode every part is answered with the version the whole contribution made.
+TEST_F(SyncServerTest, PartsOfAContributionAreCheckedAgainstEachOther) {
+  auto part = [&](const std::string& island, uint64_t round, uint64_t offset,
+                  std::vector<float> v, uint64_t tokens) {
+    auto chunks = *EncodeChunks({"run", island, round, 0}, {compression::Codec::kFp32, 0}, v.data(),
+                                offset, v.size(), 4);
+    std::vector<pb::PushRequest> out(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      *out[i].mutable_chunk() = chunks[i];
+      out[i].set_tokens(tokens);
+    }
+    out[0].set_session(sessions_[island]);
+    return out;
+  };
+  options_.num_data_streams = 2;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  ASSERT_TRUE(s->Push(part("a", 0, 0, {1, 1}, 10)).ok());
+  EXPECT_EQ(s->Push(part("a", 0, 0, {1, 1}, 10)).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s->Push(part("a", 0, 1, {1, 1}, 10)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto tokens = s->Push(part("a", 0, 2, {1, 1}, 11));
+  EXPECT_EQ(tokens.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(tokens.status().message()), HasSubstr("disagree on the tokens"));
+  ASSERT_TRUE(s->Push(Payload("b", 0, {3, 3, 3, 3})).ok());
+  EXPECT_EQ(s->round(), 0u);  // a's contribution is not complete yet
+  ASSERT_TRUE(s->Push(part("a", 0, 2, {1, 1}, 10)).ok());
+  EXPECT_EQ(s->round(), 1u);
+  EXPECT_EQ(s->params(), (std::vector<float>{-1, 0, 1, 2}));  // lr 1: theta - (1 + 3) / 2
+
+  options_.async = true;
+  options_.num_data_streams = 1;
+  auto async = Make();
+  Join(*async, "a");
+  absl::StatusOr<pb::PushResponse> first;
+  std::thread rank0([&] { first = async->Push(part("a", 0, 0, {1, 1}, 10)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(async->round(), 0u);  // rank 0 waits for the rest of its island's contribution
+  auto second = async->Push(part("a", 0, 2, {1, 1}, 10));
+  rank0.join();
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
+  EXPECT_EQ(first->version(), 1u);
+  EXPECT_EQ(second->version(), 1u);
 }
 
 TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
