@@ -23,6 +23,51 @@ absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::Join(Transport& tr
       new IslandSession(transport, std::move(options), *std::move(joined)));
 }
 
+namespace {
+
+class OneRank : public IslandRanks {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  absl::StatusOr<bool> Any(bool flag) override { return flag; }
+  absl::StatusOr<std::string> FromFirst(const std::string& bytes) override { return bytes; }
+};
+
+}  // namespace
+
+std::unique_ptr<IslandRanks> SingleRank() { return std::make_unique<OneRank>(); }
+
+std::unique_ptr<IslandSession> IslandSession::Follow(Transport& transport, SessionOptions options,
+                                                     pb::JoinResponse joined) {
+  std::unique_ptr<IslandSession> s(new IslandSession(transport, std::move(options), std::move(joined)));
+  s->follower_ = true;
+  return s;
+}
+
+// Rank 0's outcome travels as a status code and, when it joined, its answer.
+absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::JoinAsIsland(Transport& transport,
+                                                                           SessionOptions options,
+                                                                           IslandRanks& ranks) {
+  if (ranks.size() == 1) return Join(transport, std::move(options));
+  std::unique_ptr<IslandSession> session;
+  std::string shared;
+  if (ranks.rank() == 0) {
+    auto joined = Join(transport, options);
+    shared = joined.ok() ? (*joined)->joined().SerializeAsString()
+                         : std::string("!") + std::string(joined.status().message());
+    if (joined.ok()) session = *std::move(joined);
+  }
+  auto answer = ranks.FromFirst(shared);
+  if (!answer.ok()) return answer.status();
+  if (!answer->empty() && (*answer)[0] == '!') {
+    return absl::UnavailableError(absl::StrCat("rank 0 could not join: ", answer->substr(1)));
+  }
+  if (ranks.rank() == 0) return session;
+  pb::JoinResponse joined;
+  if (!joined.ParseFromString(*answer)) return absl::DataLossError("rank 0's join answer is garbled");
+  return Follow(transport, std::move(options), std::move(joined));
+}
+
 IslandSession::IslandSession(Transport& transport, SessionOptions options, pb::JoinResponse joined)
     : transport_(transport),
       options_(std::move(options)),
@@ -43,6 +88,7 @@ pb::HeartbeatRequest IslandSession::Beat(bool finished) const {
 }
 
 absl::StatusOr<pb::HeartbeatResponse> IslandSession::Heartbeat(bool finished) {
+  if (follower_) return absl::FailedPreconditionError("only rank 0 speaks for the island");
   return transport_.Heartbeat(Beat(finished));
 }
 
@@ -61,7 +107,7 @@ absl::Status IslandSession::WaitForPeers() {
 }
 
 void IslandSession::StartHeartbeats() {
-  if (heartbeats_.joinable()) return;
+  if (follower_ || heartbeats_.joinable()) return;
   stop_ = false;
   heartbeats_ = std::thread([this] { HeartbeatLoop(); });
 }
@@ -87,17 +133,32 @@ std::optional<absl::Status> IslandSession::TakeRefusal() {
   return r;
 }
 
-absl::Status IslandSession::Rejoin() {
-  pb::JoinRequest join;
-  join.set_run_id(options_.run_id);
-  join.set_name(options_.name);
-  join.set_config_hash(options_.config_hash);
-  join.set_preferred_data_stream(data_stream_ + 1);
-  auto again = Retry(options_.retry, [&] { return transport_.Join(join); });
-  if (absl::IsAlreadyExists(again.status())) return absl::OkStatus();  // still a member
-  if (!again.ok()) return again.status();
-  identity_->set_session(again->session());
-  joined_ = *std::move(again);
+absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
+  std::string shared;
+  if (!follower_) {
+    pb::JoinRequest join;
+    join.set_run_id(options_.run_id);
+    join.set_name(options_.name);
+    join.set_config_hash(options_.config_hash);
+    join.set_preferred_data_stream(data_stream_ + 1);
+    auto again = Retry(options_.retry, [&] { return transport_.Join(join); });
+    if (absl::IsAlreadyExists(again.status())) {
+      shared = joined_.SerializeAsString();  // still a member: the session holds
+    } else if (!again.ok()) {
+      shared = std::string("!") + std::string(again.status().message());
+    } else {
+      shared = again->SerializeAsString();
+    }
+  }
+  auto answer = ranks.FromFirst(shared);
+  if (!answer.ok()) return answer.status();
+  if (!answer->empty() && (*answer)[0] == '!') {
+    return absl::UnavailableError(absl::StrCat("rejoining: ", answer->substr(1)));
+  }
+  pb::JoinResponse joined;
+  if (!joined.ParseFromString(*answer)) return absl::DataLossError("rank 0's join answer is garbled");
+  identity_->set_session(joined.session());
+  joined_ = std::move(joined);
   return absl::OkStatus();
 }
 
@@ -111,7 +172,7 @@ void IslandSession::StopHeartbeats() {
 }
 
 void IslandSession::Leave() {
-  if (left_) return;
+  if (left_ || follower_) return;
   left_ = true;
   StopHeartbeats();  // no lease renewals after the goodbye
   pb::LeaveRequest l;

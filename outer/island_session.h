@@ -70,12 +70,39 @@ struct SessionOptions {
   RetryPolicy retry;
 };
 
+// The ranks of an island as its outer loop sees them. Decisions that change which collectives run
+// next (rejoin, stop, the step to continue at) are taken once and shared, never taken on each rank
+// independently; rank 0 speaks for the island to the service.
+class IslandRanks {
+ public:
+  virtual ~IslandRanks() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Whether `flag` holds on any rank, on every rank.
+  virtual absl::StatusOr<bool> Any(bool flag) = 0;
+  // Rank 0's bytes, on every rank.
+  virtual absl::StatusOr<std::string> FromFirst(const std::string& bytes) = 0;
+};
+
+// An island of one rank.
+std::unique_ptr<IslandRanks> SingleRank();
+
 class IslandSession {
  public:
   // Joins the run (retrying as the policy says). The session leaves the run when destroyed.
   static absl::StatusOr<std::unique_ptr<IslandSession>> Join(Transport& transport,
                                                              SessionOptions options);
+  // The session of ranks other than 0: rank 0 joined (`joined` is its answer) and speaks for the
+  // island (heartbeats, rejoins, leave); this one only carries the credential in its calls.
+  static std::unique_ptr<IslandSession> Follow(Transport& transport, SessionOptions options,
+                                               pb::JoinResponse joined);
+  // Joins as rank 0 (with retries) and shares the answer with the island's other ranks, which
+  // follow it.
+  static absl::StatusOr<std::unique_ptr<IslandSession>> JoinAsIsland(Transport& transport,
+                                                                     SessionOptions options,
+                                                                     IslandRanks& ranks);
   ~IslandSession();
+  bool leads() const { return !follower_; }
 
   const pb::JoinResponse& joined() const { return joined_; }
   const std::string& run_id() const { return options_.run_id; }
@@ -94,8 +121,9 @@ class IslandSession {
   // One heartbeat now; `finished`: the island has pushed its last contribution (async).
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(bool finished);
   // Joins again under the same name, asking for the same data stream, with a new session
-  // credential. An island the service still counts as a member keeps its session.
-  absl::Status Rejoin();
+  // credential. An island the service still counts as a member keeps its session. Every rank
+  // calls it; rank 0 joins and the others take its answer.
+  absl::Status Rejoin(IslandRanks& ranks);
   // Stops the heartbeats and says goodbye (best effort: the service also drops silent islands).
   void Leave();
 
@@ -107,6 +135,7 @@ class IslandSession {
 
   Transport& transport_;
   const SessionOptions options_;
+  bool follower_ = false;
   pb::JoinResponse joined_;
   uint32_t data_stream_;
   std::shared_ptr<IslandIdentity> identity_;

@@ -82,16 +82,27 @@ class AsyncVersions : public RoundPolicy {
   // then applies the versions committed since, checking every hash.
   absl::Status Finish(OuterStepHook& hook, bool stopped) override {
     if (stopped) return absl::OkStatus();
-    const auto until =
-        std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.round_timeout_s);
-    absl::StatusOr<pb::HeartbeatResponse> state;
-    while (true) {
-      state = hook.session().Heartbeat(/*finished=*/true);
-      if (!state.ok()) return state.status();
-      if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Rank 0 speaks for the island; every rank then catches up with the versions it heard.
+    std::string versions;
+    if (hook.ranks().rank() == 0) {
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(options_.round_timeout_s);
+      absl::StatusOr<pb::HeartbeatResponse> state;
+      while (true) {
+        state = hook.session().Heartbeat(/*finished=*/true);
+        if (!state.ok()) break;
+        if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      versions = state.ok() ? state->SerializeAsString()
+                            : std::string("!") + std::string(state.status().message());
     }
-    return hook.CatchUp({state->versions().begin(), state->versions().end()});
+    auto shared = hook.ranks().FromFirst(versions);
+    if (!shared.ok()) return shared.status();
+    if (!shared->empty() && (*shared)[0] == '!') return absl::UnavailableError(shared->substr(1));
+    pb::HeartbeatResponse state;
+    if (!state.ParseFromString(*shared)) return absl::DataLossError("rank 0's answer is garbled");
+    return hook.CatchUp({state.versions().begin(), state.versions().end()});
   }
 
  private:
@@ -103,24 +114,27 @@ class AsyncVersions : public RoundPolicy {
 
 }  // namespace
 
-OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, IslandModel& model,
-                             std::vector<uint64_t> fragment_sizes, OuterStepOptions options)
+OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, IslandRanks& ranks,
+                             IslandModel& model, std::vector<FragmentShare> fragments,
+                             OuterStepOptions options)
     : transport_(transport),
       session_(session),
+      ranks_(ranks),
       model_(model),
       options_(std::move(options)),
-      last_push_(fragment_sizes.size(), model.step()) {
+      last_push_(fragments.size(), model.step()) {
   if (options_.async) {
-    policy_ = std::make_unique<AsyncVersions>(options_, uint32_t(fragment_sizes.size()));
+    policy_ = std::make_unique<AsyncVersions>(options_, uint32_t(fragments.size()));
   } else {
-    policy_ = std::make_unique<SyncRounds>(options_, uint32_t(fragment_sizes.size()));
+    policy_ = std::make_unique<SyncRounds>(options_, uint32_t(fragments.size()));
   }
   IslandSyncOptions sync = options_.sync;
   sync.async = options_.async;
-  for (uint32_t f = 0; f < fragment_sizes.size(); ++f) {
+  for (uint32_t f = 0; f < fragments.size(); ++f) {
     sync.fragment = f;
+    sync.ranges = fragments[f].ranges;
     syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
-                                                  session_.identity(), fragment_sizes[f], sync));
+                                                  session_.identity(), fragments[f].elements, sync));
   }
 }
 
@@ -152,6 +166,18 @@ uint64_t OuterStepHook::fetched_bytes() const {
   return n;
 }
 
+std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> OuterStepHook::RangeHashes(uint32_t f) const {
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> out;
+  const auto& sync = *syncs_[f];
+  uint64_t at = 0;
+  for (const auto& [begin, end] : sync.ranges()) {
+    out.emplace_back(begin, end,
+                     compression::Checksum(sync.global().data() + at, (end - begin) * sizeof(float)));
+    at += end - begin;
+  }
+  return out;
+}
+
 uint64_t OuterStepHook::global_hash() const {
   std::vector<float> all;
   for (const auto& s : syncs_) all.insert(all.end(), s->global().begin(), s->global().end());
@@ -160,6 +186,10 @@ uint64_t OuterStepHook::global_hash() const {
 
 absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   if (!pending_rejoin_) pending_rejoin_ = session_.TakeRefusal();
+  // A rejoin changes what every rank does next: the island rejoins when any rank needs to.
+  auto rejoin = ranks_.Any(pending_rejoin_.has_value());
+  if (!rejoin.ok()) return rejoin.status();
+  if (*rejoin && !pending_rejoin_) pending_rejoin_ = absl::UnavailableError("another rank rejoins");
   if (pending_rejoin_) {
     // Back on the global parameters (and, sync, at the run's step): the next push is a round away.
     if (auto s = LandAll(0.0); !s.ok()) return s;
@@ -252,6 +282,7 @@ absl::Status OuterStepHook::Land(double alpha) {
     landed.idle_s = idle_s;
     landed.sync_every = policy_->sync_every();
     landed.global_hash = syncs_[job.fragment]->global_hash();
+    landed.range_hashes = RangeHashes(job.fragment);
     landed.outcome = *std::move(outcome);
     observer_(landed);
   }
@@ -260,7 +291,7 @@ absl::Status OuterStepHook::Land(double alpha) {
 
 absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
   if (on_message) on_message(absl::StrCat("rejoining the run: ", why.message()));
-  if (auto s = session_.Rejoin(); !s.ok()) return s;
+  if (auto s = session_.Rejoin(ranks_); !s.ok()) return s;
   if (session_.joined().data_stream() != session_.data_stream() && on_message) {
     on_message(absl::StrCat("warning: its data stream ", session_.data_stream(),
                             " was taken meanwhile (the service assigned ",
@@ -270,7 +301,11 @@ absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
   if (auto s = FetchGlobal(); !s.ok()) return s;
   pending_rejoin_.reset();
   stats_.rejoins += 1;
-  policy_->Rejoined(syncs_[0]->round(), model_);
+  // Every rank continues at rank 0's round (a round may commit between the ranks' fetches: a rank
+  // that fetched a later one is told so by the service at its next push, and fetches again).
+  auto round = ranks_.FromFirst(std::to_string(syncs_[0]->round()));
+  if (!round.ok()) return round.status();
+  policy_->Rejoined(std::stoull(*round), model_);
   std::fill(last_push_.begin(), last_push_.end(), model_.step());
   if (on_message) on_message(absl::StrCat("rejoined at round ", syncs_[0]->round()));
   return absl::OkStatus();

@@ -18,6 +18,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +44,13 @@ class IslandModel {
   virtual void FollowRunProgress(int64_t position) = 0;
 };
 
+// What a rank carries of a fragment: the ranges [begin, end) of its `elements` it owns (empty: the
+// whole fragment).
+struct FragmentShare {
+  uint64_t elements = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+};
+
 struct OuterStepOptions {
   int64_t total_steps = 0;      // the run's inner steps (async: each island's share of the budget)
   uint32_t sync_every = 0;      // H
@@ -63,7 +72,8 @@ struct LandedRound {
   int64_t step = 0;       // inner step after which it was merged
   double idle_s = 0;      // the training thread waited this long for it
   uint32_t sync_every = 0;  // the island's H from now on
-  uint64_t global_hash = 0;  // of the fragment's global parameters after the merge
+  uint64_t global_hash = 0;  // of the fragment's global parameters (this rank's) after the merge
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> range_hashes;  // begin, end, XXH64
   RoundOutcome outcome;
 };
 
@@ -99,8 +109,9 @@ class RoundPolicy {
 
 class OuterStepHook {
  public:
-  OuterStepHook(Transport& transport, IslandSession& session, IslandModel& model,
-                std::vector<uint64_t> fragment_sizes, OuterStepOptions options);
+  // Every rank of an island runs one, over the ranges it owns; `ranks` shares the decisions.
+  OuterStepHook(Transport& transport, IslandSession& session, IslandRanks& ranks,
+                IslandModel& model, std::vector<FragmentShare> fragments, OuterStepOptions options);
   ~OuterStepHook();
 
   // Loads the global parameters into the model (join, rejoin), waiting for a restarting service.
@@ -124,10 +135,13 @@ class OuterStepHook {
   std::function<void(const std::string&)> on_message;  // lines worth printing
   const OuterStepStats& stats() const { return stats_; }
   uint64_t fetched_bytes() const;
-  // XXH64 of the global parameters, fragments concatenated.
+  // XXH64 of the global parameters this rank holds, fragments concatenated.
   uint64_t global_hash() const;
+  // The ranges of fragment f this rank holds and their hashes (for the round records).
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> RangeHashes(uint32_t f) const;
   uint64_t round() const { return syncs_[0]->round(); }
   IslandSession& session() { return session_; }
+  IslandRanks& ranks() { return ranks_; }
 
   // Async: applies the versions committed up to `versions` (one per fragment), then loads them.
   absl::Status CatchUp(const std::vector<uint64_t>& versions);
@@ -147,6 +161,7 @@ class OuterStepHook {
 
   Transport& transport_;
   IslandSession& session_;
+  IslandRanks& ranks_;
   IslandModel& model_;
   const OuterStepOptions options_;
   std::unique_ptr<RoundPolicy> policy_;

@@ -7,6 +7,9 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <tuple>
+
+#include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,6 +21,8 @@
 #include "outer/outer_step.h"
 #include "src/checkpoint.h"
 #include "src/flat_params.h"
+#include "inner/parallel/fsdp.h"
+#include "inner/parallel/mesh.h"
 #include "src/metrics.h"
 
 namespace atl {
@@ -30,64 +35,128 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The trainer as the outer step sees it: each fragment is a list of the model's parameters.
-class TrainerModel : public outer::IslandModel {
+// The ranks of an island over its mesh's world group.
+class MeshRanks : public outer::IslandRanks {
  public:
-  TrainerModel(inner::Trainer& trainer, std::vector<std::vector<size_t>> fragments)
-      : trainer_(trainer),
-        params_(inner::NamedParameters(*trainer.model())),
-        fragments_(std::move(fragments)) {}
+  explicit MeshRanks(inner::parallel::Communicator& world) : world_(world) {}
+  int rank() const override { return world_.rank(); }
+  int size() const override { return world_.size(); }
+  absl::StatusOr<bool> Any(bool flag) override {
+    auto t = torch::full({1}, flag ? 1.0f : 0.0f);
+    if (auto s = world_.AllReduceMax(t); !s.ok()) return s;
+    return t.item<float>() > 0;
+  }
+  absl::StatusOr<std::string> FromFirst(const std::string& bytes) override {
+    return world_.BroadcastBytes(bytes, 0);
+  }
+
+ private:
+  inner::parallel::Communicator& world_;
+};
+
+// The trainer as the outer step sees it: of each fragment, the parts of its parameters this rank
+// owns (all of them with one rank), in the service's order.
+class ShardModel : public outer::IslandModel {
+ public:
+  struct Piece {
+    size_t shard;    // index into the trainer's parameter shards
+    uint64_t begin;  // within the fragment
+    uint64_t count;
+  };
+
+  ShardModel(inner::Trainer& trainer, std::vector<std::vector<Piece>> pieces,
+             std::vector<uint64_t> elements)
+      : trainer_(trainer), pieces_(std::move(pieces)), elements_(std::move(elements)) {}
 
   int64_t step() const override { return trainer_.step(); }
-  std::vector<float> Snapshot(uint32_t f) override { return Flatten(params_, fragments_[f]); }
+  std::vector<float> Snapshot(uint32_t f) override {
+    std::vector<float> out;
+    for (const Piece& p : pieces_[f]) {
+      auto v = Shard(p).to(torch::kCPU).contiguous();
+      out.insert(out.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    }
+    return out;
+  }
   void Merge(uint32_t f, const std::vector<float>& global, double alpha) override {
-    LoadFlat(global, params_, fragments_[f], alpha);
+    torch::NoGradGuard no_grad;
+    size_t at = 0;
+    for (const Piece& p : pieces_[f]) {
+      at::Tensor dst = Shard(p);
+      auto src = torch::from_blob(const_cast<float*>(global.data() + at), {int64_t(p.count)},
+                                  torch::kFloat);
+      if (alpha == 0.0) {
+        dst.copy_(src);
+      } else {
+        dst.mul_(alpha).add_(src.to(dst.device()), 1.0 - alpha);
+      }
+      at += p.count;
+    }
   }
   void JumpToStep(int64_t step) override { trainer_.SetStep(step); }
   void FollowRunProgress(int64_t position) override { trainer_.SetSchedulePosition(position); }
 
-  std::vector<uint64_t> FragmentSizes() const {
-    const auto layout = LayoutOf(params_);
-    std::vector<uint64_t> sizes;
-    for (const auto& f : fragments_) {
-      uint64_t n = 0;
-      for (size_t i : f) n += layout.numels[i];
-      sizes.push_back(n);
+  // What this rank carries of each fragment.
+  std::vector<outer::FragmentShare> Shares() const {
+    std::vector<outer::FragmentShare> out;
+    for (size_t f = 0; f < pieces_.size(); ++f) {
+      outer::FragmentShare share;
+      share.elements = elements_[f];
+      for (const Piece& p : pieces_[f]) {
+        if (!share.ranges.empty() && share.ranges.back().second == p.begin) {
+          share.ranges.back().second += p.count;
+        } else {
+          share.ranges.emplace_back(p.begin, p.begin + p.count);
+        }
+      }
+      out.push_back(std::move(share));
     }
-    return sizes;
+    return out;
   }
 
  private:
+  at::Tensor Shard(const Piece& p) { return trainer_.sharded().shards()[p.shard].value; }
   inner::Trainer& trainer_;
-  const NamedParams params_;
-  const std::vector<std::vector<size_t>> fragments_;
+  const std::vector<std::vector<Piece>> pieces_;
+  const std::vector<uint64_t> elements_;
 };
 
-// The service's fragments, as indices into this model's parameters.
-absl::StatusOr<std::vector<std::vector<size_t>>> ResolveFragments(const pb::JoinResponse& joined,
-                                                                  const outer::FragmentLayout& layout) {
-  std::map<std::string, size_t> index_of;
-  for (size_t i = 0; i < layout.names.size(); ++i) index_of[layout.names[i]] = i;
-  std::vector<std::vector<size_t>> fragments;
+// The service's fragments mapped onto this rank's parameter shards: which part of which fragment
+// each shard is.
+absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined, inner::Trainer& trainer) {
+  const auto& shards = trainer.sharded().shards();
+  std::map<std::string, std::vector<size_t>> shards_of;  // a parameter's shard on this rank
+  for (size_t i = 0; i < shards.size(); ++i) shards_of[shards[i].name].push_back(i);
+  const auto model = inner::NamedParameters(*trainer.model());
+  std::map<std::string, uint64_t> numel;
+  for (const auto& [name, p] : model) numel[name] = uint64_t(p.numel());
+  std::vector<std::vector<ShardModel::Piece>> pieces;
+  std::vector<uint64_t> elements;
   size_t covered = 0;
   for (const auto& f : joined.fragments()) {
-    std::vector<size_t> indices;
+    std::vector<ShardModel::Piece> mine;
+    uint64_t offset = 0;
     for (const auto& name : f.parameters()) {
-      auto it = index_of.find(name);
-      if (it == index_of.end()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("the service's parameter ", outer::Printable(name), " is not in this model"));
+      auto it = numel.find(name);
+      if (it == numel.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the service's parameter ", outer::Printable(name), " is not in this model"));
       }
-      indices.push_back(it->second);
+      for (size_t i : shards_of[name]) {
+        mine.push_back({i, offset + uint64_t(shards[i].offset), uint64_t(shards[i].value.numel())});
+      }
+      offset += it->second;
+      ++covered;
     }
-    covered += indices.size();
-    fragments.push_back(std::move(indices));
+    if (offset != f.num_elements()) {
+      return absl::FailedPreconditionError("the service's fragment sizes differ from this model's");
+    }
+    pieces.push_back(std::move(mine));
+    elements.push_back(offset);
   }
-  if (covered != layout.names.size() ||
-      fragments.size() != joined.schedule().num_fragments()) {
+  if (covered != model.size() || pieces.size() != joined.schedule().num_fragments()) {
     return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
   }
-  return fragments;
+  return ShardModel(trainer, std::move(pieces), std::move(elements));
 }
 
 // What the service says of the run must match what this island was started with.
@@ -115,6 +184,8 @@ absl::Status CheckRunMatches(const Config& config, const pb::JoinResponse& joine
 absl::StatusOr<std::optional<Checkpoint>> LoadResumeState(const IslandOptions& options) {
   if (options.resume) {
     auto latest = LatestCheckpoint(options.run_dir);
+    // An island restarted before its first checkpoint starts afresh from the service's state.
+    if (absl::IsNotFound(latest.status())) return std::optional<Checkpoint>();
     if (!latest.ok()) return latest.status();
     auto ckpt = ReadCheckpoint(*latest);
     if (!ckpt.ok()) return ckpt.status();
@@ -131,10 +202,11 @@ absl::StatusOr<std::optional<Checkpoint>> LoadResumeState(const IslandOptions& o
 // The trainer on the island's data stream, at the run's step for a late joiner.
 absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
     const Config& config, const inner::TrainConfig& train, const pb::JoinResponse& joined,
-    std::shared_ptr<const inner::Dataset> data, const std::optional<Checkpoint>& resumed) {
+    std::shared_ptr<const inner::Dataset> data, const std::optional<Checkpoint>& resumed,
+    inner::parallel::DeviceMesh* mesh) {
   auto trainer = inner::Trainer::Create(config.model, config.optim, train, std::move(data),
                                         int(joined.data_stream()),
-                                        int(joined.schedule().num_data_streams()));
+                                        int(joined.schedule().num_data_streams()), mesh);
   if (!trainer.ok()) return trainer.status();
   if (resumed) {
     if (auto s = (*trainer)->ImportState(resumed->state); !s.ok()) return s;
@@ -182,6 +254,7 @@ class CheckpointHook {
         trainer_(trainer),
         progress_(progress),
         label_(std::move(label)) {}
+  // Each rank writes its part; the checkpoint counts once every rank's part is there.
   ~CheckpointHook() { Wait(); }
 
   absl::Status Save(bool background, double wall_s) {
@@ -192,9 +265,9 @@ class CheckpointHook {
     ++saved_;
     auto write = [path = CheckpointPath(options_.run_dir, state.step), state = std::move(state),
                   meta = CheckpointMeta{wall_s, ToToml(config_)}, dir = options_.run_dir,
-                  keep = config_.run.checkpoint_keep] {
-      auto s = WriteCheckpointShard(path, 0, 1, state, meta);
-      if (s.ok()) PruneCheckpoints(dir, keep);
+                  keep = config_.run.checkpoint_keep, rank = options_.rank] {
+      auto s = WriteCheckpointShard(path, rank.rank, rank.world_size, state, meta);
+      if (s.ok() && rank.rank == 0) PruneCheckpoints(dir, keep);
       return s;
     };
     if (!background) return write();
@@ -235,6 +308,12 @@ class LossWatch : public inner::LoopObserver {
   inner::LoopObserver& next_;
 };
 
+nlohmann::json RangeHashesJson(const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& ranges) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [b, e, h] : ranges) j[absl::StrCat(b, "-", e)] = absl::StrFormat("%016x", h);
+  return j;
+}
+
 // The metrics record and the progress line of a merged round.
 void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double wall_s,
                  MetricsLog& metrics, Progress& progress, const std::string& label) {
@@ -255,6 +334,7 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
                  {"staleness", o.staleness},
                  {"sync_every", r.sync_every},
                  {"global_hash", absl::StrFormat("%016x", r.global_hash)},
+                 {"range_hashes", RangeHashesJson(r.range_hashes)},
                  {"resynced", o.resynced}});
   std::string line =
       async ? absl::StrFormat(
@@ -271,7 +351,8 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
   progress.Message(line);
 }
 
-void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async) {
+void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async,
+                  int ranks) {
   nlohmann::json s = {{"island_id", summary.island_id},
                       {"step", summary.step},
                       {"tokens", summary.tokens},
@@ -292,6 +373,8 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"peak_bytes_in_flight", summary.peak_bytes_in_flight},
                       {"utilization", summary.compute_s / std::max(1e-9, summary.wall_s)},
                       {"throttle", options.throttle},
+                      {"ranks", ranks},
+                      // With several ranks: of rank 0's part (each rank logs its ranges' hashes).
                       {"global_hash", absl::StrFormat("%016x", summary.global_hash)}};
   if (summary.last_eval) s["val_loss"] = summary.last_eval->loss;
   if (async) {
@@ -302,175 +385,284 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
       .IgnoreError();
 }
 
-}  // namespace
+// One island (this rank of it) from join to summary: Setup, Train, Finish, each in its steps.
+class IslandRun {
+ public:
+  IslandRun(const Config& config, outer::Transport& transport, const IslandOptions& options)
+      : config_(config), transport_(transport), options_(options) {}
 
-absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
-                                        const IslandOptions& options) {
+  absl::StatusOr<IslandSummary> Run() {
+    if (auto s = Setup(); !s.ok()) return s;
+    if (auto s = Train(); !s.ok()) return Fail(s);
+    return Finish();
+  }
+
+ private:
+  bool lead() const { return options_.rank.rank == 0; }
+  absl::Status Setup();
+  absl::Status JoinAndBuild();
+  absl::Status OpenOutputs();
+  absl::Status Train();
+  absl::StatusOr<IslandSummary> Finish();
+  absl::Status Evaluate(int64_t t);
+  absl::Status Fail(absl::Status s) {
+    session_->Leave();
+    return s;
+  }
+
+  const Config& config_;
+  outer::Transport& transport_;
+  const IslandOptions& options_;
+  std::shared_ptr<const inner::Dataset> data_;
+  std::optional<Checkpoint> resumed_;
+  std::unique_ptr<inner::parallel::DeviceMesh> mesh_;
+  std::unique_ptr<outer::IslandRanks> ranks_;
+  std::unique_ptr<outer::IslandSession> session_;
+  pb::JoinResponse joined_;
+  bool async_ = false;
+  inner::TrainConfig train_;
+  std::unique_ptr<inner::Trainer> trainer_;
+  std::optional<ShardModel> model_;
+  std::unique_ptr<outer::OuterStepHook> outer_;
+  std::unique_ptr<MetricsLog> metrics_;
+  FILE* quiet_ = nullptr;  // progress of ranks other than 0
+  std::unique_ptr<Progress> progress_;
+  std::string label_;
+  std::unique_ptr<CheckpointHook> checkpoints_;
+  Clock::time_point start_;
+  double fetch_s_ = 0;
+  bool stopped_ = false;
+  IslandSummary summary_;
+};
+
+absl::Status IslandRun::Setup() {
   // Everything that can be checked locally is checked before joining.
-  if (auto s = outer::ValidateName(options.name, "island name (--name)"); !s.ok()) return s;
-  auto data = inner::LoadDataset(config.data, config.model.context, config.model.vocab);
+  if (auto s = outer::ValidateName(options_.name, "island name (--name)"); !s.ok()) return s;
+  auto data = inner::LoadDataset(config_.data, config_.model.context, config_.model.vocab);
   if (!data.ok()) return data.status();
-  if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
-  auto resumed = LoadResumeState(options);
+  data_ = *data;
+  if (options_.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  auto resumed = LoadResumeState(options_);
   if (!resumed.ok()) return resumed.status();
+  resumed_ = *std::move(resumed);
+  const auto timeout = std::chrono::milliseconds(int64_t(options_.collective_timeout_s * 1000));
+  if (options_.rank.world_size > 1) {
+    auto shape = inner::parallel::ResolveMesh(config_.parallelism, options_.rank.world_size);
+    if (!shape.ok()) return shape.status();
+    auto mesh = inner::parallel::DeviceMesh::Create(*shape, options_.rank,
+                                                    config_.train.device != "cpu", timeout);
+    if (!mesh.ok()) return mesh.status();
+    mesh_ = *std::move(mesh);
+  } else {
+    mesh_ = inner::parallel::DeviceMesh::Single();
+  }
+  ranks_ = std::make_unique<MeshRanks>(mesh_->world());
+  if (auto s = JoinAndBuild(); !s.ok()) return s;
+  return OpenOutputs();
+}
 
+absl::Status IslandRun::JoinAndBuild() {
   // A coordinator that is restarting, or a run whose data streams are all held (by an island
   // whose lease has not expired yet), is retried with backoff and jitter.
   outer::SessionOptions so;
-  so.run_id = config.outer.run_id;
-  so.name = options.name;
-  so.config_hash = ModelConfigHash(config.model);
-  so.heartbeat_s = config.outer.heartbeat_s;
-  so.retry.timeout_s = config.outer.reconnect_timeout_s;
-  auto session = outer::IslandSession::Join(transport, so);
+  so.run_id = config_.outer.run_id;
+  so.name = options_.name;
+  so.config_hash = ModelConfigHash(config_.model);
+  so.heartbeat_s = config_.outer.heartbeat_s;
+  so.retry.timeout_s = config_.outer.reconnect_timeout_s;
+  auto session = outer::IslandSession::JoinAsIsland(transport_, so, *ranks_);
   if (!session.ok()) return session.status();
-  const pb::JoinResponse joined = (*session)->joined();
-  if (auto s = CheckRunMatches(config, joined, options); !s.ok()) return s;
-  const bool async = joined.schedule().async();
-  inner::TrainConfig train = config.train;
-  train.steps = int64_t(joined.schedule().total_inner_steps());
-  auto trainer = MakeTrainer(config, train, joined, *data, *resumed);
-  if (!trainer.ok()) return trainer.status();
-  auto fragments =
-      ResolveFragments(joined, LayoutOf(inner::NamedParameters(*(*trainer)->model())));
-  if (!fragments.ok()) return fragments.status();
-  TrainerModel model(**trainer, *std::move(fragments));
-  outer::OuterStepHook outer(transport, **session, model, model.FragmentSizes(),
-                             OuterOptions(config, joined, **trainer));
+  session_ = *std::move(session);
+  joined_ = session_->joined();
+  if (auto s = CheckRunMatches(config_, joined_, options_); !s.ok()) return Fail(s);
+  async_ = joined_.schedule().async();
+  train_ = config_.train;
+  train_.steps = int64_t(joined_.schedule().total_inner_steps());
+  auto trainer = MakeTrainer(config_, train_, joined_, data_, resumed_, mesh_.get());
+  if (!trainer.ok()) return Fail(trainer.status());
+  trainer_ = *std::move(trainer);
+  auto model = MapFragments(joined_, *trainer_);
+  if (!model.ok()) return Fail(model.status());
+  model_.emplace(*std::move(model));
+  outer_ = std::make_unique<outer::OuterStepHook>(transport_, *session_, *ranks_, *model_,
+                                                  model_->Shares(),
+                                                  OuterOptions(config_, joined_, *trainer_));
   const auto fetch_start = Clock::now();
-  if (auto s = outer.FetchGlobal(); !s.ok()) return s;
-  const double fetch_s = Since(fetch_start);
-  if (async && joined.round() == 0) {
+  if (auto s = outer_->FetchGlobal(); !s.ok()) return Fail(s);
+  fetch_s_ = Since(fetch_start);
+  if (async_ && joined_.round() == 0 && lead()) {
     // Async islands start together: otherwise the first island up could spend the run's whole
     // token budget before the others have started.
-    if (auto s = (*session)->WaitForPeers(); !s.ok()) return s;
+    if (auto s = session_->WaitForPeers(); !s.ok()) return Fail(s);
   }
-  (*session)->StartHeartbeats();
+  if (auto ready = ranks_->Any(false); !ready.ok()) return Fail(ready.status());
+  session_->StartHeartbeats();
+  return absl::OkStatus();
+}
 
+absl::Status IslandRun::OpenOutputs() {
   std::error_code ec;
-  fs::create_directories(fs::path(options.run_dir) / "checkpoints", ec);
-  WriteFileAtomic((fs::path(options.run_dir) / "config.toml").string(), ToToml(config))
-      .IgnoreError();
-  auto metrics = MetricsLog::Open((fs::path(options.run_dir) / "metrics.jsonl").string(),
-                                  *resumed ? (*resumed)->state.step : 0);
-  if (!metrics.ok()) return metrics.status();
-  const std::string island_id = (*session)->island_id();
-  const std::string label = absl::StrCat("[", island_id, "] ");
-  Progress progress(options.progress, options.tty, train.steps, config.run.log_every, label);
-  if (*resumed) {
-    progress.Message(absl::StrFormat("%sresumed from its checkpoint of step %d (AdamW moments, "
-                                     "data cursor, RNG); global parameters from the service",
-                                     label, (*resumed)->state.step));
+  fs::create_directories(fs::path(options_.run_dir) / "checkpoints", ec);
+  const int64_t keep_through = resumed_ ? resumed_->state.step : 0;
+  // Rank 0 keeps the island's log; the others log their rounds (and the ranges they hold).
+  const std::string log = lead() ? "metrics.jsonl"
+                                 : absl::StrCat("metrics-rank-", options_.rank.rank, ".jsonl");
+  auto metrics = MetricsLog::Open((fs::path(options_.run_dir) / log).string(), keep_through);
+  if (!metrics.ok()) return Fail(metrics.status());
+  metrics_ = *std::move(metrics);
+  const std::string island_id = session_->island_id();
+  label_ = options_.rank.world_size > 1 && !lead()
+               ? absl::StrCat("[", island_id, ".", options_.rank.rank, "] ")
+               : absl::StrCat("[", island_id, "] ");
+  FILE* out = options_.progress;
+  if (!lead()) out = quiet_ = std::fopen("/dev/null", "w");
+  progress_ = std::make_unique<Progress>(out, options_.tty, train_.steps, config_.run.log_every,
+                                         label_);
+  checkpoints_ = std::make_unique<CheckpointHook>(config_, options_, *trainer_, *progress_, label_);
+  if (lead()) {
+    WriteFileAtomic((fs::path(options_.run_dir) / "config.toml").string(), ToToml(config_))
+        .IgnoreError();
   }
-  const auto& schedule = joined.schedule();
-  progress.Message(absl::StrFormat(
+  if (resumed_) {
+    progress_->Message(absl::StrFormat(
+        "%sresumed from its checkpoint of step %d (AdamW moments, data cursor, RNG); global "
+        "parameters from the service",
+        label_, resumed_->state.step));
+  }
+  const auto& schedule = joined_.schedule();
+  const auto& shape = mesh_->shape();
+  progress_->Message(absl::StrFormat(
       "%sjoined %s run '%s' at %s %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
-      "alpha = %.2f, %s, %s, %.2fM parameters (state: %.1f MiB in %.2fs)%s",
-      label, async ? "async" : "sync", config.outer.run_id, async ? "version" : "round",
-      outer.round(), joined.data_stream(), schedule.num_data_streams(), schedule.sync_every(),
-      schedule.num_fragments(), config.outer.fragment_sync_delay, config.outer.alpha(),
-      config.outer.codec,
-      async ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
-            : absl::StrCat(train.steps, " inner steps"),
-      double(inner::ParameterCount(config.model)) / 1e6, double(outer.fetched_bytes()) / (1 << 20),
-      fetch_s, options.throttle > 1 ? absl::StrFormat(", throttled %.1fx", options.throttle) : ""));
-
-  const auto start = Clock::now();
-  StepReporter reporter(**metrics, progress);
-  LossWatch watch(reporter);
-  inner::LossSpikeGuard guard(config.outer.spike_window, config.outer.spike_factor);
-  CheckpointHook checkpoints(config, options, **trainer, progress, label);
-  IslandSummary summary;
-  summary.island_id = island_id;
-  outer.set_observer([&](const outer::LandedRound& r) {
-    ReportRound(r, async, (*trainer)->tokens(), Since(start), **metrics, progress, label);
+      "alpha = %.2f, %s, %s, %.2fM parameters (state: %.1f MiB in %.2fs)%s%s",
+      label_, async_ ? "async" : "sync", config_.outer.run_id, async_ ? "version" : "round",
+      outer_->round(), joined_.data_stream(), schedule.num_data_streams(), schedule.sync_every(),
+      schedule.num_fragments(), config_.outer.fragment_sync_delay, config_.outer.alpha(),
+      config_.outer.codec,
+      async_ ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
+             : absl::StrCat(train_.steps, " inner steps"),
+      double(inner::ParameterCount(config_.model)) / 1e6,
+      double(outer_->fetched_bytes()) / (1 << 20), fetch_s_,
+      shape.size() > 1 ? absl::StrFormat(", %d ranks (dp_replicate %d x dp_shard %d)",
+                                         shape.size(), shape.dp_replicate, shape.dp_shard)
+                       : "",
+      options_.throttle > 1 ? absl::StrFormat(", throttled %.1fx", options_.throttle) : ""));
+  start_ = Clock::now();
+  summary_.island_id = island_id;
+  outer_->set_observer([this](const outer::LandedRound& r) {
+    ReportRound(r, async_, trainer_->tokens(), Since(start_), *metrics_, *progress_, label_);
   });
-  outer.on_message = [&](const std::string& line) { progress.Message(label + line); };
-  auto fail = [&](absl::Status s) {
-    (*session)->Leave();
-    return s;
-  };
-  auto evaluate = [&](int64_t t) -> absl::Status {
-    auto eval = (*trainer)->Evaluate();
-    if (!eval.ok()) return eval.status();
-    summary.last_eval = *eval;
-    nlohmann::json record = {{"step", t}, {"tokens", (*trainer)->tokens()},
-                             {"wall_s", Since(start)}, {"val_loss", eval->loss},
-                             {eval->per_byte ? "val_bpb" : "val_bits_per_token", eval->bits}};
-    if (async) record["run_tokens"] = outer.stats().run_tokens;
-    (*metrics)->Write(record);
-    progress.Message(absl::StrFormat("%sstep %d | val_loss %.4f", label, t, eval->loss));
-    return absl::OkStatus();
-  };
+  outer_->on_message = [this](const std::string& line) { progress_->Message(label_ + line); };
+  return absl::OkStatus();
+}
 
-  // The inner loop: one step, the spike guard, the outer step, evaluation and checkpoints.
-  while ((*trainer)->step() < outer.max_steps()) {
-    const auto t0 = Clock::now();
-    if (auto s = inner::RunLoop(**trainer, (*trainer)->step() + 1, watch, /*evaluate=*/false);
-        !s.ok()) {
-      return fail(s);
+absl::Status IslandRun::Evaluate(int64_t t) {
+  auto eval = trainer_->Evaluate();
+  if (!eval.ok()) return eval.status();
+  summary_.last_eval = *eval;
+  nlohmann::json record = {{"step", t}, {"tokens", trainer_->tokens()},
+                           {"wall_s", Since(start_)}, {"val_loss", eval->loss},
+                           {eval->per_byte ? "val_bpb" : "val_bits_per_token", eval->bits}};
+  if (async_) record["run_tokens"] = outer_->stats().run_tokens;
+  if (lead()) metrics_->Write(record);
+  progress_->Message(absl::StrFormat("%sstep %d | val_loss %.4f", label_, t, eval->loss));
+  return absl::OkStatus();
+}
+
+// The inner loop: one step, the spike guard, the outer step, evaluation and checkpoints.
+absl::Status IslandRun::Train() {
+  // Rank 0 reports the island's steps (their losses are the island's, reduced over its ranks).
+  struct Quiet : inner::LoopObserver {
+    absl::Status OnStep(const inner::StepStats&, const inner::EvalStats*) override {
+      return absl::OkStatus();
     }
+  } quiet;
+  StepReporter reporter(*metrics_, *progress_);
+  LossWatch watch(lead() ? static_cast<inner::LoopObserver&>(reporter) : quiet);
+  inner::LossSpikeGuard guard(config_.outer.spike_window, config_.outer.spike_factor);
+  while (trainer_->step() < outer_->max_steps()) {
+    const auto t0 = Clock::now();
+    if (auto s = inner::RunLoop(*trainer_, trainer_->step() + 1, watch, /*evaluate=*/false);
+        !s.ok()) {
+      return s;
+    }
+    // The loss is the island's (reduced over its ranks): every rank takes the same decision.
     if (auto spike = guard.Check(watch.loss)) {
       // The local parameters since the last sync are not to be trusted: drop them (and, for a
       // non-finite loss, the AdamW moments they poisoned) and go on from the global parameters.
       // The next push carries only the steps after this one.
-      outer.ReloadGlobal();
-      if (!std::isfinite(watch.loss)) (*trainer)->optimizer().Reset();
-      summary.spikes += 1;
-      progress.Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label,
-                                       (*trainer)->step(), *spike));
+      outer_->ReloadGlobal();
+      if (!std::isfinite(watch.loss)) trainer_->optimizer().Reset();
+      summary_.spikes += 1;
+      progress_->Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label_,
+                                         trainer_->step(), *spike));
     }
-    if (options.throttle > 1) {
+    if (options_.throttle > 1) {
       // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
-      std::this_thread::sleep_for(std::chrono::duration<double>(Since(t0) * (options.throttle - 1)));
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(Since(t0) * (options_.throttle - 1)));
     }
-    summary.compute_s += Since(t0);
-    summary.steps_trained += 1;
-    (*session)->set_step((*trainer)->step());
-    const double steps_per_s = double((*trainer)->step()) / std::max(1e-9, summary.compute_s);
-    if (auto s = outer.AfterStep(steps_per_s); !s.ok()) return fail(s);
-    const int64_t t = (*trainer)->step();
-    const bool last = outer.done();
-    // Async islands evaluate the run's final parameters once every island has finished (below).
-    const int64_t every = train.eval_every;
-    if ((every > 0 && t % every == 0 && !last) || (last && !async)) {
-      if (auto s = evaluate(t); !s.ok()) return fail(s);
+    summary_.compute_s += Since(t0);
+    summary_.steps_trained += 1;
+    session_->set_step(trainer_->step());
+    const double steps_per_s = double(trainer_->step()) / std::max(1e-9, summary_.compute_s);
+    if (auto s = outer_->AfterStep(steps_per_s); !s.ok()) return s;
+    const int64_t t = trainer_->step();
+    const bool last = outer_->done();
+    // Async islands evaluate the run's final parameters once every island has finished.
+    const int64_t every = train_.eval_every;
+    if ((every > 0 && t % every == 0 && !last) || (last && !async_)) {
+      if (auto s = Evaluate(t); !s.ok()) return s;
     }
-    const int64_t ckpt_every = config.run.checkpoint_every;
+    const int64_t ckpt_every = config_.run.checkpoint_every;
     if (ckpt_every > 0 && t % ckpt_every == 0 && !last) {
-      if (auto s = checkpoints.Save(/*background=*/true, Since(start)); !s.ok()) return fail(s);
+      if (auto s = checkpoints_->Save(/*background=*/true, Since(start_)); !s.ok()) return s;
     }
-    if ((options.stop != nullptr && options.stop->load()) || last) break;
+    // A stop (SIGTERM on any rank) ends the island on every rank at the same step.
+    auto stop = ranks_->Any(options_.stop != nullptr && options_.stop->load());
+    if (!stop.ok()) return stop.status();
+    stopped_ = *stop;
+    if (stopped_ || last) break;
   }
-  const bool stopped = options.stop != nullptr && options.stop->load();
-  if (auto s = outer.Finish(stopped); !s.ok()) return fail(s);
-  if (async && !stopped) {
-    if (auto s = evaluate((*trainer)->step()); !s.ok()) return fail(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IslandSummary> IslandRun::Finish() {
+  if (auto s = outer_->Finish(stopped_); !s.ok()) return Fail(s);
+  if (async_ && !stopped_) {
+    if (auto s = Evaluate(trainer_->step()); !s.ok()) return Fail(s);
   }
   // The last checkpoint is written before the island says it is done.
-  if (auto s = checkpoints.Save(/*background=*/false, Since(start)); !s.ok()) {
-    progress.Message(absl::StrCat(label, "warning: final checkpoint not written: ", s.message()));
+  if (auto s = checkpoints_->Save(/*background=*/false, Since(start_)); !s.ok()) {
+    progress_->Message(absl::StrCat(label_, "warning: final checkpoint not written: ", s.message()));
   }
-  progress.Finish();
-  (*session)->Leave();
-  const auto& stats = outer.stats();
-  summary.step = (*trainer)->step();
-  summary.tokens = (*trainer)->tokens();
-  summary.wall_s = Since(start);
-  summary.rounds = stats.rounds;
-  summary.resyncs = stats.resyncs;
-  summary.rejoins = stats.rejoins;
-  summary.sync_s = stats.idle_s;
-  summary.bytes_sent = stats.bytes_sent;
-  summary.bytes_received = stats.bytes_received;
-  summary.peak_bytes_in_flight = stats.peak_bytes_in_flight;
-  summary.staleness = stats.staleness;
-  summary.run_tokens = stats.run_tokens;
-  summary.checkpoints = checkpoints.saved();
-  summary.checkpoint_stall_max_s = checkpoints.stall_max_s();
-  summary.global_hash = outer.global_hash();
-  WriteSummary(options, summary, async);
-  return summary;
+  progress_->Finish();
+  session_->Leave();
+  const auto& stats = outer_->stats();
+  summary_.step = trainer_->step();
+  summary_.tokens = trainer_->tokens();
+  summary_.wall_s = Since(start_);
+  summary_.rounds = stats.rounds;
+  summary_.resyncs = stats.resyncs;
+  summary_.rejoins = stats.rejoins;
+  summary_.sync_s = stats.idle_s;
+  summary_.bytes_sent = stats.bytes_sent;
+  summary_.bytes_received = stats.bytes_received;
+  summary_.peak_bytes_in_flight = stats.peak_bytes_in_flight;
+  summary_.staleness = stats.staleness;
+  summary_.run_tokens = stats.run_tokens;
+  summary_.checkpoints = checkpoints_->saved();
+  summary_.checkpoint_stall_max_s = checkpoints_->stall_max_s();
+  summary_.global_hash = outer_->global_hash();
+  if (lead()) WriteSummary(options_, summary_, async_, mesh_->shape().size());
+  if (quiet_ != nullptr) std::fclose(quiet_);
+  return summary_;
+}
+
+}  // namespace
+
+absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
+                                        const IslandOptions& options) {
+  return IslandRun(config, transport, options).Run();
 }
 
 }  // namespace atl

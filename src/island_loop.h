@@ -1,6 +1,11 @@
 // One island of a DiLoCo run: joins the service through any outer::Transport, trains its inner
 // steps on its own data stream and runs an outer round every H steps. Used by `atoll island` over
 // gRPC and by the tests in process.
+//
+// An island is one process or N ranks (one process each, torchrun-style variables; the island's
+// mesh from [parallelism]): every rank runs RunIsland. Rank 0 speaks for the island (join,
+// heartbeats, leave, metrics.jsonl, summary.json); every rank pushes, receives and checks the
+// ranges it owns; decisions that change what the ranks do next are shared (IslandRanks).
 #ifndef ATOLL_SRC_ISLAND_LOOP_H_
 #define ATOLL_SRC_ISLAND_LOOP_H_
 
@@ -11,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "inner/parallel/communicator.h"
 #include "inner/trainer.h"
 #include "outer/transport.h"
 #include "src/config.h"
@@ -26,7 +32,9 @@ struct IslandOptions {
   bool tty = false;
   const std::atomic<bool>* stop = nullptr;  // leave the run after the current round
   double throttle = 1.0;  // >= 1: every inner step takes this many times as long (heterogeneity)
-  bool resume = false;    // continue from the newest checkpoint in run_dir
+  bool resume = false;    // continue from the newest checkpoint in run_dir (fresh if none yet)
+  inner::parallel::RankInfo rank;  // this process's place in the island (one rank by default)
+  double collective_timeout_s = 60;  // every collective inside the island
 };
 
 struct IslandSummary {
@@ -46,7 +54,7 @@ struct IslandSummary {
   uint64_t peak_bytes_in_flight = 0;  // encoded pseudo-gradients pushed but not yet merged
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  uint64_t global_hash = 0;  // XXH64 of the final global parameters (fragments concatenated)
+  uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds
   std::optional<inner::EvalStats> last_eval;
   std::vector<uint32_t> staleness;  // async: of each contribution, in order
   uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
