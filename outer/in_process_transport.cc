@@ -1,5 +1,7 @@
 #include "outer/in_process_transport.h"
 
+#include "outer/payload.h"
+
 namespace atl::outer {
 
 absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
@@ -20,11 +22,16 @@ absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
     const uint64_t first = c.header().offset(), last = first + c.header().num_elements();
     if (last <= begin || first >= end) continue;
     pb::UpdateChunk u;
-    *u.mutable_chunk() = c;
+    // A rank asks for its range: it receives that (on whole scale blocks), not whole chunks.
+    *u.mutable_chunk() = SliceChunk(c, server.options().codec, begin, end);
     u.set_params_hash((*committed)->params_hash);
     u.set_range_hash(range_hash);
     u.set_contributors(uint32_t((*committed)->contributors.size()));
     out.push_back(std::move(u));
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].mutable_chunk()->mutable_header()->set_chunk_index(uint32_t(i));
+    out[i].mutable_chunk()->mutable_header()->set_num_chunks(uint32_t(out.size()));
   }
   return out;
 }

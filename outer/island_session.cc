@@ -1,5 +1,11 @@
 #include "outer/island_session.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 
 namespace atl::outer {
@@ -8,8 +14,37 @@ bool IsTransient(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsResourceExhausted(s);
 }
 
+namespace {
+
+// The membership a crashed run of this island left behind, ended (best effort).
+void EndOldMembership(Transport& transport, const SessionOptions& options) {
+  if (options.credential_file.empty()) return;
+  std::ifstream in(options.credential_file);
+  std::string island, session;
+  if (!std::getline(in, island) || !std::getline(in, session) || island != options.name) return;
+  pb::LeaveRequest leave;
+  leave.set_run_id(options.run_id);
+  leave.set_island_id(island);
+  leave.set_session(session);
+  transport.Leave(leave).IgnoreError();
+}
+
+}  // namespace
+
+void IslandSession::KeepCredential() const {
+  if (options_.credential_file.empty()) return;
+  const std::string tmp = options_.credential_file + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return;
+  const std::string text = identity_->island_id() + "\n" + identity_->session() + "\n";
+  const bool ok = write(fd, text.data(), text.size()) == ssize_t(text.size());
+  close(fd);
+  if (ok) rename(tmp.c_str(), options_.credential_file.c_str());
+}
+
 absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::Join(Transport& transport,
                                                                    SessionOptions options) {
+  EndOldMembership(transport, options);
   pb::JoinRequest join;
   join.set_run_id(options.run_id);
   join.set_name(options.name);
@@ -19,8 +54,10 @@ absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::Join(Transport& tr
     return absl::Status(joined.status().code(), absl::StrCat("joining run '", options.run_id,
                                                              "': ", joined.status().message()));
   }
-  return std::unique_ptr<IslandSession>(
+  std::unique_ptr<IslandSession> session(
       new IslandSession(transport, std::move(options), *std::move(joined)));
+  session->KeepCredential();
+  return session;
 }
 
 namespace {
@@ -159,6 +196,7 @@ absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
   if (!joined.ParseFromString(*answer)) return absl::DataLossError("rank 0's join answer is garbled");
   identity_->set_session(joined.session());
   joined_ = std::move(joined);
+  if (!follower_) KeepCredential();
   return absl::OkStatus();
 }
 
@@ -180,6 +218,7 @@ void IslandSession::Leave() {
   l.set_island_id(identity_->island_id());
   l.set_session(identity_->session());
   transport_.Leave(l).IgnoreError();
+  if (!options_.credential_file.empty()) unlink(options_.credential_file.c_str());
 }
 
 }  // namespace atl::outer

@@ -68,6 +68,10 @@ struct SessionOptions {
   uint64_t config_hash = 0;  // of the island's [model]
   double heartbeat_s = 1;
   RetryPolicy retry;
+  // Where the session credential is kept while the island is a member (mode 0600). An island that
+  // restarts after a crash uses it to end its old membership first, instead of waiting for the
+  // service to declare it dead. Empty: not kept.
+  std::string credential_file;
 };
 
 // The ranks of an island as its outer loop sees them. Decisions that change which collectives run
@@ -131,6 +135,7 @@ class IslandSession {
   IslandSession(Transport& transport, SessionOptions options, pb::JoinResponse joined);
   void HeartbeatLoop();
   pb::HeartbeatRequest Beat(bool finished) const;
+  void KeepCredential() const;
   void StopHeartbeats();
 
   Transport& transport_;

@@ -102,6 +102,49 @@ absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec
   return absl::OkStatus();
 }
 
+pb::Chunk SliceChunk(const pb::Chunk& chunk, const compression::CodecSpec& spec, uint64_t first,
+                     uint64_t last) {
+  const auto& h = chunk.header();
+  const uint64_t n = h.num_elements();
+  const uint64_t block = std::max<uint32_t>(1, spec.block_size);
+  // Elements [a, b) of the chunk, on its block grid.
+  uint64_t a = first > h.offset() ? first - h.offset() : 0;
+  uint64_t b = std::min(n, last - h.offset());
+  a = a / block * block;
+  b = std::min(n, (b + block - 1) / block * block);
+  if (a == 0 && b == n) return chunk;
+  const std::string& data = chunk.data();
+  std::string out;
+  switch (spec.codec) {
+    case compression::Codec::kFp32:
+      out = data.substr(4 * a, 4 * (b - a));
+      break;
+    case compression::Codec::kBf16:
+      out = data.substr(2 * a, 2 * (b - a));
+      break;
+    case compression::Codec::kInt8: {
+      const uint64_t nblocks = (n + block - 1) / block;
+      out = data.substr(4 * (a / block), 4 * ((b - a + block - 1) / block));
+      out += data.substr(4 * nblocks + a, b - a);
+      break;
+    }
+    case compression::Codec::kFp4E2M1:
+    case compression::Codec::kFp4E3M0: {
+      const uint64_t nblocks = (n + block - 1) / block;
+      out = data.substr(a / block, (b - a + block - 1) / block);
+      out += data.substr(nblocks + a / 2, (b - a + 1) / 2);  // blocks are even: a is too
+      break;
+    }
+  }
+  pb::Chunk sliced;
+  *sliced.mutable_header() = h;
+  sliced.mutable_header()->set_offset(h.offset() + a);
+  sliced.mutable_header()->set_num_elements(b - a);
+  sliced.set_data(std::move(out));
+  sliced.set_xxh64(compression::Checksum(sliced.data().data(), sliced.data().size()));
+  return sliced;
+}
+
 size_t EncodedPayload::bytes() const {
   size_t b = 0;
   for (const auto& c : chunks) b += c.data.size();

@@ -48,6 +48,13 @@ absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec
                         uint64_t fragment_elements, uint64_t begin, uint64_t end,
                         const pb::Chunk& chunk);
 
+// The part of an encoded chunk that holds elements [first, last) of the fragment: whole scale
+// blocks of the chunk's own block grid (so it may start a little before `first` and end a little
+// after `last`), with its own header and checksum. Exact: no value is re-encoded. The chunk must be
+// well formed (as CheckChunk accepts it) and overlap [first, last).
+pb::Chunk SliceChunk(const pb::Chunk& chunk, const compression::CodecSpec& spec, uint64_t first,
+                     uint64_t last);
+
 // A verified payload kept as it arrived (encoded): chunks of a fragment, in order of their
 // offsets, not overlapping, possibly with gaps (one rank's ranges, or several ranks' merged).
 // Decoded on demand, window by window.

@@ -53,6 +53,8 @@ std::vector<Field> Schema(Config& c) {
        "tensor-parallel ranks"},
       {"parallelism.pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree,
        "pipeline stages"},
+      {"parallelism.collective_timeout_s", &c.parallelism.collective_timeout_s,
+       "a collective inside an island fails after this long (a rank gone)"},
       {"train.log_every", &c.run.log_every, "steps between progress lines"},
       {"train.checkpoint_every", &c.run.checkpoint_every, "steps between checkpoints (0: at end)"},
       {"train.checkpoint_keep", &c.run.checkpoint_keep, "newest checkpoints kept"},

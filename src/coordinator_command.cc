@@ -259,6 +259,13 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                                {"params_hash", absl::StrFormat("%016x", r.params_hash)},
                                {"wall_s", wall}};
       if (!r.dropped.empty()) record["dropped"] = r.dropped;
+      if (!r.range_hashes.empty()) {
+        nlohmann::json ranges = nlohmann::json::object();
+        for (const auto& [range, hash] : r.range_hashes) {
+          ranges[absl::StrCat(range.first, "-", range.second)] = absl::StrFormat("%016x", hash);
+        }
+        record["range_hashes"] = ranges;
+      }
       if (!r.aggregation.clipped.empty()) record["clipped"] = r.aggregation.clipped;
       if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
       if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;

@@ -449,14 +449,21 @@ absl::Status IslandRun::Setup() {
   if (options_.rank.world_size > 1) {
     auto shape = inner::parallel::ResolveMesh(config_.parallelism, options_.rank.world_size);
     if (!shape.ok()) return shape.status();
+    // Rank 0 may wait on the service for as long as a join retries (plus the call's own
+    // deadline): the other ranks wait that long for its decisions.
+    const auto control = std::chrono::milliseconds(int64_t(
+        1000 * (config_.outer.reconnect_timeout_s + 2 * config_.outer.rpc_timeout_s +
+                config_.outer.round_timeout_s)));
     auto mesh = inner::parallel::DeviceMesh::Create(*shape, options_.rank,
-                                                    config_.train.device != "cpu", timeout);
+                                                    config_.train.device != "cpu", timeout, control);
     if (!mesh.ok()) return mesh.status();
     mesh_ = *std::move(mesh);
   } else {
     mesh_ = inner::parallel::DeviceMesh::Single();
   }
-  ranks_ = std::make_unique<MeshRanks>(mesh_->world());
+  ranks_ = std::make_unique<MeshRanks>(mesh_->control());
+  std::error_code ec;
+  fs::create_directories(options_.run_dir, ec);
   if (auto s = JoinAndBuild(); !s.ok()) return s;
   return OpenOutputs();
 }
@@ -470,6 +477,7 @@ absl::Status IslandRun::JoinAndBuild() {
   so.config_hash = ModelConfigHash(config_.model);
   so.heartbeat_s = config_.outer.heartbeat_s;
   so.retry.timeout_s = config_.outer.reconnect_timeout_s;
+  so.credential_file = (fs::path(options_.run_dir) / "session.credential").string();
   auto session = outer::IslandSession::JoinAsIsland(transport_, so, *ranks_);
   if (!session.ok()) return session.status();
   session_ = *std::move(session);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +42,7 @@ struct Child {
   int status = 0;
   bool is_island = false;
   bool expected_end = false;  // stopped by a scheduled event: its exit is not a failure
+  std::map<int, pid_t> rank_pids;  // an island of several ranks: its agent's ranks
 };
 
 absl::Status Spawn(Child& child, const std::vector<std::string>& argv) {
@@ -118,8 +120,17 @@ absl::StatusOr<LocalEvent> ParseLocalEvent(LocalEvent::Kind kind, const std::str
   LocalEvent e;
   e.kind = kind;
   e.round = round;
+  std::string who = parts[0];
+  if (const auto dot = who.rfind('.'); dot != std::string::npos) {
+    if (!absl::SimpleAtoi(who.substr(dot + 1), &e.rank) || e.rank < 0 || kind == LocalEvent::kJoin) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " '", text,
+                                                     "': a rank is ISLAND.RANK, e.g. island1.0 "
+                                                     "(--kill and --term only)"));
+    }
+    who.resize(dot);
+  }
   int index;
-  e.island = absl::SimpleAtoi(parts[0], &index) ? absl::StrCat("island", index) : parts[0];
+  e.island = absl::SimpleAtoi(who, &index) ? absl::StrCat("island", index) : who;
   return e;
 }
 
@@ -241,6 +252,10 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
       a.push_back("--throttle");
       a.push_back(absl::StrCat(throttle));
     }
+    if (options.nproc > 1) {
+      a.insert(a.end(), {"--nproc", absl::StrCat(options.nproc), "--max-restarts",
+                         absl::StrCat(options.max_restarts)});
+    }
     a.insert(a.end(), common.begin(), common.end());
     if (auto s = Spawn(*island, a); !s.ok()) return s;
     if (std::find(summary.island_dirs.begin(), summary.island_dirs.end(), dir) ==
@@ -285,6 +300,23 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
         continue;
       }
       const bool kill_it = ev.kind == LocalEvent::kKill;
+      if (ev.rank >= 0) {
+        // One rank: the island's agent stops the others and restarts the island.
+        auto it = target->rank_pids.find(ev.rank);
+        if (it == target->rank_pids.end()) {
+          std::fprintf(options.out, "atoll local: round %llu: %s has no rank %d\n",
+                       (unsigned long long)committed, ev.island.c_str(), ev.rank);
+          continue;
+        }
+        std::fprintf(options.out, "atoll local: %.1fs: round %llu: sending %s to rank %d of %s\n",
+                     now_s(), (unsigned long long)committed, kill_it ? "SIGKILL" : "SIGTERM",
+                     ev.rank, ev.island.c_str());
+        recovering.emplace_back(absl::StrCat(kill_it ? "SIGKILL" : "SIGTERM", " to ", ev.island,
+                                             ".", ev.rank),
+                                now_s());
+        kill(it->second, kill_it ? SIGKILL : SIGTERM);
+        continue;
+      }
       std::fprintf(options.out, "atoll local: %.1fs: round %llu: sending %s to %s\n", now_s(),
                    (unsigned long long)committed, kill_it ? "SIGKILL" : "SIGTERM",
                    ev.island.c_str());
@@ -329,6 +361,13 @@ absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
         Child& c = *owners[i];
         Drain(c, [&](const std::string& line) {
           emit(c, line);
+          // "atoll island: rank R of N started as pid P" (an island's agent)
+          int r = 0, n = 0, pid = 0;
+          if (c.is_island &&
+              std::sscanf(line.c_str(), "atoll island: rank %d of %d started as pid %d", &r, &n,
+                          &pid) == 3) {
+            c.rank_pids[r] = pid_t(pid);
+          }
           // "round K/N committed ..." (sync) or "version K applied ..." (async)
           uint64_t k = 0;
           const auto space = line.find_first_of(" /", line.find(' ') + 1);

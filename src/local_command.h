@@ -17,14 +17,17 @@ namespace atl {
 struct LocalEvent {
   enum Kind { kKill, kTerm, kJoin } kind = kKill;
   std::string island;  // "island1"
+  int rank = -1;       // >= 0: that rank of the island (its agent restarts the island)
   uint64_t round = 0;
 };
 
-// "island1@round3" or "1@round3" (island1) for `kind`.
+// "island1@round3" or "1@round3" (island1), "island1.0@round3" (rank 0 of island1) for `kind`.
 absl::StatusOr<LocalEvent> ParseLocalEvent(LocalEvent::Kind kind, const std::string& text);
 
 struct LocalOptions {
   int islands = 2;
+  int nproc = 1;         // ranks per island
+  int max_restarts = 0;  // per island, when one of its ranks fails
   std::string config_path;
   std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
   std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "src/coordinator_command.h"
 #include "src/grpc_transport.h"
 #include "src/island_loop.h"
+#include "src/launch.h"
 #include "src/local_command.h"
 #include "src/train_command.h"
 
@@ -86,6 +88,14 @@ int main(int argc, char** argv) {
   island->add_flag("--resume", island_resume,
                    "continue from the newest checkpoint in --run-dir (AdamW state, data cursor), "
                    "rejoining the run");
+  int nproc = 1, max_restarts = 0;
+  island->add_option("--nproc", nproc,
+                     "ranks of this island on this machine (like torchrun --nproc-per-node); "
+                     "ranks started by another launcher read RANK, WORLD_SIZE, LOCAL_RANK, "
+                     "MASTER_ADDR, MASTER_PORT");
+  island->add_option("--max-restarts", max_restarts,
+                     "with --nproc: when a rank fails, restart the island from its newest "
+                     "checkpoint at most this many times");
   double throttle = 1.0;
   island->add_option("--throttle", throttle,
                      "make every inner step take X times as long (a slower island, for tests and "
@@ -114,6 +124,11 @@ int main(int argc, char** argv) {
   local->add_option("--kill", kills, "SIGKILL an island at a round, e.g. island1@round3 (repeatable)");
   local->add_option("--term", terms, "SIGTERM an island at a round: it leaves gracefully");
   local->add_option("--join", joins, "start an island at a round, e.g. island2@round5 or 1@round5");
+  int local_nproc = 1, local_restarts = 0;
+  local->add_option("--nproc", local_nproc, "ranks per island (each island its own agent)");
+  local->add_option("--max-restarts", local_restarts,
+                    "per island: restarts from its checkpoint when one of its ranks fails "
+                    "(--kill island0.1@round2 rehearses it)");
   auto* compare =
       add_islands_command("compare", "DiLoCo variants against the centralized baseline at equal "
                           "compute", "directory for every run and the report");
@@ -150,6 +165,8 @@ int main(int argc, char** argv) {
   if (local->parsed()) {
     atl::LocalOptions options;
     options.islands = islands;
+    options.nproc = local_nproc;
+    options.max_restarts = local_restarts;
     options.config_path = config_path;
     options.overrides = local->remaining();
     options.throttle = *throttle_list;
@@ -186,6 +203,32 @@ int main(int argc, char** argv) {
   }
 
   if (island->parsed()) {
+    auto rank = atl::inner::parallel::RankInfoFromEnvironment();
+    if (!rank.ok()) return Fail(rank.status());
+    if (nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {
+      // The agent: the island's ranks are this command again, one process each.
+      atl::LaunchOptions launch;
+      launch.binary = "/proc/self/exe";
+      char self[4096];
+      if (const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1); n > 0) {
+        launch.binary = std::string(self, size_t(n));
+      }
+      for (int i = 2; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--nproc" || a == "--max-restarts") {
+          ++i;
+          continue;
+        }
+        if (a.rfind("--nproc=", 0) == 0 || a.rfind("--max-restarts=", 0) == 0) continue;
+        launch.args.push_back(a);
+      }
+      launch.nproc = nproc;
+      launch.max_restarts = max_restarts;
+      launch.grace_s = config->parallelism.collective_timeout_s + 5;
+      launch.stop = &g_stop;
+      if (auto s = atl::LaunchIsland(launch); !s.ok()) return Fail(s);
+      return 0;
+    }
     auto token = atl::LoadToken(token_file);
     if (!token.ok()) return Fail(token.status());
     atl::GrpcTransportOptions t;
@@ -203,6 +246,8 @@ int main(int argc, char** argv) {
     options.stop = &g_stop;
     options.throttle = throttle;
     options.resume = island_resume;
+    options.rank = *rank;
+    options.collective_timeout_s = config->parallelism.collective_timeout_s;
     auto summary = atl::RunIsland(*config, **transport, options);
     if (!summary.ok()) return Fail(summary.status());
     std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "

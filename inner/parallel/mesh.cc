@@ -44,6 +44,10 @@ absl::Status Validate(const ParallelismConfig& c) {
   if (rest > 1) {
     return absl::InvalidArgumentError("at most one parallelism degree may be -1 (the rest)");
   }
+  if (!(c.collective_timeout_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.collective_timeout_s must be positive, got ", c.collective_timeout_s));
+  }
   return absl::OkStatus();
 }
 
@@ -76,12 +80,13 @@ std::unique_ptr<DeviceMesh> DeviceMesh::Single() {
   }
   mesh->dp_ = *Communicator::Create(nullptr, "", 0, 1, false, std::chrono::seconds(1));
   mesh->world_ = *Communicator::Create(nullptr, "", 0, 1, false, std::chrono::seconds(1));
+  mesh->control_ = *Communicator::Create(nullptr, "", 0, 1, false, std::chrono::seconds(1));
   return mesh;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(const MeshShape& shape,
-                                                               const RankInfo& info, bool cuda,
-                                                               std::chrono::milliseconds timeout) {
+absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(
+    const MeshShape& shape, const RankInfo& info, bool cuda, std::chrono::milliseconds timeout,
+    std::chrono::milliseconds control_timeout) {
   if (shape.size() != info.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("a mesh of ", shape.size(), " ranks for ",
                                                    info.world_size, " processes"));
@@ -121,6 +126,10 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(const MeshShape& 
   auto world = Communicator::Create(mesh->store_, "world", info.rank, info.world_size, cuda, timeout);
   if (!world.ok()) return world.status();
   mesh->world_ = *std::move(world);
+  auto control = Communicator::Create(mesh->store_, "control", info.rank, info.world_size,
+                                      /*cuda=*/false, std::max(timeout, control_timeout));
+  if (!control.ok()) return control.status();
+  mesh->control_ = *std::move(control);
   return mesh;
 }
 

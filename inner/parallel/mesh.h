@@ -20,6 +20,7 @@ struct ParallelismConfig {
   int data_parallel_shard_degree = -1;  // FSDP (ZeRO-3)
   int tensor_parallel_degree = 1;
   int pipeline_parallel_degree = 1;
+  double collective_timeout_s = 60;  // every collective inside the island
 };
 
 absl::Status Validate(const ParallelismConfig& config);
@@ -39,10 +40,12 @@ absl::StatusOr<MeshShape> ResolveMesh(const ParallelismConfig& config, int world
 
 class DeviceMesh {
  public:
-  // Creates every group this rank belongs to (collectively: every rank must call it).
-  static absl::StatusOr<std::unique_ptr<DeviceMesh>> Create(const MeshShape& shape,
-                                                            const RankInfo& info, bool cuda,
-                                                            std::chrono::milliseconds timeout);
+  // Creates every group this rank belongs to (collectively: every rank must call it). Collectives
+  // fail after `timeout`; the control group (world-sized, for decisions rank 0 takes while it
+  // waits on the outer-sync service) after `control_timeout`.
+  static absl::StatusOr<std::unique_ptr<DeviceMesh>> Create(
+      const MeshShape& shape, const RankInfo& info, bool cuda, std::chrono::milliseconds timeout,
+      std::chrono::milliseconds control_timeout = std::chrono::milliseconds(0));
   // One rank, no communication.
   static std::unique_ptr<DeviceMesh> Single();
 
@@ -56,6 +59,8 @@ class DeviceMesh {
   Communicator& group(MeshDim d) { return *groups_[int(d)]; }
   Communicator& dp() { return *dp_; }
   Communicator& world() { return *world_; }
+  // Every rank, with the control timeout (CPU: the decisions are a few bytes).
+  Communicator& control() { return *control_; }
 
  private:
   DeviceMesh() = default;
@@ -64,7 +69,7 @@ class DeviceMesh {
   int coords_[4] = {0, 0, 0, 0};
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> groups_[4];
-  std::unique_ptr<Communicator> dp_, world_;
+  std::unique_ptr<Communicator> dp_, world_, control_;
 };
 
 }  // namespace atl::inner::parallel

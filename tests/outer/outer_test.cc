@@ -117,6 +117,36 @@ EncodedPayload Encoded(const std::vector<float>& v) {
   return std::move(stream).Take();
 }
 
+// A rank receives the slice of an update chunk that holds its range, exactly: the slice decodes to
+// the same values as the whole chunk, on whole scale blocks around the range.
+TEST(PayloadTest, SlicesOfAChunkDecodeToTheSameValues) {
+  std::vector<float> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(float(i) * 0.37f);
+  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"}) {
+    const auto spec = *compression::ParseCodec(name);
+    // One chunk holding elements [100, 1100) of a 2000-element fragment.
+    auto chunks = *EncodeChunks({"run", "", 0, 0}, spec, v.data(), 100, 1000, 2000, 1 << 20);
+    ASSERT_EQ(chunks.size(), 1u);
+    std::vector<float> all(1000);
+    ASSERT_TRUE(compression::Decode(spec, reinterpret_cast<const uint8_t*>(chunks[0].data().data()),
+                                    chunks[0].data().size(), 1000, all.data()).ok());
+    for (auto [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{
+             {0, 2000}, {100, 1100}, {350, 351}, {333, 777}, {1090, 1500}, {50, 101}}) {
+      const pb::Chunk s = SliceChunk(chunks[0], spec, first, last);
+      const auto& h = s.header();
+      EXPECT_LE(h.offset(), std::max<uint64_t>(first, 100)) << name;
+      EXPECT_GE(h.offset() + h.num_elements(), std::min<uint64_t>(last, 1100)) << name;
+      EXPECT_LT(h.num_elements(), std::min<uint64_t>(last, 1100) - std::max<uint64_t>(first, 100) +
+                                      2 * std::max<uint32_t>(1, spec.block_size)) << name;
+      Assembler a({"run", "", 0, 0}, 2000, h.offset(), h.num_elements(), spec);
+      ASSERT_TRUE(a.Add(s).ok()) << name << " [" << first << ", " << last << ")";
+      for (uint64_t k = 0; k < h.num_elements(); ++k) {
+        ASSERT_EQ(a.values()[k], all[h.offset() - 100 + k]) << name << " element " << k;
+      }
+    }
+  }
+}
+
 TEST(AggregationTest, RulesAreTheirFormulasCoordinateWise) {
   const std::vector<std::vector<float>> v = {{1, 10, -2}, {2, 20, -2}, {3, -30, 0}, {100, 0, -2}};
   std::vector<EncodedPayload> payloads;
