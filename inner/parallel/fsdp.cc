@@ -240,7 +240,6 @@ absl::StatusOr<double> FsdpGpt::ForwardBackward(const at::Tensor& inputs, const 
   at::Tensor grad = at::full({}, grad_scale, loss->options());
   for (int u = last; u >= 0; --u) {
     if (auto s = Gather(u); !s.ok()) return s;
-    if (options_.prefetch && u > 0) Prefetch(u - 1);
     PrepareGrad(u);
     at::Tensor out = unit_outputs[size_t(u)];
     if (options_.checkpoint_activations && units_[size_t(u)]->is_block) {
@@ -255,7 +254,10 @@ absl::StatusOr<double> FsdpGpt::ForwardBackward(const at::Tensor& inputs, const 
     unit_outputs[size_t(u)] = at::Tensor();
     if (u > 0) grad = unit_inputs[size_t(u)].grad();
     unit_inputs[size_t(u)] = at::Tensor();
+    // Two units at most are whole at once: u's parameters go before the unit below is gathered
+    // (in the background, while u's gradients are reduce-scattered).
     Release(u);
+    if (options_.prefetch && u > 0) Prefetch(u - 1);
     if (auto s = ScatterGrad(u, grad_scale); !s.ok()) return s;
   }
   return value;

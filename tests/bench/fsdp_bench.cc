@@ -1,0 +1,132 @@
+// Memory and speed of an island's ranks (FSDP over Gloo on this machine): for N = 1, 2, 4 ranks
+// (dp_shard = N) of one config, each rank's model-state bytes (parameter and gradient shards,
+// AdamW moments, the full units gathered at the peak) against the formula
+// params x (4 + 4 + 8) B / N + the largest unit, its peak RSS and the RSS the model adds, and the
+// island's tokens/s. The ranks are forked processes; each writes one line of figures.
+//
+//   build/tests/bench/fsdp_bench [deploy/configs/small.toml] [steps=4] [batch=2] [ranks=1,2,4]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "inner/parallel/fsdp.h"
+#include "inner/parallel/mesh.h"
+#include "inner/trainer.h"
+#include "src/config.h"
+#include "tests/rank_util.h"
+#include "tests/test_util.h"
+
+namespace {
+
+int64_t StatusKb(const char* field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field, 0) == 0) return std::strtoll(line.c_str() + std::strlen(field), nullptr, 10);
+  }
+  return -1;
+}
+
+double MiB(int64_t bytes) { return double(bytes) / (1 << 20); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string config_path =
+      argc > 1 ? argv[1] : ATOLL_SOURCE_DIR "/deploy/configs/small.toml";
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 4;
+  const int batch = argc > 3 ? std::atoi(argv[3]) : 2;
+  std::vector<int> rank_counts = {1, 2, 4};
+  if (argc > 4) {
+    rank_counts.clear();
+    for (auto part : absl::StrSplit(argv[4], ',')) {
+      int n;
+      if (absl::SimpleAtoi(part, &n)) rank_counts.push_back(n);
+    }
+  }
+  auto config = atl::LoadConfig(config_path, {{"data.path", "unused"}});
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
+    return 2;
+  }
+  atl::testing::TempDir dir;
+  atl::testing::WriteFile(dir.Join("text.txt"), atl::testing::GeneratedText(2 << 20, 5));
+  config->data.path = dir.Join("text.txt");
+  config->data.val_path = "";
+  config->train.batch_size = batch;
+  config->train.steps = steps + 1;
+  config->train.eval_every = 0;
+  config->optim.warmup_steps = 1;
+  const double params = double(atl::inner::ParameterCount(config->model));
+  std::printf("%s: %.2fM parameters, batch %d per rank, context %d, %d timed steps after one\n",
+              config_path.c_str(), params / 1e6, batch, config->model.context, steps);
+  std::printf("%5s %12s %14s %14s %12s %14s %12s\n", "ranks", "tokens/s", "state MiB/rank",
+              "formula MiB", "ratio to 1", "peak RSS MiB", "model RSS MiB");
+  double state_one = 0;
+  for (int n : rank_counts) {
+    const std::string out = dir.Join("ranks-" + std::to_string(n));
+    const auto codes = atl::testing::RunRanks(n, [&](const atl::inner::parallel::RankInfo& info) {
+      const int64_t base_kb = StatusKb("VmRSS:");
+      atl::inner::parallel::ParallelismConfig p;
+      p.data_parallel_shard_degree = n;
+      auto shape = atl::inner::parallel::ResolveMesh(p, n);
+      auto mesh = atl::inner::parallel::DeviceMesh::Create(*shape, info, false,
+                                                           std::chrono::seconds(120));
+      if (!mesh.ok()) return 10;
+      auto data = atl::inner::LoadDataset(config->data, config->model.context, config->model.vocab);
+      if (!data.ok()) return 11;
+      auto t = atl::inner::Trainer::Create(config->model, config->optim, config->train, *data, 0, 1,
+                                           mesh->get());
+      if (!t.ok()) return 12;
+      if (!(*t)->Step().ok()) return 13;  // warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < steps; ++i) {
+        if (!(*t)->Step().ok()) return 14;
+      }
+      const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto m = (*t)->sharded().memory();
+      // Shards of parameters and gradients, AdamW's two moments of the parameter shard, the peak
+      // of full units gathered.
+      const int64_t state = m.shard_bytes + m.shard_bytes + m.peak_gathered_bytes;
+      std::ofstream f(out + "." + std::to_string(info.rank));
+      f << double((*t)->tokens_per_step()) * steps / wall << " " << state << " "
+        << StatusKb("VmHWM:") << " " << base_kb << "\n";
+      return 0;
+    });
+    double tps = 0;
+    int64_t state = 0, hwm = 0, base = 0;
+    for (int r = 0; r < n; ++r) {
+      if (codes[size_t(r)] != 0) {
+        std::printf("%5d rank %d failed (%d)\n", n, r, codes[size_t(r)]);
+        continue;
+      }
+      std::ifstream f(out + "." + std::to_string(r));
+      double rtps;
+      int64_t rstate, rhwm, rbase;
+      f >> rtps >> rstate >> rhwm >> rbase;
+      tps = rtps;  // the island's tokens/s (every rank reports the same steps)
+      state = std::max(state, rstate);
+      hwm = std::max(hwm, rhwm);
+      base = std::max(base, rbase);
+    }
+    // The largest unit: the head (d x vocab) or a block (12 d^2 + 13 d).
+    const double d = config->model.d_model, v = config->model.vocab;
+    const double unit = std::max({d * v + 2 * d, 12 * d * d + 13 * d, v * d + config->model.context * d});
+    const double formula = params * 16.0 / n + 2 * unit * 4;  // a unit's parameters and gradients
+    if (n == 1) state_one = double(state);
+    std::printf("%5d %12.0f %14.1f %14.1f %12.2f %14.1f %14.1f\n", n, tps, MiB(state),
+                formula / (1 << 20), double(state) / state_one, double(hwm) / 1024,
+                double(hwm - base) / 1024);
+  }
+  return 0;
+}
