@@ -53,6 +53,11 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
                                                          DeviceMesh& mesh, bool cuda,
                                                          FsdpOptions options) {
   if (auto s = Validate(config); !s.ok()) return s;
+  if (mesh.shape().tp > 1 || mesh.shape().pp > 1) {
+    return absl::UnimplementedError(
+        "parallelism.tensor_parallel_degree and parallelism.pipeline_parallel_degree must be 1: "
+        "islands shard with FSDP (dp_shard) and replicate (dp_replicate) only, so far");
+  }
   Gpt model(config);  // initialized from config.init_seed on the CPU, the same on every rank
   std::unique_ptr<FsdpGpt> f(new FsdpGpt(std::move(model), mesh, options));
   if (cuda) f->model_->to(torch::Device(torch::kCUDA, 0));
