@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec_math.h"
+#include "compression/codec_simd.h"
 
 namespace atl::compression {
 namespace {
@@ -36,12 +37,15 @@ float BlockAmax(const float* x, size_t n) {
 
 // Whole blocks of a block size known at compile time (MXFP4's 32): the compiler unrolls and
 // vectorizes the amax, the codes and the packing of each block as one unit.
+// Returns the largest magnitude seen, as bits (non-finite input shows as >= 0x7F800000).
 template <class F, uint32_t kBlock>
-void EncodeFp4FullBlocks(size_t nblocks, const float* in, uint8_t* scales, uint8_t* codes) {
+uint32_t EncodeFp4FullBlocks(size_t nblocks, const float* in, uint8_t* scales, uint8_t* codes) {
+  uint32_t all = 0;
   for (size_t b = 0; b < nblocks; ++b) {
     const float* src = in + b * kBlock;
     uint32_t m = 0;
     for (uint32_t i = 0; i < kBlock; ++i) m = std::max(m, AbsBits(src[i]));
+    all = std::max(all, m);
     const int e = Fp4ScaleExponent<F>(FromBits(m));
     scales[b] = uint8_t(e + 127);
     const float inv = Pow2(-e);
@@ -51,22 +55,30 @@ void EncodeFp4FullBlocks(size_t nblocks, const float* in, uint8_t* scales, uint8
     uint8_t* dst = codes + b * (kBlock / 2);
     for (uint32_t i = 0; i < kBlock / 2; ++i) dst[i] = uint8_t(c[2 * i] | (c[2 * i + 1] << 4));
   }
+  return all;
 }
 
+// Returns the largest magnitude seen, as bits: the caller refuses non-finite input afterwards, so
+// that the values are read once.
 template <class F, bool kStochastic>
-void EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out, const Rounding& rounding) {
+uint32_t EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out,
+                   const Rounding& rounding) {
   const size_t nblocks = (n + block - 1) / block;
   uint8_t* scales = out;
   uint8_t* codes = out + nblocks;
   size_t b = 0;
+  uint32_t all = 0;
   if (!kStochastic && block == 32) {
     b = n / 32;  // whole blocks; the general loop does a partial last one
-    EncodeFp4FullBlocks<F, 32>(b, in, scales, codes);
+    all = simd::Enabled() ? simd::EncodeFp4Blocks32(F::kCodec, b, in, scales, codes)
+                          : EncodeFp4FullBlocks<F, 32>(b, in, scales, codes);
   }
   uint8_t tmp[4096 + 1];  // + 1: the pad of an odd last block
   for (; b < nblocks; ++b) {
     const size_t first = b * block, len = std::min<size_t>(block, n - first);
-    const int e = Fp4ScaleExponent<F>(BlockAmax(in + first, len));
+    const float amax = BlockAmax(in + first, len);
+    all = std::max(all, AbsBits(amax));
+    const int e = Fp4ScaleExponent<F>(amax);
     scales[b] = uint8_t(e + 127);
     const float inv = Pow2(-e);
     const int max_code = F::MaxCode(e);
@@ -83,12 +95,13 @@ void EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out, const Ro
     uint8_t* dst = codes + first / 2;  // blocks are even, so each starts on a byte
     for (size_t i = 0; i < (len + 1) / 2; ++i) dst[i] = uint8_t(tmp[2 * i] | (tmp[2 * i + 1] << 4));
   }
+  return all;
 }
 
-// Elements [lo, hi) of an n-element payload into out[0, hi - lo).
+// Elements [lo, hi) of a payload of nblocks blocks into out[0, hi - lo).
 template <class F>
-void DecodeFp4(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t hi, float* out) {
-  const size_t nblocks = (n + block - 1) / block;
+void DecodeFp4Scalar(uint32_t block, const uint8_t* in, size_t nblocks, size_t lo, size_t hi,
+                     float* out) {
   const uint8_t* codes = in + nblocks;
   for (size_t b = lo / block; b * block < hi; ++b) {
     const size_t first = std::max(b * block, lo), last = std::min((b + 1) * block, hi);
@@ -97,6 +110,20 @@ void DecodeFp4(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t hi
     for (int c = 0; c < 16; ++c) table[c] = Fp4Value<F>(uint8_t(c), scale);
     for (size_t k = first; k < last; ++k) out[k - lo] = table[(codes[k / 2] >> ((k & 1) * 4)) & 0xF];
   }
+}
+
+// Elements [lo, hi) of an n-element payload into out[0, hi - lo): the whole blocks of 32 inside
+// the range by the vector kernel when there is one, the rest by the scalar loop.
+template <class F>
+void DecodeFp4(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t hi, float* out) {
+  const size_t nblocks = (n + block - 1) / block;
+  if (block != 32 || !simd::Enabled()) return DecodeFp4Scalar<F>(block, in, nblocks, lo, hi, out);
+  const size_t first_block = (lo + 31) / 32, last_block = hi / 32;  // whole blocks: [first, last)
+  if (first_block >= last_block) return DecodeFp4Scalar<F>(block, in, nblocks, lo, hi, out);
+  DecodeFp4Scalar<F>(block, in, nblocks, lo, first_block * 32, out);
+  simd::DecodeFp4Blocks32(F::kCodec, last_block - first_block, in + first_block,
+                          in + nblocks + first_block * 16, out + (first_block * 32 - lo));
+  DecodeFp4Scalar<F>(block, in, nblocks, last_block * 32, hi, out + (last_block * 32 - lo));
 }
 
 void EncodeInt8(uint32_t block, const float* in, size_t n, uint8_t* out, const Rounding& rounding) {
@@ -151,12 +178,16 @@ void DecodeBf16(const uint8_t* in, size_t n, float* out) {
 }
 
 template <class F>
-void EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out, const Rounding& rounding) {
-  if (rounding.stochastic) {
-    EncodeFp4<F, true>(block, in, n, out, rounding);
-  } else {
-    EncodeFp4<F, false>(block, in, n, out, rounding);
-  }
+uint32_t EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out,
+                   const Rounding& rounding) {
+  return rounding.stochastic ? EncodeFp4<F, true>(block, in, n, out, rounding)
+                             : EncodeFp4<F, false>(block, in, n, out, rounding);
+}
+
+absl::Status NonFiniteError(const float* in, size_t n) {
+  const size_t bad = FirstNonFinite(in, n);
+  return absl::InvalidArgumentError(
+      absl::StrCat("non-finite value ", in[bad], " at element ", bad, " refused"));
 }
 
 }  // namespace
@@ -219,18 +250,20 @@ size_t EncodedBytes(const CodecSpec& spec, size_t n) {
 
 absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                     const Rounding& rounding) {
-  if (const size_t bad = FirstNonFinite(in, n); bad < n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("non-finite value ", in[bad], " at element ", bad, " refused before encoding"));
-  }
   if (n == 0) return absl::OkStatus();
+  // The FP4 encoders see every magnitude anyway (the block scales): they find non-finite input
+  // in the same pass. The others are checked first.
+  const bool fp4 = spec.codec == Codec::kFp4E2M1 || spec.codec == Codec::kFp4E3M0;
+  if (!fp4 && FirstNonFinite(in, n) < n) return NonFiniteError(in, n);
+  uint32_t amax_bits = 0;
   switch (spec.codec) {
     case Codec::kFp32: std::memcpy(out, in, n * 4); break;
     case Codec::kBf16: EncodeBf16(in, n, out, rounding); break;
     case Codec::kInt8: EncodeInt8(spec.block_size, in, n, out, rounding); break;
-    case Codec::kFp4E2M1: EncodeFp4<E2M1>(spec.block_size, in, n, out, rounding); break;
-    case Codec::kFp4E3M0: EncodeFp4<E3M0>(spec.block_size, in, n, out, rounding); break;
+    case Codec::kFp4E2M1: amax_bits = EncodeFp4<E2M1>(spec.block_size, in, n, out, rounding); break;
+    case Codec::kFp4E3M0: amax_bits = EncodeFp4<E3M0>(spec.block_size, in, n, out, rounding); break;
   }
+  if (amax_bits >= 0x7F800000u) return NonFiniteError(in, n);
   return absl::OkStatus();
 }
 

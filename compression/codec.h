@@ -49,7 +49,8 @@ absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size);
 size_t EncodedBytes(const CodecSpec& spec, size_t n);
 
 // Encodes n values into out[EncodedBytes(spec, n)]. Non-finite input is refused (INVALID_ARGUMENT
-// naming the first bad index) before anything is written. fp32 ignores `rounding`.
+// naming the first bad index); out then holds no valid payload (the FP4 encoders find non-finite
+// values in their one pass over the input). fp32 ignores `rounding`.
 absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                     const Rounding& rounding = {});
 // Decodes n values; `bytes` must equal EncodedBytes(spec, n). Refuses payloads that decode to

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "compression/codec_spec.h"
+
 #if defined(__CUDACC__)
 #define ATOLL_HD __host__ __device__ __forceinline__
 #else
@@ -125,6 +127,7 @@ ATOLL_HD int8_t Int8Stochastic(float x, float scale, float r) {
 // ---- 4-bit formats: sign bit 3, magnitude index in bits 0-2; block scale 2^e stored as the
 // E8M0 byte e + 127, e = floor(log2 amax) - kScaleOffset, clamped to [-127, 127].
 struct E2M1 {  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
+  static constexpr Codec kCodec = Codec::kFp4E2M1;
   static constexpr int kScaleOffset = 2;
   // The largest code that stays finite at scale 2^e: e <= 125 here (floor(log2 FLT_MAX) - 2), and
   // 6 x 2^125 is finite, so every code is.
@@ -146,6 +149,7 @@ struct E2M1 {  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
 };
 
 struct E3M0 {  // magnitudes 0 and 2^-5 ... 2^1
+  static constexpr Codec kCodec = Codec::kFp4E3M0;
   static constexpr int kScaleOffset = 0;
   // At scale 2^127 (amax >= 2^127) the top magnitude 2 x 2^127 overflows: saturate at 2^127.
   ATOLL_HD static int MaxCode(int e) { return e >= 127 ? 6 : 7; }
