@@ -43,7 +43,7 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   ASSERT_TRUE(data.ok());
   auto plain = inner::Trainer::Create(c.model, c.optim, c.train, *data);
   ASSERT_TRUE(plain.ok());
-  for (int i = 0; i < 20; ++i) (*plain)->Step();
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*plain)->Step().ok());
 
   auto server = *MakeSyncServer(c);
   outer::InProcessTransport transport(server.get());

@@ -121,7 +121,7 @@ TEST(TrainerTest, ImportStateRefusesAMismatchAndChangesNothing) {
   auto c = TinyConfig("");
   auto data = Data(c);
   auto t = Make(c, data);
-  t->Step();
+  ASSERT_TRUE(t->Step().ok());
   const auto before = t->ExportState();
   auto bad = before;
   bad.tensors[1].shape = {3};
