@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "compression/span_math.h"
 
 namespace atl::outer {
 namespace {
 
-constexpr uint64_t kWindow = 4096;  // elements decoded per contribution at a time
+constexpr uint64_t kWindow = 4096;     // elements decoded per contribution at a time
+constexpr uint64_t kSpan = 64 * kWindow;  // elements per task of the worker pool
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -16,70 +19,94 @@ double Median(std::vector<double> v) {
   return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
 }
 
-// Decodes elements [a, a + len) of every contribution into values[i * kWindow ...].
-absl::Status ReadWindow(const std::vector<ContributionRef>& in, uint64_t a, uint64_t len,
-                        std::vector<float>& values) {
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (auto s = in[i].payload->Read(a, len, values.data() + i * kWindow); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("contribution of island '", in[i].island, "': ",
-                                                 s.message()));
-    }
+absl::Status ReadContribution(const ContributionRef& c, uint64_t a, uint64_t len, float* out) {
+  if (auto s = c.payload->Read(a, len, out); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("contribution of island '", c.island, "': ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Runs span(first, count, task) over [0, n) in spans of kSpan on the pool (or here); the first
+// failure in span order is returned.
+absl::Status ForEachSpan(uint64_t n, WorkerPool* pool,
+                         const std::function<absl::Status(uint64_t, uint64_t, size_t)>& span) {
+  const size_t spans = NumSpans(n, kSpan);
+  std::vector<absl::Status> status(spans);
+  auto task = [&](size_t t) {
+    const uint64_t first = t * kSpan;
+    status[t] = span(first, std::min(kSpan, n - first), t);
+  };
+  if (pool != nullptr) {
+    pool->ParallelFor(spans, task);
+  } else {
+    for (size_t t = 0; t < spans; ++t) task(t);
+  }
+  for (auto& s : status) {
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 // Token-weighted mean in double, in the given (island-id) order, each contribution scaled first.
+// Each contribution is decoded a window at a time and folded into the window's sums at once.
 absl::Status WeightedMean(const std::vector<ContributionRef>& in, const std::vector<double>& scale,
-                          uint64_t n, float* out) {
+                          uint64_t n, float* out, WorkerPool* pool) {
   double total = 0;
   for (const auto& c : in) total += double(c.tokens);
-  std::vector<float> values(in.size() * kWindow);
-  std::vector<double> sum(kWindow);
-  for (uint64_t a = 0; a < n; a += kWindow) {
-    const uint64_t len = std::min(kWindow, n - a);
-    if (auto s = ReadWindow(in, a, len, values); !s.ok()) return s;
-    std::fill(sum.begin(), sum.end(), 0.0);
-    for (size_t i = 0; i < in.size(); ++i) {
-      const double w = double(in[i].tokens);
-      const float* x = values.data() + i * kWindow;
-      if (scale[i] == 1.0) {
-        for (uint64_t j = 0; j < len; ++j) sum[j] += w * double(x[j]);
-      } else {
-        for (uint64_t j = 0; j < len; ++j) sum[j] += w * (double(x[j]) * scale[i]);
+  return ForEachSpan(n, pool, [&](uint64_t first, uint64_t count, size_t) {
+    std::vector<float> x(kWindow);
+    std::vector<double> sum(kWindow);
+    for (uint64_t a = first; a < first + count; a += kWindow) {
+      const uint64_t len = std::min(kWindow, first + count - a);
+      std::fill(sum.begin(), sum.end(), 0.0);
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (auto s = ReadContribution(in[i], a, len, x.data()); !s.ok()) return s;
+        compression::FoldWeighted(x.data(), double(in[i].tokens), scale[i], sum.data(), len);
       }
+      compression::StoreQuotient(sum.data(), total, out + a, len);
     }
-    for (uint64_t j = 0; j < len; ++j) out[a + j] = float(sum[j] / total);
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 // Per coordinate: sorts the M values (ties by island order), drops k at each end, averages the rest.
 absl::Status TrimmedMean(const std::vector<ContributionRef>& in, size_t k, uint64_t n, float* out,
-                         AggregationReport* report) {
+                         AggregationReport* report, WorkerPool* pool) {
   const size_t m = in.size();
-  std::vector<float> values(m * kWindow);
-  std::vector<std::pair<float, uint32_t>> column(m);
-  std::vector<uint64_t> dropped(m, 0);
-  for (uint64_t a = 0; a < n; a += kWindow) {
-    const uint64_t len = std::min(kWindow, n - a);
-    if (auto s = ReadWindow(in, a, len, values); !s.ok()) return s;
-    for (uint64_t j = 0; j < len; ++j) {
-      for (size_t i = 0; i < m; ++i) column[i] = {values[i * kWindow + j], uint32_t(i)};
-      std::sort(column.begin(), column.end());
-      double sum = 0;
-      for (size_t r = k; r < m - k; ++r) sum += double(column[r].first);
-      out[a + j] = float(sum / double(m - 2 * k));
-      for (size_t r = 0; r < k; ++r) {
-        ++dropped[column[r].second];
-        ++dropped[column[m - 1 - r].second];
+  // Islands' dropped coordinates, per span (summed in span order afterwards).
+  std::vector<std::vector<uint64_t>> dropped_per_span(NumSpans(n, kSpan), std::vector<uint64_t>(m));
+  auto status = ForEachSpan(n, pool, [&](uint64_t first, uint64_t count, size_t t) {
+    std::vector<float> values(m * kWindow);
+    std::vector<std::pair<float, uint32_t>> column(m);
+    std::vector<uint64_t>& dropped = dropped_per_span[t];
+    for (uint64_t a = first; a < first + count; a += kWindow) {
+      const uint64_t len = std::min(kWindow, first + count - a);
+      for (size_t i = 0; i < m; ++i) {
+        if (auto s = ReadContribution(in[i], a, len, values.data() + i * kWindow); !s.ok()) return s;
+      }
+      for (uint64_t j = 0; j < len; ++j) {
+        for (size_t i = 0; i < m; ++i) column[i] = {values[i * kWindow + j], uint32_t(i)};
+        std::sort(column.begin(), column.end());
+        double sum = 0;
+        for (size_t r = k; r < m - k; ++r) sum += double(column[r].first);
+        out[a + j] = float(sum / double(m - 2 * k));
+        for (size_t r = 0; r < k; ++r) {
+          ++dropped[column[r].second];
+          ++dropped[column[m - 1 - r].second];
+        }
       }
     }
-  }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) return status;
   if (report != nullptr && k > 0 && n > 0) {
     // By chance an island is dropped in 2k / M of the coordinates.
     const double chance = double(2 * k) / double(m);
     for (size_t i = 0; i < m; ++i) {
-      const double share = double(dropped[i]) / double(n);
+      uint64_t dropped = 0;
+      for (const auto& d : dropped_per_span) dropped += d[i];
+      const double share = double(dropped) / double(n);
       report->trimmed[in[i].island] = share;
       if (share >= 0.5 * (1.0 + chance)) report->outliers.push_back(in[i].island);
     }
@@ -110,7 +137,7 @@ const char* AggregationRuleName(AggregationRule rule) {
 
 absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
-                       AggregationReport* report) {
+                       AggregationReport* report, WorkerPool* pool) {
   const size_t m = contributions.size();
   if (m == 0) return absl::FailedPreconditionError("no contributions to aggregate");
   for (const auto& c : contributions) {
@@ -123,7 +150,7 @@ absl::Status Aggregate(const AggregationOptions& options,
   std::vector<double> scale(m, 1.0);
   switch (options.rule) {
     case AggregationRule::kMean:
-      return WeightedMean(contributions, scale, n, out);
+      return WeightedMean(contributions, scale, n, out, pool);
     case AggregationRule::kClippedMean: {
       std::vector<double> norms;
       for (const auto& c : contributions) norms.push_back(c.norm);
@@ -137,14 +164,14 @@ absl::Status Aggregate(const AggregationOptions& options,
           }
         }
       }
-      return WeightedMean(contributions, scale, n, out);
+      return WeightedMean(contributions, scale, n, out, pool);
     }
     case AggregationRule::kTrimmedMean: {
       const size_t k = std::min(size_t(std::floor(options.trim_fraction * double(m))), (m - 1) / 2);
-      return TrimmedMean(contributions, k, n, out, report);
+      return TrimmedMean(contributions, k, n, out, report, pool);
     }
     case AggregationRule::kMedian:
-      return TrimmedMean(contributions, (m - 1) / 2, n, out, report);
+      return TrimmedMean(contributions, (m - 1) / 2, n, out, report, pool);
   }
   return absl::InvalidArgumentError("unknown aggregation rule");
 }

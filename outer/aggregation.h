@@ -1,6 +1,6 @@
 // How the service combines the islands' pseudo-gradients of a round into one outer gradient,
-// reading each contribution (kept encoded) window by window: memory is a few windows, whatever the
-// number of islands. Deterministic: contributions are taken in the order given (island-id order),
+// reading each contribution (kept encoded) window by window and folding it into the window's sums
+// at once: memory is a few windows per thread, whatever the number of islands. Deterministic: contributions are taken in the order given (island-id order),
 // ties are broken by that order, so the result never depends on arrival order.
 //
 //   mean          token-weighted mean (DiLoCo)
@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "outer/payload.h"
+#include "outer/worker_pool.h"
 
 namespace atl::outer {
 
@@ -51,9 +52,10 @@ struct AggregationReport {
 };
 
 // Writes the outer gradient of elements [0, n) into out[n]. Every payload must cover [0, n).
+// Spans of elements run in parallel on `pool` when given; the result is the same either way.
 absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
-                       AggregationReport* report);
+                       AggregationReport* report, WorkerPool* pool = nullptr);
 
 }  // namespace atl::outer
 

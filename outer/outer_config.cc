@@ -98,6 +98,10 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.max_update_norm and outer.max_update_value must be finite and >= 0 (0: no bound), "
         "got ", c.max_update_norm, " and ", c.max_update_value));
   }
+  if (c.service_threads < 1 || c.service_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.service_threads must be in 1..256, got ", c.service_threads));
+  }
   if (!(c.stream_idle_timeout_s > 0) || c.max_pending_calls < 1 || c.max_calls_per_island < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.stream_idle_timeout_s, outer.max_pending_calls and outer.max_calls_per_island must "

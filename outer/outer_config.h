@@ -50,6 +50,7 @@ struct OuterConfig {
   double stream_idle_timeout_s = 60;      // a push stream silent this long is cancelled
   int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
   int max_calls_per_island = 32;          // calls running at once for one island
+  int service_threads = 1;                // threads for a commit's data work (1..256)
   bool async() const { return mode == "async"; }
   double alpha() const {
     return fragment_update_alpha >= 0 ? fragment_update_alpha : (fragment_sync_delay > 0 ? 0.5 : 0.0);

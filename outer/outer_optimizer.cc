@@ -37,21 +37,22 @@ void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
 
 // Preview computes the new momentum in a register with the same float operations Advance stores,
 // so that the update is bit for bit what a single in-place pass would produce.
-void OuterOptimizer::Preview(const float* g, float* u) const {
+void OuterOptimizer::Preview(const float* g, float* u) const { Preview(g, u, 0, size_); }
+
+void OuterOptimizer::Preview(const float* g, float* u, size_t first, size_t n) const {
   const float lr = float(config_.lr), mu = float(config_.momentum);
-  const size_t n = size_;
   if (momentum_.empty()) {
     for (size_t i = 0; i < n; ++i) u[i] = lr * g[i];
     return;
   }
-  const float* m = momentum_.data();
+  const float* m = momentum_.data() + first;
   if (!buffer_.empty()) {  // delayed Nesterov
     const float period = float(config_.momentum_delay);
     if (buffered_ + 1 < config_.momentum_delay) {
       for (size_t i = 0; i < n; ++i) u[i] = lr * (g[i] / period);
       return;
     }
-    const float* b = buffer_.data();
+    const float* b = buffer_.data() + first;
     for (size_t i = 0; i < n; ++i) {
       const float m_new = mu * m[i] + (b[i] + g[i]) / period;
       u[i] = lr * (g[i] / period + mu * m_new);
@@ -69,23 +70,33 @@ void OuterOptimizer::Preview(const float* g, float* u) const {
 }
 
 void OuterOptimizer::Advance(const float* g) {
+  Advance(g, 0, size_);
+  EndStep();
+}
+
+void OuterOptimizer::Advance(const float* g, size_t first, size_t n) {
   if (momentum_.empty()) return;
   const float mu = float(config_.momentum);
-  const size_t n = size_;
-  float* m = momentum_.data();
+  float* m = momentum_.data() + first;
   if (!buffer_.empty()) {
     const float period = float(config_.momentum_delay);
-    float* b = buffer_.data();
-    for (size_t i = 0; i < n; ++i) b[i] += g[i];
-    if (++buffered_ < config_.momentum_delay) return;
+    float* b = buffer_.data() + first;
+    if (buffered_ + 1 < config_.momentum_delay) {
+      for (size_t i = 0; i < n; ++i) b[i] += g[i];
+      return;
+    }
     for (size_t i = 0; i < n; ++i) {
-      m[i] = mu * m[i] + b[i] / period;
+      m[i] = mu * m[i] + (b[i] + g[i]) / period;
       b[i] = 0.0f;
     }
-    buffered_ = 0;
     return;
   }
   for (size_t i = 0; i < n; ++i) m[i] = mu * m[i] + g[i];
+}
+
+void OuterOptimizer::EndStep() {
+  if (buffer_.empty()) return;
+  if (++buffered_ >= config_.momentum_delay) buffered_ = 0;
 }
 
 absl::Status OuterOptimizer::Restore(std::vector<float> momentum, std::vector<float> buffer,

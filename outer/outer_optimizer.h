@@ -42,6 +42,11 @@ class OuterOptimizer {
   void Preview(const float* g, float* u) const;
   // Advances the momentum (and delayed Nesterov's buffer) by g, as ComputeUpdate does.
   void Advance(const float* g);
+  // The same on elements [first, first + count) (g points at the first of them): a step done
+  // range by range, in any order or in parallel, then closed once by EndStep.
+  void Preview(const float* g, float* u, size_t first, size_t count) const;
+  void Advance(const float* g, size_t first, size_t count);
+  void EndStep();
 
   const std::vector<float>& momentum() const { return momentum_; }
   std::vector<float>& mutable_momentum() { return momentum_; }

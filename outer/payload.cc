@@ -6,9 +6,49 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
+#include "compression/span_math.h"
 #include "outer/names.h"
 
 namespace atl::outer {
+
+ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n, size_t max_chunk_bytes) {
+  // Chunks hold whole scale blocks, so each chunk is encoded and checked on its own.
+  const uint64_t unit = std::max<uint32_t>(1, spec.block_size);
+  const size_t unit_bytes = std::max<size_t>(1, compression::EncodedBytes(spec, unit));
+  ChunkPlan plan;
+  plan.per_chunk = std::max<uint64_t>(1, max_chunk_bytes / unit_bytes) * unit;
+  plan.num_chunks = uint32_t(std::max<uint64_t>(1, (n + plan.per_chunk - 1) / plan.per_chunk));
+  return plan;
+}
+
+absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::CodecSpec& spec,
+                                      const float* values, uint64_t offset, uint64_t count,
+                                      uint64_t fragment_elements, uint32_t index,
+                                      uint32_t num_chunks, compression::Rounding rounding) {
+  pb::Chunk chunk;
+  auto* h = chunk.mutable_header();
+  h->set_run_id(id.run_id);
+  h->set_island_id(id.island_id);
+  h->set_round(id.round);
+  h->set_fragment(id.fragment);
+  h->set_codec(pb::Codec(int(spec.codec)));
+  h->set_block_size(spec.block_size);
+  h->set_offset(offset);
+  h->set_num_elements(count);
+  h->set_fragment_elements(fragment_elements);
+  h->set_chunk_index(index);
+  h->set_num_chunks(num_chunks);
+  std::string* data = chunk.mutable_data();
+  data->resize(compression::EncodedBytes(spec, count));
+  rounding.first_index = offset;
+  if (auto s = compression::Encode(spec, values, count, reinterpret_cast<uint8_t*>(data->data()),
+                                   rounding);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("element ", offset, "+: ", s.message()));
+  }
+  chunk.set_xxh64(compression::Checksum(data->data(), data->size()));
+  return chunk;
+}
 
 absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                     const compression::CodecSpec& spec,
@@ -21,39 +61,16 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                    ") exceeds the fragment's ", fragment_elements,
                                                    " elements"));
   }
-  // Chunks hold whole scale blocks, so each chunk is encoded and checked on its own.
-  const uint64_t unit = std::max<uint32_t>(1, spec.block_size);
-  const size_t unit_bytes = std::max<size_t>(1, compression::EncodedBytes(spec, unit));
-  const uint64_t per_chunk = std::max<uint64_t>(1, max_chunk_bytes / unit_bytes) * unit;
-  const uint32_t num_chunks = uint32_t(std::max<uint64_t>(1, (n + per_chunk - 1) / per_chunk));
+  const ChunkPlan plan = PlanChunks(spec, n, max_chunk_bytes);
   std::vector<pb::Chunk> out;
-  out.reserve(num_chunks);
-  for (uint32_t c = 0; c < num_chunks; ++c) {
-    const uint64_t first = uint64_t(c) * per_chunk;
-    const uint64_t count = std::min<uint64_t>(per_chunk, n - first);
-    pb::Chunk chunk;
-    auto* h = chunk.mutable_header();
-    h->set_run_id(id.run_id);
-    h->set_island_id(id.island_id);
-    h->set_round(id.round);
-    h->set_fragment(id.fragment);
-    h->set_codec(pb::Codec(int(spec.codec)));
-    h->set_block_size(spec.block_size);
-    h->set_offset(offset + first);
-    h->set_num_elements(count);
-    h->set_fragment_elements(fragment_elements);
-    h->set_chunk_index(c);
-    h->set_num_chunks(num_chunks);
-    std::string* data = chunk.mutable_data();
-    data->resize(compression::EncodedBytes(spec, count));
-    rounding.first_index = offset + first;
-    if (auto s = compression::Encode(spec, values + first, count,
-                                     reinterpret_cast<uint8_t*>(data->data()), rounding);
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("element ", offset + first, "+: ", s.message()));
-    }
-    chunk.set_xxh64(compression::Checksum(data->data(), data->size()));
-    out.push_back(std::move(chunk));
+  out.reserve(plan.num_chunks);
+  for (uint32_t c = 0; c < plan.num_chunks; ++c) {
+    const uint64_t first = uint64_t(c) * plan.per_chunk;
+    auto chunk = EncodeChunk(id, spec, values + first, offset + first,
+                             std::min<uint64_t>(plan.per_chunk, n - first), fragment_elements, c,
+                             plan.num_chunks, rounding);
+    if (!chunk.ok()) return chunk.status();
+    out.push_back(*std::move(chunk));
   }
   return out;
 }
@@ -234,10 +251,8 @@ absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload) {
     for (uint64_t a = begin; a < end; a += kWindow) {
       const uint64_t len = std::min(kWindow, end - a);
       if (auto s = payload.Read(a, len, window.data()); !s.ok()) return s;
-      for (uint64_t j = 0; j < len; ++j) {
-        stats.sum_squares += double(window[j]) * double(window[j]);
-        max_abs = std::max(max_abs, std::abs(window[j]));
-      }
+      stats.sum_squares += compression::SumSquares(window.data(), len);
+      max_abs = std::max(max_abs, compression::MaxAbs(window.data(), len));
     }
   }
   stats.max_abs = max_abs;

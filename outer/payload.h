@@ -29,6 +29,22 @@ struct PayloadId {
   uint32_t fragment = 0;
 };
 
+// How a payload of n elements is cut into chunks: whole scale blocks, at most max_chunk_bytes
+// encoded bytes (or one block) each; chunk c holds elements [c * per_chunk, ...) of the payload.
+struct ChunkPlan {
+  uint64_t per_chunk = 0;
+  uint32_t num_chunks = 0;
+};
+ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n,
+                     size_t max_chunk_bytes = kDefaultChunkBytes);
+
+// One chunk: values[0, count) as elements [offset, offset + count) of the fragment, numbered
+// `index` of `num_chunks` (a payload encoded chunk by chunk never exists whole).
+absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::CodecSpec& spec,
+                                      const float* values, uint64_t offset, uint64_t count,
+                                      uint64_t fragment_elements, uint32_t index,
+                                      uint32_t num_chunks, compression::Rounding rounding = {});
+
 // Encodes values[0, n) as elements [offset, offset + n) of a fragment of `fragment_elements`.
 // With stochastic rounding, element k of the fragment draws from (rounding.seed, k), so the bytes
 // do not depend on how the payload is cut into chunks.

@@ -15,9 +15,6 @@
 
 namespace atl::outer {
 
-using internal::HashParams;
-using internal::Norm;
-
 uint32_t DynamicLocalSteps(double v, double v_max, uint32_t h) {
   if (!(v > 0) || !(v_max > 0) || v >= v_max) return h;
   return std::max<uint32_t>(1, uint32_t(std::floor(v / v_max * double(h))));
@@ -29,13 +26,14 @@ uint64_t FragmentLayout::total() const {
 
 SyncServer::Fragment::Fragment(FragmentLayout l, std::vector<float> p, const OuterOptimizerConfig& o)
     : layout(std::move(l)),
-      params(std::move(p)),
-      params_hash(HashParams(params)),
-      params_norm(Norm(params)),
-      optimizer(o, params.size()) {}
+      data_mu(std::make_unique<std::mutex>()),
+      data(std::move(p), o),
+      params_hash(data.Hash()),
+      params_norm(data.Norm(nullptr)) {}
 
 SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial)
     : options_(std::move(options)),
+      pool_(std::make_unique<WorkerPool>(options_.service_threads)),
       membership_(options_.num_data_streams, absl::Seconds(options_.lease_s)) {
   fragments_.emplace_back(std::move(layout), std::move(initial), options_.optimizer);
 }
@@ -43,6 +41,7 @@ SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::ve
 SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> layouts,
                        std::vector<std::vector<float>> initial)
     : options_(std::move(options)),
+      pool_(std::make_unique<WorkerPool>(options_.service_threads)),
       membership_(options_.num_data_streams, absl::Seconds(options_.lease_s)) {
   for (size_t f = 0; f < layouts.size(); ++f) {
     fragments_.emplace_back(std::move(layouts[f]), std::move(initial[f]), options_.optimizer);
@@ -112,18 +111,22 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
 
 absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
-  if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
-  ForgetIslandLocked(request.island_id());
-  if (on_event_ && !AllDoneLocked()) {
-    on_event_(absl::StrCat("island '", request.island_id(), "' left at round ", fragments_[0].round));
+  std::vector<CommitJob> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) {
+      return s;
+    }
+    if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
+    ForgetIslandLocked(request.island_id());
+    if (on_event_ && !AllDoneLocked()) {
+      on_event_(absl::StrCat("island '", request.island_id(), "' left at round ",
+                             fragments_[0].round));
+    }
+    // Rounds may now be complete without the island that left.
+    jobs = TakeReadyLocked(absl::Now());
   }
-  // Rounds may now be complete without the island that left.
-  const absl::Time now = absl::Now();
-  for (uint32_t f = 0; f < fragments_.size(); ++f) {
-    if (ReadyLocked(fragments_[f], now)) CommitLocked(f, now);
-  }
+  RunCommits(std::move(jobs));
   return absl::OkStatus();
 }
 
@@ -189,19 +192,21 @@ absl::Status SyncServer::AuthenticateMemberLocked(const std::string& island,
 }
 
 void SyncServer::Tick(absl::Time now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (now >= complement_deadline_) complement_reached_ = true;
-  // Islands silent past their lease are dropped; rounds that waited only for them commit now
-  // with the contributions that arrived (weights renormalized over those).
-  for (const auto& name : membership_.ExpireLeases(now)) {
-    ForgetIslandLocked(name);
-    if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
-                                          absl::FormatDuration(membership_.lease()),
-                                          " of silence; rounds go on without it"));
+  std::vector<CommitJob> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (now >= complement_deadline_) complement_reached_ = true;
+    // Islands silent past their lease are dropped; rounds that waited only for them commit now
+    // with the contributions that arrived (weights renormalized over those).
+    for (const auto& name : membership_.ExpireLeases(now)) {
+      ForgetIslandLocked(name);
+      if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
+                                            absl::FormatDuration(membership_.lease()),
+                                            " of silence; rounds go on without it"));
+    }
+    jobs = TakeReadyLocked(now);
   }
-  for (uint32_t f = 0; f < fragments_.size(); ++f) {
-    if (ReadyLocked(fragments_[f], now)) CommitLocked(f, now);
-  }
+  RunCommits(std::move(jobs));
 }
 
 void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> listener) {
@@ -230,8 +235,9 @@ uint64_t SyncServer::params_hash(uint32_t fragment) const {
 }
 
 std::vector<float> SyncServer::params(uint32_t fragment) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return fragments_.at(fragment).params;
+  const Fragment& f = fragments_.at(fragment);
+  std::lock_guard<std::mutex> lock(*f.data_mu);
+  return f.data.params();
 }
 
 bool SyncServer::budget_reached() const {

@@ -30,9 +30,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "outer/aggregation.h"
+#include "outer/fragment_data.h"
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
+#include "outer/worker_pool.h"
 #include "atoll/v1/service_state.pb.h"
 
 namespace atl::outer {
@@ -57,6 +59,9 @@ struct SyncServerOptions {
   bool staleness_scaling = false;   // scale a contribution by 1 / (1 + staleness)
   bool dynamic_local_steps = true;  // DyLU: each island's H follows its measured throughput
   uint64_t token_budget = 0;        // tokens over all islands after which islands finish (0: none)
+  // Threads for a commit's data work (aggregation, the outer step, encoding, hashing); commits run
+  // outside the lock that membership, heartbeats and pushes take.
+  int service_threads = 1;
   AggregationOptions aggregation;   // how a round's contributions are combined
   // Bounds on a contribution, refused with INVALID_ARGUMENT beyond them (0: no bound): its L2 norm
   // relative to the fragment's parameter norm, the magnitude of any of its values, and the tokens
@@ -109,8 +114,10 @@ class PushStream {
 struct CommittedRound {
   uint64_t round = 0;
   uint32_t fragment = 0;
-  std::vector<float> update;           // theta_new = theta - update (as decoded from the chunks)
-  std::vector<pb::Chunk> update_chunks;  // `update`, encoded once
+  // The update u (theta_new = theta - u, every copy subtracting the decoded chunks), encoded once
+  // and kept only so.
+  std::vector<pb::Chunk> update_chunks;
+  uint64_t update_bytes = 0;  // of the chunks' data
   uint64_t params_hash = 0;            // XXH64 of the fp32 global parameters after the update
   std::vector<std::string> contributors;
   uint64_t tokens = 0;
@@ -174,25 +181,40 @@ class SyncServer {
   // members whose lease has run out.
   void Tick(absl::Time now);
 
-  // Durable state. Snapshot() copies the committed state (parameters, outer optimizer state,
-  // rounds, membership epoch) under the lock; Restore() replaces it, all or nothing, before any
-  // island joins. With the durability gate on, a committed round is handed to islands only once
-  // MarkDurable() has been called with a snapshot that contains it, so no island ever applies a
-  // round that a crash of the service could lose.
-  pb::ServiceState Snapshot() const;
-  absl::Status Restore(const pb::ServiceState& state);
+  // Durable state, tensor by tensor, so that no whole copy of a fragment is ever made. Snapshot()
+  // hands `write` each fragment's tensors in order (parameters, momentum, delayed-Nesterov buffer)
+  // while that fragment's data is locked (its commits wait; membership and pushes do not), and
+  // returns the state's description: rounds, membership epoch, each tensor's size and XXH64, no
+  // tensor bytes. Restore() checks a description against this service, reads every tensor through
+  // `read` into new memory and checks its hash, then replaces the state: all or nothing, before
+  // any island joins. With the durability gate on, a committed round is handed to islands only once
+  // MarkDurable() has been called with a description that contains it, so no island ever applies
+  // a round that a crash of the service could lose.
+  enum class StateTensor { kParams, kMomentum, kBuffer };
+  static const char* StateTensorName(StateTensor t);
+  using StateWrite =
+      std::function<absl::Status(uint32_t fragment, StateTensor tensor, const float* data, size_t n)>;
+  using StateRead =
+      std::function<absl::Status(uint32_t fragment, StateTensor tensor, float* out, size_t n)>;
+  absl::StatusOr<pb::ServiceState> Snapshot(const StateWrite& write) const;
+  absl::Status Restore(const pb::ServiceState& description, const StateRead& read);
   void SetDurabilityGate(bool on);
   void MarkDurable(const pb::ServiceState& written);
 
-  // Called (under the server's lock: keep it short) after each commit.
+  // Called (under the server's lock: keep it short) after each commit is published.
   void SetCommitListener(std::function<void(const CommittedRound&)> listener);
+  // Tests: called by a commit while it holds its fragment's data lock, before its data work (to
+  // hold a commit in progress and see what waits for it).
+  void SetCommitHookForTesting(std::function<void(uint32_t fragment)> hook) {
+    commit_hook_ = std::move(hook);
+  }
   // Called (under the lock) with a line for each membership event worth logging.
   void SetEventListener(std::function<void(const std::string&)> listener);
   size_t num_members() const;
 
   uint64_t round(uint32_t fragment = 0) const;
   uint64_t params_hash(uint32_t fragment = 0) const;
-  std::vector<float> params(uint32_t fragment = 0) const;
+  std::vector<float> params(uint32_t fragment = 0) const;  // a copy (tests, tools)
   uint32_t num_fragments() const { return uint32_t(fragments_.size()); }
   const FragmentLayout& layout(uint32_t fragment = 0) const { return fragments_[fragment].layout; }
   // Rounds (versions in async mode) committed over all fragments.
@@ -217,13 +239,17 @@ class SyncServer {
     double sum_squares = 0;
   };
 
+  // Locking: `mu_` guards membership, rounds and contributions and is only ever held briefly; a
+  // fragment's `data_mu` guards its `data` (parameters, optimizer) and is held through a commit's
+  // data work. Lock order: data_mu, then mu_ (never data_mu while holding mu_).
   struct Fragment {
     Fragment(FragmentLayout l, std::vector<float> p, const OuterOptimizerConfig& o);
     FragmentLayout layout;
-    std::vector<float> params;
-    uint64_t params_hash = 0;
-    double params_norm = 0;  // L2, for the relative bound on contributions
-    OuterOptimizer optimizer;
+    std::unique_ptr<std::mutex> data_mu;
+    FragmentData data;         // under data_mu
+    uint64_t params_hash = 0;  // of `data`'s parameters as published by the last commit
+    double params_norm = 0;    // L2, for the relative bound on contributions
+    bool committing = false;   // sync: the round's contributions are being committed
     uint64_t round = 0;
     std::map<std::string, Contribution> contributions;  // of `round`, by island id
     std::map<std::string, Partial> partials;            // incomplete ones, by island id
@@ -251,20 +277,47 @@ class SyncServer {
     AggregationReport aggregation;
     std::map<std::string, double> relative_norms;
   };
-  // Aggregates the round's contributions and applies them; contributions whose combination would
-  // make the parameters non-finite are left out one by one (largest norm first).
-  void CommitLocked(uint32_t fragment, absl::Time now);
-  // Runs the outer optimizer on g and applies the (encoded, decoded) update, unless it would make
-  // a parameter non-finite (INVALID_ARGUMENT; then nothing has changed).
-  absl::Status ApplyLocked(uint32_t fragment, const std::vector<float>& g, RoundRecord record,
-                           absl::Time now);
-  // Applies a decoded update, logs the round and releases it to the islands.
-  void CommitUpdateLocked(uint32_t fragment, std::vector<float> update,
-                          std::vector<pb::Chunk> chunks, RoundRecord record, absl::Time now);
-  // Sync: the contribution waits for its round. Async: it is applied at once.
-  absl::StatusOr<pb::PushResponse> RecordLocked(const PayloadId& id, Contribution c);
-  absl::StatusOr<pb::PushResponse> ApplyAsyncLocked(const PayloadId& id, Contribution c,
-                                                    double steps_per_s);
+  // A sync round taken for commit: its contributions, and what the commit needs from under mu_.
+  struct CommitJob {
+    uint32_t fragment = 0;
+    uint64_t round = 0;
+    std::map<std::string, Contribution> contributions;
+    double params_norm = 0;
+    std::set<std::pair<uint64_t, uint64_t>> known_ranges;
+  };
+  // The data a commit produced, published under mu_.
+  struct CommitResult {
+    std::vector<pb::Chunk> update;
+    RoundRecord record;
+    uint64_t params_hash = 0;
+    double params_norm = 0;
+    std::map<std::pair<uint64_t, uint64_t>, uint64_t> range_hashes;
+    std::vector<std::string> events;
+  };
+  // Marks every ready round as committing and hands its contributions over; the caller runs the
+  // jobs with RunCommits once it has released mu_.
+  std::vector<CommitJob> TakeReadyLocked(absl::Time now);
+  void RunCommits(std::vector<CommitJob> jobs);
+  // Aggregates the round's contributions and applies them (under the fragment's data lock);
+  // contributions whose combination would make the parameters non-finite are left out one by one
+  // (largest norm first).
+  void RunCommit(CommitJob job);
+  // Under the data lock: the update of the outer gradient g, applied (INVALID_ARGUMENT and nothing
+  // changed when it would make a parameter non-finite), with the hashes and norm after it.
+  absl::StatusOr<CommitResult> StepLocked(Fragment& f, uint32_t fragment, uint64_t round,
+                                          const float* g,
+                                          const std::set<std::pair<uint64_t, uint64_t>>& ranges);
+  // The hashes and norm of the parameters (under the data lock).
+  void MeasureLocked(const Fragment& f, const std::set<std::pair<uint64_t, uint64_t>>& ranges,
+                     CommitResult& result);
+  // Under mu_: logs the round and releases it to the islands.
+  void PublishLocked(uint32_t fragment, CommitResult result, absl::Time now);
+  // Sync: the contribution waits for its round (and may complete it: then the caller runs the
+  // commit once mu_ is released). Async: it is applied at once, outside mu_.
+  absl::StatusOr<pb::PushResponse> RecordLocked(const PayloadId& id, Contribution c,
+                                                std::vector<CommitJob>& jobs);
+  absl::StatusOr<pb::PushResponse> ApplyAsync(const PayloadId& id, Contribution c,
+                                              double steps_per_s);
   // The cheap checks of a push, at its start and again before it is recorded.
   absl::Status CheckPushLocked(const PayloadId& id) const;
   void ClosePush(const PayloadId& id, uint64_t first_offset);
@@ -289,6 +342,7 @@ class SyncServer {
   bool AllDoneLocked() const;
 
   const SyncServerOptions options_;
+  std::unique_ptr<WorkerPool> pool_;  // a commit's data work
   mutable std::mutex mu_;
   std::condition_variable committed_cv_;
   std::vector<Fragment> fragments_;
@@ -304,6 +358,7 @@ class SyncServer {
   uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;
   std::function<void(const std::string&)> on_event_;
+  std::function<void(uint32_t)> commit_hook_;
 };
 
 }  // namespace atl::outer

@@ -10,7 +10,13 @@
 
 namespace atl::outer::internal {
 
-inline constexpr size_t kCommittedKept = 8;  // sync rounds kept for islands that fetch late
+// Sync rounds kept for islands that fetch late: at most kCommittedKept, and beyond the newest
+// kMinCommittedKept only while their encoded updates take at most half the fragment's fp32 size or
+// kCommittedKeptBytes, whichever is more (with FP4, three rounds of a fragment of billions of
+// parameters; every round of a small one).
+inline constexpr size_t kCommittedKept = 8;
+inline constexpr size_t kMinCommittedKept = 2;
+inline constexpr uint64_t kCommittedKeptBytes = uint64_t(64) << 20;
 
 inline uint64_t HashParams(const float* p, size_t n) {
   return compression::Checksum(p, n * sizeof(float));

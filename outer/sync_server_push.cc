@@ -15,10 +15,6 @@
 
 namespace atl::outer {
 
-using internal::HashParams;
-using internal::Norm;
-using internal::kCommittedKept;
-
 PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_offset,
                        std::string session, uint64_t tokens, double steps_per_s)
     : server_(server),
@@ -43,6 +39,11 @@ absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
         "round ", id.round, " of fragment ", id.fragment,
         id.round < frag.round ? " has already committed" : " is unknown",
         "; the current round is ", frag.round, ": fetch the global state and continue"));
+  }
+  if (frag.committing) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", id.round, " of fragment ", id.fragment,
+        " is being committed without this contribution: fetch the global state and continue"));
   }
   if (frag.contributions.count(id.island_id)) {
     return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id,
@@ -176,38 +177,45 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
         "contribution of island '", id.island_id, "' to round ", id.round, ": a value of magnitude ",
         stats->max_abs, " exceeds outer.max_update_value = ", options_.max_update_value));
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  // Other contributions may have landed, rounds committed and the island rejoined (with a new
-  // session) while this one arrived.
-  if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
-  if (auto s = CheckPushLocked(id); !s.ok()) return s;
-  auto complete = AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares);
-  if (!complete.ok()) return complete.status();
-  Fragment& frag = fragments_[id.fragment];
-  if (!complete->has_value()) {
-    // A part of the island's contribution: the rank that completes it is answered as a whole push.
-    if (options_.async) return AwaitAppliedLocked(lock, id);
-    pb::PushResponse response;
-    response.set_round(id.round);
-    response.set_fragment(id.fragment);
-    response.set_contributors(uint32_t(frag.contributions.size()));
-    return response;
+  std::vector<CommitJob> jobs;
+  absl::StatusOr<pb::PushResponse> response;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Other contributions may have landed, rounds committed and the island rejoined (with a new
+    // session) while this one arrived.
+    if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
+    if (auto s = CheckPushLocked(id); !s.ok()) return s;
+    auto complete = AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares);
+    if (!complete.ok()) return complete.status();
+    Fragment& frag = fragments_[id.fragment];
+    if (!complete->has_value()) {
+      // A part of the island's contribution: the rank that completes it is answered as a whole
+      // push.
+      if (options_.async) return AwaitAppliedLocked(lock, id);
+      pb::PushResponse part;
+      part.set_round(id.round);
+      part.set_fragment(id.fragment);
+      part.set_contributors(uint32_t(frag.contributions.size()));
+      return part;
+    }
+    Contribution c = std::move(**complete);
+    if (const double params_norm = frag.params_norm;
+        options_.max_update_norm > 0 && params_norm > 0 &&
+        c.norm > options_.max_update_norm * params_norm) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "contribution of island '", id.island_id, "' to round ", id.round, " has norm ", c.norm,
+          ", ", c.norm / params_norm, " times the fragment's parameter norm (outer.max_update_norm = ",
+          options_.max_update_norm, ")"));
+    }
+    if (options_.async) {
+      lock.unlock();
+      return ApplyAsync(id, std::move(c), steps_per_s);
+    }
+    response = RecordLocked(id, std::move(c), jobs);
   }
-  Contribution c = std::move(**complete);
-  if (const double params_norm = frag.params_norm;
-      options_.max_update_norm > 0 && params_norm > 0 &&
-      c.norm > options_.max_update_norm * params_norm) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "contribution of island '", id.island_id, "' to round ", id.round, " has norm ", c.norm,
-        ", ", c.norm / params_norm, " times the fragment's parameter norm (outer.max_update_norm = ",
-        options_.max_update_norm, ")"));
-  }
-  if (options_.async) {
-    auto applied = ApplyAsyncLocked(id, std::move(c), steps_per_s);
-    if (applied.ok()) frag.applied[id.island_id] = {id.round, *applied};
-    return applied;
-  }
-  return RecordLocked(id, std::move(c));
+  // The contribution that completed its round commits it (outside mu_).
+  RunCommits(std::move(jobs));
+  return response;
 }
 
 absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequest>& requests) {
@@ -220,7 +228,8 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
   return FinishPush(*std::move(stream));
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, Contribution c) {
+absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, Contribution c,
+                                                          std::vector<CommitJob>& jobs) {
   Fragment& frag = fragments_[id.fragment];
   frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
@@ -232,7 +241,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   response.set_round(id.round);
   response.set_fragment(id.fragment);
   response.set_contributors(uint32_t(frag.contributions.size()));
-  if (ReadyLocked(frag, now)) CommitLocked(id.fragment, now);
+  jobs = TakeReadyLocked(now);
   return response;
 }
 
@@ -267,28 +276,43 @@ uint32_t SyncServer::SyncEveryLocked(const std::string& island) const {
   return DynamicLocalSteps(it->second, v_max, options_.sync_every);
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsyncLocked(const PayloadId& id,
-                                                              Contribution c,
-                                                              double steps_per_s) {
+absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Contribution c,
+                                                        double steps_per_s) {
   Fragment& frag = fragments_[id.fragment];
-  const uint64_t staleness = frag.round - id.round;
-  std::vector<float> g(frag.params.size());
+  // Contributions to a fragment apply one at a time, each to the version the previous one made.
+  std::lock_guard<std::mutex> data(*frag.data_mu);
+  uint64_t staleness;
+  double params_norm;
+  std::set<std::pair<uint64_t, uint64_t>> ranges;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The island may have left, or others' contributions made this one too stale, while it waited.
+    if (auto s = CheckAsyncLocked(frag, id.fragment, id.island_id, id.round); !s.ok()) return s;
+    staleness = frag.round - id.round;
+    params_norm = frag.params_norm;
+    ranges = frag.known_ranges;
+  }
+  std::vector<float> g(frag.data.size());
   if (auto s = c.payload.Read(0, g.size(), g.data()); !s.ok()) return s;
   if (options_.staleness_scaling && staleness > 0) {
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
-  RoundRecord record;
-  record.contributors = {id.island_id};
-  record.tokens = c.tokens;
-  record.staleness = staleness;
-  record.relative_norms[id.island_id] = frag.params_norm > 0 ? c.norm / frag.params_norm : 0.0;
-  if (auto s = ApplyLocked(id.fragment, g, std::move(record), absl::Now()); !s.ok()) {
+  auto result = StepLocked(frag, id.fragment, id.round + staleness, g.data(), ranges);
+  if (!result.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
-                                                   "' refused: ", s.message()));
+                                                   "' refused: ", result.status().message()));
   }
+  g = {};
+  result->record.contributors = {id.island_id};
+  result->record.tokens = c.tokens;
+  result->record.staleness = staleness;
+  result->record.relative_norms[id.island_id] = params_norm > 0 ? c.norm / params_norm : 0.0;
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = absl::Now();
+  PublishLocked(id.fragment, *std::move(result), now);
   frag.last_base[id.island_id] = id.round;
-  membership_.Contributed(id.island_id, absl::Now()).IgnoreError();  // a member: checked
+  membership_.Contributed(id.island_id, now).IgnoreError();  // a member, or one that just left
   if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
   if (id.fragment == 0) tokens_committed_ += c.tokens;
   pb::PushResponse response;
@@ -301,6 +325,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsyncLocked(const PayloadId& i
   response.set_tokens_committed(tokens_committed_);
   response.set_budget_reached(options_.token_budget > 0 &&
                               tokens_committed_ >= options_.token_budget);
+  frag.applied[id.island_id] = {id.round, response};
   return response;
 }
 

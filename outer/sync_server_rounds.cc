@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,11 +18,10 @@
 namespace atl::outer {
 
 using internal::HashParams;
-using internal::Norm;
 using internal::kCommittedKept;
 
 bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
-  if (f.contributions.empty()) return false;
+  if (f.contributions.empty() || f.committing) return false;
   // Before its deadline a round needs every member; the first round also waits for the run's full
   // complement of islands, so an island that is merely slower to start takes part from the start.
   const uint32_t fragment = uint32_t(&f - fragments_.data());
@@ -33,115 +34,156 @@ bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
   return now >= f.deadline && int(f.contributions.size()) >= options_.min_islands;
 }
 
-void SyncServer::CommitLocked(uint32_t fragment, absl::Time now) {
-  Fragment& f = fragments_[fragment];
-  const size_t n = f.params.size();
+std::vector<SyncServer::CommitJob> SyncServer::TakeReadyLocked(absl::Time now) {
+  std::vector<CommitJob> jobs;
+  for (uint32_t i = 0; i < fragments_.size(); ++i) {
+    Fragment& f = fragments_[i];
+    if (!ReadyLocked(f, now)) continue;
+    CommitJob job;
+    job.fragment = i;
+    job.round = f.round;
+    job.contributions = std::move(f.contributions);
+    job.params_norm = f.params_norm;
+    job.known_ranges = f.known_ranges;
+    f.contributions.clear();
+    f.partials.clear();  // parts of islands that did not complete theirs in time
+    f.deadline = absl::InfiniteFuture();
+    f.committing = true;
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+void SyncServer::RunCommits(std::vector<CommitJob> jobs) {
+  for (auto& job : jobs) RunCommit(std::move(job));
+}
+
+void SyncServer::RunCommit(CommitJob job) {
+  Fragment& f = fragments_[job.fragment];
+  std::lock_guard<std::mutex> data(*f.data_mu);
+  if (commit_hook_) commit_hook_(job.fragment);
+  const size_t n = f.data.size();
   // In island-id order (std::map): the result does not depend on arrival order.
   std::vector<ContributionRef> refs;
-  for (const auto& [id, c] : f.contributions) refs.push_back({id, c.tokens, c.norm, &c.payload});
-  std::vector<std::string> dropped;
-  std::vector<float> g(n);
+  for (const auto& [id, c] : job.contributions) refs.push_back({id, c.tokens, c.norm, &c.payload});
+  std::vector<std::string> dropped, events;
+  std::unique_ptr<float[]> g(new float[n]);  // the one accumulator
+  std::optional<CommitResult> result;
   while (!refs.empty()) {
-    RoundRecord record;
-    absl::Status s = Aggregate(options_.aggregation, refs, n, g.data(), &record.aggregation);
+    AggregationReport report;
+    absl::Status s = Aggregate(options_.aggregation, refs, n, g.get(), &report, pool_.get());
     if (s.ok()) {
-      for (const auto& r : refs) {
-        record.contributors.push_back(r.island);
-        record.tokens += r.tokens;
+      auto stepped = StepLocked(f, job.fragment, job.round, g.get(), job.known_ranges);
+      if (stepped.ok()) {
+        result = *std::move(stepped);
+        RoundRecord& record = result->record;
+        for (const auto& r : refs) {
+          record.contributors.push_back(r.island);
+          record.tokens += r.tokens;
+          record.relative_norms[r.island] = job.params_norm > 0 ? r.norm / job.params_norm : 0.0;
+        }
+        record.aggregation = std::move(report);
+        break;
       }
-      record.dropped = dropped;
-      for (const auto& r : refs) {
-        record.relative_norms[r.island] = f.params_norm > 0 ? r.norm / f.params_norm : 0.0;
-      }
-      s = ApplyLocked(fragment, g, std::move(record), now);
-      if (s.ok()) break;
+      s = stepped.status();
     }
     // The combination would leave the parameters non-finite (or could not be read): the round
     // commits without the contribution of largest norm, the likeliest culprit, and tries again.
     auto worst = std::max_element(refs.begin(), refs.end(), [](const auto& x, const auto& y) {
       return x.norm < y.norm;
     });
-    if (on_event_) {
-      on_event_(absl::StrCat("round ", f.round, " of fragment ", fragment, ": ", s.message(),
-                             "; committing without island '", worst->island, "'"));
-    }
+    events.push_back(absl::StrCat("round ", job.round, " of fragment ", job.fragment, ": ",
+                                  s.message(), "; committing without island '", worst->island,
+                                  "'"));
     dropped.push_back(worst->island);
     refs.erase(worst);
   }
-  if (refs.empty()) {
+  g.reset();
+  job.contributions.clear();
+  if (!result) {
     // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged).
-    RoundRecord record;
-    record.dropped = dropped;
-    CommitUpdateLocked(fragment, std::vector<float>(n, 0.0f), {}, std::move(record), now);
+    result.emplace();
+    result->update = ZeroUpdate({options_.run_id, "", job.round, job.fragment}, options_.codec, n,
+                                options_.chunk_bytes);
+    MeasureLocked(f, job.known_ranges, *result);
   }
-  f.contributions.clear();
-  f.partials.clear();  // parts of islands that did not complete theirs in time
-  f.deadline = absl::InfiniteFuture();
+  result->record.dropped = std::move(dropped);
+  result->events = std::move(events);
+  std::lock_guard<std::mutex> lock(mu_);
+  PublishLocked(job.fragment, *std::move(result), absl::Now());
 }
 
-absl::Status SyncServer::ApplyLocked(uint32_t fragment, const std::vector<float>& g,
-                                     RoundRecord record, absl::Time now) {
-  Fragment& f = fragments_[fragment];
-  const size_t n = f.params.size();
+absl::StatusOr<SyncServer::CommitResult> SyncServer::StepLocked(
+    Fragment& f, uint32_t fragment, uint64_t round, const float* g,
+    const std::set<std::pair<uint64_t, uint64_t>>& ranges) {
   // The update every copy applies is the decoded encoding of the optimizer's update, so the
   // service and the islands subtract exactly the same numbers. Nothing changes until the whole
   // update is known to keep every parameter finite.
-  std::vector<float> update(n);
-  f.optimizer.Preview(g.data(), update.data());
-  const PayloadId id{options_.run_id, "", f.round, fragment};
-  auto chunks = EncodeChunks(id, options_.codec, update.data(), 0, n, n, options_.chunk_bytes);
-  if (!chunks.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the outer update is not finite (", chunks.status().message(), ")"));
-  }
-  Assembler decoded(id, n, 0, n, options_.codec);
-  for (const auto& c : *chunks) {
-    if (auto s = decoded.Add(c); !s.ok()) return s;
-  }
-  const std::vector<float>& u = decoded.values();
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) bad |= uint32_t(!std::isfinite(f.params[i] - u[i]));
-  if (bad) {
-    return absl::InvalidArgumentError("the update would make the global parameters non-finite");
-  }
-  f.optimizer.Advance(g.data());
-  CommitUpdateLocked(fragment, std::move(decoded.mutable_values()), *std::move(chunks),
-                     std::move(record), now);
-  return absl::OkStatus();
+  const PayloadId id{options_.run_id, "", round, fragment};
+  auto update = f.data.PrepareUpdate(g, id, options_.codec, options_.chunk_bytes, pool_.get());
+  if (!update.ok()) return update.status();
+  f.data.Apply(g, *update, pool_.get());
+  CommitResult result;
+  result.update = *std::move(update);
+  MeasureLocked(f, ranges, result);
+  return result;
 }
 
-void SyncServer::CommitUpdateLocked(uint32_t fragment, std::vector<float> update,
-                                    std::vector<pb::Chunk> chunks, RoundRecord record,
-                                    absl::Time now) {
+void SyncServer::MeasureLocked(const Fragment& f,
+                               const std::set<std::pair<uint64_t, uint64_t>>& ranges,
+                               CommitResult& result) {
+  const std::vector<std::pair<uint64_t, uint64_t>> list(ranges.begin(), ranges.end());
+  std::vector<uint64_t> hashes(list.size());
+  // Task 0 hashes the whole; the others each hash a range.
+  pool_->ParallelFor(list.size() + 1, [&](size_t t) {
+    if (t == 0) {
+      result.params_hash = f.data.Hash();
+    } else if (list[t - 1].second <= f.data.size()) {
+      hashes[t - 1] = f.data.RangeHash(list[t - 1].first, list[t - 1].second);
+    }
+  });
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].second <= f.data.size()) result.range_hashes[list[i]] = hashes[i];
+  }
+  result.params_norm = f.data.Norm(pool_.get());
+}
+
+void SyncServer::PublishLocked(uint32_t fragment, CommitResult result, absl::Time now) {
   Fragment& f = fragments_[fragment];
-  const size_t n = f.params.size();
-  if (chunks.empty()) {  // a zero update still travels, so that islands apply it like any other
-    chunks = *EncodeChunks({options_.run_id, "", f.round, fragment}, options_.codec, update.data(),
-                           0, n, n, options_.chunk_bytes);
+  if (on_event_) {
+    for (const auto& e : result.events) on_event_(e);
   }
   auto committed = std::make_shared<CommittedRound>();
   committed->round = f.round;
   committed->fragment = fragment;
-  committed->contributors = std::move(record.contributors);
-  committed->tokens = record.tokens;
-  committed->staleness = record.staleness;
-  committed->dropped = std::move(record.dropped);
-  committed->aggregation = std::move(record.aggregation);
-  committed->relative_norms = std::move(record.relative_norms);
-  committed->update = std::move(update);
-  ApplyUpdate(f.params.data(), committed->update.data(), n);
-  for (const auto& [begin, end] : f.known_ranges) {
-    if (end <= n) committed->range_hashes[{begin, end}] = HashParams(f.params.data() + begin, end - begin);
-  }
-  f.params_hash = HashParams(f.params);
-  f.params_norm = Norm(f.params);
+  committed->contributors = std::move(result.record.contributors);
+  committed->tokens = result.record.tokens;
+  committed->staleness = result.record.staleness;
+  committed->dropped = std::move(result.record.dropped);
+  committed->aggregation = std::move(result.record.aggregation);
+  committed->relative_norms = std::move(result.record.relative_norms);
+  committed->range_hashes = std::move(result.range_hashes);
+  f.params_hash = result.params_hash;
+  f.params_norm = result.params_norm;
   committed->params_hash = f.params_hash;
   committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-  committed->update_chunks = std::move(chunks);
+  committed->update_chunks = std::move(result.update);
+  for (const auto& c : committed->update_chunks) committed->update_bytes += c.data().size();
   if (on_commit_) on_commit_(*committed);
   f.committed.push_back(std::move(committed));
   while (f.committed.size() > kept_versions()) f.committed.pop_front();
+  if (!options_.async) {
+    uint64_t kept_bytes = 0;
+    for (const auto& c : f.committed) kept_bytes += c->update_bytes;
+    const uint64_t budget =
+        std::max<uint64_t>(f.layout.total() * sizeof(float) / 2, internal::kCommittedKeptBytes);
+    while (f.committed.size() > internal::kMinCommittedKept && kept_bytes > budget) {
+      kept_bytes -= f.committed.front()->update_bytes;
+      f.committed.pop_front();
+    }
+  }
   ++f.round;
+  f.committing = false;
   committed_cv_.notify_all();
 }
 
@@ -209,12 +251,14 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
   std::vector<float> snapshot;  // of the range asked for only
   uint64_t round, hash, total, n;
   {
+    const Fragment& f = fragments_[*fid];
+    std::lock_guard<std::mutex> data(*f.data_mu);  // the parameters of a published round
     std::lock_guard<std::mutex> lock(mu_);
     if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
       return s;
     }
-    const Fragment& f = fragments_[*fid];
-    total = f.params.size();
+    const std::vector<float>& params = f.data.params();
+    total = params.size();
     if (request.offset() > total) {
       return absl::OutOfRangeError(absl::StrCat("offset ", request.offset(),
                                                 " is past the fragment's ", total, " elements"));
@@ -222,8 +266,8 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
     n = request.num_elements() == 0
             ? total - request.offset()
             : std::min<uint64_t>(request.num_elements(), total - request.offset());
-    snapshot.assign(f.params.begin() + int64_t(request.offset()),
-                    f.params.begin() + int64_t(request.offset() + n));
+    snapshot.assign(params.begin() + int64_t(request.offset()),
+                    params.begin() + int64_t(request.offset() + n));
     round = f.round;
     hash = f.params_hash;
   }

@@ -16,58 +16,57 @@
 namespace atl::outer {
 
 using internal::HashParams;
-using internal::Norm;
-using internal::kCommittedKept;
 
-namespace {
-
-
-std::string FloatBytes(const std::vector<float>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
-absl::StatusOr<std::vector<float>> FloatsOf(const std::string& bytes, size_t expected,
-                                            const char* what, uint32_t fragment) {
-  if (bytes.size() != expected * sizeof(float)) {
-    return absl::DataLossError(absl::StrCat("service state: fragment ", fragment, " ", what, " has ",
-                                            bytes.size(), " bytes, expected ",
-                                            expected * sizeof(float)));
+const char* SyncServer::StateTensorName(StateTensor t) {
+  switch (t) {
+    case StateTensor::kParams: return "parameters";
+    case StateTensor::kMomentum: return "momentum";
+    case StateTensor::kBuffer: return "momentum buffer";
   }
-  std::vector<float> v(expected);
-  if (!bytes.empty()) std::memcpy(v.data(), bytes.data(), bytes.size());
-  return v;
+  return "tensor";
 }
 
-}  // namespace
-
-pb::ServiceState SyncServer::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+absl::StatusOr<pb::ServiceState> SyncServer::Snapshot(const StateWrite& write) const {
   pb::ServiceState s;
   s.set_run_id(options_.run_id);
   s.set_config_hash(options_.config_hash);
-  s.set_membership_epoch(membership_.epoch());
-  s.set_tokens_committed(tokens_committed_);
   for (uint32_t i = 0; i < fragments_.size(); ++i) {
     const Fragment& f = fragments_[i];
+    // The fragment's data as its last published commit left it; its next commit waits.
+    std::lock_guard<std::mutex> data(*f.data_mu);
     auto* fs = s.add_fragments();
     fs->set_fragment(i);
-    fs->set_round(f.round);
-    fs->set_params_hash(f.params_hash);
-    fs->set_num_elements(f.params.size());
-    fs->set_params(FloatBytes(f.params));
-    fs->set_momentum(FloatBytes(f.optimizer.momentum()));
-    fs->set_momentum_buffer(FloatBytes(f.optimizer.buffer()));
-    fs->set_buffered(uint32_t(f.optimizer.buffered()));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fs->set_round(f.round);
+      fs->set_params_hash(f.params_hash);
+      if (i == 0) s.set_tokens_committed(tokens_committed_);  // async: counts fragment 0's
+      s.set_membership_epoch(membership_.epoch());
+    }
+    const OuterOptimizer& opt = f.data.optimizer();
+    fs->set_num_elements(f.data.size());
+    fs->set_momentum_elements(opt.momentum().size());
+    fs->set_buffer_elements(opt.buffer().size());
+    fs->set_momentum_hash(HashParams(opt.momentum()));
+    fs->set_buffer_hash(HashParams(opt.buffer()));
+    fs->set_buffered(uint32_t(opt.buffered()));
+    const std::pair<StateTensor, const std::vector<float>*> tensors[] = {
+        {StateTensor::kParams, &f.data.params()},
+        {StateTensor::kMomentum, &opt.momentum()},
+        {StateTensor::kBuffer, &opt.buffer()}};
+    for (const auto& [tensor, values] : tensors) {
+      if (auto st = write(i, tensor, values->data(), values->size()); !st.ok()) return st;
+    }
   }
   s.set_written_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   return s;
 }
 
-absl::Status SyncServer::Restore(const pb::ServiceState& state) {
-  std::lock_guard<std::mutex> lock(mu_);
+absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead& read) {
   if (state.run_id() != options_.run_id) {
-    return absl::FailedPreconditionError(absl::StrCat("service state is of run '", state.run_id(),
-                                                      "', not '", options_.run_id, "'"));
+    return absl::FailedPreconditionError(absl::StrCat("service state is of run ",
+                                                      Printable(state.run_id()), ", not '",
+                                                      options_.run_id, "'"));
   }
   if (state.config_hash() != options_.config_hash) {
     return absl::FailedPreconditionError("service state was written for another model config");
@@ -76,44 +75,63 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state) {
     return absl::FailedPreconditionError(absl::StrCat("service state has ", state.fragments_size(),
                                                       " fragments, this run ", fragments_.size()));
   }
-  if (membership_.size() > 0) {
-    return absl::FailedPreconditionError("service state must be restored before islands join");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (membership_.size() > 0) {
+      return absl::FailedPreconditionError("service state must be restored before islands join");
+    }
   }
-  // Check everything, then change anything.
+  // Check everything, then change anything: sizes against this service's (never what the file
+  // claims), every tensor against its hash.
   std::vector<OuterOptimizer> optimizers;
   std::vector<std::vector<float>> params;
   for (uint32_t i = 0; i < fragments_.size(); ++i) {
     const auto& fs = state.fragments(int(i));
-    const size_t n = fragments_[i].params.size();
-    auto p = FloatsOf(fs.params(), n, "parameters", i);
-    if (!p.ok()) return p.status();
-    if (HashParams(*p) != fs.params_hash()) {
-      return absl::DataLossError(absl::StrCat("service state: fragment ", i,
-                                              " parameters do not match their hash"));
-    }
+    const size_t n = fragments_[i].layout.total();
     OuterOptimizer opt(options_.optimizer, n);
-    auto m = FloatsOf(fs.momentum(), opt.momentum().size(), "momentum", i);
-    if (!m.ok()) return m.status();
-    auto b = FloatsOf(fs.momentum_buffer(), opt.buffer().size(), "momentum buffer", i);
-    if (!b.ok()) return b.status();
-    if (auto s = opt.Restore(*std::move(m), *std::move(b), int(fs.buffered())); !s.ok()) {
+    const std::pair<StateTensor, std::pair<uint64_t, uint64_t>> expected[] = {
+        {StateTensor::kParams, {fs.num_elements(), fs.params_hash()}},
+        {StateTensor::kMomentum, {fs.momentum_elements(), fs.momentum_hash()}},
+        {StateTensor::kBuffer, {fs.buffer_elements(), fs.buffer_hash()}}};
+    std::vector<float> tensors[3];
+    const size_t sizes[3] = {n, opt.momentum().size(), opt.buffer().size()};
+    for (int t = 0; t < 3; ++t) {
+      const auto& [tensor, claimed] = expected[t];
+      if (claimed.first != sizes[t]) {
+        return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
+                                                StateTensorName(tensor), " has ", claimed.first,
+                                                " elements, this run ", sizes[t]));
+      }
+      tensors[t].resize(sizes[t]);
+      if (auto s = read(i, tensor, tensors[t].data(), sizes[t]); !s.ok()) return s;
+      if (HashParams(tensors[t]) != claimed.second) {
+        return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
+                                                StateTensorName(tensor),
+                                                " do not match their hash"));
+      }
+    }
+    if (auto s = opt.Restore(std::move(tensors[1]), std::move(tensors[2]), int(fs.buffered()));
+        !s.ok()) {
       return absl::DataLossError(absl::StrCat("service state: fragment ", i, ": ", s.message()));
     }
     optimizers.push_back(std::move(opt));
-    params.push_back(*std::move(p));
+    params.push_back(std::move(tensors[0]));
   }
   for (uint32_t i = 0; i < fragments_.size(); ++i) {
     Fragment& f = fragments_[i];
-    f.params = std::move(params[i]);
+    std::lock_guard<std::mutex> data(*f.data_mu);
+    f.data.Reset(std::move(params[i]), std::move(optimizers[i]));
+    const double norm = f.data.Norm(pool_.get());
+    std::lock_guard<std::mutex> lock(mu_);
     f.params_hash = state.fragments(int(i)).params_hash();
-    f.params_norm = Norm(f.params);
-    f.optimizer = std::move(optimizers[i]);
+    f.params_norm = norm;
     f.round = state.fragments(int(i)).round();
     f.durable_round = f.round;
     f.committed.clear();
     f.contributions.clear();
     f.last_base.clear();
   }
+  std::lock_guard<std::mutex> lock(mu_);
   tokens_committed_ = state.tokens_committed();
   // The round open at the resume is a first round again: it waits for the islands that come back
   // (each is waited for in it), for their full complement or, at most, a grace period.

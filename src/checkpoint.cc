@@ -1,7 +1,5 @@
 #include "src/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <torch/torch.h>
 
@@ -54,57 +52,15 @@ absl::StatusOr<torch::ScalarType> FromProto(pb::DType t) {
   }
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError(absl::StrCat("write ", path, ": ", strerror(errno)));
-    p += n;
-    size -= size_t(n);
-  }
-  return absl::OkStatus();
-}
-
-// Writes the pieces to a temporary file next to `path`, fsyncs, renames, fsyncs the directory.
+// Writes the pieces to `path` atomically.
 absl::Status WritePiecesAtomic(const std::string& path,
                                const std::vector<std::pair<const void*, size_t>>& pieces) {
-  const fs::path target(path);
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
-  {
-    Fd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd.get() < 0) return absl::InternalError(absl::StrCat("create ", tmp, ": ", strerror(errno)));
-    for (const auto& [data, size] : pieces) {
-      if (auto s = WriteAll(fd.get(), data, size, tmp); !s.ok()) {
-        unlink(tmp.c_str());
-        return s;
-      }
-    }
-    if (fsync(fd.get()) != 0) {
-      unlink(tmp.c_str());
-      return absl::InternalError(absl::StrCat("fsync ", tmp, ": ", strerror(errno)));
-    }
+  auto file = AtomicFile::Create(path);
+  if (!file.ok()) return file.status();
+  for (const auto& [data, size] : pieces) {
+    if (auto s = (*file)->Append(data, size); !s.ok()) return s;
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", strerror(errno)));
-  }
-  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  Fd dfd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) fsync(dfd.get());
-  return absl::OkStatus();
+  return (*file)->Commit();
 }
 
 constexpr char kManifest[] = "manifest.json";
@@ -164,10 +120,6 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
 }
 
 }  // namespace
-
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  return WritePiecesAtomic(path, {{contents.data(), contents.size()}});
-}
 
 absl::Status WriteCheckpoint(const std::string& path, const inner::TrainerState& state,
                              const CheckpointMeta& meta) {

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "inner/trainer.h"
+#include "src/atomic_file.h"  // WriteFileAtomic, for the files around checkpoints
 
 namespace atl {
 
@@ -44,10 +45,6 @@ std::string CheckpointPath(const std::string& run_dir, int64_t step);
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& run_dir);
 // Removes all but the newest `keep` checkpoints.
 void PruneCheckpoints(const std::string& run_dir, int keep);
-
-// Writes `contents` to `path` atomically (temp file in the same directory, fsync, rename, fsync of
-// the directory).
-absl::Status WriteFileAtomic(const std::string& path, const std::string& contents);
 
 }  // namespace atl
 

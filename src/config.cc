@@ -120,6 +120,8 @@ std::vector<Field> Schema(Config& c) {
        "coordinator: calls not tied to a member (joins, queries), at once"},
       {"outer.max_calls_per_island", &c.outer.max_calls_per_island,
        "coordinator: calls running at once for one island"},
+      {"outer.service_threads", &c.outer.service_threads,
+       "coordinator: threads for a commit's aggregation, outer step, encoding and hashing"},
       {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async"},
   };
 }

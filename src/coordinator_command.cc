@@ -42,6 +42,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.aggregation.trim_fraction = config.outer.trim_fraction;
   o.max_update_norm = config.outer.max_update_norm;
   o.max_update_value = config.outer.max_update_value;
+  o.service_threads = config.outer.service_threads;
   // A contribution weighs the tokens of the steps since the island's last push: at most H steps
   // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
   o.max_tokens = 2 * uint64_t(config.outer.sync_every) * uint64_t(config.train.batch_size) *
@@ -78,7 +79,6 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
 
 namespace {
 
-constexpr char kStateMagic[8] = {'A', 'T', 'O', 'L', 'L', 'S', 'V', '1'};
 constexpr const char* kStateFile = "service-state.pb";
 
 // Writes the service state in its own thread every `every` commits (and once more when stopped),
@@ -117,12 +117,11 @@ class StateWriter {
       pending_ = 0;
       lock.unlock();
       const auto t0 = std::chrono::steady_clock::now();
-      const pb::ServiceState state = sync_->Snapshot();
-      if (auto s = WriteServiceState(path_, state); !s.ok()) {
+      if (auto state = WriteServiceState(path_, *sync_); !state.ok()) {
         std::fprintf(out_, "atoll coordinator: error: service state not written: %s\n",
-                     std::string(s.message()).c_str());
+                     std::string(state.status().message()).c_str());
       } else {
-        sync_->MarkDurable(state);
+        sync_->MarkDurable(*state);
         ++writes_;
       }
       max_write_s_ = std::max(
@@ -148,34 +147,6 @@ class StateWriter {
 
 }  // namespace
 
-absl::Status WriteServiceState(const std::string& path, const pb::ServiceState& state) {
-  std::string bytes = state.SerializeAsString();
-  const uint64_t hash = compression::Checksum(bytes.data(), bytes.size());
-  std::string file(kStateMagic, 8);
-  for (int i = 0; i < 8; ++i) file.push_back(char((hash >> (8 * i)) & 0xFF));
-  file += bytes;
-  return WriteFileAtomic(path, file);
-}
-
-absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("no service state at ", path));
-  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (file.size() < 16 || std::memcmp(file.data(), kStateMagic, 8) != 0) {
-    return absl::DataLossError(absl::StrCat(path, ": not an atoll service state (bad magic)"));
-  }
-  uint64_t hash = 0;
-  for (int i = 0; i < 8; ++i) hash |= uint64_t(uint8_t(file[8 + size_t(i)])) << (8 * i);
-  if (compression::Checksum(file.data() + 16, file.size() - 16) != hash) {
-    return absl::DataLossError(absl::StrCat(path, ": checksum mismatch (truncated or corrupted)"));
-  }
-  pb::ServiceState state;
-  if (!state.ParseFromArray(file.data() + 16, int(file.size() - 16))) {
-    return absl::DataLossError(absl::StrCat(path, ": cannot parse the service state"));
-  }
-  return state;
-}
-
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
   auto made = MakeSyncServer(config);
   if (!made.ok()) return made.status();
@@ -184,9 +155,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
       options.run_dir.empty() ? "" : (std::filesystem::path(options.run_dir) / kStateFile).string();
   if (options.resume) {
     if (state_path.empty()) return absl::InvalidArgumentError("--resume needs the run directory");
-    auto state = ReadServiceState(state_path);
+    auto state = RestoreServiceState(state_path, *sync);
     if (!state.ok()) return state.status();
-    if (auto s = sync->Restore(*state); !s.ok()) return s;
     // Rounds logged but not durable are redone: drop them from the log.
     const std::string log_path = options.run_dir + "/rounds.jsonl";
     std::ifstream in(log_path);

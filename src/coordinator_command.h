@@ -11,6 +11,7 @@
 #include "outer/sync_server.h"
 #include "src/config.h"
 #include "src/grpc_server.h"
+#include "src/service_state_file.h"
 
 namespace atl {
 
@@ -35,10 +36,6 @@ struct CoordinatorOptions {
 // left.
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options);
 
-// The service state file: magic "ATOLLSV1", XXH64 of the message, the message. Written to a
-// temporary file, fsynced and renamed. Reading checks all three and names what is wrong.
-absl::Status WriteServiceState(const std::string& path, const pb::ServiceState& state);
-absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path);
 
 }  // namespace atl
 

@@ -98,6 +98,8 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base, {{"outer.max_update_norm", "-1"}}, absl::StatusCode::kInvalidArgument,
        "outer.max_update_norm"},
       {base, {{"outer.run_id", "a b"}}, absl::StatusCode::kInvalidArgument, "outer.run_id 'a b'"},
+      {base, {{"outer.service_threads", "0"}}, absl::StatusCode::kInvalidArgument,
+       "outer.service_threads must be in 1..256, got 0"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);

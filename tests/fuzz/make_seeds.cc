@@ -139,11 +139,18 @@ void ServiceStateSeeds() {
     outer::SyncServer server(o, {{{"w"}, {5}}, {{"v"}, {3}}},
                              {std::vector<float>(5, 1.0f), std::vector<float>(3, 2.0f)});
     const std::string path = root + "/tmp.state";
-    if (!WriteServiceState(path, server.Snapshot()).ok()) std::abort();
+    auto description = WriteServiceState(path, server);
+    if (!description.ok()) std::abort();
     std::ifstream in(path, std::ios::binary);
-    Seed("service_state", Le(uint8_t(0)) + std::string(std::istreambuf_iterator<char>(in), {}));
+    const std::string file(std::istreambuf_iterator<char>(in), {});
+    Seed("service_state", Le(uint8_t(0)) + file);
     std::filesystem::remove(path);
-    Seed("service_state", Le(uint8_t(1)) + server.Snapshot().SerializeAsString());
+    // The same as a description record and the tensor data (the harness writes the file).
+    std::string input = Le(uint8_t(1));
+    const std::string footer = description->SerializeAsString();
+    fuzz::AppendRecord(input, footer);
+    input += file.substr(8, file.size() - 8 - footer.size() - 24);
+    Seed("service_state", input);
   }
 }
 

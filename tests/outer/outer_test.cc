@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include <cmath>
 #include <algorithm>
 #include <cstring>
@@ -342,6 +344,51 @@ class SyncServerTest : public ::testing::Test {
   std::map<std::string, std::string> sessions_;
 };
 
+// A commit runs outside the lock that membership takes: while one is held in progress, heartbeats,
+// joins, state queries and other fragments' pushes are answered; a state fetch of the committing
+// fragment waits for it and then sees the committed round.
+TEST_F(SyncServerTest, MembershipNeverWaitsBehindACommit) {
+  options_.num_data_streams = 2;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  s->SetCommitHookForTesting([&](uint32_t) {
+    entered.set_value();
+    released.wait();
+  });
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  auto last = std::async(std::launch::async, [&] { return s->Push(Payload("b", 0, {3, 3, 3, 3})); });
+  entered.get_future().wait();
+  auto answered = [](auto f) { return f.wait_for(std::chrono::seconds(10)) == std::future_status::ready; };
+  pb::HeartbeatRequest hb;
+  hb.set_run_id("run");
+  hb.set_island_id("a");
+  hb.set_session(sessions_["a"]);
+  EXPECT_TRUE(answered(std::async(std::launch::async, [&] { return s->Heartbeat(hb).ok(); })));
+  EXPECT_TRUE(answered(std::async(std::launch::async, [&] { return s->GetState().round(); })));
+  pb::JoinRequest join;  // answered (every data stream is taken: refused)
+  join.set_run_id("run");
+  join.set_name("c");
+  EXPECT_TRUE(answered(std::async(std::launch::async, [&] { return s->Join(join).ok(); })));
+  EXPECT_EQ(s->round(), 0u);  // not published yet
+  // A push to the round being committed is refused at once.
+  auto late = s->Push(Payload("a", 0, {1, 1, 1, 1}));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
+  pb::FetchStateRequest fetch;
+  fetch.set_run_id("run");
+  fetch.set_island_id("a");
+  fetch.set_session(sessions_["a"]);
+  auto state = std::async(std::launch::async, [&] { return s->FetchState(fetch); });
+  release.set_value();
+  ASSERT_TRUE(last.get().ok());
+  auto chunks = state.get();
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_EQ(chunks->front().chunk().header().round(), 1u);
+  EXPECT_EQ(s->params(), (std::vector<float>{-1, 0, 1, 2}));
+}
+
 TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
   options_.num_data_streams = 2;
   auto s = Make();
@@ -353,7 +400,9 @@ TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
   EXPECT_EQ(s->round(), 1u);
   auto r = s->AwaitRound(0, absl::Now() + absl::Seconds(1));
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ((*r)->update, (std::vector<float>{2, 2, 2, 2}));  // (30*1 + 10*5) / 40
+  Assembler update({options_.run_id, "", 0, 0}, 4, 0, 4, options_.codec);
+  for (const auto& c : (*r)->update_chunks) ASSERT_TRUE(update.Add(c).ok());
+  EXPECT_EQ(update.values(), (std::vector<float>{2, 2, 2, 2}));  // (30*1 + 10*5) / 40
   EXPECT_EQ(s->params(), (std::vector<float>{-1, 0, 1, 2}));
   EXPECT_EQ((*r)->contributors, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ((*r)->params_hash, s->params_hash());
