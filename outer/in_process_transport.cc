@@ -4,41 +4,62 @@
 
 namespace atl::outer {
 
-absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
-    SyncServer& server, const pb::UpdateRequest& request, absl::Time deadline,
-    const std::function<bool()>& cancelled) {
+absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
+                          absl::Time deadline, const std::function<bool()>& cancelled,
+                          const std::function<bool(pb::UpdateChunk&&)>& write) {
   auto committed = server.AwaitUpdate(request, deadline, cancelled);
   if (!committed.ok()) return committed.status();
-  std::vector<pb::UpdateChunk> out;
+  const CommittedRound& r = **committed;  // held alive by the pointer while it is streamed
   const uint64_t begin = request.offset();
   const uint64_t end = request.num_elements() == 0 ? UINT64_MAX : begin + request.num_elements();
   // The hash of the range asked for, when the service knew the range at the commit.
-  uint64_t range_hash = (*committed)->params_hash;
+  uint64_t range_hash = r.params_hash;
   if (request.num_elements() > 0) {
-    auto it = (*committed)->range_hashes.find({begin, begin + request.num_elements()});
-    range_hash = it == (*committed)->range_hashes.end() ? 0 : it->second;
+    auto it = r.range_hashes.find({begin, begin + request.num_elements()});
+    range_hash = it == r.range_hashes.end() ? 0 : it->second;
   }
-  for (const auto& c : (*committed)->update_chunks) {
+  auto overlaps = [&](const pb::Chunk& c) {
     const uint64_t first = c.header().offset(), last = first + c.header().num_elements();
-    if (last <= begin || first >= end) continue;
+    return last > begin && first < end;
+  };
+  uint32_t num_chunks = 0;
+  for (const auto& c : r.update_chunks) num_chunks += overlaps(c);
+  uint32_t index = 0;
+  for (const auto& c : r.update_chunks) {
+    if (!overlaps(c)) continue;
     pb::UpdateChunk u;
     // A rank asks for its range: it receives that (on whole scale blocks), not whole chunks.
     *u.mutable_chunk() = SliceChunk(c, server.options().codec, begin, end);
-    u.set_params_hash((*committed)->params_hash);
+    u.mutable_chunk()->mutable_header()->set_chunk_index(index++);
+    u.mutable_chunk()->mutable_header()->set_num_chunks(num_chunks);
+    u.set_params_hash(r.params_hash);
     u.set_range_hash(range_hash);
-    u.set_contributors(uint32_t((*committed)->contributors.size()));
-    out.push_back(std::move(u));
+    u.set_contributors(uint32_t(r.contributors.size()));
+    if (!write(std::move(u))) return absl::CancelledError("the caller went away");
   }
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i].mutable_chunk()->mutable_header()->set_chunk_index(uint32_t(i));
-    out[i].mutable_chunk()->mutable_header()->set_num_chunks(uint32_t(out.size()));
-  }
-  return out;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<pb::UpdateChunk>> InProcessTransport::AwaitUpdate(
     const pb::UpdateRequest& r) {
-  return UpdateChunksFor(*server_, r, absl::Now() + deadline_);
+  std::vector<pb::UpdateChunk> out;
+  auto s = StreamUpdate(*server_, r, absl::Now() + deadline_, nullptr, [&](pb::UpdateChunk&& c) {
+    out.push_back(std::move(c));
+    return true;
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<pb::StateChunk>> InProcessTransport::FetchState(
+    const pb::FetchStateRequest& r) {
+  std::vector<pb::StateChunk> out;
+  auto s = server_->FetchState(r, [&](pb::StateChunk&& c) {
+    out.push_back(std::move(c));
+    return true;
+  });
+  if (!s.ok()) return s;
+  return out;
 }
 
 }  // namespace atl::outer

@@ -24,19 +24,19 @@ class InProcessTransport : public Transport {
     return server_->Push(r);
   }
   absl::StatusOr<std::vector<pb::UpdateChunk>> AwaitUpdate(const pb::UpdateRequest& r) override;
-  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& r) override {
-    return server_->FetchState(r);
-  }
+  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& r) override;
 
  private:
   SyncServer* server_;
   absl::Duration deadline_;
 };
 
-// The update chunks of a committed round, as the OuterSync service streams them.
-absl::StatusOr<std::vector<pb::UpdateChunk>> UpdateChunksFor(
-    SyncServer& server, const pb::UpdateRequest& request, absl::Time deadline,
-    const std::function<bool()>& cancelled = nullptr);
+// Waits for the round the request names to be released, then streams its update chunks (of the
+// range asked for) to `write` one at a time, as the OuterSync service sends them: no copy of the
+// update is made per caller. `write` returning false (the caller went away) ends it with CANCELLED.
+absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
+                          absl::Time deadline, const std::function<bool()>& cancelled,
+                          const std::function<bool(pb::UpdateChunk&&)>& write);
 
 }  // namespace atl::outer
 

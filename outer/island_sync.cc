@@ -56,6 +56,10 @@ absl::Status IslandSync::FetchRange(uint64_t begin, uint64_t end, float* values,
     while (true) {
       auto chunks = transport_->FetchState(request);
       absl::Status s = chunks.status();
+      if (absl::IsAborted(s)) {
+        *changed = true;  // a round committed while the range was sent: start over
+        return absl::OkStatus();
+      }
       if (chunks.ok() && chunks->empty()) s = absl::DataLossError("the service sent no state");
       if (s.ok()) {
         const auto& h0 = chunks->front().chunk().header();

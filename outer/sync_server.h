@@ -174,8 +174,13 @@ class SyncServer {
   absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(
       uint64_t round, absl::Time deadline, uint32_t fragment = 0,
       const std::function<bool()>& cancelled = nullptr);
-  // Encoded chunks of the current global parameters (fp32) within [offset, offset + n).
-  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& request);
+  // Streams the current global parameters (fp32) within [offset, offset + n) to `write`, chunk by
+  // chunk: each chunk is encoded from the live parameters under the fragment's data lock (no copy
+  // of the range is made, a commit waits at most one chunk). A round committed while the range is
+  // streamed ends the stream with ABORTED (fetch again); `write` returning false (the caller went
+  // away) with CANCELLED.
+  absl::Status FetchState(const pb::FetchStateRequest& request,
+                          const std::function<bool(pb::StateChunk&&)>& write);
 
   // Commits the open round if its deadline has passed with enough contributions, and drops
   // members whose lease has run out.

@@ -243,22 +243,21 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(
       absl::StrCat("round ", round, " is too old to replay; fetch the global state"));
 }
 
-absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
-    const pb::FetchStateRequest& request) {
+absl::Status SyncServer::FetchState(const pb::FetchStateRequest& request,
+                                    const std::function<bool(pb::StateChunk&&)>& write) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   auto fid = CheckFragment(request.fragment());
   if (!fid.ok()) return fid.status();
-  std::vector<float> snapshot;  // of the range asked for only
-  uint64_t round, hash, total, n;
+  const Fragment& f = fragments_[*fid];
+  const compression::CodecSpec fp32{compression::Codec::kFp32, 0};
+  uint64_t round, hash, range_hash, total, n;
   {
-    const Fragment& f = fragments_[*fid];
     std::lock_guard<std::mutex> data(*f.data_mu);  // the parameters of a published round
     std::lock_guard<std::mutex> lock(mu_);
     if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
       return s;
     }
-    const std::vector<float>& params = f.data.params();
-    total = params.size();
+    total = f.data.params().size();
     if (request.offset() > total) {
       return absl::OutOfRangeError(absl::StrCat("offset ", request.offset(),
                                                 " is past the fragment's ", total, " elements"));
@@ -266,25 +265,37 @@ absl::StatusOr<std::vector<pb::StateChunk>> SyncServer::FetchState(
     n = request.num_elements() == 0
             ? total - request.offset()
             : std::min<uint64_t>(request.num_elements(), total - request.offset());
-    snapshot.assign(params.begin() + int64_t(request.offset()),
-                    params.begin() + int64_t(request.offset() + n));
     round = f.round;
     hash = f.params_hash;
+    range_hash = HashParams(f.data.params().data() + request.offset(), n);
   }
-  const uint64_t range_hash = HashParams(snapshot);
-  auto chunks = EncodeChunks({options_.run_id, "", round, *fid}, {compression::Codec::kFp32, 0},
-                             snapshot.data(), request.offset(), n, total, options_.chunk_bytes);
-  if (!chunks.ok()) return chunks.status();
-  std::vector<pb::StateChunk> out;
-  out.reserve(chunks->size());
-  for (auto& c : *chunks) {
-    pb::StateChunk s;
-    *s.mutable_chunk() = std::move(c);
-    s.set_params_hash(hash);
-    s.set_range_hash(range_hash);
-    out.push_back(std::move(s));
+  const ChunkPlan plan = PlanChunks(fp32, n, options_.chunk_bytes);
+  for (uint32_t c = 0; c < plan.num_chunks; ++c) {
+    const uint64_t first = uint64_t(c) * plan.per_chunk;
+    const uint64_t count = std::min(plan.per_chunk, n - first);
+    pb::StateChunk out;
+    {
+      std::lock_guard<std::mutex> data(*f.data_mu);
+      uint64_t now;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        now = f.round;
+      }
+      if (now != round) {
+        return absl::AbortedError(absl::StrCat("fragment ", *fid, " committed round ", now,
+                                               " while its state was sent; fetch it again"));
+      }
+      auto chunk = EncodeChunk({options_.run_id, "", round, *fid}, fp32,
+                               f.data.params().data() + request.offset() + first,
+                               request.offset() + first, count, total, c, plan.num_chunks);
+      if (!chunk.ok()) return chunk.status();
+      *out.mutable_chunk() = *std::move(chunk);
+    }
+    out.set_params_hash(hash);
+    out.set_range_hash(range_hash);
+    if (!write(std::move(out))) return absl::CancelledError("the caller went away");
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace atl::outer

@@ -292,13 +292,9 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
     if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
     const auto deadline = std::min(absl::FromChrono(ctx->deadline()),
                                    absl::Now() + absl::Seconds(sync_->options().round_timeout_s * 2));
-    auto chunks =
-        outer::UpdateChunksFor(*sync_, *req, deadline, [ctx] { return ctx->IsCancelled(); });
-    if (!chunks.ok()) return ToGrpc(chunks.status());
-    for (const auto& c : *chunks) {
-      if (!writer->Write(c)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    }
-    return grpc::Status::OK;
+    return ToGrpc(outer::StreamUpdate(
+        *sync_, *req, deadline, [ctx] { return ctx->IsCancelled(); },
+        [writer](pb::UpdateChunk&& c) { return writer->Write(c); }));
   }
 
   grpc::Status FetchState(grpc::ServerContext* ctx, const pb::FetchStateRequest* req,
@@ -306,12 +302,7 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx); !s.ok()) return s;
     if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
-    auto chunks = sync_->FetchState(*req);
-    if (!chunks.ok()) return ToGrpc(chunks.status());
-    for (const auto& c : *chunks) {
-      if (!writer->Write(c)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    }
-    return grpc::Status::OK;
+    return ToGrpc(sync_->FetchState(*req, [writer](pb::StateChunk&& c) { return writer->Write(c); }));
   }
 
  private:

@@ -380,13 +380,51 @@ TEST_F(SyncServerTest, MembershipNeverWaitsBehindACommit) {
   fetch.set_run_id("run");
   fetch.set_island_id("a");
   fetch.set_session(sessions_["a"]);
-  auto state = std::async(std::launch::async, [&] { return s->FetchState(fetch); });
+  auto state = std::async(std::launch::async,
+                          [&] { return InProcessTransport(s.get()).FetchState(fetch); });
   release.set_value();
   ASSERT_TRUE(last.get().ok());
   auto chunks = state.get();
   ASSERT_TRUE(chunks.ok()) << chunks.status();
   EXPECT_EQ(chunks->front().chunk().header().round(), 1u);
   EXPECT_EQ(s->params(), (std::vector<float>{-1, 0, 1, 2}));
+}
+
+// State is streamed chunk by chunk from the live parameters: a round that commits while a range is
+// being sent ends the stream with ABORTED, never with chunks of two rounds; a fetch in one piece
+// sees one round whole, and a caller that goes away ends it with CANCELLED.
+TEST_F(SyncServerTest, StateStreamsChunkByChunkAndAbortsWhenARoundCommitsMeanwhile) {
+  options_.num_data_streams = 2;
+  options_.chunk_bytes = 256;  // 64 elements per chunk
+  layout_.numels = {1000};
+  auto s = Make(std::vector<float>(1000, 1.0f));
+  Join(*s, "a");
+  Join(*s, "b");
+  pb::FetchStateRequest fetch;
+  fetch.set_run_id("run");
+  fetch.set_island_id("a");
+  fetch.set_session(sessions_["a"]);
+  std::vector<uint64_t> rounds;
+  auto whole = s->FetchState(fetch, [&](pb::StateChunk&& c) {
+    rounds.push_back(c.chunk().header().round());
+    return true;
+  });
+  ASSERT_TRUE(whole.ok()) << whole;
+  EXPECT_EQ(rounds, std::vector<uint64_t>(16, 0));  // ceil(1000 / 64) chunks of round 0
+  rounds.clear();
+  auto cut = s->FetchState(fetch, [&](pb::StateChunk&& c) {
+    rounds.push_back(c.chunk().header().round());
+    if (rounds.size() == 1) {  // round 0 commits after the first chunk was sent
+      EXPECT_TRUE(s->Push(Payload("a", 0, std::vector<float>(1000, 0.5f))).ok());
+      EXPECT_TRUE(s->Push(Payload("b", 0, std::vector<float>(1000, 0.5f))).ok());
+    }
+    return true;
+  });
+  EXPECT_EQ(cut.code(), absl::StatusCode::kAborted) << cut;
+  EXPECT_EQ(rounds, std::vector<uint64_t>{0});
+  EXPECT_EQ(s->round(), 1u);
+  auto gone = s->FetchState(fetch, [](pb::StateChunk&&) { return false; });
+  EXPECT_EQ(gone.code(), absl::StatusCode::kCancelled) << gone;
 }
 
 TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
@@ -547,7 +585,8 @@ TEST_F(SyncServerTest, AnIslandCannotActAsAnother) {
   fetch.set_run_id("run");
   fetch.set_island_id("a");
   fetch.set_session("0123456789abcdef0123456789abcdef");
-  EXPECT_EQ(s->FetchState(fetch).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(InProcessTransport(s.get()).FetchState(fetch).status().code(),
+            absl::StatusCode::kUnauthenticated);
   pb::UpdateRequest update;
   update.set_run_id("run");
   update.set_island_id("a");
