@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "src/child_process.h"
 #include "src/config.h"
 
 namespace atl::testing {
@@ -36,28 +37,7 @@ struct CommandResult {
 // Runs a shell command to completion.
 CommandResult RunCommand(const std::string& command);
 
-// A process started in the background (argv[0] is the program), its output in `log_path`;
-// SIGKILLed when the object dies if it is still running.
-class ChildProcess {
- public:
-  ChildProcess(const std::vector<std::string>& argv, const std::string& log_path);
-  ~ChildProcess();
-  int pid() const { return pid_; }
-  bool Alive();
-  // Waits up to `timeout_s` for `text` to appear in the log; returns the log.
-  std::string WaitForOutput(const std::string& text, double timeout_s);
-  // SIGTERM, then waits; returns the exit code (-1: killed by a signal or still running).
-  int Terminate(double timeout_s = 10);
-  // From /proc/PID/status: resident memory and its peak (bytes), and the thread count.
-  int64_t RssBytes() const;
-  int64_t PeakRssBytes() const;
-  int Threads() const;
-
- private:
-  int pid_ = -1;
-  std::string log_path_;
-  bool reaped_ = false;
-};
+using ::atl::ChildProcess;
 
 // A config small enough for unit tests (2 layers, d_model 32, context 32) over `data_path`.
 Config TinyConfig(const std::string& data_path);
