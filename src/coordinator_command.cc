@@ -24,8 +24,6 @@
 namespace atl {
 
 absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config) {
-  inner::Gpt model(config.model);
-  const NamedParams params = inner::NamedParameters(*model);
   outer::SyncServerOptions o;
   o.run_id = config.outer.run_id;
   o.optimizer = config.outer.optimizer;
@@ -59,20 +57,26 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
                      uint64_t(config.train.batch_size) * uint64_t(config.train.grad_accum) *
                      uint64_t(config.model.context);
   }
-  const auto layout = LayoutOf(params);
-  auto plan = outer::PlanFragments(layout.names, config.outer.num_fragments,
-                                   *outer::ParseFragmentPattern(config.outer.fragment_pattern));
-  if (!plan.ok()) return plan.status();
   std::vector<outer::FragmentLayout> layouts;
   std::vector<std::vector<float>> initial;
-  for (const auto& indices : plan->parameters) {
-    outer::FragmentLayout l;
-    for (size_t i : indices) {
-      l.names.push_back(layout.names[i]);
-      l.numels.push_back(layout.numels[i]);
+  {
+    // The model lives only while its parameters are copied out: the service's memory never holds
+    // them twice once it runs.
+    inner::Gpt model(config.model);
+    const NamedParams params = inner::NamedParameters(*model);
+    const auto layout = LayoutOf(params);
+    auto plan = outer::PlanFragments(layout.names, config.outer.num_fragments,
+                                     *outer::ParseFragmentPattern(config.outer.fragment_pattern));
+    if (!plan.ok()) return plan.status();
+    for (const auto& indices : plan->parameters) {
+      outer::FragmentLayout l;
+      for (size_t i : indices) {
+        l.names.push_back(layout.names[i]);
+        l.numels.push_back(layout.numels[i]);
+      }
+      layouts.push_back(std::move(l));
+      initial.push_back(Flatten(params, indices));
     }
-    layouts.push_back(std::move(l));
-    initial.push_back(Flatten(params, indices));
   }
   return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
 }

@@ -17,6 +17,7 @@
 #include "src/grpc_transport.h"
 #include "src/island_loop.h"
 #include "src/launch.h"
+#include "src/loadtest_command.h"
 #include "src/local_command.h"
 #include "src/train_command.h"
 
@@ -34,6 +35,38 @@ std::string KeysHelp() {
     out += absl::StrFormat("  %-24s %s\n", key, doc);
   }
   return out;
+}
+
+// "500M", "1.5B", "2e9", "20000000": a parameter count.
+bool ParseCount(const std::string& text, int64_t* out) {
+  double scale = 1;
+  std::string number = text;
+  if (!number.empty()) {
+    switch (number.back()) {
+      case 'K': case 'k': scale = 1e3; break;
+      case 'M': case 'm': scale = 1e6; break;
+      case 'B': case 'b': case 'G': case 'g': scale = 1e9; break;
+      default: break;
+    }
+    if (scale != 1) number.pop_back();
+  }
+  char* end = nullptr;
+  const double v = std::strtod(number.c_str(), &end);
+  if (number.empty() || end != number.c_str() + number.size() || !(v * scale >= 1) ||
+      v * scale > 1e15) {
+    return false;
+  }
+  *out = int64_t(v * scale);
+  return true;
+}
+
+// This program, to start it again (an island's ranks, the load test's coordinator).
+std::string SelfPath() {
+  char self[4096];
+  if (const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1); n > 0) {
+    return std::string(self, size_t(n));
+  }
+  return "/proc/self/exe";
 }
 
 int Fail(const absl::Status& status) {
@@ -133,6 +166,21 @@ int main(int argc, char** argv) {
       add_islands_command("compare", "DiLoCo variants against the centralized baseline at equal "
                           "compute", "directory for every run and the report");
 
+  std::string load_params = "20M";
+  int load_islands = 4, load_rounds = 3, load_shards = 1;
+  auto* loadtest = app.add_subcommand(
+      "loadtest", "the outer-sync service under load: synthetic islands push random "
+      "pseudo-gradients of a model of --params parameters through a real coordinator");
+  loadtest->add_option("--params", load_params, "model parameters, e.g. 500M or 1.5B");
+  loadtest->add_option("--islands", load_islands, "synthetic islands (M)");
+  loadtest->add_option("--rounds", load_rounds, "outer rounds");
+  loadtest->add_option("--shards", load_shards, "service shards (1: one coordinator)");
+  loadtest->add_option("--config", config_path, "TOML config of the run (its [model] is replaced)");
+  loadtest->add_option("--run-dir", run_dir, "directory for the coordinator's log and loadtest.json")
+      ->required();
+  loadtest->allow_extras();
+  loadtest->footer(KeysHelp());
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -142,6 +190,27 @@ int main(int argc, char** argv) {
   CLI::App* command = app.get_subcommands().front();
   auto overrides = atl::ParseOverrides(command->remaining());
   if (!overrides.ok()) return Fail(overrides.status());
+  if (loadtest->parsed()) {
+    std::signal(SIGINT, OnSignal);
+    std::signal(SIGTERM, OnSignal);
+    atl::LoadtestOptions options;
+    if (!ParseCount(load_params, &options.params)) {
+      return Fail(absl::InvalidArgumentError("--params '" + load_params +
+                                             "' is not a count such as 20000000, 500M or 1.5B"));
+    }
+    options.islands = load_islands;
+    options.rounds = load_rounds;
+    options.shards = load_shards;
+    options.run_dir = run_dir;
+    options.config_path = config_path;
+    options.overrides = *overrides;  // the load test resolves its own config
+    options.binary = SelfPath();
+    options.stop = &g_stop;
+    auto report = atl::RunLoadtest(options);
+    if (!report.ok()) return Fail(report.status());
+    return 0;
+  }
+
   auto config = atl::LoadConfig(config_path, *overrides);
   if (!config.ok()) return Fail(config.status());
   std::signal(SIGINT, OnSignal);
@@ -208,11 +277,7 @@ int main(int argc, char** argv) {
     if (nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {
       // The agent: the island's ranks are this command again, one process each.
       atl::LaunchOptions launch;
-      launch.binary = "/proc/self/exe";
-      char self[4096];
-      if (const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1); n > 0) {
-        launch.binary = std::string(self, size_t(n));
-      }
+      launch.binary = SelfPath();
       for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--nproc" || a == "--max-restarts") {
