@@ -252,6 +252,7 @@ class SyncServer {
     FragmentLayout layout;
     std::unique_ptr<std::mutex> data_mu;
     FragmentData data;         // under data_mu
+    std::unique_ptr<float[]> accumulator;  // under data_mu: the commits' aggregate, reused
     uint64_t params_hash = 0;  // of `data`'s parameters as published by the last commit
     double params_norm = 0;    // L2, for the relative bound on contributions
     bool committing = false;   // sync: the round's contributions are being committed

@@ -11,9 +11,9 @@
 namespace atl::outer::internal {
 
 // Sync rounds kept for islands that fetch late: at most kCommittedKept, and beyond the newest
-// kMinCommittedKept only while their encoded updates take at most half the fragment's fp32 size or
-// kCommittedKeptBytes, whichever is more (with FP4, three rounds of a fragment of billions of
-// parameters; every round of a small one).
+// kMinCommittedKept only while their encoded updates take at most an eighth of the fragment's fp32
+// size or kCommittedKeptBytes, whichever is more (a big fragment keeps the two a sync island can
+// still ask for, which its peak memory counts; a small one keeps every round).
 inline constexpr size_t kCommittedKept = 8;
 inline constexpr size_t kMinCommittedKept = 2;
 inline constexpr uint64_t kCommittedKeptBytes = uint64_t(64) << 20;

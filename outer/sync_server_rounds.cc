@@ -67,13 +67,16 @@ void SyncServer::RunCommit(CommitJob job) {
   std::vector<ContributionRef> refs;
   for (const auto& [id, c] : job.contributions) refs.push_back({id, c.tokens, c.norm, &c.payload});
   std::vector<std::string> dropped, events;
-  std::unique_ptr<float[]> g(new float[n]);  // the one accumulator
+  // The one accumulator, kept between commits: a fresh one would fault in 4 bytes per parameter
+  // again every round (measured: a seventh of a 190M-parameter commit's time).
+  if (!f.accumulator) f.accumulator.reset(new float[n]);
+  float* const g = f.accumulator.get();
   std::optional<CommitResult> result;
   while (!refs.empty()) {
     AggregationReport report;
-    absl::Status s = Aggregate(options_.aggregation, refs, n, g.get(), &report, pool_.get());
+    absl::Status s = Aggregate(options_.aggregation, refs, n, g, &report, pool_.get());
     if (s.ok()) {
-      auto stepped = StepLocked(f, job.fragment, job.round, g.get(), job.known_ranges);
+      auto stepped = StepLocked(f, job.fragment, job.round, g, job.known_ranges);
       if (stepped.ok()) {
         result = *std::move(stepped);
         RoundRecord& record = result->record;
@@ -98,7 +101,6 @@ void SyncServer::RunCommit(CommitJob job) {
     dropped.push_back(worst->island);
     refs.erase(worst);
   }
-  g.reset();
   job.contributions.clear();
   if (!result) {
     // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged).
@@ -176,7 +178,7 @@ void SyncServer::PublishLocked(uint32_t fragment, CommitResult result, absl::Tim
     uint64_t kept_bytes = 0;
     for (const auto& c : f.committed) kept_bytes += c->update_bytes;
     const uint64_t budget =
-        std::max<uint64_t>(f.layout.total() * sizeof(float) / 2, internal::kCommittedKeptBytes);
+        std::max<uint64_t>(f.layout.total() * sizeof(float) / 8, internal::kCommittedKeptBytes);
     while (f.committed.size() > internal::kMinCommittedKept && kept_bytes > budget) {
       kept_bytes -= f.committed.front()->update_bytes;
       f.committed.pop_front();

@@ -1,5 +1,6 @@
 #include "src/coordinator_command.h"
 
+#include <malloc.h>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -152,6 +153,11 @@ class StateWriter {
 }  // namespace
 
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
+  // Pushes arrive as many 1 MiB chunks on many threads. With glibc's adaptive threshold those land
+  // in per-thread heaps that keep what they free (measured: a 494M-parameter service grew by 2.3
+  // GiB over three rounds); above a fixed threshold every such buffer is mapped on its own and
+  // goes back to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   auto made = MakeSyncServer(config);
   if (!made.ok()) return made.status();
   auto sync = *std::move(made);

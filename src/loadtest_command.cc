@@ -453,8 +453,9 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   }
   const std::string address = log.substr(at + 13, log.find(' ', at + 13) - at - 13);
   report.rss_start = coordinator.RssBytes();
-  std::fprintf(o.out, "coordinator at %s (pid %d), resident %s once listening\n", address.c_str(),
-               coordinator.pid(), Gib(double(report.rss_start)).c_str());
+  std::fprintf(o.out, "coordinator at %s (pid %d), resident %s once listening (peak so far %s)\n",
+               address.c_str(), coordinator.pid(), Gib(double(report.rss_start)).c_str(),
+               Gib(double(coordinator.PeakRssBytes())).c_str());
   std::fflush(o.out);
 
   const auto start = Clock::now();
