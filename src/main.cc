@@ -5,6 +5,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,277 +76,340 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
+// The options every command may share, filled by CLI11.
+struct CommandLine {
+  std::string config_path, run_dir, token_file;
+  atl::TlsFiles tls;
+  int argc = 0;
+  char** argv = nullptr;
+};
+
+// A subcommand and what runs it once parsed; `overrides` are its --key=value arguments.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int(const std::vector<atl::Override>& overrides)> run;
+};
+
+// The run's config: --config and the --key=value overrides.
+absl::StatusOr<atl::Config> RunConfig(const CommandLine& cl,
+                                      const std::vector<atl::Override>& overrides) {
+  return atl::LoadConfig(cl.config_path, overrides);
+}
+
+Command AddTrain(CLI::App& app, CommandLine& cl) {
+  auto* c = app.add_subcommand("train", "train one island alone (the centralized baseline)");
+  c->add_option("--config", cl.config_path, "TOML config (presets in deploy/configs/)");
+  c->add_option("--run-dir", cl.run_dir, "directory for config.toml, metrics.jsonl, checkpoints")
+      ->required();
+  auto resume = std::make_shared<bool>(false);
+  c->add_flag("--resume", *resume, "continue from the newest checkpoint in --run-dir");
+  return {c, [&cl, resume](const std::vector<atl::Override>& overrides) {
+            auto config = RunConfig(cl, overrides);
+            if (!config.ok()) return Fail(config.status());
+            atl::TrainOptions options;
+            options.run_dir = cl.run_dir;
+            options.resume = *resume;
+            options.tty = isatty(fileno(stderr));
+            options.stop = &g_stop;
+            auto summary = atl::Train(*config, options);
+            if (!summary.ok()) return Fail(summary.status());
+            std::string val = "no evaluation";
+            if (summary->last_eval) {
+              val = absl::StrFormat("val_loss %.4f (%.3f %s)", summary->last_eval->loss,
+                                    summary->last_eval->bits,
+                                    summary->last_eval->per_byte ? "bits/byte" : "bits/token");
+            }
+            std::printf(
+                "%s at step %lld: %s, %lld tokens, %.0f tokens/s, wall %.1fs; checkpoint in %s\n",
+                summary->stopped ? "stopped" : "done", (long long)summary->step, val.c_str(),
+                (long long)summary->tokens, summary->tokens_per_s, summary->wall_s,
+                cl.run_dir.c_str());
+            return summary->stopped ? 130 : 0;
+          }};
+}
+
+Command AddCoordinator(CLI::App& app, CommandLine& cl) {
+  auto* c = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
+  auto listen = std::make_shared<std::string>("127.0.0.1:0");
+  auto resume_dir = std::make_shared<std::string>();
+  c->add_option("--config", cl.config_path, "TOML config of the run");
+  c->add_option("--listen", *listen, "HOST:PORT to listen on (port 0: any free port)");
+  c->add_option("--run-dir", cl.run_dir, "directory for rounds.jsonl and the durable service state");
+  c->add_option("--resume", *resume_dir,
+                "continue from the durable service state in RUN_DIR (and keep writing there)");
+  c->add_option("--token-file", cl.token_file, "file holding the run token (else $ATOLL_TOKEN)");
+  c->add_option("--tls-cert", cl.tls.cert, "TLS certificate chain (PEM)");
+  c->add_option("--tls-key", cl.tls.key, "TLS private key (PEM)");
+  c->add_option("--tls-ca", cl.tls.ca,
+                "mutual TLS: islands must present a certificate signed by this CA (PEM) whose "
+                "common name is their name (deploy/make_certs.sh makes them)");
+  return {c, [&cl, listen, resume_dir](const std::vector<atl::Override>& overrides) {
+            auto config = RunConfig(cl, overrides);
+            if (!config.ok()) return Fail(config.status());
+            auto token = atl::LoadToken(cl.token_file);
+            if (!token.ok()) return Fail(token.status());
+            atl::CoordinatorOptions options;
+            options.server.listen = *listen;
+            options.server.token = *token;
+            options.server.tls = cl.tls;
+            options.run_dir = resume_dir->empty() ? cl.run_dir : *resume_dir;
+            options.resume = !resume_dir->empty();
+            options.stop = &g_stop;
+            if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+struct IslandFlags {
+  std::string coordinator, name;
+  bool resume = false;
+  int nproc = 1, max_restarts = 0;
+  double throttle = 1.0;
+};
+
+// The agent of a multi-rank island: its ranks are this command again, one process each.
+int LaunchRanks(const CommandLine& cl, const IslandFlags& f, const atl::Config& config) {
+  atl::LaunchOptions launch;
+  launch.binary = SelfPath();
+  for (int i = 2; i < cl.argc; ++i) {
+    const std::string a = cl.argv[i];
+    if (a == "--nproc" || a == "--max-restarts") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0 || a.rfind("--max-restarts=", 0) == 0) continue;
+    launch.args.push_back(a);
+  }
+  launch.nproc = f.nproc;
+  launch.max_restarts = f.max_restarts;
+  launch.grace_s = config.parallelism.collective_timeout_s + 5;
+  launch.stop = &g_stop;
+  if (auto s = atl::LaunchIsland(launch); !s.ok()) return Fail(s);
+  return 0;
+}
+
+int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config& config,
+                  const atl::inner::parallel::RankInfo& rank) {
+  auto token = atl::LoadToken(cl.token_file);
+  if (!token.ok()) return Fail(token.status());
+  atl::GrpcTransportOptions t;
+  t.target = f.coordinator;
+  t.token = *token;
+  t.tls = cl.tls;
+  t.rpc_timeout_s = config.outer.rpc_timeout_s;
+  t.round_timeout_s = config.outer.round_timeout_s;
+  auto transport = atl::GrpcTransport::Create(t);
+  if (!transport.ok()) return Fail(transport.status());
+  atl::IslandOptions options;
+  options.name = f.name;
+  options.run_dir = cl.run_dir;
+  options.tty = false;
+  options.stop = &g_stop;
+  options.throttle = f.throttle;
+  options.resume = f.resume;
+  options.rank = rank;
+  options.collective_timeout_s = config.parallelism.collective_timeout_s;
+  auto summary = atl::RunIsland(config, **transport, options);
+  if (!summary.ok()) return Fail(summary.status());
+  std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "
+              "sent %.1f MiB, received %.1f MiB, global params %016llx\n",
+              summary->island_id.c_str(), (long long)summary->step,
+              (unsigned long long)summary->rounds,
+              summary->last_eval ? absl::StrFormat("val_loss %.4f", summary->last_eval->loss).c_str()
+                                 : "no evaluation",
+              summary->compute_s, summary->sync_s, summary->bytes_sent / 1048576.0,
+              summary->bytes_received / 1048576.0, (unsigned long long)summary->global_hash);
+  return 0;
+}
+
+Command AddIsland(CLI::App& app, CommandLine& cl) {
+  auto* c = app.add_subcommand("island", "run one island of a DiLoCo run");
+  auto f = std::make_shared<IslandFlags>();
+  c->add_option("--coordinator", f->coordinator, "HOST:PORT of the coordinator")->required();
+  c->add_option("--name", f->name, "island name, unique in the run")->required();
+  c->add_option("--config", cl.config_path, "TOML config (the [model] must match the coordinator's)");
+  c->add_option("--run-dir", cl.run_dir, "directory for metrics.jsonl and summary.json")->required();
+  c->add_option("--token-file", cl.token_file, "file holding the run token (else $ATOLL_TOKEN)");
+  c->add_option("--tls-ca", cl.tls.ca, "trust these root certificates (PEM) and use TLS");
+  c->add_option("--tls-cert", cl.tls.cert, "mutual TLS: this island's certificate (PEM)");
+  c->add_option("--tls-key", cl.tls.key, "mutual TLS: this island's private key (PEM)");
+  c->add_flag("--resume", f->resume,
+              "continue from the newest checkpoint in --run-dir (AdamW state, data cursor), "
+              "rejoining the run");
+  c->add_option("--nproc", f->nproc,
+                "ranks of this island on this machine (like torchrun --nproc-per-node); "
+                "ranks started by another launcher read RANK, WORLD_SIZE, LOCAL_RANK, "
+                "MASTER_ADDR, MASTER_PORT");
+  c->add_option("--max-restarts", f->max_restarts,
+                "with --nproc: when a rank fails, restart the island from its newest "
+                "checkpoint at most this many times");
+  c->add_option("--throttle", f->throttle,
+                "make every inner step take X times as long (a slower island, for tests and "
+                "demos)");
+  return {c, [&cl, f](const std::vector<atl::Override>& overrides) {
+            auto config = RunConfig(cl, overrides);
+            if (!config.ok()) return Fail(config.status());
+            auto rank = atl::inner::parallel::RankInfoFromEnvironment();
+            if (!rank.ok()) return Fail(rank.status());
+            if (f->nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {
+              return LaunchRanks(cl, *f, *config);
+            }
+            return RunIslandRank(cl, *f, *config, *rank);
+          }};
+}
+
+struct IslandsFlags {
+  int islands = 2;
+  std::string throttles;
+};
+
+// Commands that start M islands on this machine share their options.
+CLI::App* AddIslandsCommand(CLI::App& app, CommandLine& cl, IslandsFlags& f, const char* name,
+                            const char* help, const char* run_dir_help) {
+  auto* c = app.add_subcommand(name, help);
+  c->add_option("--islands", f.islands, "number of islands (M)");
+  c->add_option("--throttle", f.throttles,
+                "slow-down factor of each island, comma-separated (e.g. 1,3: island1 steps 3x "
+                "slower); missing ones are 1");
+  c->add_option("--config", cl.config_path, "TOML config of the run");
+  c->add_option("--run-dir", cl.run_dir, run_dir_help)->required();
+  return c;
+}
+
+struct LocalFlags {
+  IslandsFlags islands;
+  std::vector<std::string> kills, terms, joins;
+  int nproc = 1, max_restarts = 0;
+};
+
+Command AddLocal(CLI::App& app, CommandLine& cl) {
+  auto f = std::make_shared<LocalFlags>();
+  auto* c = AddIslandsCommand(app, cl, f->islands, "local",
+                              "run a coordinator and M islands on this machine",
+                              "directory for every process' logs and outputs");
+  c->add_option("--kill", f->kills, "SIGKILL an island at a round, e.g. island1@round3 (repeatable)");
+  c->add_option("--term", f->terms, "SIGTERM an island at a round: it leaves gracefully");
+  c->add_option("--join", f->joins, "start an island at a round, e.g. island2@round5 or 1@round5");
+  c->add_option("--nproc", f->nproc, "ranks per island (each island its own agent)");
+  c->add_option("--max-restarts", f->max_restarts,
+                "per island: restarts from its checkpoint when one of its ranks fails "
+                "(--kill island0.1@round2 rehearses it)");
+  return {c, [&cl, f, c](const std::vector<atl::Override>& overrides) {
+            if (auto config = RunConfig(cl, overrides); !config.ok()) return Fail(config.status());
+            auto throttle = atl::ParseThrottles(f->islands.throttles, f->islands.islands);
+            if (!throttle.ok()) return Fail(throttle.status());
+            atl::LocalOptions options;
+            options.islands = f->islands.islands;
+            options.nproc = f->nproc;
+            options.max_restarts = f->max_restarts;
+            options.config_path = cl.config_path;
+            options.overrides = c->remaining();
+            options.throttle = *throttle;
+            for (auto [kind, list] : {std::pair{atl::LocalEvent::kKill, &f->kills},
+                                      std::pair{atl::LocalEvent::kTerm, &f->terms},
+                                      std::pair{atl::LocalEvent::kJoin, &f->joins}}) {
+              for (const auto& text : *list) {
+                auto e = atl::ParseLocalEvent(kind, text);
+                if (!e.ok()) return Fail(e.status());
+                options.events.push_back(*e);
+              }
+            }
+            options.run_dir = cl.run_dir;
+            options.stop = &g_stop;
+            auto summary = atl::RunLocal(options);
+            if (!summary.ok()) return Fail(summary.status());
+            std::printf("atoll local: %d islands done in %.1fs; outputs in %s\n",
+                        options.islands, summary->wall_s, cl.run_dir.c_str());
+            return 0;
+          }};
+}
+
+Command AddCompare(CLI::App& app, CommandLine& cl) {
+  auto f = std::make_shared<IslandsFlags>();
+  auto* c = AddIslandsCommand(app, cl, *f, "compare",
+                              "DiLoCo variants against the centralized baseline at equal compute",
+                              "directory for every run and the report");
+  return {c, [&cl, f, c](const std::vector<atl::Override>& overrides) {
+            if (auto config = RunConfig(cl, overrides); !config.ok()) return Fail(config.status());
+            auto throttle = atl::ParseThrottles(f->throttles, f->islands);
+            if (!throttle.ok()) return Fail(throttle.status());
+            atl::CompareOptions options;
+            options.islands = f->islands;
+            options.config_path = cl.config_path;
+            options.overrides = c->remaining();
+            options.throttle = *throttle;
+            options.run_dir = cl.run_dir;
+            options.stop = &g_stop;
+            auto results = atl::RunCompare(options);
+            if (!results.ok()) return Fail(results.status());
+            return 0;
+          }};
+}
+
+struct LoadtestFlags {
+  std::string params = "20M";
+  int islands = 4, rounds = 3, shards = 1;
+};
+
+Command AddLoadtest(CLI::App& app, CommandLine& cl) {
+  auto f = std::make_shared<LoadtestFlags>();
+  auto* c = app.add_subcommand(
+      "loadtest", "the outer-sync service under load: synthetic islands push random "
+      "pseudo-gradients of a model of --params parameters through a real coordinator");
+  c->add_option("--params", f->params, "model parameters, e.g. 500M or 1.5B");
+  c->add_option("--islands", f->islands, "synthetic islands (M)");
+  c->add_option("--rounds", f->rounds, "outer rounds");
+  c->add_option("--shards", f->shards, "service shards (1: one coordinator)");
+  c->add_option("--config", cl.config_path, "TOML config of the run (its [model] is replaced)");
+  c->add_option("--run-dir", cl.run_dir, "directory for the coordinator's log and loadtest.json")
+      ->required();
+  return {c, [&cl, f](const std::vector<atl::Override>& overrides) {
+            atl::LoadtestOptions options;
+            if (!ParseCount(f->params, &options.params)) {
+              return Fail(absl::InvalidArgumentError(
+                  "--params '" + f->params + "' is not a count such as 20000000, 500M or 1.5B"));
+            }
+            options.islands = f->islands;
+            options.rounds = f->rounds;
+            options.shards = f->shards;
+            options.run_dir = cl.run_dir;
+            options.config_path = cl.config_path;
+            options.overrides = overrides;  // the load test resolves its own config
+            options.binary = SelfPath();
+            options.stop = &g_stop;
+            auto report = atl::RunLoadtest(options);
+            if (!report.ok()) return Fail(report.status());
+            return 0;
+          }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"atoll: DiLoCo and Streaming DiLoCo training across islands"};
   app.require_subcommand(1);
-
-  std::string config_path, run_dir;
-  bool resume = false;
-  auto* train = app.add_subcommand("train", "train one island alone (the centralized baseline)");
-  train->add_option("--config", config_path, "TOML config (presets in deploy/configs/)");
-  train->add_option("--run-dir", run_dir, "directory for config.toml, metrics.jsonl, checkpoints")
-      ->required();
-  train->add_flag("--resume", resume, "continue from the newest checkpoint in --run-dir");
-  train->allow_extras();
-  train->footer(KeysHelp());
-
-  std::string listen = "127.0.0.1:0", coordinator_addr, name, token_file;
-  atl::TlsFiles tls;
-  auto* coord = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
-  coord->add_option("--config", config_path, "TOML config of the run");
-  coord->add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
-  coord->add_option("--run-dir", run_dir, "directory for rounds.jsonl and the durable service state");
-  std::string resume_dir;
-  coord->add_option("--resume", resume_dir,
-                    "continue from the durable service state in RUN_DIR (and keep writing there)");
-  coord->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
-  coord->add_option("--tls-cert", tls.cert, "TLS certificate chain (PEM)");
-  coord->add_option("--tls-key", tls.key, "TLS private key (PEM)");
-  coord->add_option("--tls-ca", tls.ca,
-                    "mutual TLS: islands must present a certificate signed by this CA (PEM) whose "
-                    "common name is their name (deploy/make_certs.sh makes them)");
-  coord->allow_extras();
-  coord->footer(KeysHelp());
-
-  auto* island = app.add_subcommand("island", "run one island of a DiLoCo run");
-  island->add_option("--coordinator", coordinator_addr, "HOST:PORT of the coordinator")->required();
-  island->add_option("--name", name, "island name, unique in the run")->required();
-  island->add_option("--config", config_path, "TOML config (the [model] must match the coordinator's)");
-  island->add_option("--run-dir", run_dir, "directory for metrics.jsonl and summary.json")->required();
-  island->add_option("--token-file", token_file, "file holding the run token (else $ATOLL_TOKEN)");
-  island->add_option("--tls-ca", tls.ca, "trust these root certificates (PEM) and use TLS");
-  island->add_option("--tls-cert", tls.cert, "mutual TLS: this island's certificate (PEM)");
-  island->add_option("--tls-key", tls.key, "mutual TLS: this island's private key (PEM)");
-  bool island_resume = false;
-  island->add_flag("--resume", island_resume,
-                   "continue from the newest checkpoint in --run-dir (AdamW state, data cursor), "
-                   "rejoining the run");
-  int nproc = 1, max_restarts = 0;
-  island->add_option("--nproc", nproc,
-                     "ranks of this island on this machine (like torchrun --nproc-per-node); "
-                     "ranks started by another launcher read RANK, WORLD_SIZE, LOCAL_RANK, "
-                     "MASTER_ADDR, MASTER_PORT");
-  island->add_option("--max-restarts", max_restarts,
-                     "with --nproc: when a rank fails, restart the island from its newest "
-                     "checkpoint at most this many times");
-  double throttle = 1.0;
-  island->add_option("--throttle", throttle,
-                     "make every inner step take X times as long (a slower island, for tests and "
-                     "demos)");
-  island->allow_extras();
-  island->footer(KeysHelp());
-
-  int islands = 2;
-  std::string throttles;
-  // Commands that start M islands on this machine share their options.
-  auto add_islands_command = [&](const char* name, const char* help, const char* run_dir_help) {
-    auto* c = app.add_subcommand(name, help);
-    c->add_option("--islands", islands, "number of islands (M)");
-    c->add_option("--throttle", throttles,
-                  "slow-down factor of each island, comma-separated (e.g. 1,3: island1 steps 3x "
-                  "slower); missing ones are 1");
-    c->add_option("--config", config_path, "TOML config of the run");
-    c->add_option("--run-dir", run_dir, run_dir_help)->required();
-    c->allow_extras();
-    c->footer(KeysHelp());
-    return c;
-  };
-  auto* local = add_islands_command("local", "run a coordinator and M islands on this machine",
-                                    "directory for every process' logs and outputs");
-  std::vector<std::string> kills, terms, joins;
-  local->add_option("--kill", kills, "SIGKILL an island at a round, e.g. island1@round3 (repeatable)");
-  local->add_option("--term", terms, "SIGTERM an island at a round: it leaves gracefully");
-  local->add_option("--join", joins, "start an island at a round, e.g. island2@round5 or 1@round5");
-  int local_nproc = 1, local_restarts = 0;
-  local->add_option("--nproc", local_nproc, "ranks per island (each island its own agent)");
-  local->add_option("--max-restarts", local_restarts,
-                    "per island: restarts from its checkpoint when one of its ranks fails "
-                    "(--kill island0.1@round2 rehearses it)");
-  auto* compare =
-      add_islands_command("compare", "DiLoCo variants against the centralized baseline at equal "
-                          "compute", "directory for every run and the report");
-
-  std::string load_params = "20M";
-  int load_islands = 4, load_rounds = 3, load_shards = 1;
-  auto* loadtest = app.add_subcommand(
-      "loadtest", "the outer-sync service under load: synthetic islands push random "
-      "pseudo-gradients of a model of --params parameters through a real coordinator");
-  loadtest->add_option("--params", load_params, "model parameters, e.g. 500M or 1.5B");
-  loadtest->add_option("--islands", load_islands, "synthetic islands (M)");
-  loadtest->add_option("--rounds", load_rounds, "outer rounds");
-  loadtest->add_option("--shards", load_shards, "service shards (1: one coordinator)");
-  loadtest->add_option("--config", config_path, "TOML config of the run (its [model] is replaced)");
-  loadtest->add_option("--run-dir", run_dir, "directory for the coordinator's log and loadtest.json")
-      ->required();
-  loadtest->allow_extras();
-  loadtest->footer(KeysHelp());
-
+  CommandLine cl;
+  cl.argc = argc;
+  cl.argv = argv;
+  std::vector<Command> commands = {AddTrain(app, cl),   AddCoordinator(app, cl),
+                                   AddIsland(app, cl),  AddLocal(app, cl),
+                                   AddCompare(app, cl), AddLoadtest(app, cl)};
+  for (auto& command : commands) {
+    command.app->allow_extras();
+    command.app->footer(KeysHelp());
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-
-  CLI::App* command = app.get_subcommands().front();
-  auto overrides = atl::ParseOverrides(command->remaining());
-  if (!overrides.ok()) return Fail(overrides.status());
-  if (loadtest->parsed()) {
-    std::signal(SIGINT, OnSignal);
-    std::signal(SIGTERM, OnSignal);
-    atl::LoadtestOptions options;
-    if (!ParseCount(load_params, &options.params)) {
-      return Fail(absl::InvalidArgumentError("--params '" + load_params +
-                                             "' is not a count such as 20000000, 500M or 1.5B"));
-    }
-    options.islands = load_islands;
-    options.rounds = load_rounds;
-    options.shards = load_shards;
-    options.run_dir = run_dir;
-    options.config_path = config_path;
-    options.overrides = *overrides;  // the load test resolves its own config
-    options.binary = SelfPath();
-    options.stop = &g_stop;
-    auto report = atl::RunLoadtest(options);
-    if (!report.ok()) return Fail(report.status());
-    return 0;
-  }
-
-  auto config = atl::LoadConfig(config_path, *overrides);
-  if (!config.ok()) return Fail(config.status());
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  auto throttle_list = atl::ParseThrottles(throttles, islands);
-  if (!throttle_list.ok()) return Fail(throttle_list.status());
-
-  if (compare->parsed()) {
-    atl::CompareOptions options;
-    options.islands = islands;
-    options.config_path = config_path;
-    options.overrides = compare->remaining();
-    options.throttle = *throttle_list;
-    options.run_dir = run_dir;
-    options.stop = &g_stop;
-    auto results = atl::RunCompare(options);
-    if (!results.ok()) return Fail(results.status());
-    return 0;
-  }
-
-  if (local->parsed()) {
-    atl::LocalOptions options;
-    options.islands = islands;
-    options.nproc = local_nproc;
-    options.max_restarts = local_restarts;
-    options.config_path = config_path;
-    options.overrides = local->remaining();
-    options.throttle = *throttle_list;
-    for (auto [kind, list] : {std::pair{atl::LocalEvent::kKill, &kills},
-                              std::pair{atl::LocalEvent::kTerm, &terms},
-                              std::pair{atl::LocalEvent::kJoin, &joins}}) {
-      for (const auto& text : *list) {
-        auto e = atl::ParseLocalEvent(kind, text);
-        if (!e.ok()) return Fail(e.status());
-        options.events.push_back(*e);
-      }
-    }
-    options.run_dir = run_dir;
-    options.stop = &g_stop;
-    auto summary = atl::RunLocal(options);
-    if (!summary.ok()) return Fail(summary.status());
-    std::printf("atoll local: %d islands done in %.1fs; outputs in %s\n", islands, summary->wall_s,
-                run_dir.c_str());
-    return 0;
-  }
-
-  if (coord->parsed()) {
-    auto token = atl::LoadToken(token_file);
-    if (!token.ok()) return Fail(token.status());
-    atl::CoordinatorOptions options;
-    options.server.listen = listen;
-    options.server.token = *token;
-    options.server.tls = tls;
-    options.run_dir = resume_dir.empty() ? run_dir : resume_dir;
-    options.resume = !resume_dir.empty();
-    options.stop = &g_stop;
-    if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
-    return 0;
-  }
-
-  if (island->parsed()) {
-    auto rank = atl::inner::parallel::RankInfoFromEnvironment();
-    if (!rank.ok()) return Fail(rank.status());
-    if (nproc > 1 && std::getenv("WORLD_SIZE") == nullptr) {
-      // The agent: the island's ranks are this command again, one process each.
-      atl::LaunchOptions launch;
-      launch.binary = SelfPath();
-      for (int i = 2; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--nproc" || a == "--max-restarts") {
-          ++i;
-          continue;
-        }
-        if (a.rfind("--nproc=", 0) == 0 || a.rfind("--max-restarts=", 0) == 0) continue;
-        launch.args.push_back(a);
-      }
-      launch.nproc = nproc;
-      launch.max_restarts = max_restarts;
-      launch.grace_s = config->parallelism.collective_timeout_s + 5;
-      launch.stop = &g_stop;
-      if (auto s = atl::LaunchIsland(launch); !s.ok()) return Fail(s);
-      return 0;
-    }
-    auto token = atl::LoadToken(token_file);
-    if (!token.ok()) return Fail(token.status());
-    atl::GrpcTransportOptions t;
-    t.target = coordinator_addr;
-    t.token = *token;
-    t.tls = tls;
-    t.rpc_timeout_s = config->outer.rpc_timeout_s;
-    t.round_timeout_s = config->outer.round_timeout_s;
-    auto transport = atl::GrpcTransport::Create(t);
-    if (!transport.ok()) return Fail(transport.status());
-    atl::IslandOptions options;
-    options.name = name;
-    options.run_dir = run_dir;
-    options.tty = false;
-    options.stop = &g_stop;
-    options.throttle = throttle;
-    options.resume = island_resume;
-    options.rank = *rank;
-    options.collective_timeout_s = config->parallelism.collective_timeout_s;
-    auto summary = atl::RunIsland(*config, **transport, options);
-    if (!summary.ok()) return Fail(summary.status());
-    std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "
-                "sent %.1f MiB, received %.1f MiB, global params %016llx\n",
-                summary->island_id.c_str(), (long long)summary->step,
-                (unsigned long long)summary->rounds,
-                summary->last_eval ? absl::StrFormat("val_loss %.4f", summary->last_eval->loss).c_str()
-                                   : "no evaluation",
-                summary->compute_s, summary->sync_s, summary->bytes_sent / 1048576.0,
-                summary->bytes_received / 1048576.0, (unsigned long long)summary->global_hash);
-    return 0;
-  }
-
-  if (train->parsed()) {
-    atl::TrainOptions options;
-    options.run_dir = run_dir;
-    options.resume = resume;
-    options.tty = isatty(fileno(stderr));
-    options.stop = &g_stop;
-    auto summary = atl::Train(*config, options);
-    if (!summary.ok()) return Fail(summary.status());
-    std::string val = "no evaluation";
-    if (summary->last_eval) {
-      val = absl::StrFormat("val_loss %.4f (%.3f %s)", summary->last_eval->loss,
-                            summary->last_eval->bits,
-                            summary->last_eval->per_byte ? "bits/byte" : "bits/token");
-    }
-    std::printf("%s at step %lld: %s, %lld tokens, %.0f tokens/s, wall %.1fs; checkpoint in %s\n",
-                summary->stopped ? "stopped" : "done", (long long)summary->step, val.c_str(),
-                (long long)summary->tokens, summary->tokens_per_s, summary->wall_s,
-                run_dir.c_str());
-    return summary->stopped ? 130 : 0;
+  for (auto& command : commands) {
+    if (!command.app->parsed()) continue;
+    auto overrides = atl::ParseOverrides(command.app->remaining());
+    if (!overrides.ok()) return Fail(overrides.status());
+    return command.run(*overrides);
   }
   return 0;
 }
