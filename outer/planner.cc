@@ -1,0 +1,329 @@
+#include "outer/planner.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <deque>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "compression/codec.h"
+#include "outer/fragments.h"
+
+namespace atl::outer {
+namespace {
+
+constexpr int64_t kMaxSteps = 10'000'000;
+constexpr int kSteadyRounds = 30, kWarmupRounds = 10;
+
+double Bits(uint64_t bytes) { return 8.0 * double(bytes); }
+
+// One island's run, replayed step by step (islands are alike: they push together, so the service
+// commits when the island's own push has arrived).
+class Replay {
+ public:
+  explicit Replay(const PlanInput& in) : in_(in), rate_(in.link.RateBps()) {
+    for (uint64_t n : in.fragment_elements) {
+      bytes_.push_back(compression::EncodedBytes(in.codec, size_t(n)));
+    }
+  }
+
+  // An all-reduce of `bytes` between the islands: each sends and receives 2 (M - 1) / M of it,
+  // 2 (M - 1) messages in sequence.
+  double AllReduceSeconds(uint64_t bytes) const {
+    const double m = in_.islands;
+    return 2.0 * (m - 1) / m * Bits(bytes) / rate_ + 2.0 * (m - 1) * in_.link.latency_s;
+  }
+  double PushSeconds(uint64_t bytes) const { return Bits(bytes) / rate_ + in_.link.latency_s; }
+
+  void Step() {
+    double stall = 0;
+    if (in_.method == PlanMethod::kDataParallel) {
+      // The gradients' all-reduce runs during the backward pass; what does not fit in it stalls.
+      stall = std::max(0.0, AllReduceSeconds(bytes_[0]) - in_.backward_fraction * in_.step_time_s);
+    }
+    now_ += in_.step_time_s + stall;
+    compute_ += in_.step_time_s;
+  }
+
+  // Sends fragment f's contribution; its update is merged after inner step `apply_at`.
+  void Push(uint32_t f, int64_t apply_at) {
+    const uint64_t bytes = bytes_[f];
+    double ready;
+    if (in_.topology == PlanTopology::kRing) {
+      const double start =
+          std::max(now_ - in_.backward_fraction * in_.step_time_s, link_up_free_);
+      link_up_free_ = start + AllReduceSeconds(bytes);
+      ready = link_up_free_;
+    } else {
+      const double latency = in_.link.latency_s;
+      link_up_free_ = std::max(now_, link_up_free_) + Bits(bytes) / rate_;
+      const double arrived = link_up_free_ + latency;
+      const double committed =
+          arrived + in_.commit_s_per_param * double(in_.fragment_elements[f]) * in_.islands;
+      // The wait for the update is sent once the push is acknowledged: two more latencies.
+      const double start = std::max({committed, arrived + 2 * latency, link_down_free_});
+      link_down_free_ = start + Bits(bytes) / rate_;
+      ready = link_down_free_ + latency;
+    }
+    in_flight_.push_back({apply_at, ready, bytes});
+    bytes_in_flight_ += bytes;
+    peak_in_flight_ = std::max(peak_in_flight_, bytes_in_flight_);
+  }
+
+  void LandDue(int64_t t) {
+    while (!in_flight_.empty() && in_flight_.front().apply_at <= t) Land();
+  }
+  void LandAll() {
+    while (!in_flight_.empty()) Land();
+  }
+
+  double now() const { return now_; }
+  double compute() const { return compute_; }
+  uint64_t peak_in_flight() const { return peak_in_flight_; }
+  const std::vector<uint64_t>& bytes() const { return bytes_; }
+
+ private:
+  struct Job {
+    int64_t apply_at;
+    double ready;
+    uint64_t bytes;
+  };
+  void Land() {
+    const Job job = in_flight_.front();
+    in_flight_.pop_front();
+    Wait(job.ready);
+    bytes_in_flight_ -= job.bytes;
+  }
+  void Wait(double until) { now_ = std::max(now_, until); }
+
+  const PlanInput& in_;
+  const double rate_;
+  std::vector<uint64_t> bytes_;  // encoded, per fragment
+  double now_ = 0, compute_ = 0;
+  double link_up_free_ = 0, link_down_free_ = 0;
+  std::deque<Job> in_flight_;
+  uint64_t bytes_in_flight_ = 0, peak_in_flight_ = 0;
+};
+
+}  // namespace
+
+const char* PlanMethodName(PlanMethod method) {
+  switch (method) {
+    case PlanMethod::kDataParallel: return "data_parallel";
+    case PlanMethod::kDiLoCo: return "diloco";
+    case PlanMethod::kStreaming: return "streaming";
+  }
+  return "?";
+}
+
+absl::StatusOr<PlanMethod> ParsePlanMethod(const std::string& name) {
+  for (auto m : {PlanMethod::kDataParallel, PlanMethod::kDiLoCo, PlanMethod::kStreaming}) {
+    if (name == PlanMethodName(m)) return m;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown method '", name, "' (data_parallel, diloco or streaming)"));
+}
+
+absl::StatusOr<PlanTopology> ParsePlanTopology(const std::string& name) {
+  if (name == "star") return PlanTopology::kStar;
+  if (name == "ring") return PlanTopology::kRing;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown topology '", name, "' (star: atoll's service; ring: the paper's all-reduce)"));
+}
+
+double LinkModel::RateBps() const {
+  if (latency_s <= 0) return bandwidth_bps;
+  return std::min(bandwidth_bps, connections * Bits(uint64_t(tcp_window_bytes)) / (2 * latency_s));
+}
+
+absl::Status ValidatePlanInput(const PlanInput& in) {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (in.fragment_elements.empty()) return bad("the model has no parameters");
+  for (uint64_t n : in.fragment_elements) {
+    if (n == 0 || n > (uint64_t(1) << 44)) return bad("fragment of ", n, " parameters");
+  }
+  if (!(in.step_time_s > 0) || in.step_time_s > 1e5) {
+    return bad("step time must be in (0, 1e5] s, got ", in.step_time_s);
+  }
+  if (in.islands < 1 || in.islands > 100000) return bad("islands must be in [1, 100000]");
+  if (!(in.link.bandwidth_bps > 0) || !std::isfinite(in.link.bandwidth_bps)) {
+    return bad("bandwidth must be positive");
+  }
+  if (!(in.link.latency_s >= 0) || in.link.latency_s > 60) return bad("latency must be in [0, 60] s");
+  if (in.link.connections < 1 || in.link.connections > 1024) {
+    return bad("connections must be in [1, 1024]");
+  }
+  if (!(in.link.tcp_window_bytes >= 1024) || in.link.tcp_window_bytes > 1e12) {
+    return bad("TCP window must be in [1 KiB, 1 TB]");
+  }
+  if (in.sync_every < 1 || in.sync_every > 100000) return bad("H must be in [1, 100000]");
+  const int p = int(in.fragment_elements.size());
+  if (in.method != PlanMethod::kStreaming && p != 1) {
+    return bad(PlanMethodName(in.method), " sends the whole model at once (1 fragment), got ", p);
+  }
+  if (p > in.sync_every) return bad("fragments (", p, ") must not exceed H (", in.sync_every, ")");
+  if (in.tau < 0 || in.tau >= in.sync_every) {
+    return bad("tau must be in [0, H = ", in.sync_every, "), got ", in.tau);
+  }
+  if (in.steps < 0 || in.steps > kMaxSteps) return bad("steps must be in [0, ", kMaxSteps, "]");
+  if (!(in.backward_fraction >= 0 && in.backward_fraction <= 1)) {
+    return bad("backward fraction must be in [0, 1]");
+  }
+  if (!(in.commit_s_per_param >= 0) || in.commit_s_per_param > 1e-3) {
+    return bad("commit time per parameter must be in [0, 1e-3] s");
+  }
+  return absl::OkStatus();
+}
+
+PlanResult Simulate(const PlanInput& in) {
+  Replay replay(in);
+  const bool dp = in.method == PlanMethod::kDataParallel;
+  const int h = dp ? 1 : in.sync_every;
+  const SyncSchedule schedule(h, int(in.fragment_elements.size()));
+  const int tau = in.method == PlanMethod::kStreaming ? in.tau : 0;
+  const bool finite = in.steps > 0;
+  const int64_t steps = finite ? in.steps : int64_t(kSteadyRounds) * h;
+  const int64_t warmup = finite ? 0 : int64_t(kWarmupRounds) * h;
+  double wall0 = 0, compute0 = 0;
+  for (int64_t t = 1; t <= steps; ++t) {
+    replay.Step();
+    if (dp) continue;
+    replay.LandDue(t);
+    if (finite && t == steps) {
+      // The run ends synced: what is in flight lands, then each fragment is pushed and merged.
+      replay.LandAll();
+      for (uint32_t f = 0; f < in.fragment_elements.size(); ++f) {
+        replay.Push(f, t);
+        replay.LandAll();
+      }
+      break;
+    }
+    for (uint32_t f : schedule.DueAfter(t)) replay.Push(f, t + tau);
+    replay.LandDue(t);
+    if (t == warmup) {
+      wall0 = replay.now();
+      compute0 = replay.compute();
+    }
+  }
+  PlanResult r;
+  r.steps = steps;
+  r.compute_s = replay.compute() - compute0;
+  r.wall_s = replay.now() - wall0;
+  r.stall_s = r.wall_s - r.compute_s;
+  r.utilization = r.compute_s / std::max(1e-300, r.wall_s);
+  r.peak_bytes_in_flight = replay.peak_in_flight();
+  const double m = in.islands;
+  double sent = 0;
+  for (uint64_t b : replay.bytes()) {
+    const bool all_reduce = dp || in.topology == PlanTopology::kRing;
+    sent += all_reduce ? 2.0 * (m - 1) / m * double(b) : double(b);
+    r.transfer_s = std::max(r.transfer_s, all_reduce ? replay.AllReduceSeconds(b)
+                                                     : replay.PushSeconds(b));
+  }
+  r.bytes_sent_per_round = r.bytes_received_per_round = sent;
+  const double round_wall_s = h * in.step_time_s / std::max(1e-12, r.utilization);
+  r.bytes_per_hour = 2 * sent * 3600 / round_wall_s;
+  return r;
+}
+
+absl::StatusOr<double> RequiredBandwidth(PlanInput in, double target) {
+  if (!(target > 0 && target < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("target utilization must be in (0, 1), got ",
+                                                   target));
+  }
+  in.link.bandwidth_bps = 1e15;
+  if (auto s = ValidatePlanInput(in); !s.ok()) return s;
+  const double best = Simulate(in).utilization;
+  if (best < target) {
+    // What bounds it when bandwidth does not.
+    std::vector<std::string> bounds;
+    if (in.link.latency_s > 0) {
+      bounds.push_back(absl::StrFormat(
+          "%d TCP connection(s) carry %s (window / round trip), latency %.0f ms one way",
+          in.link.connections, FormatBandwidth(in.link.RateBps()), 1e3 * in.link.latency_s));
+    }
+    if (in.topology == PlanTopology::kStar && in.method != PlanMethod::kDataParallel &&
+        in.commit_s_per_param > 0) {
+      uint64_t largest = 0;
+      for (uint64_t n : in.fragment_elements) largest = std::max(largest, n);
+      bounds.push_back(absl::StrFormat(
+          "the service's commit takes %.2f s for the largest fragment",
+          in.commit_s_per_param * double(largest) * in.islands));
+    }
+    return absl::OutOfRangeError(absl::StrFormat("%s reaches %.1f%% at most, at any bandwidth: %s",
+                                                 PlanMethodName(in.method), 100 * best,
+                                                 absl::StrJoin(bounds, "; ")));
+  }
+  double lo = std::log(1e3), hi = std::log(1e15);
+  while (hi - lo > 1e-3) {  // 0.1%
+    const double mid = (lo + hi) / 2;
+    in.link.bandwidth_bps = std::exp(mid);
+    (Simulate(in).utilization >= target ? hi : lo) = mid;
+  }
+  return std::exp(hi);
+}
+
+namespace {
+
+// A number and a unit from `units` (lower case, longest first), scaled; empty unit: scale 1.
+absl::StatusOr<double> ParseWithUnit(const std::string& text,
+                                     const std::vector<std::pair<std::string, double>>& units,
+                                     const char* what) {
+  const std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  const std::string unit(end);
+  if (end == s.c_str() || !std::isfinite(v) || v < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", text, "' is not a number"));
+  }
+  for (const auto& [name, scale] : units) {
+    if (unit == name) return v * scale;
+  }
+  std::string known;
+  for (const auto& [name, scale] : units) {
+    if (!name.empty()) absl::StrAppend(&known, known.empty() ? "" : ", ", name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " '", text, "': unknown unit '", unit, "' (", known, ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<double> ParseBandwidth(const std::string& text) {
+  std::vector<std::pair<std::string, double>> units = {{"", 1}};
+  for (auto [prefix, scale] : {std::pair{"", 1.0}, {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12}}) {
+    for (const char* suffix : {"bit", "bit/s", "bps", "b/s"}) {
+      units.push_back({absl::StrCat(prefix, suffix), scale});
+    }
+  }
+  auto v = ParseWithUnit(text, units, "bandwidth");
+  if (v.ok() && !(*v > 0)) return absl::InvalidArgumentError("bandwidth must be positive");
+  return v;
+}
+
+absl::StatusOr<double> ParseDuration(const std::string& text) {
+  return ParseWithUnit(text, {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"us", 1e-6}}, "duration");
+}
+
+std::string FormatBandwidth(double bps) {
+  if (bps >= 1e12) return absl::StrFormat("%.1f Tbit/s", bps / 1e12);
+  if (bps >= 1e9) return absl::StrFormat("%.1f Gbit/s", bps / 1e9);
+  if (bps >= 1e6) return absl::StrFormat("%.1f Mbit/s", bps / 1e6);
+  return absl::StrFormat("%.1f kbit/s", bps / 1e3);
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) {
+    bytes /= 1024;
+    ++u;
+  }
+  return absl::StrFormat(u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+}
+
+}  // namespace atl::outer

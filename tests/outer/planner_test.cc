@@ -1,0 +1,190 @@
+#include "outer/planner.h"
+
+#include <gtest/gtest.h>
+
+#include "compression/codec.h"
+
+namespace atl::outer {
+namespace {
+
+using compression::Codec;
+using compression::CodecSpec;
+
+constexpr CodecSpec kBf16 = {Codec::kBf16, 0};
+constexpr CodecSpec kFp32 = {Codec::kFp32, 0};
+
+// Table 4 of the Streaming DiLoCo paper: 1B parameters, 0.1 s per step, 2 islands, H = 100,
+// 16-bit payloads, 8 fragments of 3 layers, an all-reduce overlapped with the backward pass.
+PlanInput PaperCase(PlanMethod method, int fragments, int tau, CodecSpec codec) {
+  PlanInput in;
+  in.fragment_elements.assign(size_t(fragments), uint64_t(1'000'000'000) / uint64_t(fragments));
+  in.step_time_s = 0.1;
+  in.islands = 2;
+  in.method = method;
+  in.topology = PlanTopology::kRing;
+  in.sync_every = 100;
+  in.tau = tau;
+  in.codec = codec;
+  return in;
+}
+
+double Required(const PlanInput& in, double target) {
+  auto bps = RequiredBandwidth(in, target);
+  EXPECT_TRUE(bps.ok()) << bps.status();
+  return bps.ok() ? *bps : 0;
+}
+
+TEST(PlannerTest, ReproducesTheOrdersOfMagnitudeOfTheStreamingDiLoCoPaper) {
+  // Data parallel: 2e9 bytes all-reduced every step, within 0.1 / 0.95 - 0.1 / 3 s.
+  const double dp = Required(PaperCase(PlanMethod::kDataParallel, 1, 0, kBf16), 0.95);
+  EXPECT_NEAR(dp / 1e9, 16.0 / (0.1 / 0.95 - 0.1 / 3), 0.5);  // 222.5; the paper: 222.3
+  const double diloco = Required(PaperCase(PlanMethod::kDiLoCo, 1, 0, kBf16), 0.95);
+  const double streaming = Required(PaperCase(PlanMethod::kStreaming, 8, 0, kBf16), 0.95);
+  const double overlap = Required(PaperCase(PlanMethod::kStreaming, 8, 1, kBf16), 0.95);
+  const double fp4 =
+      Required(PaperCase(PlanMethod::kStreaming, 8, 1, {Codec::kFp4E2M1, 32}), 0.95);
+  // The paper: 23.3, 16.0, 9.1 and 2.0 Gbit/s.
+  EXPECT_GT(diloco, 15e9);
+  EXPECT_LT(diloco, 35e9);
+  EXPECT_LT(streaming, diloco);
+  EXPECT_LT(overlap, streaming);
+  EXPECT_GT(overlap, 5e9);
+  EXPECT_LT(overlap, 15e9);
+  EXPECT_GT(fp4, 1e9);
+  EXPECT_LT(fp4, 3e9);
+  EXPECT_LT(fp4 * 50, dp);  // about two orders of magnitude below data parallel (the paper: 111x)
+}
+
+TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
+  PlanInput in;
+  in.fragment_elements = {1'000'000};
+  in.step_time_s = 0.05;
+  in.sync_every = 20;
+  in.codec = kFp32;
+  in.commit_s_per_param = 0;
+  in.link.bandwidth_bps = 32e6;  // 4 MB up in 1 s, then 4 MB down in 1 s
+  const PlanResult r = Simulate(in);
+  EXPECT_NEAR(r.utilization, 1.0 / (1.0 + 2.0), 1e-9);
+  EXPECT_DOUBLE_EQ(r.bytes_sent_per_round, 4e6);
+  EXPECT_DOUBLE_EQ(r.bytes_received_per_round, 4e6);
+  EXPECT_EQ(r.peak_bytes_in_flight, uint64_t(4e6));
+  EXPECT_NEAR(r.bytes_per_hour, 8e6 * 3600 / 3.0, 1e-3);
+
+  // Latency: push, acknowledgement, the wait's request, the update: four one-way trips.
+  in.link.latency_s = 0.25;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 1.0), 1e-9);
+  // The service's commit adds its time for every island.
+  in.link.latency_s = 0;
+  in.commit_s_per_param = 1e-7;
+  in.islands = 5;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.5), 1e-9);
+}
+
+TEST(PlannerTest, OverlapHidesTransfersThatFitInTauSteps) {
+  PlanInput in;
+  in.fragment_elements.assign(4, 250'000);  // 1 MB each in fp32
+  in.method = PlanMethod::kStreaming;
+  in.step_time_s = 0.1;
+  in.sync_every = 40;
+  in.codec = kFp32;
+  in.commit_s_per_param = 0;
+  in.link.bandwidth_bps = 16e6;  // 0.5 s up, 0.5 s down: 10 steps per fragment round trip
+  in.tau = 0;
+  const double blocking = Simulate(in).utilization;
+  EXPECT_NEAR(blocking, 4.0 / (4.0 + 4 * 1.0), 1e-9);
+  in.tau = 9;  // one step short
+  EXPECT_NEAR(Simulate(in).utilization, 4.0 / (4.0 + 4 * 0.1), 1e-9);
+  in.tau = 10;
+  const PlanResult hidden = Simulate(in);
+  EXPECT_NEAR(hidden.utilization, 1.0, 1e-9);
+  // One fragment in flight at a time: the peak is one fragment's payload, not the model's.
+  EXPECT_EQ(hidden.peak_bytes_in_flight, uint64_t(1e6));
+  // Fragments due closer together than their transfers queue on the link.
+  in.sync_every = 12;  // a fragment every 3 steps, each needing 5 steps of link each way
+  in.tau = 11;
+  EXPECT_LT(Simulate(in).utilization, 0.9);
+}
+
+TEST(PlannerTest, AFiniteRunEndsWithEveryFragmentSyncedInTurn) {
+  PlanInput in;
+  in.fragment_elements.assign(2, 500'000);  // 2 MB each in fp32
+  in.method = PlanMethod::kStreaming;
+  in.step_time_s = 0.1;
+  in.sync_every = 10;
+  in.tau = 4;
+  in.codec = kFp32;
+  in.commit_s_per_param = 0;
+  in.link.bandwidth_bps = 80e6;  // 0.2 s each way
+  in.steps = 10;
+  // Fragment 1 is pushed after step 5 and merged after step 9, just in time; after step 10 both
+  // fragments are pushed and merged one after the other.
+  const PlanResult r = Simulate(in);
+  EXPECT_EQ(r.steps, 10);
+  EXPECT_NEAR(r.wall_s, 1.0 + 2 * 0.4, 1e-9);
+  EXPECT_NEAR(r.utilization, 1.0 / 1.8, 1e-9);
+}
+
+TEST(PlannerTest, OneTcpStreamCarriesItsWindowPerRoundTrip) {
+  PlanInput in;
+  in.fragment_elements = {1'000'000'000};
+  in.codec = {Codec::kFp4E2M1, 32};
+  in.method = PlanMethod::kDiLoCo;
+  in.sync_every = 100;
+  in.step_time_s = 0.1;
+  in.link.latency_s = 0.05;  // RTT 100 ms: 4 MiB per 100 ms = 335.5 Mbit/s per connection
+  in.link.bandwidth_bps = 100e9;
+  in.commit_s_per_param = 0;
+  EXPECT_NEAR(in.link.RateBps(), 8.0 * (4 << 20) / 0.1, 1);
+  auto one = RequiredBandwidth(in, 0.9);
+  EXPECT_TRUE(absl::IsOutOfRange(one.status())) << one.status();
+  EXPECT_NE(one.status().message().find("1 TCP connection(s) carry 335.5 Mbit/s"), std::string::npos);
+  in.link.connections = 64;
+  auto many = RequiredBandwidth(in, 0.9);
+  ASSERT_TRUE(many.ok()) << many.status();
+  in.link.bandwidth_bps = *many;
+  EXPECT_GE(Simulate(in).utilization, 0.9);
+  in.link.bandwidth_bps = *many * 0.99;
+  EXPECT_LT(Simulate(in).utilization, 0.9);
+}
+
+TEST(PlannerTest, RefusesWhatItCannotModel) {
+  PlanInput in;
+  in.fragment_elements = {100};
+  EXPECT_TRUE(ValidatePlanInput(in).ok());
+  auto refused = [](PlanInput bad, const std::string& words) {
+    const auto s = ValidatePlanInput(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find(words), std::string::npos) << s;
+  };
+  PlanInput bad = in;
+  bad.fragment_elements = {};
+  refused(bad, "no parameters");
+  bad = in;
+  bad.fragment_elements = {50, 50};
+  refused(bad, "1 fragment");
+  bad.method = PlanMethod::kStreaming;
+  bad.tau = 100;
+  refused(bad, "tau");
+  bad = in;
+  bad.step_time_s = -1;
+  refused(bad, "step time");
+  bad = in;
+  bad.link.connections = 0;
+  refused(bad, "connections");
+  EXPECT_TRUE(absl::IsInvalidArgument(RequiredBandwidth(in, 1.5).status()));
+
+  EXPECT_DOUBLE_EQ(*ParseBandwidth("1gbit"), 1e9);
+  EXPECT_DOUBLE_EQ(*ParseBandwidth("20Mbit/s"), 20e6);
+  EXPECT_DOUBLE_EQ(*ParseBandwidth("2.5e9"), 2.5e9);
+  EXPECT_DOUBLE_EQ(*ParseBandwidth("100mbps"), 100e6);
+  EXPECT_DOUBLE_EQ(*ParseDuration("50ms"), 0.05);
+  EXPECT_DOUBLE_EQ(*ParseDuration("0"), 0);
+  EXPECT_FALSE(ParseBandwidth("fast").ok());
+  EXPECT_FALSE(ParseBandwidth("0mbit").ok());
+  EXPECT_NE(ParseBandwidth("10 furlongs").status().message().find("unknown unit"),
+            std::string::npos);
+  EXPECT_FALSE(ParseDuration("-5ms").ok());
+}
+
+}  // namespace
+}  // namespace atl::outer
