@@ -67,6 +67,8 @@ for ((i = 0; i < islands; i++)); do
 done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+# A run whose islands failed never ends on the coordinator's side: stop it.
+if ((status != 0)); then kill "$coordinator" 2>/dev/null || true; fi
 wait "$coordinator" || true
 if ((status != 0)); then
   echo "wan_testbed: an island failed; logs in $run_dir" >&2

@@ -47,12 +47,25 @@ absl::Status Validate(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-int64_t ParameterCount(const ModelConfig& c) {
-  const int64_t d = c.d_model, v = c.vocab, t = c.context, l = c.n_layer;
+std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& c) {
+  const int64_t d = c.d_model, v = c.vocab, t = c.context;
   const int64_t ln = 2 * d;
   const int64_t attn = d * 3 * d + 3 * d + d * d + d;
   const int64_t mlp = d * 4 * d + 4 * d + 4 * d * d + d;
-  return v * d + t * d + l * (2 * ln + attn + mlp) + ln + d * v;
+  std::vector<std::pair<std::string, int64_t>> groups = {{"tok_emb.weight", v * d},
+                                                         {"pos_emb.weight", t * d}};
+  for (int l = 0; l < c.n_layer; ++l) {
+    groups.push_back({"blocks." + std::to_string(l) + ".*", 2 * ln + attn + mlp});
+  }
+  groups.push_back({"ln_f.*", ln});
+  groups.push_back({"head.weight", d * v});
+  return groups;
+}
+
+int64_t ParameterCount(const ModelConfig& c) {
+  int64_t n = 0;
+  for (const auto& [name, count] : ParameterGroups(c)) n += count;
+  return n;
 }
 
 double TrainFlopsPerToken(const ModelConfig& c) {

@@ -33,7 +33,11 @@ struct ModelConfig {
 // Names the first offending field; OK when the model can be built.
 absl::Status Validate(const ModelConfig& config);
 
-// Closed form of the parameter count (tests check the module against it).
+// The parameters in model order by closed form, each block's grouped under "blocks.<l>.*"
+// (planning needs their sizes, not the module): embeddings, blocks, final LayerNorm, head.
+std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& config);
+
+// Their sum (tests check the module against it).
 int64_t ParameterCount(const ModelConfig& config);
 
 // Forward FLOPs per token (6N rule plus attention), for isoflop accounting and utilization.

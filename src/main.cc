@@ -21,6 +21,7 @@
 #include "src/launch.h"
 #include "src/loadtest_command.h"
 #include "src/local_command.h"
+#include "src/plan_command.h"
 #include "src/train_command.h"
 
 namespace {
@@ -383,6 +384,49 @@ Command AddLoadtest(CLI::App& app, CommandLine& cl) {
           }};
 }
 
+Command AddPlan(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::PlanOptions>();
+  auto params = std::make_shared<std::string>();
+  auto* c = app.add_subcommand(
+      "plan", "before renting GPUs: per method, the compute utilization on a link, the bandwidth "
+      "a target utilization needs, bytes per island per round and per hour (a replay of the "
+      "schedule, no network)");
+  c->add_option("--params", *params, "model parameters, e.g. 1e9 or 1.5B (else --config's model)");
+  c->add_option("--config", cl.config_path,
+                "TOML config: its model, islands, H, fragments, tau and codec");
+  c->add_option("--step-time", o->step_time_s, "seconds of compute per inner step")->required();
+  c->add_option("--islands", o->islands, "islands (M)");
+  c->add_option("--bandwidth", o->bandwidth, "per island, each way: e.g. 1gbit, 20mbit");
+  c->add_option("--latency", o->latency, "one way, e.g. 50ms");
+  c->add_option("--connections", o->connections, "TCP connections per island");
+  c->add_option("--tcp-window-mib", o->tcp_window_mib, "TCP window per connection, MiB");
+  c->add_option("--method", o->method,
+                "data_parallel, diloco or streaming (one row with these settings); default: "
+                "the ladder of the Streaming DiLoCo paper's Table 4");
+  c->add_option("--sync-every", o->sync_every, "H");
+  c->add_option("--fragments", o->fragments, "P (streaming)");
+  c->add_option("--tau", o->tau, "inner steps of overlap (streaming)");
+  c->add_option("--codec", o->codec, "fp32, bf16, int8, fp4_e2m1, fp4_e3m0");
+  c->add_option("--topology", o->topology,
+                "star (atoll's service, default) or ring (the paper's all-reduce)");
+  c->add_option("--target-utilization", o->target, "e.g. 0.95: the bandwidth each method needs");
+  c->add_option("--steps", o->steps, "a run of this many steps, ending synced (default: steady)");
+  c->add_option("--commit-ns-per-param", o->commit_ns_per_param,
+                "the service's commit time per parameter per island (measured: atoll loadtest)");
+  c->add_option("--svg", o->svg, "write utilization vs bandwidth per method to this SVG file");
+  c->add_flag("--json", o->json, "one JSON object per method instead of the table");
+  return {c, [&cl, o, params](const std::vector<atl::Override>& overrides) {
+            if (!params->empty() && !ParseCount(*params, &o->params)) {
+              return Fail(absl::InvalidArgumentError(
+                  "--params '" + *params + "' is not a count such as 1e9, 500M or 1.5B"));
+            }
+            o->config_path = cl.config_path;
+            o->overrides = overrides;
+            if (auto s = atl::RunPlan(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -393,7 +437,8 @@ int main(int argc, char** argv) {
   cl.argv = argv;
   std::vector<Command> commands = {AddTrain(app, cl),   AddCoordinator(app, cl),
                                    AddIsland(app, cl),  AddLocal(app, cl),
-                                   AddCompare(app, cl), AddLoadtest(app, cl)};
+                                   AddCompare(app, cl), AddLoadtest(app, cl),
+                                   AddPlan(app, cl)};
   for (auto& command : commands) {
     command.app->allow_extras();
     command.app->footer(KeysHelp());

@@ -222,5 +222,42 @@ TEST_F(CliTest, LoadtestRefusesWhatItCannotRun) {
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("load")));
 }
 
+TEST_F(CliTest, PlanPrintsEachMethodsNeedsAndPlotsThem) {
+  // The Streaming DiLoCo paper's setting (Table 4: 1B parameters, 0.1 s per step, 95%).
+  auto r = Atoll("plan --params 1e9 --step-time 0.1 --target-utilization 0.95 --topology ring "
+                 "--svg " + dir_.Join("plan.svg"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("| data parallel, bf16 gradients every step | 1.9 GiB |"));
+  EXPECT_THAT(r.output, HasSubstr("222.5 Gbit/s |"));
+  EXPECT_THAT(r.output, HasSubstr("| Streaming, H = 100, P = 8, tau = 1, fp4_e2m1 |"));
+  const std::string svg = testing::ReadFile(dir_.Join("plan.svg"));
+  EXPECT_THAT(svg, HasSubstr("<svg"));
+  EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 10, true);
+  EXPECT_THAT(svg, HasSubstr("<polyline"));
+
+  // A config's model (exact fragment sizes), one method, a finite run, as JSON.
+  r = Atoll("plan --config " + dir_.Join("tiny.toml") + " --method streaming --fragments 1 "
+            "--tau 2 --codec fp4_e2m1 --step-time 0.05 --bandwidth 10mbit --steps 6 "
+            "--outer.sync_every=3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output.substr(0, r.output.find('\n')));
+  EXPECT_EQ(j["method"], "streaming");
+  EXPECT_EQ(j["tau"], 2);
+  EXPECT_GT(j["utilization"].get<double>(), 0.0);
+  EXPECT_LT(j["utilization"].get<double>(), 1.0);
+
+  r = Atoll("plan --params 1e9 --step-time 0.1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--bandwidth"));
+  r = Atoll("plan --params 1e9 --step-time 0.1 --bandwidth 1 furlong");
+  EXPECT_EQ(r.exit_code, 2);
+  r = Atoll("plan --params 1e9 --step-time 0.1 --bandwidth 1gbit --method gossip");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("unknown method 'gossip'"));
+  r = Atoll("plan --params 1e9 --step-time 0.1 --bandwidth 1gbit --tau 500");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("tau must be in [0, H = 100)"));
+}
+
 }  // namespace
 }  // namespace atl

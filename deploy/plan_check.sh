@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Checks `atoll plan` against the netns testbed: for each link rate and method, runs the islands
+# behind the shaped link (deploy/wan_testbed.sh), then asks the planner for the same run with the
+# measured inputs (each island's inner step time, the link's iperf3 goodput) and prints predicted
+# against measured compute utilization. Needs root (ip netns, tc), like the testbed.
+#
+#   deploy/plan_check.sh [RATE ...]          # default: 5mbit 20mbit 100mbit
+#
+# Environment: STEPS (150), OUT (runs/plan-check-<time>), CONFIG (deploy/configs/tiny.toml).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+atoll="${ATOLL_BUILD_DIR:-$root/build}/src/atoll"
+config="${CONFIG:-$root/deploy/configs/tiny.toml}"
+steps="${STEPS:-150}"
+out="${OUT:-$root/runs/plan-check-$(date +%H%M%S)}"
+rates=("$@")
+((${#rates[@]})) || rates=(5mbit 20mbit 100mbit)
+# Evaluation and checkpoints are not part of the schedule the planner replays: one batch at the end.
+common=("--train.steps=$steps" "--train.eval_every=$steps" "--train.eval_batches=1"
+        "--optim.warmup_steps=10")
+declare -A methods=(
+  [diloco_fp32]="--outer.codec=fp32"
+  [streaming_fp4]="--outer.codec=fp4_e2m1 --outer.num_fragments=4 --outer.fragment_sync_delay=5"
+)
+mkdir -p "$out"
+echo "| link | iperf3 goodput | method | step time | measured | predicted | difference |"
+echo "| --- | ---: | --- | ---: | ---: | ---: | ---: |"
+for rate in "${rates[@]}"; do
+  for method in diloco_fp32 streaming_fp4; do
+    # shellcheck disable=SC2206
+    flags=(${methods[$method]})
+    dir="$out/$rate-$method"
+    RUN_DIR="$dir" CONFIG="$config" "$root/deploy/wan_testbed.sh" "$rate" "${common[@]}" \
+      "${flags[@]}" > "$dir.log" 2>&1 || { echo "plan_check: $rate $method failed: $dir.log" >&2; exit 1; }
+    goodput=$(sed -n 's/.*iperf3 goodput \([0-9.]*\) Mbit\/s.*/\1/p' "$dir.log")
+    [[ -n "$goodput" ]] || { echo "plan_check: no iperf3 goodput in $dir.log" >&2; exit 1; }
+    # Each island: measured utilization, and the planner fed its step time and the goodput.
+    for island in "$dir"/island*/summary.json; do
+      read -r compute wall stepped < <(perl -0ne '
+        my ($c) = /"compute_s":\s*([0-9.e+-]+)/; my ($w) = /"wall_s":\s*([0-9.e+-]+)/;
+        my ($s) = /"steps_trained":\s*([0-9]+)/; print "$c $w $s\n"' "$island")
+      step_time=$(perl -e "printf '%.5f', $compute / $stepped")
+      measured=$(perl -e "printf '%.1f', 100 * $compute / $wall")
+      predicted=$("$atoll" plan --config "$config" "${common[@]}" "${flags[@]}" \
+        --method "${method%%_*}" --steps "$steps" --step-time "$step_time" \
+        --bandwidth "${goodput}mbit" --json | perl -ne 'printf "%.1f", 100 * $1 if /"utilization":([0-9.e+-]+)/')
+      printf "| %s | %.1f Mbit/s | %s (%s) | %.1f ms | %s%% | %s%% | %+.1f |\n" "$rate" "$goodput" \
+        "$method" "$(basename "$(dirname "$island")")" "$(perl -e "print 1000 * $step_time")" \
+        "$measured" "$predicted" "$(perl -e "print $predicted - $measured")"
+    done
+  done
+done
