@@ -8,11 +8,6 @@
 namespace atl {
 namespace {
 
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(absl::StatusCode(int(s.error_code())), s.error_message());
-}
-
 template <typename Response, typename Reader>
 absl::StatusOr<std::vector<Response>> ReadAll(Reader& reader) {
   std::vector<Response> out;

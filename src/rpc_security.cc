@@ -125,6 +125,12 @@ absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& addr
 
 }  // namespace
 
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(absl::StatusCode(int(s.error_code())),
+                      what.empty() ? s.error_message() : absl::StrCat(what, ": ", s.error_message()));
+}
+
 absl::Status CheckListenAddress(const std::string& address) {
   return SplitAddress(address).status();
 }

@@ -35,6 +35,9 @@ struct TlsFiles {
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsFiles& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(const TlsFiles& tls);
 
+// A gRPC status as an absl::Status of the same code; `what`, when given, prefixes the message.
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what = "");
+
 // Checks a "host:port" listening address (IPv6 hosts in brackets, port 0-65535).
 absl::Status CheckListenAddress(const std::string& address);
 // Why binding `address` fails, asked of the operating system (after gRPC could not listen):
