@@ -186,6 +186,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     requests[i].set_tokens(tokens);
     if (i == 0) {
       requests[i].set_inner_steps_per_s(steps_per_s);
+      requests[i].set_link_bps(link_bps_);
       requests[i].set_session(identity_->session());
     }
   }
@@ -217,6 +218,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
 
   const auto t1 = std::chrono::steady_clock::now();
   out.contributors = pushed->contributors();
+  if (pushed->tau_set()) out.tau = int(pushed->tau());
   // Sync: the round's update. Async: every version since the one this contribution started from,
   // its own included.
   const uint64_t until = options_.async ? pushed->version() : round_ + 1;

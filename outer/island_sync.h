@@ -39,6 +39,8 @@ struct RoundOutcome {
   uint32_t sync_every = 0;      // the island's H from now on (0: unchanged)
   uint64_t tokens_committed = 0;
   bool budget_reached = false;
+  // Sync with auto-tune: the tau the service chose for the island's next pushes (-1: none).
+  int tau = -1;
 };
 
 // Who an island is to the service: its id and the session credential of its current membership,
@@ -116,6 +118,9 @@ class IslandSync {
   // Total bytes of full-state fetches (joins and resyncs).
   uint64_t fetched_bytes() const { return fetched_bytes_; }
   const std::vector<float>& residual() const { return residual_; }
+  // The goodput to the service this island measured (reported with each push; 0: unknown). Set
+  // while no push is in flight.
+  void set_link_bps(double bps) { link_bps_ = bps; }
 
  private:
   // Receives the update of `round` (blocking until it commits), applies it to the global copy and
@@ -138,6 +143,7 @@ class IslandSync {
   std::vector<float> residual_;  // error feedback
   std::vector<float> global_;
   uint64_t round_ = 0;
+  double link_bps_ = 0;
   uint64_t fetched_bytes_ = 0;
 };
 

@@ -60,6 +60,15 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.fragment_sync_delay must be in [0, outer.sync_every = ", c.sync_every, "), got ",
         c.fragment_sync_delay));
   }
+  if (!(c.target_utilization > 0 && c.target_utilization < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.target_utilization must be in (0, 1), got ", c.target_utilization));
+  }
+  if (c.auto_tune && c.mode == "async") {
+    return absl::InvalidArgumentError(
+        "outer.auto_tune chooses tau for sync rounds; async islands push on their own schedule "
+        "(DyLU): turn one of them off");
+  }
   if (c.fragment_update_alpha > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.fragment_update_alpha must be in [0, 1] (or negative for the default), got ",

@@ -31,6 +31,10 @@ struct OuterConfig {
   int num_fragments = 1;                  // P
   std::string fragment_pattern = "strided";  // or "sequential"
   int fragment_sync_delay = 0;            // tau: inner steps between a fragment's push and merge
+  // Sync: the service chooses tau from the islands' measured links and step times to reach
+  // target_utilization (outer/auto_tune.h); fragment_sync_delay is the tau until it has.
+  bool auto_tune = false;
+  double target_utilization = 0.95;
   double fragment_update_alpha = -1;      // alpha; < 0: 0.5 when tau > 0, else 0
   // Async DiLoCo (arXiv 2401.09135).
   std::string mode = "sync";              // or "async": contributions applied as they arrive
@@ -53,7 +57,8 @@ struct OuterConfig {
   int service_threads = 1;                // threads for a commit's data work (1..256)
   bool async() const { return mode == "async"; }
   double alpha() const {
-    return fragment_update_alpha >= 0 ? fragment_update_alpha : (fragment_sync_delay > 0 ? 0.5 : 0.0);
+    if (fragment_update_alpha >= 0) return fragment_update_alpha;
+    return fragment_sync_delay > 0 || auto_tune ? 0.5 : 0.0;
   }
 };
 

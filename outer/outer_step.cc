@@ -3,6 +3,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/checksum.h"
@@ -24,7 +25,8 @@ class SyncRounds : public RoundPolicy {
   int64_t max_steps() const override { return options_.total_steps; }
   bool IsLast(int64_t t) const override { return t == options_.total_steps; }
   std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
-  int64_t Delay() const override { return options_.tau; }
+  int64_t Delay() const override { return tau_; }
+  void SetDelay(int64_t tau) override { tau_ = tau; }
   uint32_t sync_every() const override { return options_.sync_every; }
   void Pushed(uint32_t, int64_t) override {}
   void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
@@ -37,6 +39,7 @@ class SyncRounds : public RoundPolicy {
  private:
   const OuterStepOptions options_;
   const SyncSchedule schedule_;
+  int64_t tau_ = options_.tau;
 };
 
 // Versions: each contribution is applied as it arrives; the island's H follows its throughput
@@ -136,6 +139,7 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
     syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
                                                   session_.identity(), fragments[f].elements, sync));
   }
+  stats_.tau = policy_->Delay();
 }
 
 OuterStepHook::~OuterStepHook() {
@@ -146,12 +150,20 @@ OuterStepHook::~OuterStepHook() {
 int64_t OuterStepHook::max_steps() const { return policy_->max_steps(); }
 
 absl::Status OuterStepHook::FetchGlobal() {
+  const uint64_t bytes0 = fetched_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
     // A coordinator that restarts right now is waited for, as for a join.
     if (auto s = Retry(options_.retry, [&] { return syncs_[f]->FetchGlobal(); }); !s.ok()) {
       return s;
     }
     model_.Merge(f, syncs_[f]->global(), 0.0);
+  }
+  // The whole state over the real channel: the island's measure of its link to the service.
+  const double seconds = Since(t0);
+  if (fetched_bytes() > bytes0 && seconds > 0) {
+    stats_.link_bps = 8.0 * double(fetched_bytes() - bytes0) / seconds;
+    for (auto& sync : syncs_) sync->set_link_bps(stats_.link_bps);
   }
   return absl::OkStatus();
 }
@@ -269,6 +281,10 @@ absl::Status OuterStepHook::Land(double alpha) {
   }
   model_.Merge(job.fragment, syncs_[job.fragment]->global(), outcome->resynced ? 0.0 : alpha);
   policy_->Landed(*outcome, model_, stats_);
+  if (options_.auto_tune) {
+    if (auto s = AdoptTau(outcome->tau); !s.ok()) return s;
+  }
+  stats_.tau = policy_->Delay();
   stats_.rounds += 1;
   stats_.resyncs += outcome->resynced ? 1 : 0;
   stats_.idle_s += idle_s;
@@ -281,11 +297,31 @@ absl::Status OuterStepHook::Land(double alpha) {
     landed.step = model_.step();
     landed.idle_s = idle_s;
     landed.sync_every = policy_->sync_every();
+    landed.tau = job.apply_at - job.pushed_at;
     landed.global_hash = syncs_[job.fragment]->global_hash();
     landed.range_hashes = RangeHashes(job.fragment);
     landed.outcome = *std::move(outcome);
     observer_(landed);
   }
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::AdoptTau(int tau) {
+  if (ranks_.size() > 1) {
+    auto first = ranks_.FromFirst(std::to_string(tau));
+    if (!first.ok()) return first.status();
+    if (!absl::SimpleAtoi(*first, &tau)) return absl::InternalError("rank 0's tau is not a number");
+  }
+  if (tau < 0 || tau == policy_->Delay()) return absl::OkStatus();
+  if (tau >= int64_t(options_.sync_every)) {
+    return absl::InvalidArgumentError(absl::StrCat("the service chose tau = ", tau,
+                                                   ", not below H = ", options_.sync_every));
+  }
+  if (on_message) {
+    on_message(absl::StrCat("auto-tune: tau ", policy_->Delay(), " -> ", tau,
+                            " (the service's choice for this run's links)"));
+  }
+  policy_->SetDelay(tau);
   return absl::OkStatus();
 }
 

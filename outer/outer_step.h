@@ -61,6 +61,7 @@ struct OuterStepOptions {
   uint32_t num_data_streams = 1;
   int64_t tokens_per_step = 0;  // of this island
   double round_timeout_s = 600;  // async: how long an island waits for the others to finish
+  bool auto_tune = false;       // sync: tau follows the service's choice (outer/auto_tune.h)
   RetryPolicy retry;
   IslandSyncOptions sync;       // codec, error feedback, rounding (fragment set per fragment)
 };
@@ -70,6 +71,7 @@ struct LandedRound {
   uint32_t fragment = 0;
   int64_t pushed_at = 0;  // inner step of the snapshot
   int64_t step = 0;       // inner step after which it was merged
+  int64_t tau = 0;        // inner steps between its push and its merge (as scheduled)
   double idle_s = 0;      // the training thread waited this long for it
   uint32_t sync_every = 0;  // the island's H from now on
   uint64_t global_hash = 0;  // of the fragment's global parameters (this rank's) after the merge
@@ -84,6 +86,8 @@ struct OuterStepStats {
   uint64_t peak_bytes_in_flight = 0;
   std::vector<uint32_t> staleness;  // async: of each contribution, in order
   uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
+  double link_bps = 0;              // goodput of the last full-state fetch (join, resync)
+  int64_t tau = 0;                  // inner steps between a push and its merge, now
 };
 
 class OuterStepHook;
@@ -97,6 +101,7 @@ class RoundPolicy {
   virtual bool IsLast(int64_t t) const = 0;
   virtual std::vector<uint32_t> DueAfter(int64_t t) const = 0;
   virtual int64_t Delay() const = 0;  // inner steps between a push and its merge
+  virtual void SetDelay(int64_t) {}   // sync with auto-tune: the service's choice
   virtual uint32_t sync_every() const = 0;
   virtual void Pushed(uint32_t fragment, int64_t t) = 0;
   // A merged round's answer; may move the model's schedule.
@@ -158,6 +163,8 @@ class OuterStepHook {
   absl::Status LandAll(double alpha);
   absl::Status LandDue(int64_t t, double alpha);
   absl::Status Rejoin(const absl::Status& why);
+  // Auto-tune: every rank adopts rank 0's answer.
+  absl::Status AdoptTau(int tau);
 
   Transport& transport_;
   IslandSession& session_;

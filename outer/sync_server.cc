@@ -36,6 +36,7 @@ SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::ve
       pool_(std::make_unique<WorkerPool>(options_.service_threads)),
       membership_(options_.num_data_streams, absl::Seconds(options_.lease_s)) {
   fragments_.emplace_back(std::move(layout), std::move(initial), options_.optimizer);
+  StartTuner();
 }
 
 SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> layouts,
@@ -46,6 +47,23 @@ SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> la
   for (size_t f = 0; f < layouts.size(); ++f) {
     fragments_.emplace_back(std::move(layouts[f]), std::move(initial[f]), options_.optimizer);
   }
+  StartTuner();
+}
+
+void SyncServer::Renew(const std::string& island) {
+  std::lock_guard<std::mutex> lock(mu_);
+  membership_.Heartbeat(island, absl::Now()).IgnoreError();
+}
+
+void SyncServer::StartTuner() {
+  if (!(options_.auto_tune_target > 0) || options_.async) return;
+  PlanInput run;
+  for (const auto& f : fragments_) run.fragment_elements.push_back(f.layout.total());
+  run.method = PlanMethod::kStreaming;
+  run.sync_every = int(options_.sync_every);
+  run.codec = options_.codec;
+  run.islands = int(options_.num_data_streams);
+  tuner_ = std::make_unique<TauTuner>(std::move(run), options_.auto_tune_target);
 }
 
 absl::StatusOr<uint32_t> SyncServer::CheckFragment(uint32_t fragment) const {
@@ -173,6 +191,7 @@ pb::GetStateResponse SyncServer::GetState() const {
 
 void SyncServer::ForgetIslandLocked(const std::string& island) {
   steps_per_s_.erase(island);
+  if (tuner_) tuner_->Forget(island);
   for (auto& f : fragments_) {
     f.partials.erase(island);
     f.applied.erase(island);

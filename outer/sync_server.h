@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "outer/aggregation.h"
+#include "outer/auto_tune.h"
 #include "outer/fragment_data.h"
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
@@ -69,6 +70,9 @@ struct SyncServerOptions {
   double max_update_norm = 0;
   double max_update_value = 0;
   uint64_t max_tokens = 0;
+  // Sync mode: choose tau for the islands from their measured throughput and links, to reach this
+  // compute utilization (outer/auto_tune.h). 0: off (islands keep their configured tau).
+  double auto_tune_target = 0;
 };
 
 // Dynamic local updates (arXiv 2401.09135): an island running at `v` inner steps/s while the
@@ -100,14 +104,14 @@ class PushStream {
  private:
   friend class SyncServer;
   PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_offset, std::string session,
-             uint64_t tokens, double steps_per_s);
+             uint64_t tokens, IslandFigures figures);
 
   SyncServer* server_;
   ChunkStream chunks_;
   uint64_t first_offset_;  // with the island and fragment, the key of the open push
   std::string session_;
   uint64_t tokens_;
-  double steps_per_s_;
+  IslandFigures figures_;
 };
 
 // A committed round, as every island receives it.
@@ -324,6 +328,12 @@ class SyncServer {
                                                 std::vector<CommitJob>& jobs);
   absl::StatusOr<pb::PushResponse> ApplyAsync(const PayloadId& id, Contribution c,
                                               double steps_per_s);
+  // Sync with auto-tune: records the island's figures and tells it the tau to use from now on.
+  void TuneLocked(const std::string& island, const IslandFigures& figures,
+                  pb::PushResponse& response);
+  void StartTuner();
+  // An island's data arrived or was read: its lease is renewed as by a heartbeat.
+  void Renew(const std::string& island);
   // The cheap checks of a push, at its start and again before it is recorded.
   absl::Status CheckPushLocked(const PayloadId& id) const;
   void ClosePush(const PayloadId& id, uint64_t first_offset);
@@ -360,6 +370,7 @@ class SyncServer {
   std::vector<uint64_t> first_rounds_;  // per fragment: the round the run started or resumed at
   bool durability_gate_ = false;
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
+  std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)
   uint64_t tokens_committed_ = 0;
   std::function<void(const CommittedRound&)> on_commit_;

@@ -16,18 +16,21 @@
 namespace atl::outer {
 
 PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_offset,
-                       std::string session, uint64_t tokens, double steps_per_s)
+                       std::string session, uint64_t tokens, IslandFigures figures)
     : server_(server),
       chunks_(std::move(chunks)),
       first_offset_(first_offset),
       session_(std::move(session)),
       tokens_(tokens),
-      steps_per_s_(steps_per_s) {}
+      figures_(figures) {}
 
 PushStream::~PushStream() { server_->ClosePush(chunks_.id(), first_offset_); }
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
-  return chunks_.Add(std::move(*request.mutable_chunk()));
+  if (auto s = chunks_.Add(std::move(*request.mutable_chunk())); !s.ok()) return s;
+  // Data arriving from the island shows it alive, though its heartbeats may queue behind it.
+  server_->Renew(chunks_.id().island_id);
+  return absl::OkStatus();
 }
 
 absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
@@ -76,7 +79,8 @@ absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushR
   // cap bounds what a peer can make the stream keep per range (one scale block each).
   return std::unique_ptr<PushStream>(new PushStream(
       this, ChunkStream(id, options_.codec, layout.total(), std::max<size_t>(64, layout.names.size())),
-      h.offset(), first.session(), first.tokens(), first.inner_steps_per_s()));
+      h.offset(), first.session(), first.tokens(),
+      IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
 }
 
 void SyncServer::ClosePush(const PayloadId& id, uint64_t first_offset) {
@@ -159,11 +163,8 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
         "contribution of island '", id.island_id, "' claims ", tokens,
         " tokens; a round of this run trains at most ", options_.max_tokens));
   }
-  const double steps_per_s = stream->steps_per_s_;
-  if (!(steps_per_s >= 0) || !std::isfinite(steps_per_s)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("inner throughput must be a finite number >= 0, got ", steps_per_s));
-  }
+  if (auto s = ValidateFigures(stream->figures_); !s.ok()) return s;
+  const double steps_per_s = stream->figures_.steps_per_s;
   EncodedPayload payload = std::move(stream->chunks_).Take();
   // Decoding the part once (window by window) checks that every value is finite.
   auto stats = Measure(payload);
@@ -196,6 +197,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
       part.set_round(id.round);
       part.set_fragment(id.fragment);
       part.set_contributors(uint32_t(frag.contributions.size()));
+      if (tuner_) TuneLocked(id.island_id, stream->figures_, part);
       return part;
     }
     Contribution c = std::move(**complete);
@@ -212,6 +214,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
       return ApplyAsync(id, std::move(c), steps_per_s);
     }
     response = RecordLocked(id, std::move(c), jobs);
+    if (tuner_) TuneLocked(id.island_id, stream->figures_, *response);
   }
   // The contribution that completed its round commits it (outside mu_).
   RunCommits(std::move(jobs));
@@ -226,6 +229,21 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
     if (auto s = (*stream)->Add(pb::PushRequest(r)); !s.ok()) return s;
   }
   return FinishPush(*std::move(stream));
+}
+
+void SyncServer::TuneLocked(const std::string& island, const IslandFigures& figures,
+                            pb::PushResponse& response) {
+  if (auto choice = tuner_->Report(island, figures); choice && on_event_) {
+    on_event_(absl::StrFormat(
+        "auto-tune: tau = %d for a predicted compute utilization of %.1f%% (blocking: %.1f%%), "
+        "from the slowest island's %.3f s per step and the slowest link's %.2f Mbit/s",
+        choice->tau, 100 * choice->predicted, 100 * choice->predicted_tau0, choice->step_time_s,
+        choice->link_bps / 1e6));
+  }
+  if (auto tau = tuner_->tau()) {
+    response.set_tau_set(true);
+    response.set_tau(uint32_t(*tau));
+  }
 }
 
 absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, Contribution c,

@@ -282,6 +282,9 @@ absl::Status SyncServer::FetchState(const pb::FetchStateRequest& request,
       {
         std::lock_guard<std::mutex> lock(mu_);
         now = f.round;
+        // The island reads what it asked for (flow control stops these writes otherwise): it is
+        // alive, though its heartbeats may wait behind this stream on a slow link.
+        membership_.Heartbeat(request.island_id(), absl::Now()).IgnoreError();
       }
       if (now != round) {
         return absl::AbortedError(absl::StrCat("fragment ", *fid, " committed round ", now,

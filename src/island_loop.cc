@@ -229,6 +229,7 @@ outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinRespons
   o.total_steps = int64_t(schedule.total_inner_steps());
   o.sync_every = schedule.sync_every();
   o.tau = config.outer.fragment_sync_delay;
+  o.auto_tune = config.outer.auto_tune;
   o.alpha = config.outer.alpha();
   o.async = schedule.async();
   o.token_budget = schedule.token_budget();
@@ -333,6 +334,7 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
                  {"version", o.version},
                  {"staleness", o.staleness},
                  {"sync_every", r.sync_every},
+                 {"tau", r.tau},
                  {"global_hash", absl::StrFormat("%016x", r.global_hash)},
                  {"range_hashes", RangeHashesJson(r.range_hashes)},
                  {"resynced", o.resynced}});
@@ -371,6 +373,8 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"bytes_sent", summary.bytes_sent},
                       {"bytes_received", summary.bytes_received},
                       {"peak_bytes_in_flight", summary.peak_bytes_in_flight},
+                      {"tau", summary.tau},
+                      {"link_mbps", summary.link_bps / 1e6},
                       {"utilization", summary.compute_s / std::max(1e-9, summary.wall_s)},
                       {"throttle", options.throttle},
                       {"ranks", ranks},
@@ -656,6 +660,8 @@ absl::StatusOr<IslandSummary> IslandRun::Finish() {
   summary_.bytes_sent = stats.bytes_sent;
   summary_.bytes_received = stats.bytes_received;
   summary_.peak_bytes_in_flight = stats.peak_bytes_in_flight;
+  summary_.tau = stats.tau;
+  summary_.link_bps = stats.link_bps;
   summary_.staleness = stats.staleness;
   summary_.run_tokens = stats.run_tokens;
   summary_.checkpoints = checkpoints_->saved();

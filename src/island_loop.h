@@ -52,6 +52,8 @@ struct IslandSummary {
   double compute_s = 0;   // inner steps
   double sync_s = 0;      // idle: the training thread waiting for outer updates
   uint64_t peak_bytes_in_flight = 0;  // encoded pseudo-gradients pushed but not yet merged
+  int64_t tau = 0;        // inner steps between a push and its merge, at the end (auto_tune)
+  double link_bps = 0;    // goodput of the state fetch when the island joined
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "compression/checksum.h"
@@ -193,12 +194,16 @@ Config StreamingConfig(const TempDir& dir) {
 // Runs every island of `c` in its own thread against one in-process service.
 std::vector<absl::StatusOr<IslandSummary>> RunIslands(const Config& c, outer::SyncServer& server,
                                                       const TempDir& dir,
-                                                      std::vector<double> throttle = {}) {
+                                                      std::vector<double> throttle = {},
+                                                      absl::Duration call_delay = {}) {
   std::vector<absl::StatusOr<IslandSummary>> results(size_t(c.outer.islands));
   std::vector<std::thread> threads;
   for (int i = 0; i < c.outer.islands; ++i) {
     threads.emplace_back([&, i] {
-      outer::InProcessTransport transport(&server);
+      outer::InProcessTransport direct(&server);
+      outer::Faults faults;
+      faults.delay = call_delay;  // a slow link: every call takes this much longer
+      outer::FaultyTransport transport(&direct, faults);
       IslandOptions o;
       o.name = "island" + std::to_string(i);
       o.run_dir = dir.Join(o.name);
@@ -247,6 +252,41 @@ TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
     EXPECT_LT(r->peak_bytes_in_flight, compression::EncodedBytes(
                                            *compression::ParseCodec("fp4_e2m1"), all_size));
   }
+}
+
+// outer.auto_tune behind a slow link (every call 40 ms late: the state fetch when an island joins
+// measures a link on which a fragment's round trip takes about 80 ms, while a fragment is due every
+// two inner steps of a few ms): the service chooses a tau > 0 from the islands' reports, every
+// island adopts it after its first round, and the copies stay bit-identical.
+TEST(StreamingTest, AutoTuneChoosesTauFromTheMeasuredLink) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.train.steps = 24;
+  c.outer.fragment_sync_delay = 0;
+  c.outer.codec = "fp32";  // a fragment's round trip then takes about two call delays
+  c.outer.auto_tune = true;
+  auto server = *MakeSyncServer(c);
+  std::vector<std::string> events;
+  std::mutex mu;
+  server->SetEventListener([&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(line);
+  });
+  const auto results = RunIslands(c, *server, dir, {}, absl::Milliseconds(40));
+  const uint64_t hash = ServiceHash(*server);
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.front(), ::testing::HasSubstr("auto-tune: tau = "));
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_hash, hash);
+    EXPECT_GT(r->tau, 0) << events.front();
+    EXPECT_LT(r->tau, c.outer.sync_every);
+    EXPECT_GT(r->link_bps, 0);
+  }
+  // The islands' metrics name the tau of every merged round: 0 for the first, then the choice.
+  const std::string metrics = testing::ReadFile(dir.Join("island0/metrics.jsonl"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("\"tau\":0"));
+  EXPECT_THAT(metrics, ::testing::HasSubstr("\"tau\":" + std::to_string(results[0]->tau)));
 }
 
 // Async Streaming DiLoCo in process: 2 islands, 4 fragments, tau = 2, FP4, one island throttled:

@@ -427,6 +427,32 @@ TEST_F(SyncServerTest, StateStreamsChunkByChunkAndAbortsWhenARoundCommitsMeanwhi
   EXPECT_EQ(gone.code(), absl::StatusCode::kCancelled) << gone;
 }
 
+// On a slow link an island's heartbeats wait behind a long state transfer or push: the data
+// flowing renews its lease, so the island is not declared dead in the middle of it.
+TEST_F(SyncServerTest, DataFlowingRenewsTheLease) {
+  options_.num_data_streams = 2;
+  options_.lease_s = 0.2;
+  options_.chunk_bytes = 256;  // 64 elements per chunk
+  layout_.numels = {1000};
+  auto s = Make(std::vector<float>(1000, 1.0f));
+  Join(*s, "a");
+  Join(*s, "b");
+  pb::FetchStateRequest fetch;
+  fetch.set_run_id("run");
+  fetch.set_island_id("a");
+  fetch.set_session(sessions_["a"]);
+  int chunks = 0;
+  ASSERT_TRUE(s->FetchState(fetch, [&](pb::StateChunk&&) {
+                 absl::SleepFor(absl::Milliseconds(30));  // 16 chunks: 0.48 s, over two leases
+                 if (++chunks % 4 == 0) s->Tick(absl::Now());
+                 return true;
+               }).ok());
+  s->Tick(absl::Now());
+  const auto state = s->GetState();
+  ASSERT_EQ(state.islands_size(), 1) << "b, silent all along, is gone: " << state.DebugString();
+  EXPECT_EQ(state.islands(0).name(), "a");
+}
+
 TEST_F(SyncServerTest, RoundCommitsWhenAllMembersContributedWithTokenWeights) {
   options_.num_data_streams = 2;
   auto s = Make();

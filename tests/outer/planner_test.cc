@@ -1,8 +1,11 @@
 #include "outer/planner.h"
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "compression/codec.h"
+#include "outer/auto_tune.h"
 
 namespace atl::outer {
 namespace {
@@ -184,6 +187,65 @@ TEST(PlannerTest, RefusesWhatItCannotModel) {
   EXPECT_NE(ParseBandwidth("10 furlongs").status().message().find("unknown unit"),
             std::string::npos);
   EXPECT_FALSE(ParseDuration("-5ms").ok());
+}
+
+// Four 1 MB fragments (fp32), H = 40, 0.1 s per step, 16 Mbit/s: a fragment's round trip is 10
+// steps; blocking idles half the time, tau = 10 hides it all, tau = 9 leaves 0.1 s per fragment.
+PlanInput FourFragments() {
+  PlanInput in;
+  in.fragment_elements.assign(4, 250'000);
+  in.method = PlanMethod::kStreaming;
+  in.sync_every = 40;
+  in.codec = kFp32;
+  in.commit_s_per_param = 0;
+  in.step_time_s = 0.1;
+  in.link.bandwidth_bps = 16e6;
+  return in;
+}
+
+TEST(AutoTuneTest, ChoosesTheSmallestTauThatReachesTheTarget) {
+  TauChoice c = ChooseTau(FourFragments(), 0.95);
+  EXPECT_EQ(c.tau, 10);  // tau = 9 predicts 4 / 4.4 = 90.9%
+  EXPECT_NEAR(c.predicted, 1.0, 1e-9);
+  EXPECT_NEAR(c.predicted_tau0, 0.5, 1e-9);
+  c = ChooseTau(FourFragments(), 0.9);
+  EXPECT_EQ(c.tau, 9);
+  // Unreachable (a fragment due every 10 steps needs 30 of link): the best tau, not the largest.
+  PlanInput slow = FourFragments();
+  slow.link.bandwidth_bps = 16e6 / 3;
+  c = ChooseTau(slow, 0.95);
+  EXPECT_LT(c.predicted, 0.95);
+  for (int tau = 0; tau < 40; ++tau) {
+    slow.tau = tau;
+    EXPECT_LE(Simulate(slow).utilization, c.predicted + 1e-9) << tau;
+  }
+}
+
+TEST(AutoTuneTest, FollowsTheSlowestIslandAndLinkAndIgnoresNoise) {
+  PlanInput run = FourFragments();
+  TauTuner tuner(run, 0.95);
+  EXPECT_FALSE(tuner.tau().has_value());
+  EXPECT_FALSE(tuner.Report("a", {10, 0}).has_value());  // no link measured yet
+  auto c = tuner.Report("a", {10, 16e6});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->tau, 10);
+  EXPECT_FALSE(tuner.Report("a", {10.5, 15e6}).has_value());  // within a quarter: no change
+  c = tuner.Report("b", {10, 8e6});  // a slower link: round trips of 20 steps
+  ASSERT_TRUE(c.has_value());
+  PlanInput slower = run;
+  slower.link.bandwidth_bps = 8e6;
+  EXPECT_EQ(c->tau, ChooseTau(slower, 0.95).tau);
+  EXPECT_GE(c->tau, 19);
+  EXPECT_DOUBLE_EQ(c->link_bps, 8e6);
+  tuner.Forget("b");
+  c = tuner.Report("a", {10, 16e6});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(*tuner.tau(), 10);
+
+  EXPECT_TRUE(ValidateFigures({10, 1e9}).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateFigures({NAN, 1e9})));
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateFigures({10, -1})));
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateFigures({10, INFINITY})));
 }
 
 }  // namespace
