@@ -44,7 +44,8 @@ TauChoice ChooseTau(PlanInput run, double target) {
   return best;
 }
 
-TauTuner::TauTuner(PlanInput run, double target) : run_(std::move(run)), target_(target) {}
+TauTuner::TauTuner(PlanInput run, double target, double headroom)
+    : run_(std::move(run)), target_(target), headroom_(std::max(1.0, headroom)) {}
 
 std::optional<TauChoice> TauTuner::Report(const std::string& island, const IslandFigures& f) {
   if (!(f.steps_per_s > 0) || !(f.link_bps > 0)) return std::nullopt;
@@ -56,15 +57,16 @@ std::optional<TauChoice> TauTuner::Report(const std::string& island, const Islan
   }
   const double step_time_s = 1 / slowest_steps;
   if (choice_ && !Moved(step_time_s, choice_->step_time_s) &&
-      !Moved(slowest_link, choice_->link_bps)) {
+      !Moved(slowest_link, measured_link_bps_)) {
     return std::nullopt;
   }
   PlanInput run = run_;
   run.step_time_s = step_time_s;
-  run.link.bandwidth_bps = slowest_link;
+  run.link.bandwidth_bps = slowest_link / headroom_;
   if (!ValidatePlanInput(run).ok()) return std::nullopt;
   const TauChoice previous = choice_.value_or(TauChoice{-1});
   choice_ = ChooseTau(run, target_);
+  measured_link_bps_ = slowest_link;
   if (choice_->tau == previous.tau) return std::nullopt;
   return choice_;
 }

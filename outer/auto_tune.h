@@ -5,6 +5,9 @@
 // throughput and the goodput of its link to the service (measured on its state fetch when it
 // joins, a transfer of the whole model over the real channel) with every push; the choice follows
 // the slowest island and the slowest link, and changes when they move by more than a quarter.
+// It plans with headroom: as if transfers took `headroom` times as long as measured, because step
+// times jitter and islands are not alike, so that a round trip that just fits in tau steps on
+// paper is not late half the time in practice.
 //
 // Threading: none; the service calls it under its lock.
 #ifndef ATOLL_OUTER_AUTO_TUNE_H_
@@ -34,7 +37,7 @@ struct TauChoice {
   int tau = 0;
   double predicted = 0;       // utilization at that tau
   double predicted_tau0 = 0;  // utilization blocking (tau = 0)
-  double step_time_s = 0, link_bps = 0;  // the inputs: slowest island, slowest link
+  double step_time_s = 0, link_bps = 0;  // the inputs planned with: slowest island, slowest link
 };
 
 // Over tau in [0, H): the smallest reaching `target`, else the best.
@@ -43,7 +46,7 @@ TauChoice ChooseTau(PlanInput run, double target);
 class TauTuner {
  public:
   // `run`: the run's fragments, H, codec, islands; its step time and link are replaced.
-  TauTuner(PlanInput run, double target);
+  TauTuner(PlanInput run, double target, double headroom = 1);
 
   // Records an island's figures; returns the new choice when it is the first or the inputs moved.
   std::optional<TauChoice> Report(const std::string& island, const IslandFigures& figures);
@@ -53,7 +56,8 @@ class TauTuner {
 
  private:
   PlanInput run_;
-  double target_;
+  double target_, headroom_;
+  double measured_link_bps_ = 0;  // of the current choice, before the headroom
   std::map<std::string, IslandFigures> figures_;
   std::optional<TauChoice> choice_;
 };

@@ -64,6 +64,10 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.target_utilization must be in (0, 1), got ", c.target_utilization));
   }
+  if (!(c.auto_tune_headroom >= 1 && c.auto_tune_headroom <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.auto_tune_headroom must be in [1, 100], got ", c.auto_tune_headroom));
+  }
   if (c.auto_tune && c.mode == "async") {
     return absl::InvalidArgumentError(
         "outer.auto_tune chooses tau for sync rounds; async islands push on their own schedule "

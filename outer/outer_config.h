@@ -35,6 +35,7 @@ struct OuterConfig {
   // target_utilization (outer/auto_tune.h); fragment_sync_delay is the tau until it has.
   bool auto_tune = false;
   double target_utilization = 0.95;
+  double auto_tune_headroom = 2;  // plan as if transfers took this many times as long as measured
   double fragment_update_alpha = -1;      // alpha; < 0: 0.5 when tau > 0, else 0
   // Async DiLoCo (arXiv 2401.09135).
   std::string mode = "sync";              // or "async": contributions applied as they arrive

@@ -63,7 +63,8 @@ void SyncServer::StartTuner() {
   run.sync_every = int(options_.sync_every);
   run.codec = options_.codec;
   run.islands = int(options_.num_data_streams);
-  tuner_ = std::make_unique<TauTuner>(std::move(run), options_.auto_tune_target);
+  tuner_ = std::make_unique<TauTuner>(std::move(run), options_.auto_tune_target,
+                                      options_.auto_tune_headroom);
 }
 
 absl::StatusOr<uint32_t> SyncServer::CheckFragment(uint32_t fragment) const {

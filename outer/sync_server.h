@@ -73,6 +73,7 @@ struct SyncServerOptions {
   // Sync mode: choose tau for the islands from their measured throughput and links, to reach this
   // compute utilization (outer/auto_tune.h). 0: off (islands keep their configured tau).
   double auto_tune_target = 0;
+  double auto_tune_headroom = 1;    // as if transfers took this many times as long as measured
 };
 
 // Dynamic local updates (arXiv 2401.09135): an island running at `v` inner steps/s while the

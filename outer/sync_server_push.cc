@@ -236,9 +236,11 @@ void SyncServer::TuneLocked(const std::string& island, const IslandFigures& figu
   if (auto choice = tuner_->Report(island, figures); choice && on_event_) {
     on_event_(absl::StrFormat(
         "auto-tune: tau = %d for a predicted compute utilization of %.1f%% (blocking: %.1f%%), "
-        "from the slowest island's %.3f s per step and the slowest link's %.2f Mbit/s",
+        "from the slowest island's %.3f s per step and the slowest link's %.2f Mbit/s planned "
+        "as %.2f Mbit/s (headroom %.1fx)",
         choice->tau, 100 * choice->predicted, 100 * choice->predicted_tau0, choice->step_time_s,
-        choice->link_bps / 1e6));
+        choice->link_bps * options_.auto_tune_headroom / 1e6, choice->link_bps / 1e6,
+        options_.auto_tune_headroom));
   }
   if (auto tau = tuner_->tau()) {
     response.set_tau_set(true);

@@ -98,6 +98,8 @@ std::vector<Field> Schema(Config& c) {
        "sync: the coordinator chooses tau from the islands' measured links and step times"},
       {"outer.target_utilization", &c.outer.target_utilization,
        "auto_tune: the compute utilization tau is chosen to reach"},
+      {"outer.auto_tune_headroom", &c.outer.auto_tune_headroom,
+       "auto_tune: plan as if transfers took this many times as long as measured (jitter)"},
       {"outer.fragment_update_alpha", &c.outer.fragment_update_alpha,
        "alpha of the merge (negative: 0.5 if tau > 0 or auto_tune, else 0)"},
       {"outer.mode", &c.outer.mode, "sync (rounds) or async (updates applied as they arrive)"},

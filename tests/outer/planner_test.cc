@@ -242,6 +242,13 @@ TEST(AutoTuneTest, FollowsTheSlowestIslandAndLinkAndIgnoresNoise) {
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(*tuner.tau(), 10);
 
+  // With headroom 2 the tuner plans the 16 Mbit/s link as 8 Mbit/s.
+  TauTuner cautious(run, 0.95, 2);
+  c = cautious.Report("a", {10, 16e6});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->tau, ChooseTau(slower, 0.95).tau);
+  EXPECT_DOUBLE_EQ(c->link_bps, 8e6);
+
   EXPECT_TRUE(ValidateFigures({10, 1e9}).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateFigures({NAN, 1e9})));
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateFigures({10, -1})));
