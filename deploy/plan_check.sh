@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Checks `atoll plan` against the netns testbed: for each link rate and method, runs the islands
 # behind the shaped link (deploy/wan_testbed.sh), then asks the planner for the same run with the
-# measured inputs (each island's inner step time, the link's iperf3 goodput) and prints predicted
-# against measured compute utilization. Needs root (ip netns, tc), like the testbed.
+# measured inputs (each island's inner step time, and the goodput its state fetch measured when it
+# joined: the whole model through atoll's gRPC channel, what auto-tune uses too; iperf3's figure for
+# the same link is shown beside it) and prints predicted against measured compute utilization.
+# Needs root (ip netns, tc), like the testbed.
 #
 #   deploy/plan_check.sh [RATE ...]          # default: 5mbit 20mbit 100mbit
 #
@@ -23,8 +25,8 @@ declare -A methods=(
   [streaming_fp4]="--outer.codec=fp4_e2m1 --outer.num_fragments=4 --outer.fragment_sync_delay=5"
 )
 mkdir -p "$out"
-echo "| link | iperf3 goodput | method | step time | measured | predicted | difference |"
-echo "| --- | ---: | --- | ---: | ---: | ---: | ---: |"
+echo "| link | iperf3 | method (island) | step time | link measured by the island | measured utilization | predicted | difference |"
+echo "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
 for rate in "${rates[@]}"; do
   for method in diloco_fp32 streaming_fp4; do
     # shellcheck disable=SC2206
@@ -36,17 +38,19 @@ for rate in "${rates[@]}"; do
     [[ -n "$goodput" ]] || { echo "plan_check: no iperf3 goodput in $dir.log" >&2; exit 1; }
     # Each island: measured utilization, and the planner fed its step time and the goodput.
     for island in "$dir"/island*/summary.json; do
-      read -r compute wall stepped < <(perl -0ne '
+      read -r compute wall stepped link < <(perl -0ne '
         my ($c) = /"compute_s":\s*([0-9.e+-]+)/; my ($w) = /"wall_s":\s*([0-9.e+-]+)/;
-        my ($s) = /"steps_trained":\s*([0-9]+)/; print "$c $w $s\n"' "$island")
+        my ($s) = /"steps_trained":\s*([0-9]+)/; my ($l) = /"link_mbps":\s*([0-9.e+-]+)/;
+        print "$c $w $s $l\n"' "$island")
       step_time=$(perl -e "printf '%.5f', $compute / $stepped")
       measured=$(perl -e "printf '%.1f', 100 * $compute / $wall")
       predicted=$("$atoll" plan --config "$config" "${common[@]}" "${flags[@]}" \
         --method "${method%%_*}" --steps "$steps" --step-time "$step_time" \
-        --bandwidth "${goodput}mbit" --json | perl -ne 'printf "%.1f", 100 * $1 if /"utilization":([0-9.e+-]+)/')
-      printf "| %s | %.1f Mbit/s | %s (%s) | %.1f ms | %s%% | %s%% | %+.1f |\n" "$rate" "$goodput" \
-        "$method" "$(basename "$(dirname "$island")")" "$(perl -e "print 1000 * $step_time")" \
-        "$measured" "$predicted" "$(perl -e "print $predicted - $measured")"
+        --bandwidth "${link}mbit" --json | perl -ne 'printf "%.1f", 100 * $1 if /"utilization":([0-9.e+-]+)/')
+      printf "| %s | %.1f Mbit/s | %s (%s) | %.1f ms | %.1f Mbit/s | %s%% | %s%% | %+.1f |\n" \
+        "$rate" "$goodput" "$method" "$(basename "$(dirname "$island")")" \
+        "$(perl -e "print 1000 * $step_time")" "$link" "$measured" "$predicted" \
+        "$(perl -e "print $predicted - $measured")"
     done
   done
 done
