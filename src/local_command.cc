@@ -153,286 +153,340 @@ absl::StatusOr<std::vector<double>> ParseThrottles(const std::string& list, int 
   return out;
 }
 
-absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
-  if (options.islands < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--islands must be >= 1, got ", options.islands));
-  }
-  if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
-  if (fs::exists(fs::path(options.run_dir) / "coordinator")) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("run directory ", options.run_dir, " already holds a run"));
-  }
-  std::string binary = options.atoll_binary;
-  if (binary.empty()) binary = fs::read_symlink("/proc/self/exe").string();
-  std::error_code ec;
-  fs::create_directories(options.run_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", options.run_dir));
-  // Children read the token from the environment: it never appears on a command line.
-  if (std::getenv(kTokenEnv) == nullptr) setenv(kTokenEnv, outer::NewCredential().c_str(), 1);
+namespace {
 
-  std::vector<std::string> common;
-  if (!options.config_path.empty()) common = {"--config", options.config_path};
-  for (const auto& o : options.overrides) common.push_back(o);
-  common.push_back(absl::StrCat("--outer.islands=", options.islands));
+// A coordinator and its islands as child processes: started, their output relayed and logged,
+// scheduled events fired as rounds commit, and supervised until every one has ended.
+class LocalRun {
+ public:
+  explicit LocalRun(const LocalOptions& options) : options_(options) {}
+  absl::StatusOr<LocalSummary> Run();
 
-  const auto start = Clock::now();
-  std::vector<std::unique_ptr<Child>> children;
-  auto emit = [&](Child& c, const std::string& line) {
-    c.log << line << "\n";
-    c.log.flush();
-    const bool prefixed = !line.empty() && line[0] == '[';
-    std::fprintf(options.out, "%s%s\n", prefixed ? "" : ("[" + c.name + "] ").c_str(), line.c_str());
-    std::fflush(options.out);
-  };
-  auto stop_all = [&](int sig) {
-    for (auto& c : children) {
-      if (!c->exited && c->pid > 0) kill(c->pid, sig);
-    }
-  };
-  auto wait_all = [&](double seconds) {
-    const auto until = Clock::now() + std::chrono::duration<double>(seconds);
-    while (Clock::now() < until) {
-      Reap(children);
-      bool all = true;
-      for (auto& c : children) all &= c->exited;
-      if (all) return;
-      usleep(20000);
-    }
-    stop_all(SIGKILL);
-    for (auto& c : children) {
-      if (!c->exited) waitpid(c->pid, &c->status, 0), c->exited = true;
-    }
-  };
-
+ private:
+  absl::Status Prepare();
   // Coordinator first; its first line names the address it bound.
-  auto coord = std::make_unique<Child>();
-  coord->name = "coordinator";
-  coord->log.open(fs::path(options.run_dir) / "coordinator.log");
-  std::vector<std::string> argv = {binary, "coordinator", "--listen", "127.0.0.1:0", "--run-dir",
-                                   (fs::path(options.run_dir) / "coordinator").string()};
-  argv.insert(argv.end(), common.begin(), common.end());
-  if (auto s = Spawn(*coord, argv); !s.ok()) return s;
-  Child& c0 = *coord;
-  children.push_back(std::move(coord));
-  std::string address;
-  while (address.empty()) {
-    bool open = Drain(c0, [&](const std::string& line) {
-      emit(c0, line);
-      const auto at = line.find("listening on ");
-      if (at != std::string::npos) {
-        address = line.substr(at + 13, line.find(' ', at + 13) - at - 13);
-      }
-    });
-    if (!open && address.empty()) {
-      wait_all(5);
-      return absl::InternalError(absl::StrCat("the coordinator did not start (",
-                                              Describe(c0.status), "); see ", options.run_dir,
-                                              "/coordinator.log"));
-    }
-  }
-
-  LocalSummary summary;
+  absl::Status StartCoordinator();
   // An island process. A name started before is restarted from its newest checkpoint (--resume);
   // without one it starts afresh in a directory of its own.
-  auto start_island = [&](const std::string& name, double throttle) -> absl::Status {
-    auto island = std::make_unique<Child>();
-    island->name = name;
-    island->is_island = true;
-    std::string base = name;
-    const bool restart = LatestCheckpoint((fs::path(options.run_dir) / name).string()).ok();
-    for (int k = 2; !restart && fs::exists(fs::path(options.run_dir) / base); ++k) {
-      base = absl::StrCat(name, ".", k);
-    }
-    const std::string dir = (fs::path(options.run_dir) / base).string();
-    island->log.open(fs::path(options.run_dir) / (base + ".log"), std::ios::app);
-    std::vector<std::string> a = {binary, "island", "--coordinator", address, "--name",
-                                  name, "--run-dir", dir};
-    if (restart) a.push_back("--resume");
-    if (throttle > 1) {
-      a.push_back("--throttle");
-      a.push_back(absl::StrCat(throttle));
-    }
-    if (options.nproc > 1) {
-      a.insert(a.end(), {"--nproc", absl::StrCat(options.nproc), "--max-restarts",
-                         absl::StrCat(options.max_restarts)});
-    }
-    a.insert(a.end(), common.begin(), common.end());
-    if (auto s = Spawn(*island, a); !s.ok()) return s;
-    if (std::find(summary.island_dirs.begin(), summary.island_dirs.end(), dir) ==
-        summary.island_dirs.end()) {
-      summary.island_dirs.push_back(dir);
-    }
-    children.push_back(std::move(island));
-    return absl::OkStatus();
-  };
-  for (int i = 0; i < options.islands; ++i) {
-    const double throttle = size_t(i) < options.throttle.size() ? options.throttle[size_t(i)] : 1.0;
-    if (auto s = start_island(absl::StrCat("island", i), throttle); !s.ok()) {
-      stop_all(SIGTERM);
-      wait_all(10);
+  absl::Status StartIsland(const std::string& name, double throttle);
+  // The coordinator comes back at once on the same address, from its durable state.
+  absl::Status RestartCoordinator();
+  // Scheduled events fire when the coordinator reports the round they wait for.
+  absl::Status FireEvents();
+  absl::Status Fire(const LocalEvent& ev);
+  // Relays and logs a child's line; notes its ranks' pids and the rounds committed.
+  void OnLine(Child& c, const std::string& line);
+  // Until every child's output has closed: relays, fires events, stops all on a failure.
+  void Supervise();
+  void CheckChildren();
+  void Stop(absl::Status why);
+  void StopAll(int sig);
+  void WaitAll(double seconds);
+  double now_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  std::string RunPath(const std::string& name) const {
+    return (fs::path(options_.run_dir) / name).string();
+  }
+
+  const LocalOptions& options_;
+  std::string binary_, address_;
+  std::vector<std::string> common_;  // arguments of every child: config and overrides
+  Clock::time_point start_;
+  std::vector<std::unique_ptr<Child>> children_;
+  LocalSummary summary_;
+  std::vector<bool> fired_;
+  uint64_t committed_ = 0;
+  // Events waiting for the next commit, which shows the run has recovered from them.
+  std::vector<std::pair<std::string, double>> recovering_;
+  absl::Status failure_;
+  bool stopping_ = false;
+  Clock::time_point islands_done_{};
+};
+
+absl::StatusOr<LocalSummary> LocalRun::Run() {
+  if (auto s = Prepare(); !s.ok()) return s;
+  start_ = Clock::now();
+  if (auto s = StartCoordinator(); !s.ok()) return s;
+  for (int i = 0; i < options_.islands; ++i) {
+    const double throttle = size_t(i) < options_.throttle.size() ? options_.throttle[size_t(i)] : 1.0;
+    if (auto s = StartIsland(absl::StrCat("island", i), throttle); !s.ok()) {
+      StopAll(SIGTERM);
+      WaitAll(10);
       return s;
     }
   }
-  // Scheduled events fire when the coordinator reports the round they wait for.
-  std::vector<bool> fired(options.events.size(), false);
-  uint64_t committed = 0;
-  auto now_s = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-  // Events waiting for the next commit, which shows the run has recovered from them.
-  std::vector<std::pair<std::string, double>> recovering;
-  auto fire_events = [&]() -> absl::Status {
-    for (size_t e = 0; e < options.events.size(); ++e) {
-      const LocalEvent& ev = options.events[e];
-      if (fired[e] || committed < ev.round) continue;
-      fired[e] = true;
-      if (ev.kind == LocalEvent::kJoin) {
-        std::fprintf(options.out, "atoll local: %.1fs: round %llu: starting %s\n", now_s(),
-                     (unsigned long long)committed, ev.island.c_str());
-        if (auto s = start_island(ev.island, 1.0); !s.ok()) return s;
-        continue;
-      }
-      Child* target = nullptr;
-      for (auto& c : children) {
-        if (c->name == ev.island && !c->exited && !c->expected_end) target = c.get();
-      }
-      if (target == nullptr) {
-        std::fprintf(options.out, "atoll local: round %llu: %s is not running; nothing to stop\n",
-                     (unsigned long long)committed, ev.island.c_str());
-        continue;
-      }
-      const bool kill_it = ev.kind == LocalEvent::kKill;
-      if (ev.rank >= 0) {
-        // One rank: the island's agent stops the others and restarts the island.
-        auto it = target->rank_pids.find(ev.rank);
-        if (it == target->rank_pids.end()) {
-          std::fprintf(options.out, "atoll local: round %llu: %s has no rank %d\n",
-                       (unsigned long long)committed, ev.island.c_str(), ev.rank);
-          continue;
-        }
-        std::fprintf(options.out, "atoll local: %.1fs: round %llu: sending %s to rank %d of %s\n",
-                     now_s(), (unsigned long long)committed, kill_it ? "SIGKILL" : "SIGTERM",
-                     ev.rank, ev.island.c_str());
-        recovering.emplace_back(absl::StrCat(kill_it ? "SIGKILL" : "SIGTERM", " to ", ev.island,
-                                             ".", ev.rank),
-                                now_s());
-        kill(it->second, kill_it ? SIGKILL : SIGTERM);
-        continue;
-      }
-      std::fprintf(options.out, "atoll local: %.1fs: round %llu: sending %s to %s\n", now_s(),
-                   (unsigned long long)committed, kill_it ? "SIGKILL" : "SIGTERM",
-                   ev.island.c_str());
-      recovering.emplace_back(absl::StrCat(kill_it ? "SIGKILL" : "SIGTERM", " to ", ev.island),
-                              now_s());
-      target->expected_end = true;
-      kill(target->pid, kill_it ? SIGKILL : SIGTERM);
-      if (!target->is_island) {
-        // The coordinator comes back at once on the same address, from its durable state.
-        waitpid(target->pid, &target->status, 0);
-        target->exited = true;
-        std::fprintf(options.out, "atoll local: restarting the coordinator with --resume\n");
-        auto again = std::make_unique<Child>();
-        again->name = "coordinator";
-        again->log.open(fs::path(options.run_dir) / "coordinator.log", std::ios::app);
-        std::vector<std::string> a = {binary, "coordinator", "--listen", address, "--resume",
-                                      (fs::path(options.run_dir) / "coordinator").string()};
-        a.insert(a.end(), common.begin(), common.end());
-        if (auto s = Spawn(*again, a); !s.ok()) return s;
-        children.push_back(std::move(again));
-      }
+  fired_.assign(options_.events.size(), false);
+  Supervise();
+  // Pipes closed: every child has ended or is about to.
+  WaitAll(stopping_ ? 10 : 30);
+  for (auto& c : children_) {
+    const bool failed = !c->expected_end && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    if (failed && failure_.ok() && c->is_island) {
+      failure_ = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
+                                                 options_.run_dir, "/", c->name, ".log"));
     }
-    return absl::OkStatus();
-  };
+  }
+  summary_.wall_s = now_s();
+  if (!failure_.ok()) return failure_;
+  return summary_;
+}
 
-  absl::Status failure;
-  bool stopping = false;
-  Clock::time_point islands_done{};
+absl::Status LocalRun::Prepare() {
+  if (options_.islands < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--islands must be >= 1, got ", options_.islands));
+  }
+  if (options_.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  if (fs::exists(RunPath("coordinator"))) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("run directory ", options_.run_dir, " already holds a run"));
+  }
+  binary_ = options_.atoll_binary;
+  if (binary_.empty()) binary_ = fs::read_symlink("/proc/self/exe").string();
+  std::error_code ec;
+  fs::create_directories(options_.run_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", options_.run_dir));
+  // Children read the token from the environment: it never appears on a command line.
+  if (std::getenv(kTokenEnv) == nullptr) setenv(kTokenEnv, outer::NewCredential().c_str(), 1);
+  if (!options_.config_path.empty()) common_ = {"--config", options_.config_path};
+  for (const auto& o : options_.overrides) common_.push_back(o);
+  common_.push_back(absl::StrCat("--outer.islands=", options_.islands));
+  return absl::OkStatus();
+}
+
+absl::Status LocalRun::StartCoordinator() {
+  auto coord = std::make_unique<Child>();
+  coord->name = "coordinator";
+  coord->log.open(RunPath("coordinator.log"));
+  std::vector<std::string> argv = {binary_, "coordinator", "--listen", "127.0.0.1:0", "--run-dir",
+                                   RunPath("coordinator")};
+  argv.insert(argv.end(), common_.begin(), common_.end());
+  if (auto s = Spawn(*coord, argv); !s.ok()) return s;
+  Child& c0 = *coord;
+  children_.push_back(std::move(coord));
+  while (address_.empty()) {
+    bool open = Drain(c0, [&](const std::string& line) {
+      OnLine(c0, line);
+      const auto at = line.find("listening on ");
+      if (at != std::string::npos) {
+        address_ = line.substr(at + 13, line.find(' ', at + 13) - at - 13);
+      }
+    });
+    if (!open && address_.empty()) {
+      WaitAll(5);
+      return absl::InternalError(absl::StrCat("the coordinator did not start (",
+                                              Describe(c0.status), "); see ", options_.run_dir,
+                                              "/coordinator.log"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {
+  auto island = std::make_unique<Child>();
+  island->name = name;
+  island->is_island = true;
+  std::string base = name;
+  const bool restart = LatestCheckpoint(RunPath(name)).ok();
+  for (int k = 2; !restart && fs::exists(RunPath(base)); ++k) base = absl::StrCat(name, ".", k);
+  const std::string dir = RunPath(base);
+  island->log.open(RunPath(base + ".log"), std::ios::app);
+  std::vector<std::string> a = {binary_, "island", "--coordinator", address_, "--name",
+                                name,    "--run-dir", dir};
+  if (restart) a.push_back("--resume");
+  if (throttle > 1) {
+    a.push_back("--throttle");
+    a.push_back(absl::StrCat(throttle));
+  }
+  if (options_.nproc > 1) {
+    a.insert(a.end(), {"--nproc", absl::StrCat(options_.nproc), "--max-restarts",
+                       absl::StrCat(options_.max_restarts)});
+  }
+  a.insert(a.end(), common_.begin(), common_.end());
+  if (auto s = Spawn(*island, a); !s.ok()) return s;
+  if (std::find(summary_.island_dirs.begin(), summary_.island_dirs.end(), dir) ==
+      summary_.island_dirs.end()) {
+    summary_.island_dirs.push_back(dir);
+  }
+  children_.push_back(std::move(island));
+  return absl::OkStatus();
+}
+
+absl::Status LocalRun::RestartCoordinator() {
+  std::fprintf(options_.out, "atoll local: restarting the coordinator with --resume\n");
+  auto again = std::make_unique<Child>();
+  again->name = "coordinator";
+  again->log.open(RunPath("coordinator.log"), std::ios::app);
+  std::vector<std::string> a = {binary_, "coordinator", "--listen", address_, "--resume",
+                                RunPath("coordinator")};
+  a.insert(a.end(), common_.begin(), common_.end());
+  if (auto s = Spawn(*again, a); !s.ok()) return s;
+  children_.push_back(std::move(again));
+  return absl::OkStatus();
+}
+
+absl::Status LocalRun::FireEvents() {
+  for (size_t e = 0; e < options_.events.size(); ++e) {
+    if (fired_[e] || committed_ < options_.events[e].round) continue;
+    fired_[e] = true;
+    if (auto s = Fire(options_.events[e]); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalRun::Fire(const LocalEvent& ev) {
+  const auto round = (unsigned long long)committed_;
+  if (ev.kind == LocalEvent::kJoin) {
+    std::fprintf(options_.out, "atoll local: %.1fs: round %llu: starting %s\n", now_s(), round,
+                 ev.island.c_str());
+    return StartIsland(ev.island, 1.0);
+  }
+  Child* target = nullptr;
+  for (auto& c : children_) {
+    if (c->name == ev.island && !c->exited && !c->expected_end) target = c.get();
+  }
+  if (target == nullptr) {
+    std::fprintf(options_.out, "atoll local: round %llu: %s is not running; nothing to stop\n",
+                 round, ev.island.c_str());
+    return absl::OkStatus();
+  }
+  const bool kill_it = ev.kind == LocalEvent::kKill;
+  const char* sig = kill_it ? "SIGKILL" : "SIGTERM";
+  if (ev.rank >= 0) {
+    // One rank: the island's agent stops the others and restarts the island.
+    auto it = target->rank_pids.find(ev.rank);
+    if (it == target->rank_pids.end()) {
+      std::fprintf(options_.out, "atoll local: round %llu: %s has no rank %d\n", round,
+                   ev.island.c_str(), ev.rank);
+      return absl::OkStatus();
+    }
+    std::fprintf(options_.out, "atoll local: %.1fs: round %llu: sending %s to rank %d of %s\n",
+                 now_s(), round, sig, ev.rank, ev.island.c_str());
+    recovering_.emplace_back(absl::StrCat(sig, " to ", ev.island, ".", ev.rank), now_s());
+    kill(it->second, kill_it ? SIGKILL : SIGTERM);
+    return absl::OkStatus();
+  }
+  std::fprintf(options_.out, "atoll local: %.1fs: round %llu: sending %s to %s\n", now_s(), round,
+               sig, ev.island.c_str());
+  recovering_.emplace_back(absl::StrCat(sig, " to ", ev.island), now_s());
+  target->expected_end = true;
+  kill(target->pid, kill_it ? SIGKILL : SIGTERM);
+  if (target->is_island) return absl::OkStatus();
+  waitpid(target->pid, &target->status, 0);
+  target->exited = true;
+  return RestartCoordinator();
+}
+
+void LocalRun::OnLine(Child& c, const std::string& line) {
+  c.log << line << "\n";
+  c.log.flush();
+  const bool prefixed = !line.empty() && line[0] == '[';
+  std::fprintf(options_.out, "%s%s\n", prefixed ? "" : ("[" + c.name + "] ").c_str(), line.c_str());
+  std::fflush(options_.out);
+  // "atoll island: rank R of N started as pid P" (an island's agent)
+  int r = 0, n = 0, pid = 0;
+  if (c.is_island &&
+      std::sscanf(line.c_str(), "atoll island: rank %d of %d started as pid %d", &r, &n, &pid) == 3) {
+    c.rank_pids[r] = pid_t(pid);
+  }
+  // "round K/N committed ..." (sync) or "version K applied ..." (async)
+  uint64_t k = 0;
+  const auto space = line.find_first_of(" /", line.find(' ') + 1);
+  if (!c.is_island && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
+      absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
+    committed_ = std::max(committed_, k);
+    for (const auto& [what, when] : recovering_) {
+      std::fprintf(options_.out, "atoll local: %.1fs: round %llu committed %.1f s after the %s\n",
+                   now_s(), (unsigned long long)k, now_s() - when, what.c_str());
+    }
+    recovering_.clear();
+  }
+}
+
+void LocalRun::Supervise() {
   while (true) {
     std::vector<pollfd> fds;
     std::vector<Child*> owners;
-    for (auto& c : children) {
+    for (auto& c : children_) {
       if (c->out_fd >= 0) {
         fds.push_back({c->out_fd, POLLIN, 0});
         owners.push_back(c.get());
       }
     }
-    if (fds.empty()) break;
+    if (fds.empty()) return;
     poll(fds.data(), fds.size(), 100);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
         Child& c = *owners[i];
-        Drain(c, [&](const std::string& line) {
-          emit(c, line);
-          // "atoll island: rank R of N started as pid P" (an island's agent)
-          int r = 0, n = 0, pid = 0;
-          if (c.is_island &&
-              std::sscanf(line.c_str(), "atoll island: rank %d of %d started as pid %d", &r, &n,
-                          &pid) == 3) {
-            c.rank_pids[r] = pid_t(pid);
-          }
-          // "round K/N committed ..." (sync) or "version K applied ..." (async)
-          uint64_t k = 0;
-          const auto space = line.find_first_of(" /", line.find(' ') + 1);
-          if (!c.is_island && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
-              absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
-            committed = std::max(committed, k);
-            for (const auto& [what, when] : recovering) {
-              std::fprintf(options.out, "atoll local: %.1fs: round %llu committed %.1f s after the %s\n",
-                           now_s(), (unsigned long long)k, now_s() - when, what.c_str());
-            }
-            recovering.clear();
-          }
-        });
+        Drain(c, [&](const std::string& line) { OnLine(c, line); });
       }
     }
-    if (!stopping) {
-      if (auto s = fire_events(); !s.ok() && failure.ok()) {
-        failure = s;
-        stopping = true;
-        stop_all(SIGTERM);
-      }
+    if (!stopping_) {
+      if (auto s = FireEvents(); !s.ok()) Stop(s);
     }
-    Reap(children);
-    for (auto& c : children) {
-      const bool failed = c->exited && !c->expected_end &&
-                          !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
-      if (failed && failure.ok() && !stopping) {
-        failure = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
-                                                  options.run_dir, "/", c->name, ".log"));
-        std::fprintf(options.out, "atoll local: %s: stopping the others\n",
-                     std::string(failure.message()).c_str());
-        stopping = true;
-        stop_all(SIGTERM);
-      }
-    }
-    // The coordinator ends by itself after the last round once every island has left; if it has
-    // not within a grace period after the islands ended, it is told to.
-    bool islands_exited = true;
-    for (auto& c : children) islands_exited &= !c->is_island || c->exited;
-    if (islands_exited && !stopping) {
-      if (islands_done == Clock::time_point{}) islands_done = Clock::now();
-      if (Clock::now() - islands_done > std::chrono::seconds(10)) {
-        stopping = true;
-        stop_all(SIGTERM);
-      }
-    }
-    if (!stopping && options.stop != nullptr && options.stop->load()) {
-      std::fprintf(options.out, "atoll local: stopping every process\n");
-      failure = absl::CancelledError("stopped by the user");
-      stopping = true;
-      stop_all(SIGTERM);
+    Reap(children_);
+    CheckChildren();
+  }
+}
+
+void LocalRun::CheckChildren() {
+  for (auto& c : children_) {
+    const bool failed = c->exited && !c->expected_end &&
+                        !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
+    if (failed && failure_.ok() && !stopping_) {
+      Stop(absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
+                                           options_.run_dir, "/", c->name, ".log")));
+      std::fprintf(options_.out, "atoll local: %s: stopping the others\n",
+                   std::string(failure_.message()).c_str());
     }
   }
-  // Pipes closed: every child has ended or is about to.
-  wait_all(stopping ? 10 : 30);
-  for (auto& c : children) {
-    const bool failed = !c->expected_end && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
-    if (failed && failure.ok() && c->is_island) {
-      failure = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
-                                                options.run_dir, "/", c->name, ".log"));
+  // The coordinator ends by itself after the last round once every island has left; if it has
+  // not within a grace period after the islands ended, it is told to.
+  bool islands_exited = true;
+  for (auto& c : children_) islands_exited &= !c->is_island || c->exited;
+  if (islands_exited && !stopping_) {
+    if (islands_done_ == Clock::time_point{}) islands_done_ = Clock::now();
+    if (Clock::now() - islands_done_ > std::chrono::seconds(10)) {
+      stopping_ = true;
+      StopAll(SIGTERM);
     }
   }
-  summary.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (!failure.ok()) return failure;
-  return summary;
+  if (!stopping_ && options_.stop != nullptr && options_.stop->load()) {
+    std::fprintf(options_.out, "atoll local: stopping every process\n");
+    Stop(absl::CancelledError("stopped by the user"));
+  }
+}
+
+// The first failure is the run's; every process is asked to end.
+void LocalRun::Stop(absl::Status why) {
+  if (failure_.ok()) failure_ = std::move(why);
+  stopping_ = true;
+  StopAll(SIGTERM);
+}
+
+void LocalRun::StopAll(int sig) {
+  for (auto& c : children_) {
+    if (!c->exited && c->pid > 0) kill(c->pid, sig);
+  }
+}
+
+void LocalRun::WaitAll(double seconds) {
+  const auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) {
+    Reap(children_);
+    bool all = true;
+    for (auto& c : children_) all &= c->exited;
+    if (all) return;
+    usleep(20000);
+  }
+  StopAll(SIGKILL);
+  for (auto& c : children_) {
+    if (!c->exited) waitpid(c->pid, &c->status, 0), c->exited = true;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<LocalSummary> RunLocal(const LocalOptions& options) {
+  return LocalRun(options).Run();
 }
 
 }  // namespace atl
