@@ -1,3 +1,4 @@
+// The outer-sync service and the island's side of it, through the in-process transport.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,263 +26,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(OuterOptimizerTest, NesterovMatchesTheFormula) {
-  OuterOptimizer opt({0.7, 0.9, true}, 2);
-  float g1[2] = {1.0f, -2.0f}, g2[2] = {0.5f, 0.25f}, u[2];
-  opt.ComputeUpdate(g1, u);  // m = g1; u = lr (g1 + mu m)
-  EXPECT_FLOAT_EQ(u[0], 0.7f * (1.0f + 0.9f * 1.0f));
-  EXPECT_FLOAT_EQ(u[1], 0.7f * (-2.0f + 0.9f * -2.0f));
-  opt.ComputeUpdate(g2, u);  // m = 0.9 g1 + g2
-  const float m0 = 0.9f * 1.0f + 0.5f;
-  EXPECT_FLOAT_EQ(u[0], 0.7f * (0.5f + 0.9f * m0));
-}
-
-TEST(OuterOptimizerTest, PlainSgdAndHeavyBall) {
-  OuterOptimizer sgd({1.0, 0.0, false}, 1);
-  float g[1] = {3.0f}, u[1];
-  sgd.ComputeUpdate(g, u);
-  EXPECT_EQ(u[0], 3.0f);
-  EXPECT_TRUE(sgd.momentum().empty());
-  OuterOptimizer heavy({0.5, 0.5, false}, 1);
-  heavy.ComputeUpdate(g, u);
-  heavy.ComputeUpdate(g, u);  // m = 0.5 * 3 + 3
-  EXPECT_EQ(u[0], 0.5f * 4.5f);
-  EXPECT_FALSE(Validate(OuterOptimizerConfig{0.0, 0.9, true}).ok());
-  EXPECT_FALSE(Validate(OuterOptimizerConfig{0.7, 1.0, true}).ok());
-}
-
-TEST(OuterOptimizerTest, DelayedNesterovWithPeriodOneIsNesterovBitForBit) {
-  OuterOptimizerConfig plain{0.7, 0.9, true};
-  OuterOptimizerConfig delayed = plain;
-  delayed.momentum_delay = 1;
-  OuterOptimizer a(plain, 1000), b(delayed, 1000);
-  for (int step = 0; step < 10; ++step) {
-    std::vector<float> g(1000), ua(1000), ub(1000);
-    for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(float(i * 7 + step)) * 1e-3f;
-    a.ComputeUpdate(g.data(), ua.data());
-    b.ComputeUpdate(g.data(), ub.data());
-    ASSERT_EQ(0, std::memcmp(ua.data(), ub.data(), ua.size() * 4)) << "step " << step;
-  }
-  EXPECT_EQ(0, std::memcmp(a.momentum().data(), b.momentum().data(), 1000 * 4));
-}
-
-TEST(OuterOptimizerTest, DelayedNesterovStepsTheMomentumEveryNthGradient) {
-  OuterOptimizerConfig c{0.5, 0.5, true};
-  c.momentum_delay = 2;
-  OuterOptimizer opt(c, 1);
-  float g1[1] = {2.0f}, g2[1] = {4.0f}, g3[1] = {8.0f}, u[1];
-  opt.ComputeUpdate(g1, u);  // buffered: u = lr g / N
-  EXPECT_EQ(u[0], 0.5f * 1.0f);
-  EXPECT_EQ(opt.momentum()[0], 0.0f);
-  opt.ComputeUpdate(g2, u);  // m = mu 0 + (2 + 4) / 2 = 3; u = lr (4 / 2 + mu 3)
-  EXPECT_EQ(opt.momentum()[0], 3.0f);
-  EXPECT_EQ(u[0], 0.5f * (2.0f + 0.5f * 3.0f));
-  opt.ComputeUpdate(g3, u);  // buffer cleared: u = lr 8 / 2
-  EXPECT_EQ(u[0], 0.5f * 4.0f);
-  EXPECT_EQ(opt.momentum()[0], 3.0f);
-  EXPECT_FALSE(Validate(OuterOptimizerConfig{0.7, 0.9, true, -1}).ok());
-}
-
-// The service previews an update to check it before committing to it: previewing changes nothing.
-TEST(OuterOptimizerTest, PreviewChangesNoStateAndMatchesTheUpdate) {
-  OuterOptimizerConfig delayed{0.7, 0.9, true};
-  delayed.momentum_delay = 3;
-  for (const OuterOptimizerConfig& c : {OuterOptimizerConfig{1.0, 0.0, false},
-                                        OuterOptimizerConfig{0.5, 0.5, false},
-                                        OuterOptimizerConfig{0.7, 0.9, true}, delayed}) {
-    OuterOptimizer opt(c, 64);
-    for (int step = 0; step < 7; ++step) {
-      std::vector<float> g(64), u1(64), u2(64), u3(64);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(float(i * 3 + step));
-      const auto m = opt.momentum();
-      const auto b = opt.buffer();
-      const int buffered = opt.buffered();
-      opt.Preview(g.data(), u1.data());
-      opt.Preview(g.data(), u2.data());
-      EXPECT_EQ(opt.momentum(), m);
-      EXPECT_EQ(opt.buffer(), b);
-      EXPECT_EQ(opt.buffered(), buffered);
-      EXPECT_EQ(u1, u2);
-      opt.ComputeUpdate(g.data(), u3.data());
-      EXPECT_EQ(0, std::memcmp(u1.data(), u3.data(), 64 * 4)) << "step " << step;
-    }
-  }
-}
-
-// Encodes values as the service keeps a contribution (fp32 chunks of 3 elements: windows and chunk
-// boundaries do not line up).
-EncodedPayload Encoded(const std::vector<float>& v) {
-  ChunkStream stream({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.size());
-  auto chunks = EncodeChunks({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.data(), 0,
-                             v.size(), v.size(), 12);
-  EXPECT_TRUE(chunks.ok());
-  for (auto& c : *chunks) EXPECT_TRUE(stream.Add(std::move(c)).ok());
-  return std::move(stream).Take();
-}
-
-// A rank receives the slice of an update chunk that holds its range, exactly: the slice decodes to
-// the same values as the whole chunk, on whole scale blocks around the range.
-TEST(PayloadTest, SlicesOfAChunkDecodeToTheSameValues) {
-  std::vector<float> v(1000);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(float(i) * 0.37f);
-  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"}) {
-    const auto spec = *compression::ParseCodec(name);
-    // One chunk holding elements [100, 1100) of a 2000-element fragment.
-    auto chunks = *EncodeChunks({"run", "", 0, 0}, spec, v.data(), 100, 1000, 2000, 1 << 20);
-    ASSERT_EQ(chunks.size(), 1u);
-    std::vector<float> all(1000);
-    ASSERT_TRUE(compression::Decode(spec, reinterpret_cast<const uint8_t*>(chunks[0].data().data()),
-                                    chunks[0].data().size(), 1000, all.data()).ok());
-    for (auto [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{
-             {0, 2000}, {100, 1100}, {350, 351}, {333, 777}, {1090, 1500}, {50, 101}}) {
-      const pb::Chunk s = SliceChunk(chunks[0], spec, first, last);
-      const auto& h = s.header();
-      EXPECT_LE(h.offset(), std::max<uint64_t>(first, 100)) << name;
-      EXPECT_GE(h.offset() + h.num_elements(), std::min<uint64_t>(last, 1100)) << name;
-      EXPECT_LT(h.num_elements(), std::min<uint64_t>(last, 1100) - std::max<uint64_t>(first, 100) +
-                                      2 * std::max<uint32_t>(1, spec.block_size)) << name;
-      Assembler a({"run", "", 0, 0}, 2000, h.offset(), h.num_elements(), spec);
-      ASSERT_TRUE(a.Add(s).ok()) << name << " [" << first << ", " << last << ")";
-      for (uint64_t k = 0; k < h.num_elements(); ++k) {
-        ASSERT_EQ(a.values()[k], all[h.offset() - 100 + k]) << name << " element " << k;
-      }
-    }
-  }
-}
-
-TEST(AggregationTest, RulesAreTheirFormulasCoordinateWise) {
-  const std::vector<std::vector<float>> v = {{1, 10, -2}, {2, 20, -2}, {3, -30, 0}, {100, 0, -2}};
-  std::vector<EncodedPayload> payloads;
-  for (const auto& x : v) payloads.push_back(Encoded(x));
-  std::vector<ContributionRef> refs;
-  const char* names[] = {"a", "b", "c", "d"};
-  const uint64_t tokens[] = {1, 1, 2, 4};
-  for (int i = 0; i < 4; ++i) {
-    double norm = 0;
-    for (float x : v[size_t(i)]) norm += double(x) * x;
-    refs.push_back({names[i], tokens[i], std::sqrt(norm), &payloads[size_t(i)]});
-  }
-  auto agg = [&](AggregationOptions o, AggregationReport* report = nullptr) {
-    std::vector<float> out(3);
-    EXPECT_TRUE(Aggregate(o, refs, 3, out.data(), report).ok());
-    return out;
-  };
-  AggregationOptions o;
-  EXPECT_EQ(agg(o), (std::vector<float>{409.0f / 8, -30.0f / 8, -12.0f / 8}));  // token-weighted
-  o.rule = AggregationRule::kMedian;  // middle two of four, unweighted
-  AggregationReport median_report;
-  EXPECT_EQ(agg(o, &median_report), (std::vector<float>{2.5f, 5.0f, -2.0f}));
-  EXPECT_EQ(median_report.trimmed.size(), 4u);
-  o.rule = AggregationRule::kTrimmedMean;
-  o.trim_fraction = 0.2;  // floor(0.8) = 0: the unweighted mean
-  EXPECT_EQ(agg(o), (std::vector<float>{26.5f, 0.0f, -1.5f}));
-  o.trim_fraction = 0.25;
-  EXPECT_EQ(agg(o), (std::vector<float>{2.5f, 5.0f, -2.0f}));
-  // clipped_mean: d's norm (100.02) is far above 2 x the median norm; it is scaled down to it.
-  o.rule = AggregationRule::kClippedMean;
-  AggregationReport report;
-  const auto clipped = agg(o, &report);
-  EXPECT_EQ(report.clipped, std::vector<std::string>{"d"});
-  EXPECT_LT(clipped[0], 30.0f);
-  EXPECT_GT(clipped[0], 2.0f);
-}
-
-TEST(AggregationTest, DeterministicAcrossWindowsAndNamesTheOutlier) {
-  // 10,000 elements span several decoding windows; one island flips and triples its values.
-  const size_t n = 10000;
-  std::vector<EncodedPayload> payloads;
-  std::vector<ContributionRef> refs;
-  for (int i = 0; i < 5; ++i) {
-    std::vector<float> x(n);
-    for (size_t j = 0; j < n; ++j) {
-      x[j] = std::sin(float(j)) + 0.01f * std::sin(float(j * 7919 + size_t(i) * 104729));
-    }
-    if (i == 2) {
-      for (float& e : x) e *= -3.0f;
-    }
-    payloads.push_back(Encoded(x));
-  }
-  for (int i = 0; i < 5; ++i) {
-    refs.push_back({std::string(1, char('a' + i)), 1, 1.0, &payloads[size_t(i)]});
-  }
-  AggregationOptions o;
-  o.rule = AggregationRule::kMedian;
-  AggregationReport report;
-  std::vector<float> out(n), again(n);
-  ASSERT_TRUE(Aggregate(o, refs, n, out.data(), &report).ok());
-  std::reverse(refs.begin(), refs.end());  // a different order of the same islands...
-  std::sort(refs.begin(), refs.end(),
-            [](const auto& x, const auto& y) { return x.island < y.island; });  // ...sorted again
-  ASSERT_TRUE(Aggregate(o, refs, n, again.data(), nullptr).ok());
-  EXPECT_EQ(out, again);
-  EXPECT_EQ(report.outliers, std::vector<std::string>{"c"});
-  EXPECT_GT(report.trimmed["c"], 0.9);
-  for (size_t j = 0; j < n; j += 997) EXPECT_NEAR(out[j], std::sin(float(j)), 0.011f);
-}
-
-std::vector<float> Ramp(size_t n, float scale) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * float(int(i % 97) - 48);
-  return v;
-}
-
-TEST(PayloadTest, ChunksRoundTripBitExact) {
-  const auto values = Ramp(10000, 0.001f);
-  PayloadId id{"run", "a", 3, 0};
-  auto chunks = EncodeChunks(id, {compression::Codec::kFp32, 0}, values.data(), 0, 10000, 10000,
-                             4096);  // 1024 floats per chunk
-  ASSERT_TRUE(chunks.ok());
-  ASSERT_EQ(chunks->size(), 10u);
-  Assembler a(id, 10000, 0, 10000);
-  for (auto it = chunks->rbegin(); it != chunks->rend(); ++it) ASSERT_TRUE(a.Add(*it).ok());
-  ASSERT_TRUE(a.complete());
-  EXPECT_EQ(a.values(), values);
-}
-
-TEST(PayloadTest, RefusesBadChunksAndStaysUntouched) {
-  const auto values = Ramp(100, 1.0f);
-  PayloadId id{"run", "a", 3, 0};
-  auto chunks = *EncodeChunks(id, {compression::Codec::kFp32, 0}, values.data(), 0, 100, 100, 200);
-  Assembler a(id, 100, 0, 100);
-  ASSERT_TRUE(a.Add(chunks[0]).ok());
-  auto dup = a.Add(chunks[0]);
-  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists);
-
-  auto corrupt = chunks[1];
-  corrupt.mutable_data()->at(5) ^= 1;
-  auto s = a.Add(corrupt);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("checksum mismatch"));
-
-  auto short_data = chunks[1];
-  short_data.mutable_data()->resize(8);
-  short_data.set_xxh64(compression::Checksum(short_data.data().data(), 8));
-  EXPECT_THAT(std::string(a.Add(short_data).message()), HasSubstr("need 200 bytes, got 8"));
-
-  auto nan = chunks[1];
-  const float bad = std::nanf("");
-  std::memcpy(nan.mutable_data()->data(), &bad, 4);
-  nan.set_xxh64(compression::Checksum(nan.data().data(), nan.data().size()));
-  EXPECT_THAT(std::string(a.Add(nan).message()), HasSubstr("non-finite"));
-
-  auto range = chunks[1];
-  range.mutable_header()->set_offset(90);
-  EXPECT_EQ(a.Add(range).code(), absl::StatusCode::kInvalidArgument);
-  auto run = chunks[1];
-  run.mutable_header()->set_run_id("other");
-  EXPECT_EQ(a.Add(run).code(), absl::StatusCode::kNotFound);
-  auto codec = chunks[1];
-  codec.mutable_header()->set_codec(pb::Codec(42));
-  EXPECT_THAT(std::string(a.Add(codec).message()), HasSubstr("unsupported codec"));
-
-  EXPECT_FALSE(a.complete());
-  EXPECT_THAT(std::string(a.CheckComplete().message()), HasSubstr("50 of 100"));
-  ASSERT_TRUE(a.Add(chunks[1]).ok());
-  EXPECT_EQ(a.values(), values);
-  std::vector<float> inf = {1.0f, INFINITY};
-  EXPECT_FALSE(EncodeChunks(id, {compression::Codec::kFp32, 0}, inf.data(), 0, 2, 2).ok());
-}
-
 class SyncServerTest : public ::testing::Test {
  protected:
   SyncServerTest() {
@@ -304,6 +48,24 @@ class SyncServerTest : public ::testing::Test {
     if (!j.ok()) return "";
     sessions_[name] = j->session();
     return j->island_id();
+  }
+  // A fetch of a whole fragment 0 by `island`, with its credential.
+  pb::FetchStateRequest Fetch(const std::string& island) {
+    pb::FetchStateRequest fetch;
+    fetch.set_run_id("run");
+    fetch.set_island_id(island);
+    fetch.set_session(sessions_[island]);
+    return fetch;
+  }
+  // A service of one 1000-element fragment sent 64 elements per chunk; islands a and b joined.
+  std::unique_ptr<SyncServer> ChunkedServiceOfTwo() {
+    options_.num_data_streams = 2;
+    options_.chunk_bytes = 256;
+    layout_.numels = {1000};
+    auto s = Make(std::vector<float>(1000, 1.0f));
+    Join(*s, "a");
+    Join(*s, "b");
+    return s;
   }
   std::shared_ptr<const IslandIdentity> Id(const std::string& name) {
     return std::make_shared<IslandIdentity>(name, sessions_[name]);
@@ -376,10 +138,7 @@ TEST_F(SyncServerTest, MembershipNeverWaitsBehindACommit) {
   // A push to the round being committed is refused at once.
   auto late = s->Push(Payload("a", 0, {1, 1, 1, 1}));
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
-  pb::FetchStateRequest fetch;
-  fetch.set_run_id("run");
-  fetch.set_island_id("a");
-  fetch.set_session(sessions_["a"]);
+  const pb::FetchStateRequest fetch = Fetch("a");
   auto state = std::async(std::launch::async,
                           [&] { return InProcessTransport(s.get()).FetchState(fetch); });
   release.set_value();
@@ -394,16 +153,8 @@ TEST_F(SyncServerTest, MembershipNeverWaitsBehindACommit) {
 // being sent ends the stream with ABORTED, never with chunks of two rounds; a fetch in one piece
 // sees one round whole, and a caller that goes away ends it with CANCELLED.
 TEST_F(SyncServerTest, StateStreamsChunkByChunkAndAbortsWhenARoundCommitsMeanwhile) {
-  options_.num_data_streams = 2;
-  options_.chunk_bytes = 256;  // 64 elements per chunk
-  layout_.numels = {1000};
-  auto s = Make(std::vector<float>(1000, 1.0f));
-  Join(*s, "a");
-  Join(*s, "b");
-  pb::FetchStateRequest fetch;
-  fetch.set_run_id("run");
-  fetch.set_island_id("a");
-  fetch.set_session(sessions_["a"]);
+  auto s = ChunkedServiceOfTwo();
+  const pb::FetchStateRequest fetch = Fetch("a");
   std::vector<uint64_t> rounds;
   auto whole = s->FetchState(fetch, [&](pb::StateChunk&& c) {
     rounds.push_back(c.chunk().header().round());
@@ -430,17 +181,9 @@ TEST_F(SyncServerTest, StateStreamsChunkByChunkAndAbortsWhenARoundCommitsMeanwhi
 // On a slow link an island's heartbeats wait behind a long state transfer or push: the data
 // flowing renews its lease, so the island is not declared dead in the middle of it.
 TEST_F(SyncServerTest, DataFlowingRenewsTheLease) {
-  options_.num_data_streams = 2;
   options_.lease_s = 0.2;
-  options_.chunk_bytes = 256;  // 64 elements per chunk
-  layout_.numels = {1000};
-  auto s = Make(std::vector<float>(1000, 1.0f));
-  Join(*s, "a");
-  Join(*s, "b");
-  pb::FetchStateRequest fetch;
-  fetch.set_run_id("run");
-  fetch.set_island_id("a");
-  fetch.set_session(sessions_["a"]);
+  auto s = ChunkedServiceOfTwo();
+  const pb::FetchStateRequest fetch = Fetch("a");
   int chunks = 0;
   ASSERT_TRUE(s->FetchState(fetch, [&](pb::StateChunk&&) {
                  absl::SleepFor(absl::Milliseconds(30));  // 16 chunks: 0.48 s, over two leases
