@@ -26,22 +26,30 @@ absl::Status ValidateFigures(const IslandFigures& f) {
 }
 
 TauChoice ChooseTau(PlanInput run, double target) {
-  TauChoice best;
-  best.step_time_s = run.step_time_s;
-  best.link_bps = run.link.bandwidth_bps;
   run.method = PlanMethod::kStreaming;
   run.steps = 0;
-  for (int tau = 0; tau < run.sync_every; ++tau) {
+  auto utilization = [&](int tau) {
     run.tau = tau;
-    const double u = Simulate(run).utilization;
-    if (tau == 0) best.predicted_tau0 = u;
-    if (tau == 0 || u > best.predicted + 1e-9) {
-      best.tau = tau;
-      best.predicted = u;
-    }
-    if (u >= target) break;
+    return Simulate(run).utilization;
+  };
+  TauChoice c;
+  c.step_time_s = run.step_time_s;
+  c.link_bps = run.link.bandwidth_bps;
+  c.predicted_tau0 = utilization(0);
+  // Utilization does not fall as tau grows (a later merge never waits longer), so bisect: the
+  // service calls this under its lock, and H may be in the thousands. When no tau reaches the
+  // target, the smallest as good as the largest.
+  const int last = run.sync_every - 1;
+  const double goal = std::min(target, utilization(last) - 1e-9);
+  int lo = 0, hi = last;  // utilization(hi) >= goal
+  if (c.predicted_tau0 >= goal) hi = 0;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (utilization(mid) >= goal ? hi : lo) = mid;
   }
-  return best;
+  c.tau = hi;
+  c.predicted = utilization(hi);
+  return c;
 }
 
 TauTuner::TauTuner(PlanInput run, double target, double headroom)

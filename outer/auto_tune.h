@@ -40,7 +40,8 @@ struct TauChoice {
   double step_time_s = 0, link_bps = 0;  // the inputs planned with: slowest island, slowest link
 };
 
-// Over tau in [0, H): the smallest reaching `target`, else the best.
+// Over tau in [0, H): the smallest reaching `target`, else the smallest as good as any; O(log H)
+// replays.
 TauChoice ChooseTau(PlanInput run, double target);
 
 class TauTuner {
