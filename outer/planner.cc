@@ -21,11 +21,18 @@ constexpr int kSteadyRounds = 30, kWarmupRounds = 10;
 
 double Bits(uint64_t bytes) { return 8.0 * double(bytes); }
 
+// What an island's transfers get: its link, and through the service's link its share of it.
+double StarRate(const PlanInput& in) {
+  const double rate = in.link.RateBps();
+  if (in.topology != PlanTopology::kStar || !(in.service_bandwidth_bps > 0)) return rate;
+  return std::min(rate, in.service_bandwidth_bps / in.islands);
+}
+
 // One island's run, replayed step by step (islands are alike: they push together, so the service
 // commits when the island's own push has arrived).
 class Replay {
  public:
-  explicit Replay(const PlanInput& in) : in_(in), rate_(in.link.RateBps()) {
+  explicit Replay(const PlanInput& in) : in_(in), rate_(StarRate(in)) {
     for (uint64_t n : in.fragment_elements) {
       bytes_.push_back(compression::EncodedBytes(in.codec, size_t(n)));
     }
@@ -173,6 +180,9 @@ absl::Status ValidatePlanInput(const PlanInput& in) {
   if (!(in.backward_fraction >= 0 && in.backward_fraction <= 1)) {
     return bad("backward fraction must be in [0, 1]");
   }
+  if (!(in.service_bandwidth_bps >= 0) || !std::isfinite(in.service_bandwidth_bps)) {
+    return bad("service bandwidth must be positive (0: unlimited)");
+  }
   if (!(in.commit_s_per_param >= 0) || in.commit_s_per_param > 1e-3) {
     return bad("commit time per parameter must be in [0, 1e-3] s");
   }
@@ -253,6 +263,11 @@ absl::StatusOr<double> RequiredBandwidth(PlanInput in, double target) {
       bounds.push_back(absl::StrFormat(
           "the service's commit takes %.2f s for the largest fragment",
           in.commit_s_per_param * double(largest) * in.islands));
+    }
+    if (in.topology == PlanTopology::kStar && in.service_bandwidth_bps > 0) {
+      bounds.push_back(absl::StrFormat("the service's link leaves each of the %d islands %s",
+                                       in.islands,
+                                       FormatBandwidth(in.service_bandwidth_bps / in.islands)));
     }
     return absl::OutOfRangeError(absl::StrFormat("%s reaches %.1f%% at most, at any bandwidth: %s",
                                                  PlanMethodName(in.method), 100 * best,

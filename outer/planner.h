@@ -62,6 +62,9 @@ struct PlanInput {
   double backward_fraction = 2.0 / 3.0;  // of the step (kRing, data parallel)
   // The service's commit (kStar): seconds per parameter per contributing island (one thread).
   double commit_s_per_param = 2.1e-9;
+  // The service's own link (kStar), each way, shared by every island's pushes and updates (they
+  // push together): an island's transfers go at most service_bandwidth / islands. 0: unlimited.
+  double service_bandwidth_bps = 0;
 };
 
 // Every element count, bound and combination checked; names the first offending field.

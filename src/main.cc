@@ -413,6 +413,8 @@ Command AddPlan(CLI::App& app, CommandLine& cl) {
   c->add_option("--steps", o->steps, "a run of this many steps, ending synced (default: steady)");
   c->add_option("--commit-ns-per-param", o->commit_ns_per_param,
                 "the service's commit time per parameter per island (measured: atoll loadtest)");
+  c->add_option("--service-bandwidth", o->service_bandwidth,
+                "the coordinator's own link, each way, shared by all islands (default: unlimited)");
   c->add_option("--svg", o->svg, "write utilization vs bandwidth per method to this SVG file");
   c->add_flag("--json", o->json, "one JSON object per method instead of the table");
   return {c, [&cl, o, params](const std::vector<atl::Override>& overrides) {

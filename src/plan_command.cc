@@ -148,6 +148,11 @@ absl::StatusOr<PlanInput> BaseInput(const PlanOptions& o, const Setting& s) {
   in.sync_every = s.sync_every;
   in.steps = o.steps;
   in.commit_s_per_param = o.commit_ns_per_param * 1e-9;
+  if (!o.service_bandwidth.empty()) {
+    auto bw = outer::ParseBandwidth(o.service_bandwidth);
+    if (!bw.ok()) return bw.status();
+    in.service_bandwidth_bps = *bw;
+  }
   auto topology = outer::ParsePlanTopology(o.topology);
   if (!topology.ok()) return topology.status();
   in.topology = *topology;

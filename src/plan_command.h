@@ -34,6 +34,7 @@ struct PlanOptions {
   double target = 0;         // 0: none
   int64_t steps = 0;         // 0: steady state; else a finite run, ending synced
   double commit_ns_per_param = 2.1;
+  std::string service_bandwidth;  // the service's own link, each way (empty: unlimited)
   std::string svg;           // optional: utilization vs bandwidth per method
   bool json = false;         // one JSON object per row instead of the table
   FILE* out = stdout;

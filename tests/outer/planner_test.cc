@@ -83,6 +83,28 @@ TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
   EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.5), 1e-9);
 }
 
+TEST(PlannerTest, IslandsShareTheServicesLink) {
+  PlanInput in;
+  in.fragment_elements = {1'000'000};
+  in.step_time_s = 0.05;
+  in.sync_every = 20;
+  in.codec = kFp32;
+  in.commit_s_per_param = 0;
+  in.islands = 4;
+  in.link.bandwidth_bps = 1e9;
+  in.service_bandwidth_bps = 128e6;  // 32 Mbit/s each: 4 MB up in 1 s, down in 1 s
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / 3.0, 1e-9);
+  in.islands = 8;  // twice the islands, half the share
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / 5.0, 1e-9);
+  in.topology = PlanTopology::kRing;  // no service: the islands' own links
+  EXPECT_GT(Simulate(in).utilization, 0.9);
+  in.topology = PlanTopology::kStar;
+  auto need = RequiredBandwidth(in, 0.95);
+  EXPECT_TRUE(absl::IsOutOfRange(need.status())) << need.status();
+  EXPECT_NE(need.status().message().find("leaves each of the 8 islands 16.0 Mbit/s"),
+            std::string::npos) << need.status();
+}
+
 TEST(PlannerTest, OverlapHidesTransfersThatFitInTauSteps) {
   PlanInput in;
   in.fragment_elements.assign(4, 250'000);  // 1 MB each in fp32
