@@ -549,17 +549,20 @@ TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
   const auto run = RunTwoIslands(
       dir,
       "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\n",
-      "--throttle 4,4 --train.steps=40 --train.checkpoint_every=4 --kill island1@round3 "
-      "--join island1@round4");
+      // Island1's new process must rejoin before island0 ends the run alone: it starts at round
+      // 3 of 12, with about 3 s of island0's rounds still to go (a loaded CI machine once took
+      // over 1 s to start it, when 1.1 s were left).
+      "--throttle 8,8 --train.steps=48 --train.checkpoint_every=4 --kill island1@round2 "
+      "--join island1@round3");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, ::testing::HasSubstr("[island1] resumed from its checkpoint of step"));
   const auto service = ServiceHashes(dir);
-  ASSERT_EQ(service.at(0).size(), 10u);
+  ASSERT_EQ(service.at(0).size(), 12u);
   for (const char* island : {"island0", "island1"}) {
     auto summary =
         nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
     EXPECT_EQ(summary["global_hash"], service.at(0).back()) << island;
-    EXPECT_EQ(summary["step"], 40) << island;
+    EXPECT_EQ(summary["step"], 48) << island;
     EXPECT_GT(summary["checkpoints"].get<int>(), 0) << island;
   }
 }
