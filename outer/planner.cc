@@ -1,7 +1,6 @@
 #include "outer/planner.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <deque>
@@ -44,7 +43,6 @@ class Replay {
     const double m = in_.islands;
     return 2.0 * (m - 1) / m * Bits(bytes) / rate_ + 2.0 * (m - 1) * in_.link.latency_s;
   }
-  double PushSeconds(uint64_t bytes) const { return Bits(bytes) / rate_ + in_.link.latency_s; }
 
   void Step() {
     double stall = 0;
@@ -231,8 +229,6 @@ PlanResult Simulate(const PlanInput& in) {
   for (uint64_t b : replay.bytes()) {
     const bool all_reduce = dp || in.topology == PlanTopology::kRing;
     sent += all_reduce ? 2.0 * (m - 1) / m * double(b) : double(b);
-    r.transfer_s = std::max(r.transfer_s, all_reduce ? replay.AllReduceSeconds(b)
-                                                     : replay.PushSeconds(b));
   }
   r.bytes_sent_per_round = r.bytes_received_per_round = sent;
   const double round_wall_s = h * in.step_time_s / std::max(1e-12, r.utilization);

@@ -78,7 +78,6 @@ struct PlanResult {
   double bytes_sent_per_round = 0, bytes_received_per_round = 0;
   double bytes_per_hour = 0;      // sent + received, per island, at the simulated pace
   uint64_t peak_bytes_in_flight = 0;  // encoded pushes not yet merged (as an island counts them)
-  double transfer_s = 0;          // the largest fragment's push, or one all-reduce
 };
 
 PlanResult Simulate(const PlanInput& in);

@@ -58,14 +58,35 @@ TEST(PlannerTest, ReproducesTheOrdersOfMagnitudeOfTheStreamingDiLoCoPaper) {
   EXPECT_LT(fp4 * 50, dp);  // about two orders of magnitude below data parallel (the paper: 111x)
 }
 
-TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
+// One fragment of 1M parameters in fp32 (4 MB), 0.05 s per step, H = 20 (1 s of compute per
+// round), no commit time: on a 32 Mbit/s link the push and the update take 1 s each.
+PlanInput OneFourMegabyteRound() {
   PlanInput in;
   in.fragment_elements = {1'000'000};
   in.step_time_s = 0.05;
   in.sync_every = 20;
   in.codec = kFp32;
   in.commit_s_per_param = 0;
-  in.link.bandwidth_bps = 32e6;  // 4 MB up in 1 s, then 4 MB down in 1 s
+  in.link.bandwidth_bps = 32e6;
+  return in;
+}
+
+// Four 1 MB fragments (fp32), H = 40, 0.1 s per step, 16 Mbit/s: a fragment's round trip is 10
+// steps; blocking idles half the time, tau = 10 hides it all, tau = 9 leaves 0.1 s per fragment.
+PlanInput FourFragments() {
+  PlanInput in;
+  in.fragment_elements.assign(4, 250'000);
+  in.method = PlanMethod::kStreaming;
+  in.sync_every = 40;
+  in.codec = kFp32;
+  in.commit_s_per_param = 0;
+  in.step_time_s = 0.1;
+  in.link.bandwidth_bps = 16e6;
+  return in;
+}
+
+TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
+  PlanInput in = OneFourMegabyteRound();
   const PlanResult r = Simulate(in);
   EXPECT_NEAR(r.utilization, 1.0 / (1.0 + 2.0), 1e-9);
   EXPECT_DOUBLE_EQ(r.bytes_sent_per_round, 4e6);
@@ -84,12 +105,7 @@ TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
 }
 
 TEST(PlannerTest, IslandsShareTheServicesLink) {
-  PlanInput in;
-  in.fragment_elements = {1'000'000};
-  in.step_time_s = 0.05;
-  in.sync_every = 20;
-  in.codec = kFp32;
-  in.commit_s_per_param = 0;
+  PlanInput in = OneFourMegabyteRound();
   in.islands = 4;
   in.link.bandwidth_bps = 1e9;
   in.service_bandwidth_bps = 128e6;  // 32 Mbit/s each: 4 MB up in 1 s, down in 1 s
@@ -106,14 +122,7 @@ TEST(PlannerTest, IslandsShareTheServicesLink) {
 }
 
 TEST(PlannerTest, OverlapHidesTransfersThatFitInTauSteps) {
-  PlanInput in;
-  in.fragment_elements.assign(4, 250'000);  // 1 MB each in fp32
-  in.method = PlanMethod::kStreaming;
-  in.step_time_s = 0.1;
-  in.sync_every = 40;
-  in.codec = kFp32;
-  in.commit_s_per_param = 0;
-  in.link.bandwidth_bps = 16e6;  // 0.5 s up, 0.5 s down: 10 steps per fragment round trip
+  PlanInput in = FourFragments();
   in.tau = 0;
   const double blocking = Simulate(in).utilization;
   EXPECT_NEAR(blocking, 4.0 / (4.0 + 4 * 1.0), 1e-9);
@@ -209,20 +218,6 @@ TEST(PlannerTest, RefusesWhatItCannotModel) {
   EXPECT_NE(ParseBandwidth("10 furlongs").status().message().find("unknown unit"),
             std::string::npos);
   EXPECT_FALSE(ParseDuration("-5ms").ok());
-}
-
-// Four 1 MB fragments (fp32), H = 40, 0.1 s per step, 16 Mbit/s: a fragment's round trip is 10
-// steps; blocking idles half the time, tau = 10 hides it all, tau = 9 leaves 0.1 s per fragment.
-PlanInput FourFragments() {
-  PlanInput in;
-  in.fragment_elements.assign(4, 250'000);
-  in.method = PlanMethod::kStreaming;
-  in.sync_every = 40;
-  in.codec = kFp32;
-  in.commit_s_per_param = 0;
-  in.step_time_s = 0.1;
-  in.link.bandwidth_bps = 16e6;
-  return in;
 }
 
 TEST(AutoTuneTest, ChoosesTheSmallestTauThatReachesTheTarget) {
