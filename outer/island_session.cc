@@ -121,7 +121,14 @@ pb::HeartbeatRequest IslandSession::Beat(bool finished) const {
   beat.set_session(identity_->session());
   beat.set_inner_step(uint64_t(step_.load()));
   beat.set_finished(finished);
+  std::lock_guard<std::mutex> lock(telemetry_mu_);
+  *beat.mutable_telemetry() = telemetry_;
   return beat;
+}
+
+void IslandSession::set_telemetry(const pb::IslandTelemetry& telemetry) {
+  std::lock_guard<std::mutex> lock(telemetry_mu_);
+  telemetry_ = telemetry;
 }
 
 absl::StatusOr<pb::HeartbeatResponse> IslandSession::Heartbeat(bool finished) {

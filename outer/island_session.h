@@ -119,6 +119,8 @@ class IslandSession {
   absl::Status WaitForPeers();
   void StartHeartbeats();
   void set_step(int64_t step) { step_ = step; }
+  // What the next heartbeats report of the island's training (rank 0; any thread).
+  void set_telemetry(const pb::IslandTelemetry& telemetry);
   // The first refusal the heartbeat thread received since the last call (the service dropped the
   // island, or restarted without it): the island should rejoin.
   std::optional<absl::Status> TakeRefusal();
@@ -145,6 +147,8 @@ class IslandSession {
   uint32_t data_stream_;
   std::shared_ptr<IslandIdentity> identity_;
   std::atomic<int64_t> step_{0};
+  mutable std::mutex telemetry_mu_;
+  pb::IslandTelemetry telemetry_;
   bool left_ = false;
   // The heartbeat thread.
   std::mutex mu_;

@@ -159,11 +159,17 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
   // One stream for all the owned ranges, chunks numbered across them.
   std::vector<pb::Chunk> all;
+  EncodingError error;
   for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
     const auto [begin, end] = ranges_[r];
     auto chunks = EncodeChunks(id, options_.codec, delta.data() + at, begin, end - begin,
                                fragment_elements_, options_.chunk_bytes, rounding);
     if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
+    if (auto s = SampleEncodingError(*chunks, delta.data() + at, begin,
+                                     kErrorSampleElements / ranges_.size(), &error);
+        !s.ok()) {
+      return s;
+    }
     if (options_.error_feedback) {
       // The residual is what the service will not see: delta minus its decoded encoding.
       Assembler sent(id, fragment_elements_, begin, end - begin, options_.codec);
@@ -179,6 +185,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     all[i].mutable_header()->set_chunk_index(uint32_t(i));
     all[i].mutable_header()->set_num_chunks(uint32_t(all.size()));
   }
+  out.quantization_error = error.relative();
   auto* chunks = &all;
   std::vector<pb::PushRequest> requests(chunks->size());
   for (size_t i = 0; i < chunks->size(); ++i) {

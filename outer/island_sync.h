@@ -24,6 +24,9 @@
 
 namespace atl::outer {
 
+// Elements of each push decoded again to measure its quantization error.
+inline constexpr uint64_t kErrorSampleElements = uint64_t(1) << 16;
+
 struct RoundOutcome {
   uint64_t round = 0;           // the round just finished
   bool resynced = false;        // the global copy was replaced by a full fetch
@@ -33,6 +36,9 @@ struct RoundOutcome {
   uint64_t bytes_received = 0;
   double push_s = 0;            // encode + push
   double wait_s = 0;            // waiting for the round to commit + receiving the update
+  // Relative RMS error of the pushed encoding against the exact pseudo-gradient (on a sample of
+  // kErrorSampleElements; 0 for fp32).
+  double quantization_error = 0;
   // Async mode (from the service's answer to the push).
   uint64_t version = 0;         // the global copy's version after catching up
   uint32_t staleness = 0;

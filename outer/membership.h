@@ -33,8 +33,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "atoll/v1/outer.pb.h"
 
 namespace atl::outer {
+
+namespace pb = ::atollpb::v1;
 
 enum class MemberState { kJoining, kActive, kLeaving, kDead };
 const char* StateName(MemberState state);
@@ -49,6 +52,8 @@ struct Member {
   absl::Time last_seen;
   bool finished = false;  // async: pushed its last contribution
   std::string session;    // credential handed out at join
+  uint64_t inner_step = 0;             // as of its latest heartbeat
+  pb::IslandTelemetry telemetry;       // likewise
 };
 
 class Membership {
@@ -85,6 +90,7 @@ class Membership {
   const std::map<std::string, Member>& members() const { return members_; }
   size_t size() const { return members_.size(); }
   size_t departed() const { return departed_.size(); }
+  const std::map<std::string, MemberState>& departed_states() const { return departed_; }
   uint64_t epoch() const { return epoch_; }
   absl::Duration lease() const { return lease_; }
 

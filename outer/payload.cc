@@ -380,4 +380,37 @@ absl::Status Assembler::CheckComplete() const {
                                                  " elements received"));
 }
 
+double EncodingError::relative() const {
+  return exact_squares > 0 ? std::sqrt(error_squares / exact_squares) : 0.0;
+}
+
+absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const float* exact,
+                                 uint64_t exact_offset, uint64_t max_elements,
+                                 EncodingError* error) {
+  if (chunks.empty()) return absl::OkStatus();
+  const uint64_t per_chunk = std::max<uint64_t>(1, max_elements / chunks.size());
+  std::vector<float> decoded;
+  for (const auto& c : chunks) {
+    const auto& h = c.header();
+    auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
+    if (!spec.ok()) return spec.status();
+    const uint64_t count = std::min<uint64_t>(per_chunk, h.num_elements());
+    decoded.resize(count);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(c.data().data());
+    if (auto s = compression::DecodeSlice(*spec, bytes, c.data().size(), h.num_elements(), 0, count,
+                                          decoded.data());
+        !s.ok()) {
+      return s;
+    }
+    const float* x = exact + (h.offset() - exact_offset);
+    for (uint64_t i = 0; i < count; ++i) {
+      const double d = double(decoded[i]) - double(x[i]);
+      error->error_squares += d * d;
+      error->exact_squares += double(x[i]) * double(x[i]);
+    }
+    error->elements += count;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace atl::outer

@@ -55,6 +55,19 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
                                                     size_t max_chunk_bytes = kDefaultChunkBytes,
                                                     compression::Rounding rounding = {});
 
+// How far an encoding is from the values it encodes, measured on a sample: the first elements of
+// each chunk, at most `max_elements` decoded in all (a few microseconds for any payload).
+struct EncodingError {
+  double error_squares = 0;  // sum of (decoded - exact)^2 over the sample
+  double exact_squares = 0;  // sum of exact^2
+  uint64_t elements = 0;
+  // Relative RMS error ||decoded - exact|| / ||exact|| (0 for an all-zero sample).
+  double relative() const;
+};
+// `exact[i]` is element `exact_offset + i` of the fragment; every chunk lies inside `exact`.
+absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const float* exact,
+                                 uint64_t exact_offset, uint64_t max_elements, EncodingError* error);
+
 // The checks a chunk passes before its bytes are kept or decoded: it belongs to the payload (run,
 // island, round, fragment), uses the payload's codec, carries elements inside [begin, end) of a
 // fragment of `fragment_elements`, exactly the bytes those elements take, and a matching checksum.

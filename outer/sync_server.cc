@@ -153,8 +153,12 @@ absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatR
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
+  if (auto s = ValidateTelemetry(request.telemetry()); !s.ok()) return s;
   if (auto s = membership_.Heartbeat(request.island_id(), absl::Now()); !s.ok()) return s;
-  if (request.finished()) membership_.FindMutable(request.island_id())->finished = true;
+  Member* member = membership_.FindMutable(request.island_id());
+  if (request.finished()) member->finished = true;
+  member->inner_step = request.inner_step();
+  member->telemetry = request.telemetry();
   pb::HeartbeatResponse r;
   r.set_round(fragments_[0].round);
   r.set_membership_epoch(membership_.epoch());
@@ -163,6 +167,50 @@ absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatR
   r.set_training_members(training);
   for (const auto& f : fragments_) r.add_versions(f.round);
   return r;
+}
+
+absl::Status ValidateTelemetry(const pb::IslandTelemetry& t) {
+  const std::pair<const char*, std::pair<double, double>> bounds[] = {
+      {"loss", {t.loss(), 1e4}},
+      {"val_loss", {t.val_loss(), 1e4}},
+      {"tokens_per_s", {t.tokens_per_s(), 1e12}},
+      {"utilization", {t.utilization(), 1}}};
+  for (const auto& [name, value_max] : bounds) {
+    const auto [value, max] = value_max;
+    if (!(value >= 0 && value <= max)) {  // NaN fails too
+      return absl::InvalidArgumentError(
+          absl::StrCat("heartbeat telemetry: ", name, " = ", value, " is not in [0, ", max, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+SyncServer::Status SyncServer::GetStatus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status status;
+  const absl::Time now = absl::Now();
+  for (const auto& [id, m] : membership_.members()) {
+    IslandStatus& i = status.islands.emplace_back();
+    i.island_id = id;
+    i.state = StateName(m.state);
+    i.data_stream = m.data_stream;
+    i.member = true;
+    i.finished = m.finished;
+    i.silent_s = absl::ToDoubleSeconds(now - m.last_seen);
+    i.inner_step = m.inner_step;
+    i.telemetry = m.telemetry;
+  }
+  for (const auto& [id, state] : membership_.departed_states()) {
+    if (membership_.Find(id) != nullptr) continue;  // it joined again
+    IslandStatus& i = status.islands.emplace_back();
+    i.island_id = id;
+    i.state = StateName(state);
+  }
+  for (const auto& f : fragments_) status.rounds.push_back(f.round);
+  for (const auto& f : fragments_) status.committed_rounds += f.round;
+  status.membership_epoch = membership_.epoch();
+  status.lease_expiries = lease_expiries_;
+  return status;
 }
 
 pb::GetStateResponse SyncServer::GetState() const {
@@ -220,6 +268,7 @@ void SyncServer::Tick(absl::Time now) {
     // with the contributions that arrived (weights renormalized over those).
     for (const auto& name : membership_.ExpireLeases(now)) {
       ForgetIslandLocked(name);
+      ++lease_expiries_;
       if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
                                             absl::FormatDuration(membership_.lease()),
                                             " of silence; rounds go on without it"));

@@ -90,6 +90,11 @@ struct FragmentLayout {
 
 class SyncServer;
 
+// An island's telemetry is shown, never used: values that are not finite or out of their range
+// (loss and val_loss in [0, 1e4], tokens_per_s in [0, 1e12], utilization in [0, 1]) are refused
+// with INVALID_ARGUMENT naming the field, so a broken island cannot put garbage on the page.
+absl::Status ValidateTelemetry(const pb::IslandTelemetry& telemetry);
+
 // One Push call in progress on the service: opened after the cheap checks (run, fragment, member,
 // round), fed message by message (each chunk checked before its bytes are kept: see ChunkStream),
 // finished by SyncServer::FinishPush. At most one per island and fragment is open at a time.
@@ -128,6 +133,8 @@ struct CommittedRound {
   uint64_t tokens = 0;
   double commit_unix_s = 0;
   uint64_t staleness = 0;  // async: versions between the contribution's start and its arrival
+  double round_s = 0;   // from the round's first contribution to its commit
+  double commit_s = 0;  // the commit's data work: aggregation, outer step, encoding, hashing
   // Islands whose contributions were left out because the combination would have made the
   // parameters non-finite (largest norm first), and what the aggregation rule did.
   std::vector<std::string> dropped;
@@ -222,6 +229,27 @@ class SyncServer {
   void SetEventListener(std::function<void(const std::string&)> listener);
   size_t num_members() const;
 
+  // What the service knows of the run now (status page, metrics): members with their latest
+  // heartbeat and telemetry, former members with their end state.
+  struct IslandStatus {
+    std::string island_id;
+    std::string state;  // membership state name
+    uint32_t data_stream = 0;
+    bool member = false;
+    bool finished = false;
+    double silent_s = 0;     // since the island was last heard of
+    uint64_t inner_step = 0;
+    pb::IslandTelemetry telemetry;
+  };
+  struct Status {
+    std::vector<IslandStatus> islands;  // members, then former members
+    std::vector<uint64_t> rounds;       // the open round (version) of each fragment
+    uint64_t committed_rounds = 0;
+    uint64_t membership_epoch = 0;
+    uint64_t lease_expiries = 0;        // members dropped for silence since the service started
+  };
+  Status GetStatus() const;
+
   uint64_t round(uint32_t fragment = 0) const;
   uint64_t params_hash(uint32_t fragment = 0) const;
   std::vector<float> params(uint32_t fragment = 0) const;  // a copy (tests, tools)
@@ -267,6 +295,7 @@ class SyncServer {
     std::map<std::string, std::pair<uint64_t, pb::PushResponse>> applied;  // async: last, by island
     std::set<std::pair<uint64_t, uint64_t>> known_ranges;  // [begin, end) ranks own
     absl::Time deadline = absl::InfiniteFuture();
+    absl::Time opened = absl::InfinitePast();  // the open round's first contribution
     std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
     std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
     uint64_t durable_round = 0;                 // rounds of this fragment in a durable snapshot
@@ -295,6 +324,7 @@ class SyncServer {
     std::map<std::string, Contribution> contributions;
     double params_norm = 0;
     std::set<std::pair<uint64_t, uint64_t>> known_ranges;
+    absl::Time opened;  // the round's first contribution
   };
   // The data a commit produced, published under mu_.
   struct CommitResult {
@@ -304,6 +334,7 @@ class SyncServer {
     double params_norm = 0;
     std::map<std::pair<uint64_t, uint64_t>, uint64_t> range_hashes;
     std::vector<std::string> events;
+    absl::Time opened = absl::InfinitePast(), started = absl::InfinitePast();  // round, data work
   };
   // Marks every ready round as committing and hands its contributions over; the caller runs the
   // jobs with RunCommits once it has released mu_.
@@ -367,6 +398,7 @@ class SyncServer {
   // The run's full complement of islands has joined once: the first round stops waiting for
   // latecomers (an island that died before it contributed is not waited for).
   bool complement_reached_ = false;
+  uint64_t lease_expiries_ = 0;
   absl::Time complement_deadline_ = absl::InfiniteFuture();  // after a resume: stop waiting then
   std::vector<uint64_t> first_rounds_;  // per fragment: the round the run started or resumed at
   bool durability_gate_ = false;

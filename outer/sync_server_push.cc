@@ -256,6 +256,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   membership_.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
   if (frag.contributions.size() == 1) {
     frag.deadline = now + absl::Seconds(options_.round_timeout_s);
+    frag.opened = now;
   }
   pb::PushResponse response;
   response.set_round(id.round);
@@ -312,6 +313,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
     params_norm = frag.params_norm;
     ranges = frag.known_ranges;
   }
+  const absl::Time started = absl::Now();
   std::vector<float> g(frag.data.size());
   if (auto s = c.payload.Read(0, g.size(), g.data()); !s.ok()) return s;
   if (options_.staleness_scaling && staleness > 0) {
@@ -327,6 +329,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   result->record.contributors = {id.island_id};
   result->record.tokens = c.tokens;
   result->record.staleness = staleness;
+  result->started = started;
   result->record.relative_norms[id.island_id] = params_norm > 0 ? c.norm / params_norm : 0.0;
   std::lock_guard<std::mutex> lock(mu_);
   const absl::Time now = absl::Now();

@@ -45,6 +45,7 @@ std::vector<SyncServer::CommitJob> SyncServer::TakeReadyLocked(absl::Time now) {
     job.contributions = std::move(f.contributions);
     job.params_norm = f.params_norm;
     job.known_ranges = f.known_ranges;
+    job.opened = f.opened;
     f.contributions.clear();
     f.partials.clear();  // parts of islands that did not complete theirs in time
     f.deadline = absl::InfiniteFuture();
@@ -61,6 +62,7 @@ void SyncServer::RunCommits(std::vector<CommitJob> jobs) {
 void SyncServer::RunCommit(CommitJob job) {
   Fragment& f = fragments_[job.fragment];
   std::lock_guard<std::mutex> data(*f.data_mu);
+  const absl::Time started = absl::Now();
   if (commit_hook_) commit_hook_(job.fragment);
   const size_t n = f.data.size();
   // In island-id order (std::map): the result does not depend on arrival order.
@@ -111,6 +113,8 @@ void SyncServer::RunCommit(CommitJob job) {
   }
   result->record.dropped = std::move(dropped);
   result->events = std::move(events);
+  result->opened = job.opened;
+  result->started = started;
   std::lock_guard<std::mutex> lock(mu_);
   PublishLocked(job.fragment, *std::move(result), absl::Now());
 }
@@ -169,6 +173,8 @@ void SyncServer::PublishLocked(uint32_t fragment, CommitResult result, absl::Tim
   f.params_norm = result.params_norm;
   committed->params_hash = f.params_hash;
   committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
+  if (result.opened != absl::InfinitePast()) committed->round_s = absl::ToDoubleSeconds(now - result.opened);
+  if (result.started != absl::InfinitePast()) committed->commit_s = absl::ToDoubleSeconds(now - result.started);
   committed->update_chunks = std::move(result.update);
   for (const auto& c : committed->update_chunks) committed->update_bytes += c.data().size();
   if (on_commit_) on_commit_(*committed);

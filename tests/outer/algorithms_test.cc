@@ -9,6 +9,7 @@
 
 #include "compression/checksum.h"
 #include "compression/codec.h"
+#include "compression/codec_math.h"
 #include "outer/aggregation.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
@@ -138,6 +139,48 @@ TEST(PayloadTest, SlicesOfAChunkDecodeToTheSameValues) {
       for (uint64_t k = 0; k < h.num_elements(); ++k) {
         ASSERT_EQ(a.values()[k], all[h.offset() - 100 + k]) << name << " element " << k;
       }
+    }
+  }
+}
+
+// The sampled quantization error equals the error computed over the same elements by hand, is 0
+// for fp32, and for FP4 of Gaussian-like values lands where E2M1's 3 bits put it.
+TEST(PayloadTest, SampledEncodingErrorIsTheErrorOfTheSampledElements) {
+  std::vector<float> v(50000);
+  uint64_t state = 7;
+  for (auto& x : v) {  // a sum of uniforms: roughly Gaussian
+    double sum = 0;
+    for (int k = 0; k < 4; ++k) sum += double(compression::math::Mix64(++state) >> 11) / 9007199254740992.0;
+    x = float(sum - 2.0);
+  }
+  for (const char* name : {"fp32", "fp4_e2m1"}) {
+    const auto spec = *compression::ParseCodec(name);
+    // Elements [1000, 51000) of a fragment, in chunks of 4 KiB.
+    auto chunks = *EncodeChunks({"run", "", 0, 0}, spec, v.data(), 1000, v.size(), 60000, 4096);
+    ASSERT_GT(chunks.size(), 4u);
+    EncodingError sampled;
+    ASSERT_TRUE(SampleEncodingError(chunks, v.data(), 1000, 3000, &sampled).ok());
+    EXPECT_LE(sampled.elements, 3000u);
+    EXPECT_GE(sampled.elements, 3000u - chunks.size());
+    // By hand: the first elements of each chunk, fully decoded.
+    double err = 0, ref = 0;
+    const uint64_t per_chunk = 3000 / chunks.size();
+    for (const auto& c : chunks) {
+      const auto& h = c.header();
+      std::vector<float> all(h.num_elements());
+      ASSERT_TRUE(compression::Decode(spec, reinterpret_cast<const uint8_t*>(c.data().data()),
+                                      c.data().size(), all.size(), all.data()).ok());
+      for (uint64_t i = 0; i < std::min<uint64_t>(per_chunk, all.size()); ++i) {
+        const double x = v[h.offset() - 1000 + i];
+        err += (all[i] - x) * (all[i] - x);
+        ref += x * x;
+      }
+    }
+    EXPECT_NEAR(sampled.relative(), std::sqrt(err / ref), 1e-9) << name;
+    if (std::string(name) == "fp32") EXPECT_EQ(sampled.relative(), 0.0);
+    if (std::string(name) == "fp4_e2m1") {
+      EXPECT_GT(sampled.relative(), 0.05);
+      EXPECT_LT(sampled.relative(), 0.3);
     }
   }
 }
