@@ -12,7 +12,13 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
+  prometheus-cpp-dev libcpp-httplib-dev
 )
+
+# The test suite also drives a real Prometheus and a headless Chromium (tests/monitoring_test.cc).
+if [[ -n "${ATOLL_TEST_TOOLS:-}" ]]; then
+  packages+=(prometheus chromium)
+fi
 
 if [[ -z "${ATOLL_SKIP_APT:-}" ]]; then
   missing=()

@@ -20,7 +20,10 @@
 #include "inner/model.h"
 #include "outer/fragments.h"
 #include "src/flat_params.h"
+#include "src/http_server.h"
 #include "src/metrics.h"
+#include "src/monitoring.h"
+#include "src/status_page.h"
 
 namespace atl {
 
@@ -154,6 +157,39 @@ class StateWriter {
   std::thread thread_;
 };
 
+// The HTTP endpoints of the coordinator: metrics and/or the status page, as asked.
+absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const CoordinatorOptions& options,
+                                                                   ServiceMonitor& monitor) {
+  std::vector<std::unique_ptr<HttpServer>> servers;
+  auto metrics = [&monitor] {
+    return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", monitor.PrometheusText()};
+  };
+  if (!options.metrics_listen.empty()) {
+    auto server = HttpServer::Start(options.metrics_listen, {{"/metrics", metrics}});
+    if (!server.ok()) return server.status();
+    std::fprintf(options.out, "atoll coordinator: metrics on http://%s/metrics\n",
+                 (*server)->address().c_str());
+    servers.push_back(*std::move(server));
+  }
+  if (!options.http_listen.empty()) {
+    auto ok = [] { return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; };
+    auto server = HttpServer::Start(
+        options.http_listen,
+        {{"/", [] { return HttpResponse{200, "text/html; charset=utf-8", StatusPageHtml()}; }},
+         {"/api/status",
+          [&monitor] { return HttpResponse{200, "application/json", monitor.StatusJson()}; }},
+         {"/metrics", metrics},
+         {"/healthz", ok},
+         {"/readyz", ok}});  // served once the gRPC services listen
+    if (!server.ok()) return server.status();
+    std::fprintf(options.out, "atoll coordinator: status page on http://%s/\n",
+                 (*server)->address().c_str());
+    servers.push_back(*std::move(server));
+  }
+  std::fflush(options.out);
+  return servers;
+}
+
 }  // namespace
 
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
@@ -211,7 +247,13 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   total_rounds += uint64_t(config.outer.num_fragments) - schedule.DueAfter(config.train.steps).size();
   const auto start = std::chrono::steady_clock::now();
   std::atomic<uint64_t> sync_rounds{sync->committed_rounds()};  // > 0 after a resume
+  TrafficCounters traffic;
+  ServiceMonitor monitor(*sync, &traffic,
+                         RunFacts{config.outer.run_id, config.outer.async(), config.outer.islands,
+                                  config.outer.sync_every, config.outer.num_fragments, total_rounds,
+                                  config.train.steps});
   sync->SetCommitListener([&](const outer::CommittedRound& r) {
+    monitor.OnCommit(r);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (config.outer.async()) {
       std::fprintf(options.out,
@@ -264,6 +306,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   server_options.stream_idle_timeout_s = config.outer.stream_idle_timeout_s;
   server_options.max_pending_calls = config.outer.max_pending_calls;
   server_options.max_calls_per_island = config.outer.max_calls_per_island;
+  server_options.traffic = &traffic;
   auto server = GrpcServer::Start(sync.get(), server_options);
   if (!server.ok()) return server.status();
   const std::string plan =
@@ -274,12 +317,16 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                config.outer.run_id.c_str(), (*server)->address().c_str(), config.outer.islands,
                config.outer.sync_every, plan.c_str());
   std::fflush(options.out);
-  while (options.stop == nullptr || !options.stop->load()) {
+  auto http = StartHttp(options, monitor);
+  if (!http.ok()) return http.status();
+  for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
     const bool done = config.outer.async() ? sync->budget_reached()
                                            : sync->committed_rounds() >= total_rounds;
     if (done && sync->num_members() == 0) break;
+    if (tick % 10 == 0) monitor.Sample();  // curves and bandwidth, once a second
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  http->clear();
   (*server)->Shutdown();
   if (writer) {
     const int writes = writer->writes();

@@ -28,6 +28,11 @@ struct CoordinatorOptions {
   // outer.durable_every rounds and at shutdown); optional. Without it nothing is durable.
   std::string run_dir;
   bool resume = false;                       // continue from run_dir's service state
+  // Off when empty; "HOST:PORT" (port 0: any free port) serves GET /metrics (Prometheus text
+  // format), and for http_listen also the status page (/), its data (/api/status) and probes
+  // (/healthz, /readyz).
+  std::string metrics_listen;
+  std::string http_listen;
   FILE* out = stdout;                        // "listening on HOST:PORT", then one line per round
   const std::atomic<bool>* stop = nullptr;   // SIGINT / SIGTERM
 };

@@ -137,6 +137,22 @@ class IdleStreams {
 }  // namespace
 
 // Everything a call must get past before it reaches the SyncServer.
+void TrafficCounters::Add(const std::string& island, uint64_t received, uint64_t sent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = bytes_.find(island);
+  if (it == bytes_.end()) {
+    it = bytes_.size() < kMaxIslands ? bytes_.emplace(island, Bytes{}).first
+                                     : bytes_.emplace("(other)", Bytes{}).first;
+  }
+  it->second.received += received;
+  it->second.sent += sent;
+}
+
+std::map<std::string, TrafficCounters::Bytes> TrafficCounters::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
 class GrpcServer::Guard {
  public:
   Guard(outer::SyncServer* sync, const GrpcServerOptions& options)
@@ -144,7 +160,12 @@ class GrpcServer::Guard {
         token_(options.token),
         mutual_tls_(!options.tls.ca.empty()),
         idle_timeout_s_(options.stream_idle_timeout_s),
-        limits_(options.max_pending_calls, options.max_calls_per_island) {}
+        limits_(options.max_pending_calls, options.max_calls_per_island),
+        traffic_(options.traffic) {}
+
+  void Count(const std::string& island, uint64_t received, uint64_t sent) {
+    if (traffic_ != nullptr) traffic_->Add(island, received, sent);
+  }
 
   // The run token.
   grpc::Status Admit(grpc::ServerContext* ctx) {
@@ -200,6 +221,7 @@ class GrpcServer::Guard {
   const bool mutual_tls_;
   const double idle_timeout_s_;
   CallLimits limits_;
+  TrafficCounters* traffic_;
   IdleStreams idle_;
 };
 
@@ -274,8 +296,10 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
     call = std::move(island);  // a member's push counts among its own calls from here on
     auto stream = sync_->OpenPush(r);
     if (!stream.ok()) return ToGrpc(stream.status());
+    const std::string island_id = h.island_id();
     do {
       watch->Touch();
+      guard_->Count(island_id, r.ByteSizeLong(), 0);
       if (auto s = (*stream)->Add(std::move(r)); !s.ok()) return ToGrpc(s);
     } while (reader->Read(&r));
     if (ctx->IsCancelled()) return Ended(ctx, "push cancelled");
@@ -294,7 +318,10 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
                                    absl::Now() + absl::Seconds(sync_->options().round_timeout_s * 2));
     return ToGrpc(outer::StreamUpdate(
         *sync_, *req, deadline, [ctx] { return ctx->IsCancelled(); },
-        [writer](pb::UpdateChunk&& c) { return writer->Write(c); }));
+        [this, writer, &req](pb::UpdateChunk&& c) {
+          guard_->Count(req->island_id(), 0, c.ByteSizeLong());
+          return writer->Write(c);
+        }));
   }
 
   grpc::Status FetchState(grpc::ServerContext* ctx, const pb::FetchStateRequest* req,
@@ -302,7 +329,10 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx); !s.ok()) return s;
     if (auto s = guard_->Identify(ctx, req->island_id(), req->session(), &call); !s.ok()) return s;
-    return ToGrpc(sync_->FetchState(*req, [writer](pb::StateChunk&& c) { return writer->Write(c); }));
+    return ToGrpc(sync_->FetchState(*req, [this, writer, &req](pb::StateChunk&& c) {
+      guard_->Count(req->island_id(), 0, c.ByteSizeLong());
+      return writer->Write(c);
+    }));
   }
 
  private:

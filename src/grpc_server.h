@@ -19,7 +19,9 @@
 #define ATOLL_SRC_GRPC_SERVER_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -31,6 +33,24 @@ namespace atl {
 
 inline constexpr int kMaxMessageBytes = (4 << 20) + (64 << 10);
 
+// Bytes the server moved for each island: pushes received, updates and state fetches sent
+// (serialized message sizes). Thread-safe.
+class TrafficCounters {
+ public:
+  struct Bytes {
+    uint64_t received = 0;
+    uint64_t sent = 0;
+  };
+  // At most kMaxIslands names are counted apart; the rest count under "(other)".
+  static constexpr size_t kMaxIslands = 4096;
+  void Add(const std::string& island, uint64_t received, uint64_t sent);
+  std::map<std::string, Bytes> Snapshot() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, Bytes> bytes_;
+};
+
 struct GrpcServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free port
   std::string token;
@@ -39,6 +59,7 @@ struct GrpcServerOptions {
   double stream_idle_timeout_s = 60;
   int max_pending_calls = 64;
   int max_calls_per_island = 32;
+  TrafficCounters* traffic = nullptr;  // counts per island when set
 };
 
 class GrpcServer {

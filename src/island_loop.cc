@@ -1,5 +1,6 @@
 #include "src/island_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -23,7 +24,9 @@
 #include "src/flat_params.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
+#include "src/http_server.h"
 #include "src/metrics.h"
+#include "src/monitoring.h"
 
 namespace atl {
 namespace {
@@ -249,12 +252,13 @@ outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinRespons
 class CheckpointHook {
  public:
   CheckpointHook(const Config& config, const IslandOptions& options, inner::Trainer& trainer,
-                 Progress& progress, std::string label)
+                 Progress& progress, std::string label, IslandMonitor& monitor)
       : config_(config),
         options_(options),
         trainer_(trainer),
         progress_(progress),
-        label_(std::move(label)) {}
+        label_(std::move(label)),
+        monitor_(monitor) {}
   // Each rank writes its part; the checkpoint counts once every rank's part is there.
   ~CheckpointHook() { Wait(); }
 
@@ -263,11 +267,15 @@ class CheckpointHook {
     const auto t0 = Clock::now();
     inner::TrainerState state = trainer_.ExportState();
     stall_max_s_ = std::max(stall_max_s_, Since(t0));
+    monitor_.OnCheckpointStall(Since(t0));
     ++saved_;
     auto write = [path = CheckpointPath(options_.run_dir, state.step), state = std::move(state),
                   meta = CheckpointMeta{wall_s, ToToml(config_)}, dir = options_.run_dir,
-                  keep = config_.run.checkpoint_keep, rank = options_.rank] {
+                  keep = config_.run.checkpoint_keep, rank = options_.rank,
+                  monitor = &monitor_] {
+      const auto start = Clock::now();
       auto s = WriteCheckpointShard(path, rank.rank, rank.world_size, state, meta);
+      if (s.ok()) monitor->OnCheckpointWritten(Since(start));
       if (s.ok() && rank.rank == 0) PruneCheckpoints(dir, keep);
       return s;
     };
@@ -290,6 +298,7 @@ class CheckpointHook {
   inner::Trainer& trainer_;
   Progress& progress_;
   const std::string label_;
+  IslandMonitor& monitor_;
   std::future<absl::Status> writing_;
   uint64_t saved_ = 0;
   double stall_max_s_ = 0;
@@ -330,6 +339,7 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
                  {"wait_s", o.wait_s},
                  {"bytes_sent", o.bytes_sent},
                  {"bytes_received", o.bytes_received},
+                 {"quantization_error", o.quantization_error},
                  {"contributors", o.contributors},
                  {"version", o.version},
                  {"staleness", o.staleness},
@@ -409,6 +419,8 @@ class IslandRun {
   absl::Status Train();
   absl::StatusOr<IslandSummary> Finish();
   absl::Status Evaluate(int64_t t);
+  // What the heartbeats tell the service of this island's training (clamped to what it accepts).
+  pb::IslandTelemetry Telemetry(double loss) const;
   absl::Status Fail(absl::Status s) {
     session_->Leave();
     return s;
@@ -432,6 +444,8 @@ class IslandRun {
   FILE* quiet_ = nullptr;  // progress of ranks other than 0
   std::unique_ptr<Progress> progress_;
   std::string label_;
+  std::unique_ptr<IslandMonitor> monitor_;
+  std::unique_ptr<HttpServer> metrics_server_;
   std::unique_ptr<CheckpointHook> checkpoints_;
   Clock::time_point start_;
   double fetch_s_ = 0;
@@ -530,7 +544,23 @@ absl::Status IslandRun::OpenOutputs() {
   if (!lead()) out = quiet_ = std::fopen("/dev/null", "w");
   progress_ = std::make_unique<Progress>(out, options_.tty, train_.steps, config_.run.log_every,
                                          label_);
-  checkpoints_ = std::make_unique<CheckpointHook>(config_, options_, *trainer_, *progress_, label_);
+  monitor_ = std::make_unique<IslandMonitor>(island_id, options_.rank.rank, async_);
+  if (!options_.metrics_listen.empty()) {
+    // Each rank serves its own metrics, rank r on the given port + r.
+    auto address = OffsetAddress(options_.metrics_listen, options_.rank.rank);
+    if (!address.ok()) return Fail(address.status());
+    auto server = HttpServer::Start(*address, {{"/metrics", [m = monitor_.get()] {
+      return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", m->PrometheusText()};
+    }}});
+    if (!server.ok()) return Fail(server.status());
+    metrics_server_ = *std::move(server);
+    // Every rank says where (the others' progress is quiet).
+    std::fprintf(options_.progress, "%smetrics on http://%s/metrics\n", label_.c_str(),
+                 metrics_server_->address().c_str());
+    std::fflush(options_.progress);
+  }
+  checkpoints_ = std::make_unique<CheckpointHook>(config_, options_, *trainer_, *progress_, label_,
+                                                  *monitor_);
   if (lead()) {
     WriteFileAtomic((fs::path(options_.run_dir) / "config.toml").string(), ToToml(config_))
         .IgnoreError();
@@ -561,16 +591,32 @@ absl::Status IslandRun::OpenOutputs() {
   start_ = Clock::now();
   summary_.island_id = island_id;
   outer_->set_observer([this](const outer::LandedRound& r) {
+    monitor_->OnRound(r.fragment, r.outcome, r.idle_s);
     ReportRound(r, async_, trainer_->tokens(), Since(start_), *metrics_, *progress_, label_);
   });
   outer_->on_message = [this](const std::string& line) { progress_->Message(label_ + line); };
   return absl::OkStatus();
 }
 
+pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
+  auto bounded = [](double v, double max) { return std::isfinite(v) ? std::clamp(v, 0.0, max) : 0.0; };
+  const auto& stats = outer_->stats();
+  pb::IslandTelemetry t;
+  t.set_loss(bounded(loss, 1e4));
+  t.set_val_loss(summary_.last_eval ? bounded(summary_.last_eval->loss, 1e4) : 0.0);
+  t.set_tokens_per_s(bounded(monitor_->tokens_per_s(), 1e12));
+  t.set_utilization(bounded(summary_.compute_s / std::max(1e-9, Since(start_)), 1));
+  t.set_tokens(uint64_t(trainer_->tokens()));
+  t.set_bytes_sent(stats.bytes_sent);
+  t.set_bytes_received(stats.bytes_received);
+  return t;
+}
+
 absl::Status IslandRun::Evaluate(int64_t t) {
   auto eval = trainer_->Evaluate();
   if (!eval.ok()) return eval.status();
   summary_.last_eval = *eval;
+  monitor_->OnEval(eval->loss);
   nlohmann::json record = {{"step", t}, {"tokens", trainer_->tokens()},
                            {"wall_s", Since(start_)}, {"val_loss", eval->loss},
                            {eval->per_byte ? "val_bpb" : "val_bits_per_token", eval->bits}};
@@ -616,6 +662,8 @@ absl::Status IslandRun::Train() {
     summary_.compute_s += Since(t0);
     summary_.steps_trained += 1;
     session_->set_step(trainer_->step());
+    monitor_->OnStep(watch.loss, trainer_->tokens(), summary_.compute_s, Since(start_));
+    if (lead()) session_->set_telemetry(Telemetry(watch.loss));
     const double steps_per_s = double(trainer_->step()) / std::max(1e-9, summary_.compute_s);
     if (auto s = outer_->AfterStep(steps_per_s); !s.ok()) return s;
     const int64_t t = trainer_->step();

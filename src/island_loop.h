@@ -35,6 +35,9 @@ struct IslandOptions {
   bool resume = false;    // continue from the newest checkpoint in run_dir (fresh if none yet)
   inner::parallel::RankInfo rank;  // this process's place in the island (one rank by default)
   double collective_timeout_s = 60;  // every collective inside the island
+  // "HOST:PORT" (port 0: any free port) to serve GET /metrics (Prometheus) on; rank r serves on
+  // PORT + r. Off when empty.
+  std::string metrics_listen;
 };
 
 struct IslandSummary {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "outer/credentials.h"
 #include "src/checkpoint.h"
+#include "src/http_server.h"
 #include "src/rpc_security.h"
 
 extern char** environ;
@@ -169,6 +170,8 @@ class LocalRun {
   // An island process. A name started before is restarted from its newest checkpoint (--resume);
   // without one it starts afresh in a directory of its own.
   absl::Status StartIsland(const std::string& name, double throttle);
+  // --metrics-listen and --http-listen of the coordinator, as the user gave them.
+  void AddCoordinatorMonitoring(std::vector<std::string>& argv) const;
   // The coordinator comes back at once on the same address, from its durable state.
   absl::Status RestartCoordinator();
   // Scheduled events fire when the coordinator reports the round they wait for.
@@ -189,6 +192,7 @@ class LocalRun {
 
   const LocalOptions& options_;
   std::string binary_, address_;
+  int other_islands_ = 0;  // started under names other than island<i>
   std::vector<std::string> common_;  // arguments of every child: config and overrides
   Clock::time_point start_;
   std::vector<std::unique_ptr<Child>> children_;
@@ -258,6 +262,7 @@ absl::Status LocalRun::StartCoordinator() {
   coord->log.open(RunPath("coordinator.log"));
   std::vector<std::string> argv = {binary_, "coordinator", "--listen", "127.0.0.1:0", "--run-dir",
                                    RunPath("coordinator")};
+  AddCoordinatorMonitoring(argv);
   argv.insert(argv.end(), common_.begin(), common_.end());
   if (auto s = Spawn(*coord, argv); !s.ok()) return s;
   Child& c0 = *coord;
@@ -280,6 +285,11 @@ absl::Status LocalRun::StartCoordinator() {
   return absl::OkStatus();
 }
 
+void LocalRun::AddCoordinatorMonitoring(std::vector<std::string>& argv) const {
+  if (!options_.metrics_listen.empty()) argv.insert(argv.end(), {"--metrics-listen", options_.metrics_listen});
+  if (!options_.http_listen.empty()) argv.insert(argv.end(), {"--http-listen", options_.http_listen});
+}
+
 absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {
   auto island = std::make_unique<Child>();
   island->name = name;
@@ -292,6 +302,16 @@ absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {
   std::vector<std::string> a = {binary_, "island", "--coordinator", address_, "--name",
                                 name,    "--run-dir", dir};
   if (restart) a.push_back("--resume");
+  if (!options_.metrics_listen.empty()) {
+    // island<i> on the coordinator's port + 1 + i; islands of other names after the M islands.
+    int index = -1;
+    if (!absl::StartsWith(name, "island") || !absl::SimpleAtoi(name.substr(6), &index) || index < 0) {
+      index = options_.islands + other_islands_++;
+    }
+    auto address = OffsetAddress(options_.metrics_listen, 1 + index);
+    if (!address.ok()) return address.status();
+    a.insert(a.end(), {"--metrics-listen", *address});
+  }
   if (throttle > 1) {
     a.push_back("--throttle");
     a.push_back(absl::StrCat(throttle));
@@ -317,6 +337,7 @@ absl::Status LocalRun::RestartCoordinator() {
   again->log.open(RunPath("coordinator.log"), std::ios::app);
   std::vector<std::string> a = {binary_, "coordinator", "--listen", address_, "--resume",
                                 RunPath("coordinator")};
+  AddCoordinatorMonitoring(a);
   a.insert(a.end(), common_.begin(), common_.end());
   if (auto s = Spawn(*again, a); !s.ok()) return s;
   children_.push_back(std::move(again));

@@ -33,6 +33,8 @@ struct LocalOptions {
   std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)
   std::vector<LocalEvent> events;      // failures and joins to rehearse
   std::string run_dir;                 // coordinator/, island0/, ... and a log per process
+  // The coordinator's metrics and status page; island i's metrics on the metrics port + 1 + i.
+  std::string metrics_listen, http_listen;
   std::string atoll_binary;            // default: this executable
   FILE* out = stdout;
   const std::atomic<bool>* stop = nullptr;  // Ctrl-C: stop every child

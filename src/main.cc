@@ -80,6 +80,7 @@ int Fail(const absl::Status& status) {
 // The options every command may share, filled by CLI11.
 struct CommandLine {
   std::string config_path, run_dir, token_file;
+  std::string metrics_listen, http_listen;  // off when empty
   atl::TlsFiles tls;
   int argc = 0;
   char** argv = nullptr;
@@ -129,6 +130,17 @@ Command AddTrain(CLI::App& app, CommandLine& cl) {
           }};
 }
 
+// --metrics-listen (and --http-listen where there is a status page): off unless given.
+void AddMonitoringFlags(CLI::App* c, CommandLine& cl, bool status_page) {
+  c->add_option("--metrics-listen", cl.metrics_listen,
+                "HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0: any free port)");
+  if (status_page) {
+    c->add_option("--http-listen", cl.http_listen,
+                  "HOST:PORT to serve the status page on (/, /api/status, /metrics, /healthz, "
+                  "/readyz)");
+  }
+}
+
 Command AddCoordinator(CLI::App& app, CommandLine& cl) {
   auto* c = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
   auto listen = std::make_shared<std::string>("127.0.0.1:0");
@@ -144,6 +156,7 @@ Command AddCoordinator(CLI::App& app, CommandLine& cl) {
   c->add_option("--tls-ca", cl.tls.ca,
                 "mutual TLS: islands must present a certificate signed by this CA (PEM) whose "
                 "common name is their name (deploy/make_certs.sh makes them)");
+  AddMonitoringFlags(c, cl, /*status_page=*/true);
   return {c, [&cl, listen, resume_dir](const std::vector<atl::Override>& overrides) {
             auto config = RunConfig(cl, overrides);
             if (!config.ok()) return Fail(config.status());
@@ -155,6 +168,8 @@ Command AddCoordinator(CLI::App& app, CommandLine& cl) {
             options.server.tls = cl.tls;
             options.run_dir = resume_dir->empty() ? cl.run_dir : *resume_dir;
             options.resume = !resume_dir->empty();
+            options.metrics_listen = cl.metrics_listen;
+            options.http_listen = cl.http_listen;
             options.stop = &g_stop;
             if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
             return 0;
@@ -210,6 +225,7 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
   options.resume = f.resume;
   options.rank = rank;
   options.collective_timeout_s = config.parallelism.collective_timeout_s;
+  options.metrics_listen = cl.metrics_listen;
   auto summary = atl::RunIsland(config, **transport, options);
   if (!summary.ok()) return Fail(summary.status());
   std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "
@@ -247,6 +263,7 @@ Command AddIsland(CLI::App& app, CommandLine& cl) {
   c->add_option("--throttle", f->throttle,
                 "make every inner step take X times as long (a slower island, for tests and "
                 "demos)");
+  AddMonitoringFlags(c, cl, /*status_page=*/false);
   return {c, [&cl, f](const std::vector<atl::Override>& overrides) {
             auto config = RunConfig(cl, overrides);
             if (!config.ok()) return Fail(config.status());
@@ -295,6 +312,10 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
   c->add_option("--max-restarts", f->max_restarts,
                 "per island: restarts from its checkpoint when one of its ranks fails "
                 "(--kill island0.1@round2 rehearses it)");
+  AddMonitoringFlags(c, cl, /*status_page=*/true);
+  c->get_option("--metrics-listen")
+      ->description("HOST:PORT of the coordinator's Prometheus metrics; island i serves its own on "
+                    "PORT + 1 + i (port 0: each any free port; every process prints where)");
   return {c, [&cl, f, c](const std::vector<atl::Override>& overrides) {
             if (auto config = RunConfig(cl, overrides); !config.ok()) return Fail(config.status());
             auto throttle = atl::ParseThrottles(f->islands.throttles, f->islands.islands);
@@ -302,6 +323,8 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
             atl::LocalOptions options;
             options.islands = f->islands.islands;
             options.nproc = f->nproc;
+            options.metrics_listen = cl.metrics_listen;
+            options.http_listen = cl.http_listen;
             options.max_restarts = f->max_restarts;
             options.config_path = cl.config_path;
             options.overrides = c->remaining();

@@ -106,7 +106,14 @@ absl::StatusOr<std::pair<std::string, std::string>> ReadKeyPair(const TlsFiles& 
   return std::make_pair(*std::move(cert), *std::move(key));
 }
 
-// host and port of "host:port" / "[v6]:port".
+}  // namespace
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(absl::StatusCode(int(s.error_code())),
+                      what.empty() ? s.error_message() : absl::StrCat(what, ": ", s.error_message()));
+}
+
 absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& address) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) {
@@ -123,13 +130,6 @@ absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& addr
   return std::make_pair(host, port);
 }
 
-}  // namespace
-
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(absl::StatusCode(int(s.error_code())),
-                      what.empty() ? s.error_message() : absl::StrCat(what, ": ", s.error_message()));
-}
 
 absl::Status CheckListenAddress(const std::string& address) {
   return SplitAddress(address).status();

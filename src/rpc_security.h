@@ -44,6 +44,9 @@ absl::Status CheckListenAddress(const std::string& address);
 // "address already in use", "cannot assign requested address", ...; OK if it can bind now.
 absl::Status ProbeListen(const std::string& address);
 
+// Host and port of "HOST:PORT" / "[v6]:PORT"; INVALID_ARGUMENT naming the address otherwise.
+absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& address);
+
 }  // namespace atl
 
 #endif  // ATOLL_SRC_RPC_SECURITY_H_
