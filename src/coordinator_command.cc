@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compression/checksum.h"
@@ -23,6 +24,7 @@
 #include "src/http_server.h"
 #include "src/metrics.h"
 #include "src/monitoring.h"
+#include "src/rpc_security.h"
 #include "src/status_page.h"
 
 namespace atl {
@@ -198,6 +200,14 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   // GiB over three rounds); above a fixed threshold every such buffer is mapped on its own and
   // goes back to the system when freed.
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  // Flags are checked before anything is built or bound.
+  for (const auto& [flag, address] : {std::pair{"--metrics-listen", &options.metrics_listen},
+                                      std::pair{"--http-listen", &options.http_listen}}) {
+    if (address->empty()) continue;
+    if (auto s = CheckListenAddress(*address); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
+    }
+  }
   auto made = MakeSyncServer(config);
   if (!made.ok()) return made.status();
   auto sync = *std::move(made);

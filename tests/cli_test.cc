@@ -136,6 +136,9 @@ TEST_F(CliTest, CoordinatorStartUpErrorsExitTwoWithAReason) {
   r = Atoll("coordinator --config " + dir_.Join("tiny.toml") + " --listen 127.0.0.1:70000");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("the port must be a number from 0 to 65535"));
+  r = Atoll("coordinator --config " + dir_.Join("tiny.toml") + " --http-listen nonsense");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--http-listen: listening address 'nonsense' must be HOST:PORT"));
   const auto made = testing::RunCommand(std::string(ATOLL_SOURCE_DIR) + "/deploy/make_certs.sh " +
                                         dir_.Join("certs") + " a");
   ASSERT_EQ(made.exit_code, 0) << made.output;
