@@ -159,6 +159,30 @@ class StateWriter {
   std::thread thread_;
 };
 
+// The rounds.jsonl record of a committed round.
+nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
+  nlohmann::json record = {{"round", r.round},
+                           {"fragment", r.fragment},
+                           {"contributors", r.contributors},
+                           {"tokens", r.tokens},
+                           {"staleness", r.staleness},
+                           {"relative_norms", r.relative_norms},
+                           {"params_hash", absl::StrFormat("%016x", r.params_hash)},
+                           {"wall_s", wall}};
+  if (!r.dropped.empty()) record["dropped"] = r.dropped;
+  if (!r.range_hashes.empty()) {
+    nlohmann::json ranges = nlohmann::json::object();
+    for (const auto& [range, hash] : r.range_hashes) {
+      ranges[absl::StrCat(range.first, "-", range.second)] = absl::StrFormat("%016x", hash);
+    }
+    record["range_hashes"] = ranges;
+  }
+  if (!r.aggregation.clipped.empty()) record["clipped"] = r.aggregation.clipped;
+  if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
+  if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;
+  return record;
+}
+
 // The HTTP endpoints of the coordinator: metrics and/or the status page, as asked.
 absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const CoordinatorOptions& options,
                                                                    ServiceMonitor& monitor) {
@@ -286,26 +310,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::fflush(options.out);
     if (writer) writer->Committed();
     if (rounds_log) {
-      nlohmann::json record = {{"round", r.round},
-                               {"fragment", r.fragment},
-                               {"contributors", r.contributors},
-                               {"tokens", r.tokens},
-                               {"staleness", r.staleness},
-                               {"relative_norms", r.relative_norms},
-                               {"params_hash", absl::StrFormat("%016x", r.params_hash)},
-                               {"wall_s", wall}};
-      if (!r.dropped.empty()) record["dropped"] = r.dropped;
-      if (!r.range_hashes.empty()) {
-        nlohmann::json ranges = nlohmann::json::object();
-        for (const auto& [range, hash] : r.range_hashes) {
-          ranges[absl::StrCat(range.first, "-", range.second)] = absl::StrFormat("%016x", hash);
-        }
-        record["range_hashes"] = ranges;
-      }
-      if (!r.aggregation.clipped.empty()) record["clipped"] = r.aggregation.clipped;
-      if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
-      if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;
-      rounds_log->Write(record);
+      rounds_log->Write(RoundRecord(r, wall));
     }
   });
   sync->SetEventListener([&](const std::string& line) {
