@@ -47,18 +47,48 @@ absl::Status Validate(const ModelConfig& c) {
   return absl::OkStatus();
 }
 
-std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& c) {
-  const int64_t d = c.d_model, v = c.vocab, t = c.context;
-  const int64_t ln = 2 * d;
-  const int64_t attn = d * 3 * d + 3 * d + d * d + d;
-  const int64_t mlp = d * 4 * d + 4 * d + 4 * d * d + d;
-  std::vector<std::pair<std::string, int64_t>> groups = {{"tok_emb.weight", v * d},
-                                                         {"pos_emb.weight", t * d}};
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const ModelConfig& c) {
+  const int64_t d = c.d_model;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+      {"tok_emb.weight", {c.vocab, d}}, {"pos_emb.weight", {c.context, d}}};
   for (int l = 0; l < c.n_layer; ++l) {
-    groups.push_back({"blocks." + std::to_string(l) + ".*", 2 * ln + attn + mlp});
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    for (auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"ln1.weight", {d}},
+             {"ln1.bias", {d}},
+             {"attn.qkv.weight", {3 * d, d}},
+             {"attn.qkv.bias", {3 * d}},
+             {"attn.proj.weight", {d, d}},
+             {"attn.proj.bias", {d}},
+             {"ln2.weight", {d}},
+             {"ln2.bias", {d}},
+             {"mlp.fc.weight", {4 * d, d}},
+             {"mlp.fc.bias", {4 * d}},
+             {"mlp.proj.weight", {d, 4 * d}},
+             {"mlp.proj.bias", {d}}}) {
+      shapes.emplace_back(b + name, std::move(shape));
+    }
   }
-  groups.push_back({"ln_f.*", ln});
-  groups.push_back({"head.weight", d * v});
+  shapes.push_back({"ln_f.weight", {d}});
+  shapes.push_back({"ln_f.bias", {d}});
+  shapes.push_back({"head.weight", {c.vocab, d}});
+  return shapes;
+}
+
+std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& c) {
+  std::vector<std::pair<std::string, int64_t>> groups;
+  for (const auto& [name, shape] : ParameterShapes(c)) {
+    std::string group = name;
+    if (absl::StartsWith(name, "blocks.")) {
+      group = name.substr(0, name.find('.', 7)) + ".*";
+    } else if (absl::StartsWith(name, "ln_f.")) {
+      group = "ln_f.*";
+    }
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+    if (groups.empty() || groups.back().first != group) groups.emplace_back(group, 0);
+    groups.back().second += numel;
+  }
   return groups;
 }
 

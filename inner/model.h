@@ -33,6 +33,10 @@ struct ModelConfig {
 // Names the first offending field; OK when the model can be built.
 absl::Status Validate(const ModelConfig& config);
 
+// Every parameter's name and shape in registration order, by closed form (tools that map or check
+// weights need them without building the module).
+std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const ModelConfig& config);
+
 // The parameters in model order by closed form, each block's grouped under "blocks.<l>.*"
 // (planning needs their sizes, not the module): embeddings, blocks, final LayerNorm, head.
 std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& config);

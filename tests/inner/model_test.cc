@@ -46,6 +46,14 @@ TEST(ModelTest, StableNamesAndShapes) {
   EXPECT_EQ(shapes["blocks.0.ln1.weight"], (std::vector<int64_t>{48}));
   EXPECT_EQ(shapes["ln_f.bias"], (std::vector<int64_t>{48}));
   EXPECT_EQ(shapes["head.weight"], (std::vector<int64_t>{100, 48}));
+  // The closed form lists the same names and shapes in registration order.
+  const auto named = NamedParameters(*model);
+  const auto closed = ParameterShapes(c);
+  ASSERT_EQ(closed.size(), named.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_EQ(closed[i].first, named[i].first);
+    EXPECT_EQ(closed[i].second, named[i].second.sizes().vec()) << named[i].first;
+  }
 }
 
 TEST(ModelTest, InitIsDeterministicFromTheSeedAlone) {
