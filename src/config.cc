@@ -58,6 +58,9 @@ std::vector<Field> Schema(Config& c) {
       {"train.log_every", &c.run.log_every, "steps between progress lines"},
       {"train.checkpoint_every", &c.run.checkpoint_every, "steps between checkpoints (0: at end)"},
       {"train.checkpoint_keep", &c.run.checkpoint_keep, "newest checkpoints kept"},
+      {"train.init_from", &c.run.init_from,
+       "start from these parameters instead of model.init_seed's: a safetensors file (see atoll "
+       "import), an atoll checkpoint or run directory"},
       {"optim.lr", &c.optim.lr, "peak learning rate"},
       {"optim.min_lr_ratio", &c.optim.min_lr_ratio, "final lr as a fraction of optim.lr"},
       {"optim.warmup_steps", &c.optim.warmup_steps, "linear warmup steps"},
@@ -262,24 +265,14 @@ absl::StatusOr<std::vector<Override>> ParseOverrides(const std::vector<std::stri
   return out;
 }
 
-absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides) {
+namespace {
+
+// The overrides on top of what `table` set, then validation.
+absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& where,
+                               const std::vector<Override>& overrides) {
   Config config;
   auto schema = Schema(config);
-  if (!path.empty()) {
-    const std::string where = absl::StrCat(" in ", path);
-    toml::table table;
-    try {
-      table = toml::parse_file(path);
-    } catch (const toml::parse_error& e) {
-      const auto& src = e.source();
-      if (absl::StrContains(std::string(e.description()), "File could not be opened")) {
-        return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
-      }
-      return absl::InvalidArgumentError(absl::StrCat("config file ", path, ":", src.begin.line, ":",
-                                                     src.begin.column, ": ", std::string(e.description())));
-    }
-    if (auto s = Walk(table, "", schema, where); !s.ok()) return s;
-  }
+  if (auto s = Walk(table, "", schema, where); !s.ok()) return s;
   for (const auto& [key, value] : overrides) {
     Field* f = Find(schema, key);
     if (f == nullptr) return Unknown(key, " (command line)");
@@ -293,6 +286,40 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Ove
   if (auto s = inner::parallel::Validate(config.parallelism); !s.ok()) return s;
   if (auto s = outer::Validate(config.outer); !s.ok()) return s;
   return config;
+}
+
+absl::Status ParseError(const toml::parse_error& e, const std::string& source) {
+  const auto& src = e.source();
+  return absl::InvalidArgumentError(absl::StrCat("config ", source, ":", src.begin.line, ":",
+                                                 src.begin.column, ": ", std::string(e.description())));
+}
+
+}  // namespace
+
+absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides) {
+  toml::table table;
+  if (!path.empty()) {
+    try {
+      table = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      if (absl::StrContains(std::string(e.description()), "File could not be opened")) {
+        return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+      }
+      return ParseError(e, "file " + path);
+    }
+  }
+  return Resolve(table, path.empty() ? "" : absl::StrCat(" in ", path), overrides);
+}
+
+absl::StatusOr<Config> ParseConfig(const std::string& toml_text, const std::string& source,
+                                   const std::vector<Override>& overrides) {
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    return ParseError(e, source);
+  }
+  return Resolve(table, absl::StrCat(" in ", source), overrides);
 }
 
 std::string ToToml(const Config& config) {

@@ -23,6 +23,10 @@ struct RunConfig {
   int64_t log_every = 10;         // progress / metrics cadence in steps (non-TTY progress lines)
   int64_t checkpoint_every = 0;   // 0: only at the end (and on Ctrl-C)
   int checkpoint_keep = 2;        // newest checkpoints kept in RUN_DIR/checkpoints
+  // The parameters the run starts from instead of model.init_seed's: a safetensors file, an atoll
+  // checkpoint or a run directory (src/model_io.h). Read by whoever initializes the global model
+  // (the coordinator, `atoll train`); islands fetch it from the service.
+  std::string init_from;
 };
 
 struct CompareConfig {
@@ -48,6 +52,10 @@ absl::StatusOr<std::vector<Override>> ParseOverrides(const std::vector<std::stri
 
 // Defaults, then the TOML file (if `path` is not empty), then the overrides; then validation.
 absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides);
+
+// The same from TOML text (a checkpoint's resolved config); `source` names it in errors.
+absl::StatusOr<Config> ParseConfig(const std::string& toml_text, const std::string& source,
+                                   const std::vector<Override>& overrides = {});
 
 // The fully resolved configuration as TOML (every key, written into run directories/checkpoints).
 std::string ToToml(const Config& config);

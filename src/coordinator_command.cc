@@ -23,6 +23,7 @@
 #include "src/flat_params.h"
 #include "src/http_server.h"
 #include "src/metrics.h"
+#include "src/model_io.h"
 #include "src/monitoring.h"
 #include "src/rpc_security.h"
 #include "src/status_page.h"
@@ -74,6 +75,11 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     // them twice once it runs.
     inner::Gpt model(config.model);
     const NamedParams params = inner::NamedParameters(*model);
+    if (!config.run.init_from.empty()) {
+      auto weights = InitialWeights(config);
+      if (!weights.ok()) return weights.status();
+      if (auto s = CopyInto(*weights, params); !s.ok()) return s;
+    }
     const auto layout = LayoutOf(params);
     auto plan = outer::PlanFragments(layout.names, config.outer.num_fragments,
                                      *outer::ParseFragmentPattern(config.outer.fragment_pattern));
@@ -232,7 +238,9 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
     }
   }
-  auto made = MakeSyncServer(config);
+  Config initial = config;
+  if (options.resume) initial.run.init_from.clear();  // the state file holds the parameters
+  auto made = MakeSyncServer(initial);
   if (!made.ok()) return made.status();
   auto sync = *std::move(made);
   const std::string state_path =
@@ -264,6 +272,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   if (!options.run_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(options.run_dir, ec);
+    // The resolved config beside the state: tools read the state with it (atoll export).
+    if (auto s = WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)); !s.ok()) return s;
     auto log = MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1);
     if (!log.ok()) return log.status();
     rounds_log = *std::move(log);

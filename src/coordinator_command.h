@@ -17,8 +17,8 @@ namespace atl {
 
 namespace pb = ::atollpb::v1;
 
-// The run's SyncServer: global parameters initialized exactly as every island initializes its
-// model (same config, same seed), layout from the model's named parameters.
+// The run's SyncServer: global parameters initialized from model.init_seed, or read from
+// train.init_from when set; layout from the model's named parameters.
 // With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/fragments.h).
 absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config);
 

@@ -21,6 +21,7 @@
 #include "src/launch.h"
 #include "src/loadtest_command.h"
 #include "src/local_command.h"
+#include "src/model_commands.h"
 #include "src/plan_command.h"
 #include "src/train_command.h"
 
@@ -452,6 +453,73 @@ Command AddPlan(CLI::App& app, CommandLine& cl) {
           }};
 }
 
+// Export and generate take no --key=value overrides: the model is the source's.
+int NoOverrides(const std::vector<atl::Override>& overrides) {
+  if (overrides.empty()) return 0;
+  return Fail(absl::InvalidArgumentError("unexpected argument '--" + overrides[0].first + "'"));
+}
+
+Command AddExport(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::ExportOptions>();
+  auto* c = app.add_subcommand(
+      "export", "write a model as safetensors: the global model of a run (its coordinator's "
+      "state, or an `atoll local` run directory) or an island's / the baseline's checkpoint");
+  c->add_option("source", o->source,
+                "run directory, coordinator directory or service-state.pb, checkpoint, or "
+                "safetensors file")->required();
+  c->add_option("--out", o->out, "the safetensors file to write")->required();
+  c->add_option("--format", o->format, "safetensors (the only format)");
+  c->add_option("--names", o->names,
+                "gpt2 (Hugging Face GPT-2 names and layout, default) or atoll (atoll's own)");
+  c->add_option("--config", cl.config_path,
+                "the run's config, for a service state without config.toml beside it");
+  return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            o->config_path = cl.config_path;
+            if (auto s = atl::RunExport(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddImport(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::ImportOptions>();
+  auto* c = app.add_subcommand(
+      "import", "start runs from a safetensors file: check every tensor against the model it "
+      "describes and write a run config with that [model] and train.init_from set");
+  c->add_option("file", o->file, "safetensors file (GPT-2 or atoll names)")->required();
+  c->add_option("--out", o->out, "the run config to write (TOML, must not exist)")->required();
+  c->add_option("--config", cl.config_path,
+                "base config: data, training, outer settings (and model.n_head when the file has "
+                "no atoll metadata)");
+  c->footer(KeysHelp());  // the base config takes --key=value overrides
+  return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
+            o->config_path = cl.config_path;
+            o->overrides = overrides;
+            if (auto s = atl::RunImport(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddGenerate(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::GenerateOptions>();
+  auto* c = app.add_subcommand("generate", "sample text from a model (byte-level, vocab 256)");
+  c->add_option("--checkpoint", o->source,
+                "run directory, coordinator directory, checkpoint, or safetensors file")->required();
+  c->add_option("--prompt", o->prompt, "text to continue")->required();
+  c->add_option("--tokens", o->tokens, "new tokens (bytes) to sample");
+  c->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)");
+  c->add_option("--top-k", o->top_k, "sample among the k likeliest tokens (0: all)");
+  c->add_option("--seed", o->seed, "sampling seed");
+  c->add_option("--config", cl.config_path,
+                "the run's config, for a service state without config.toml beside it");
+  return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            o->config_path = cl.config_path;
+            if (auto s = atl::RunGenerate(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -464,10 +532,9 @@ int main(int argc, char** argv) {
                                    AddIsland(app, cl),  AddLocal(app, cl),
                                    AddCompare(app, cl), AddLoadtest(app, cl),
                                    AddPlan(app, cl)};
-  for (auto& command : commands) {
-    command.app->allow_extras();
-    command.app->footer(KeysHelp());
-  }
+  for (auto& command : commands) command.app->footer(KeysHelp());
+  for (auto* add : {AddExport, AddImport, AddGenerate}) commands.push_back(add(app, cl));
+  for (auto& command : commands) command.app->allow_extras();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/checkpoint.h"
+#include "src/model_io.h"
 #include "src/metrics.h"
 
 namespace atl {
@@ -82,6 +83,12 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
     return absl::AlreadyExistsError(absl::StrCat(
         "run directory ", options.run_dir,
         " already holds a run: pass --resume to continue it, or choose another --run-dir"));
+  } else if (!config.run.init_from.empty()) {
+    auto weights = InitialWeights(config);
+    if (!weights.ok()) return weights.status();
+    inner::TrainerState state = (*trainer)->ExportState();
+    if (auto s = CopyInto(*weights, state); !s.ok()) return s;
+    if (auto s = (*trainer)->ImportState(state); !s.ok()) return s;
   }
 
   std::error_code ec;

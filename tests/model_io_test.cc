@@ -1,0 +1,347 @@
+// Models in and out of atoll: the safetensors format and its rules, the GPT-2 name mapping, the
+// sources a model is read from, and end to end through the binary: export -> import -> one more
+// round equals one more round from the run's own state, bit for bit; `atoll generate`.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "inner/model.h"
+#include "src/model_io.h"
+#include "src/safetensors.h"
+#include "tests/test_util.h"
+
+namespace atl {
+namespace {
+
+using ::atl::testing::TempDir;
+using ::testing::HasSubstr;
+
+// A safetensors file from a header given as text and `data_bytes` bytes of data.
+std::string RawFile(const std::string& header, size_t data_bytes, uint8_t fill = 0) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
+  return out + header + std::string(data_bytes, char(fill));
+}
+
+absl::Status OpenError(const TempDir& dir, const std::string& contents) {
+  testing::WriteFile(dir.Join("f.safetensors"), contents);
+  return safetensors::File::Open(dir.Join("f.safetensors")).status();
+}
+
+TEST(SafetensorsTest, WritesTheFormatAndReadsItBackBitExact) {
+  TempDir dir;
+  const std::vector<float> a = {1.5f, -0.0f, 3.4028235e38f, 1e-45f, 0.1f, -7.25f};
+  const std::vector<float> b = {42.0f};
+  ASSERT_TRUE(safetensors::WriteF32(dir.Join("x.safetensors"),
+                                    {{"a", {2, 3}, a.data()}, {"b.c", {1}, b.data()}},
+                                    {{"k", "v"}})
+                  .ok());
+  // The layout by the format's rules: LE header length, JSON, data 8-byte aligned after it.
+  const std::string bytes = testing::ReadFile(dir.Join("x.safetensors"));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["__metadata__"]["k"], "v");
+  EXPECT_EQ(header["a"]["dtype"], "F32");
+  EXPECT_EQ(header["a"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(header["a"]["data_offsets"], nlohmann::json({0, 24}));
+  EXPECT_EQ(header["b.c"]["data_offsets"], nlohmann::json({24, 28}));
+  EXPECT_EQ(bytes.size(), 8 + n + 28);
+  EXPECT_EQ(std::memcmp(bytes.data() + 8 + n, a.data(), 24), 0);
+
+  auto file = safetensors::File::Open(dir.Join("x.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().at("k"), "v");
+  ASSERT_EQ(file->tensors().size(), 2u);
+  auto read = file->ReadFloats(*file->Find("a"));
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(std::memcmp(read->data(), a.data(), 24), 0);  // -0.0 and the subnormal too
+}
+
+TEST(SafetensorsTest, WidensF16AndBf16Exactly) {
+  TempDir dir;
+  // F16: 1.0, -2.0, 65504 (max), 2^-24 (smallest subnormal); BF16: 1.0, -0.5.
+  const uint16_t f16[] = {0x3C00, 0xC000, 0x7BFF, 0x0001};
+  const uint16_t bf16[] = {0x3F80, 0xBF00};
+  std::string data(reinterpret_cast<const char*>(f16), 8);
+  data += std::string(reinterpret_cast<const char*>(bf16), 4);
+  const std::string header =
+      R"({"h":{"dtype":"F16","shape":[4],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]}})";
+  testing::WriteFile(dir.Join("h.safetensors"), RawFile(header, 0) + data);
+  auto file = safetensors::File::Open(dir.Join("h.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(*file->ReadFloats(*file->Find("h")),
+            (std::vector<float>{1.0f, -2.0f, 65504.0f, 5.9604644775390625e-8f}));
+  EXPECT_EQ(*file->ReadFloats(*file->Find("b")), (std::vector<float>{1.0f, -0.5f}));
+}
+
+TEST(SafetensorsTest, RefusesFilesThatBreakTheRulesByName) {
+  TempDir dir;
+  const std::string ok_entry = R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"abc", "shorter than its 8-byte header length"},
+      {std::string("\xff\xff\xff\xff\x00\x00\x00\x00", 8), "exceeds the format's limit"},
+      {RawFile("{}", 0).substr(0, 9), "exceeds the file"},
+      {RawFile("[1,2]", 0), "does not start with '{'"},
+      {RawFile("{\"t\":", 0), "not a JSON object"},
+      {RawFile("{" + ok_entry + "," + ok_entry + "}", 8), "tensor 't' appears twice"},
+      {RawFile(R"({"t":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", 8), "unknown dtype 'F33'"},
+      {RawFile(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "not a non-negative"},
+      {RawFile(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,80]}})", 8), "outside the 8 data bytes"},
+      {RawFile(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "shape needs 12"},
+      {RawFile(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "leaving a hole"},
+      {RawFile("{" + ok_entry + R"(,"u":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+       "overlapping"},
+      {RawFile("{" + ok_entry + "}", 12), "cover 8 of the 12 data bytes"},
+      {RawFile(R"({"__metadata__":{"k":1}})", 0), "metadata 'k' is not a string"},
+      {RawFile(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8),
+       "unknown field 'x'"},
+      {RawFile(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+       "more elements than the file"},
+  };
+  for (const auto& [contents, message] : cases) {
+    const auto s = OpenError(dir, contents);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << message << ": " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
+  // Other dtypes are indexed (the file is valid) but not read as floats.
+  testing::WriteFile(dir.Join("i.safetensors"),
+                     RawFile(R"({"t":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8));
+  auto file = safetensors::File::Open(dir.Join("i.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_THAT(std::string(file->ReadFloats(file->tensors()[0]).status().message()),
+              HasSubstr("'t' is I64; atoll reads F32, F16 and BF16"));
+}
+
+inner::ModelConfig SmallModel() {
+  inner::ModelConfig m;
+  m.n_layer = 2;
+  m.d_model = 16;
+  m.n_head = 2;
+  m.context = 8;
+  m.vocab = 256;
+  return m;
+}
+
+ModelWeights WeightsOf(const inner::ModelConfig& m) {
+  inner::Gpt model(m);
+  ModelWeights w;
+  w.model = m;
+  for (auto& [name, p] : inner::NamedParameters(*model)) w.params.emplace_back(name, p.detach().clone());
+  return w;
+}
+
+void ExpectBitIdentical(const ModelWeights& a, const ModelWeights& b) {
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_EQ(a.params[i].first, b.params[i].first);
+    ASSERT_TRUE(a.params[i].second.sizes().equals(b.params[i].second.sizes())) << a.params[i].first;
+    EXPECT_EQ(std::memcmp(a.params[i].second.data_ptr(), b.params[i].second.data_ptr(),
+                          size_t(a.params[i].second.numel()) * 4),
+              0)
+        << a.params[i].first;
+  }
+}
+
+TEST(ModelIoTest, Gpt2NamesFollowHuggingFace) {
+  bool t = false;
+  EXPECT_EQ(Gpt2Name("tok_emb.weight", &t), "transformer.wte.weight");
+  EXPECT_FALSE(t);
+  EXPECT_EQ(Gpt2Name("pos_emb.weight", &t), "transformer.wpe.weight");
+  EXPECT_EQ(Gpt2Name("blocks.11.ln1.bias", &t), "transformer.h.11.ln_1.bias");
+  EXPECT_EQ(Gpt2Name("blocks.0.attn.qkv.weight", &t), "transformer.h.0.attn.c_attn.weight");
+  EXPECT_TRUE(t);
+  EXPECT_EQ(Gpt2Name("blocks.0.attn.qkv.bias", &t), "transformer.h.0.attn.c_attn.bias");
+  EXPECT_FALSE(t);
+  EXPECT_EQ(Gpt2Name("blocks.3.mlp.proj.weight", &t), "transformer.h.3.mlp.c_proj.weight");
+  EXPECT_TRUE(t);
+  EXPECT_EQ(Gpt2Name("blocks.3.mlp.fc.bias", &t), "transformer.h.3.mlp.c_fc.bias");
+  EXPECT_EQ(Gpt2Name("ln_f.weight", &t), "transformer.ln_f.weight");
+  EXPECT_EQ(Gpt2Name("head.weight", &t), "lm_head.weight");
+}
+
+TEST(ModelIoTest, SafetensorsRoundTripIsBitExactInBothNameStyles) {
+  TempDir dir;
+  const auto m = SmallModel();
+  const ModelWeights w = WeightsOf(m);
+  for (auto style : {NameStyle::kGpt2, NameStyle::kAtoll}) {
+    ASSERT_TRUE(WriteSafetensors(w, dir.Join("m.safetensors"), style).ok());
+    auto back = LoadWeights(dir.Join("m.safetensors"), nullptr);  // the metadata says the model
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(CheckSameArchitecture(m, back->model, "file").ok());
+    ExpectBitIdentical(w, *back);
+  }
+  // GPT-2 layout: Conv1D weights [in, out].
+  ASSERT_TRUE(WriteSafetensors(w, dir.Join("g.safetensors"), NameStyle::kGpt2).ok());
+  auto file = safetensors::File::Open(dir.Join("g.safetensors"));
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(file->Find("transformer.h.1.attn.c_attn.weight")->shape, (std::vector<int64_t>{16, 48}));
+  EXPECT_EQ(file->Find("transformer.h.1.mlp.c_proj.weight")->shape, (std::vector<int64_t>{64, 16}));
+  const auto qkv = *file->ReadFloats(*file->Find("transformer.h.1.attn.c_attn.weight"));
+  const auto& atoll_qkv = w.params[2 + 12 + 2].second;  // blocks.1.attn.qkv.weight [48, 16]
+  EXPECT_EQ(qkv[size_t(5 * 48 + 7)], atoll_qkv[7][5].item<float>());
+}
+
+// A GPT-2 file as other tools write it: no atoll metadata, head tied to wte (absent), attention
+// mask buffers present.
+TEST(ModelIoTest, ReadsForeignGpt2FilesAndRefusesOtherModelsByName) {
+  TempDir dir;
+  const auto m = SmallModel();
+  const ModelWeights w = WeightsOf(m);
+  std::vector<at::Tensor> keep;
+  std::vector<safetensors::TensorView> views;
+  auto add = [&](const std::string& name, at::Tensor t) {
+    keep.push_back(t.contiguous());
+    views.push_back({name, keep.back().sizes().vec(), keep.back().data_ptr<float>()});
+  };
+  for (const auto& [name, tensor] : w.params) {
+    if (name == "head.weight") continue;
+    bool transposed = false;
+    const std::string stored = Gpt2Name(name, &transposed);
+    add(stored, transposed ? tensor.t() : tensor);
+  }
+  add("transformer.h.0.attn.bias", torch::ones({1, 1, 8, 8}));
+  ASSERT_TRUE(safetensors::WriteF32(dir.Join("hf.safetensors"), views, {{"format", "pt"}}).ok());
+
+  auto no_heads = LoadWeights(dir.Join("hf.safetensors"), nullptr);
+  EXPECT_THAT(std::string(no_heads.status().message()), HasSubstr("give --config with model.n_head"));
+  Config config;
+  config.model.n_head = 2;
+  auto read = LoadWeights(dir.Join("hf.safetensors"), &config);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(CheckSameArchitecture(m, read->model, "file").ok());
+  EXPECT_TRUE(torch::equal(read->params.back().second, w.params[0].second));  // tied head
+
+  // A tensor of no parameter, a wrong shape, a NaN: each refused by name.
+  add("transformer.h.9.mlp.c_fc.weight", torch::zeros({2}));
+  ASSERT_TRUE(safetensors::WriteF32(dir.Join("extra.safetensors"), views, {}).ok());
+  EXPECT_THAT(std::string(LoadWeights(dir.Join("extra.safetensors"), &config).status().message()),
+              HasSubstr("tensor transformer.h.9.mlp.c_fc.weight is not a parameter of this model"));
+  views.pop_back();
+  views[4].shape = {16, 24, 2};  // transformer.h.0.attn.c_attn.weight
+  ASSERT_TRUE(safetensors::WriteF32(dir.Join("shape.safetensors"), views, {}).ok());
+  EXPECT_THAT(std::string(LoadWeights(dir.Join("shape.safetensors"), &config).status().message()),
+              HasSubstr("has shape [16, 24, 2], the model needs [16, 48]"));
+  ModelWeights nan = w;
+  nan.params[5].second = nan.params[5].second.clone();  // blocks.0.attn.qkv.bias
+  nan.params[5].second[0] = std::nanf("");
+  ASSERT_TRUE(WriteSafetensors(nan, dir.Join("nan.safetensors"), NameStyle::kGpt2).ok());
+  EXPECT_THAT(std::string(LoadWeights(dir.Join("nan.safetensors"), nullptr).status().message()),
+              HasSubstr("transformer.h.0.attn.c_attn.bias holds a non-finite value"));
+  // Metadata that claims more than the file holds is refused before anything is listed.
+  ASSERT_TRUE(safetensors::WriteF32(dir.Join("claim.safetensors"), views,
+                                    {{"atoll.model", R"({"n_layer":1000000000,"d_model":16,)"
+                                                     R"("n_head":2,"context":8,"vocab":256})"}})
+                  .ok());
+  EXPECT_THAT(std::string(LoadWeights(dir.Join("claim.safetensors"), nullptr).status().message()),
+              HasSubstr("metadata says 1000000000 blocks"));
+  // A run config of another model refuses the file.
+  config.model = m;
+  config.model.d_model = 32;
+  config.run.init_from = dir.Join("hf.safetensors");
+  EXPECT_THAT(std::string(InitialWeights(config).status().message()), HasSubstr("model.d_model = 16"));
+}
+
+// ---- end to end through the binary
+
+testing::CommandResult Atoll(const std::string& args) {
+  return testing::RunCommand(std::string(ATOLL_BIN) + " " + args);
+}
+
+std::vector<std::string> RoundHashes(const std::string& run) {
+  std::vector<std::string> out;
+  std::ifstream in(run + "/coordinator/rounds.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["params_hash"]);
+  return out;
+}
+
+TEST(ModelCommandsTest, ExportImportThenOneMoreRoundIsBitExact) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  testing::WriteFile(dir.Join("run.toml"),
+                     "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
+                     "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
+                     "[train]\nsteps = 8\nbatch_size = 2\neval_every = 4\neval_batches = 2\n"
+                     "threads = 1\ncheckpoint_every = 4\n[optim]\nwarmup_steps = 2\n"
+                     "[outer]\nsync_every = 4\n");
+  const std::string local = "local --islands 2 --config ";
+  auto r = Atoll(local + dir.Join("run.toml") + " --run-dir " + dir.Join("a"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // The global model of run a, out and back in.
+  r = Atoll("export " + dir.Join("a") + " --out " + dir.Join("a.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the global model of run 'atoll' after 2 rounds"));
+  r = Atoll("import " + dir.Join("a.safetensors") + " --config " + dir.Join("run.toml") +
+            " --out " + dir.Join("b.toml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(testing::ReadFile(dir.Join("b.toml")), HasSubstr("init_from = '" + dir.Join("a.safetensors")));
+  r = Atoll("import " + dir.Join("a.safetensors") + " --out " + dir.Join("b.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("exists"));
+
+  // One more round from the imported file, and from run a's own state: the same bits.
+  r = Atoll(local + dir.Join("b.toml") + " --run-dir " + dir.Join("b") + " --train.steps=4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Atoll(local + dir.Join("run.toml") + " --run-dir " + dir.Join("c") + " --train.steps=4 " +
+            "--train.init_from=" + dir.Join("a/coordinator"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Atoll(local + dir.Join("run.toml") + " --run-dir " + dir.Join("fresh") + " --train.steps=4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto b = RoundHashes(dir.Join("b")), c = RoundHashes(dir.Join("c"));
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b, c);
+  EXPECT_NE(b, RoundHashes(dir.Join("fresh")));
+  // And out again: the same file, byte for byte.
+  r = Atoll("export " + dir.Join("a.safetensors") + " --out " + dir.Join("again.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(testing::ReadFile(dir.Join("a.safetensors")), testing::ReadFile(dir.Join("again.safetensors")));
+
+  // The baseline starts from it too: from the file or from the state, the same run.
+  for (const char* name : {"tb", "tc"}) {
+    const std::string from = std::string(name) == "tb" ? dir.Join("a.safetensors") : dir.Join("a");
+    r = Atoll("train --config " + dir.Join("run.toml") + " --run-dir " + dir.Join(name) +
+              " --train.steps=2 --train.init_from=" + from);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  auto losses = [&](const char* name) {
+    std::vector<double> out;
+    std::ifstream in(dir.Join(name) + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"]);
+    return out;
+  };
+  EXPECT_EQ(losses("tb").size(), 2u);
+  EXPECT_EQ(losses("tb"), losses("tc"));
+
+  // An island's checkpoint exports too; a model that does not fit the run is refused by field.
+  r = Atoll("export " + dir.Join("a/island0") + " --names atoll --out " + dir.Join("i.safetensors"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("at step 8"));
+  r = Atoll("train --config " + dir.Join("run.toml") + " --run-dir " + dir.Join("bad") +
+            " --model.d_model=64 --train.init_from=" + dir.Join("a.safetensors"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("has model.d_model = 32, the config 64"));
+
+  // Generation: the prompt and 24 sampled bytes; the same seed, the same text.
+  const std::string generate = "generate --checkpoint " + dir.Join("a") + " --prompt 'The ' --tokens 24 ";
+  r = Atoll(generate + "--seed 5 --temperature 0.9 --top-k 20");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.size(), 4u + 24u + 1u);
+  EXPECT_EQ(r.output.substr(0, 4), "The ");
+  EXPECT_EQ(Atoll(generate + "--seed 5 --temperature 0.9 --top-k 20").output, r.output);
+  r = Atoll(generate + "--temperature -1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--temperature must be in [0, 100]"));
+}
+
+}  // namespace
+}  // namespace atl
