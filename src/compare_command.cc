@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -34,11 +35,12 @@ std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& o) {
+absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& o,
+                                      const std::string& dir) {
   Config c = base;
   c.train.grad_accum *= o.islands;  // global batch M x b: the same tokens per step as M islands
   TrainOptions t;
-  t.run_dir = (fs::path(o.run_dir) / "baseline").string();
+  t.run_dir = dir;
   t.stop = o.stop;
   std::fprintf(stderr, "atoll compare: baseline, one island with global batch %d x %d\n",
                o.islands, base.train.batch_size * base.train.grad_accum);
@@ -70,11 +72,13 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
 // outer.num_fragments (4 when it is 1, at most one block per fragment), tau = 1, alpha = 0.5;
 // "async" runs async DiLoCo (delayed Nesterov, dynamic local steps) with the config's settings.
 absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
-                                    const std::string& method) {
+                                    const std::string& method, const std::vector<Override>& point,
+                                    const std::string& dir) {
   LocalOptions l;
   l.islands = o.islands;
   l.config_path = o.config_path;
   l.overrides = o.overrides;
+  for (const auto& [key, value] : point) l.overrides.push_back(absl::StrCat("--", key, "=", value));
   l.throttle = o.throttle;
   if (method == "async") l.overrides.push_back("--outer.mode=async");
   if (absl::StartsWith(method, "diloco_")) l.overrides.push_back("--outer.codec=" + method.substr(7));
@@ -85,7 +89,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
     l.overrides.push_back("--outer.fragment_sync_delay=1");
     l.overrides.push_back("--outer.fragment_update_alpha=0.5");
   }
-  l.run_dir = (fs::path(o.run_dir) / method).string();
+  l.run_dir = dir;
   l.stop = o.stop;
   l.out = stderr;
   std::string throttled;
@@ -137,6 +141,121 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   return r;
 }
 
+struct Sweep {
+  std::string key;
+  std::vector<std::string> values;
+};
+
+// "optim.lr=1e-3,2e-3": each value checked by loading the config with it (errors name the key).
+absl::StatusOr<std::vector<Sweep>> ParseSweeps(const CompareOptions& o,
+                                               const std::vector<Override>& overrides) {
+  std::vector<Sweep> sweeps;
+  for (const auto& spec : o.sweeps) {
+    const auto eq = spec.find('=');
+    Sweep sweep;
+    sweep.key = spec.substr(0, eq);
+    if (eq != std::string::npos) {
+      sweep.values = absl::StrSplit(spec.substr(eq + 1), ',', absl::SkipEmpty());
+    }
+    if (eq == std::string::npos || sweep.values.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sweep '", spec, "' is not KEY=VALUE,VALUE,... (e.g. optim.lr=1e-3,3e-3)"));
+    }
+    for (const auto& other : sweeps) {
+      if (other.key == sweep.key) return absl::InvalidArgumentError("--sweep " + sweep.key + " given twice");
+    }
+    for (const auto& value : sweep.values) {
+      auto with = overrides;
+      with.emplace_back(sweep.key, value);
+      if (auto c = LoadConfig(o.config_path, with); !c.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--sweep ", sweep.key, "=", value, ": ",
+                                                       c.status().message()));
+      }
+    }
+    sweeps.push_back(std::move(sweep));
+  }
+  return sweeps;
+}
+
+// The settings `method` runs: every combination of the sweeps that can change it (the baseline
+// has no outer loop, so outer.* sweeps do not multiply its runs).
+std::vector<std::vector<Override>> GridFor(const std::string& method, const std::vector<Sweep>& sweeps) {
+  std::vector<std::vector<Override>> grid = {{}};
+  for (const auto& sweep : sweeps) {
+    if (method == "baseline" && absl::StartsWith(sweep.key, "outer.")) continue;
+    std::vector<std::vector<Override>> next;
+    for (const auto& point : grid) {
+      for (const auto& value : sweep.values) {
+        next.push_back(point);
+        next.back().emplace_back(sweep.key, value);
+      }
+    }
+    grid = std::move(next);
+  }
+  return grid;
+}
+
+std::string SettingOf(const std::vector<Override>& point) {
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : point) parts.push_back(absl::StrCat(key, "=", value));
+  return absl::StrJoin(parts, " ");
+}
+
+// RUN_DIR/<method>, or RUN_DIR/<method>/<key=value,...> in a sweep.
+std::string RunDirOf(const std::string& run_dir, const std::string& method, const std::string& setting) {
+  fs::path dir = fs::path(run_dir) / method;
+  if (setting.empty()) return dir.string();
+  std::string name = setting;
+  for (char& c : name) {
+    if (c == ' ') c = ',';
+    if (c == '/') c = '_';
+  }
+  return (dir / name).string();
+}
+
+// A finished run's result, kept beside it so that a sweep resumes where it stopped.
+constexpr char kResultFile[] = "result.json";
+
+absl::Status SaveResult(const std::string& dir, const MethodResult& r) {
+  nlohmann::json j = {{"method", r.method}, {"setting", r.setting}, {"val_loss", r.val_loss},
+                      {"tokens", r.tokens}, {"wan_bytes", r.wan_bytes}, {"wall_s", r.wall_s},
+                      {"note", r.note}, {"curve", r.curve}};
+  return WriteFileAtomic((fs::path(dir) / kResultFile).string(), j.dump() + "\n");
+}
+
+std::optional<MethodResult> LoadResult(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kResultFile);
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!in || j.is_discarded()) return std::nullopt;
+  try {
+    MethodResult r;
+    r.method = j.at("method");
+    r.setting = j.at("setting");
+    r.val_loss = j.at("val_loss").is_number() ? j["val_loss"].get<double>() : NAN;
+    r.tokens = j.at("tokens");
+    r.wan_bytes = j.at("wan_bytes");
+    r.wall_s = j.at("wall_s");
+    r.note = j.at("note");
+    r.curve = j.at("curve").get<std::vector<std::pair<double, double>>>();
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // run again
+  }
+}
+
+bool KnownMethod(absl::string_view m) {
+  return m == "baseline" || m == "diloco" || m == "async" ||
+         (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
+         (absl::StartsWith(m, "streaming_") && compression::ParseCodec(std::string(m.substr(10))).ok());
+}
+
+// What makes two compares the same: resuming one is allowed, mixing two is not.
+nlohmann::json Manifest(const Config& config, const CompareOptions& o, const std::vector<Sweep>& sweeps) {
+  nlohmann::json j = {{"config", ToToml(config)}, {"islands", o.islands}, {"throttle", o.throttle}};
+  for (const auto& sweep : sweeps) j["sweeps"][sweep.key] = sweep.values;
+  return j;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
@@ -151,37 +270,80 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   if (auto d = inner::LoadDataset(config->data, config->model.context, config->model.vocab); !d.ok()) {
     return d.status();
   }
-  if (fs::exists(o.run_dir) && !fs::is_empty(o.run_dir)) {
-    return absl::AlreadyExistsError(absl::StrCat("run directory ", o.run_dir, " is not empty"));
+  auto sweeps = ParseSweeps(o, *overrides);
+  if (!sweeps.ok()) return sweeps.status();
+  std::vector<std::string> methods = absl::StrSplit(config->compare.methods, ',', absl::SkipEmpty());
+  for (const auto& m : methods) {
+    if (!KnownMethod(m)) return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
   }
-  std::vector<MethodResult> results;
-  for (absl::string_view m : absl::StrSplit(config->compare.methods, ',', absl::SkipEmpty())) {
-    absl::StatusOr<MethodResult> r;
-    if (m == "baseline") {
-      r = Baseline(*config, o);
-    } else if (m == "diloco" || m == "async" ||
-               (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
-               (absl::StartsWith(m, "streaming_") &&
-                compression::ParseCodec(std::string(m.substr(10))).ok())) {
-      r = DiLoCo(*config, o, std::string(m));
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
-    }
-    if (!r.ok()) return r.status();
-    results.push_back(*std::move(r));
-  }
-  const std::string title =
-      absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)", o.islands,
-                      config->train.steps, config->outer.sync_every, o.config_path);
+  // A directory holding this same compare resumes; anything else is refused.
   const fs::path dir(o.run_dir);
-  for (auto [name, text] : {std::pair<const char*, std::string>{"report.md", ReportMarkdown(results, title)},
-                            {"report.csv", ReportCsv(results)},
-                            {"loss.svg", LossPlotSvg(results, title)}}) {
+  const auto manifest = Manifest(*config, o, *sweeps);
+  const std::string manifest_path = (dir / "compare.json").string();
+  if (fs::exists(dir) && !fs::is_empty(dir)) {
+    std::ifstream in(manifest_path);
+    if (nlohmann::json::parse(in, nullptr, false) != manifest) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "run directory ", o.run_dir,
+          " is not empty and holds another compare (config, islands or sweeps differ)"));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (auto s = WriteFileAtomic(manifest_path, manifest.dump(2) + "\n"); !s.ok()) return s;
+
+  // The plan and its cost, before anything runs.
+  std::vector<std::pair<std::string, std::vector<Override>>> plan;
+  std::vector<std::string> counts;
+  int reused = 0;
+  for (const auto& m : methods) {
+    const auto grid = GridFor(m, *sweeps);
+    counts.push_back(absl::StrCat(m, " x ", grid.size()));
+    for (const auto& point : grid) {
+      plan.emplace_back(m, point);
+      reused += LoadResult(RunDirOf(o.run_dir, m, SettingOf(point))).has_value();
+    }
+  }
+  std::fprintf(stderr,
+               "atoll compare: %s = %zu runs of %lld inner steps on %d islands (%lld island-steps); "
+               "%d finished runs reused\n",
+               absl::StrJoin(counts, ", ").c_str(), plan.size(), (long long)config->train.steps,
+               o.islands, (long long)(plan.size() * config->train.steps * o.islands), reused);
+
+  std::vector<MethodResult> runs;
+  for (const auto& [method, point] : plan) {
+    const std::string setting = SettingOf(point);
+    const std::string run_dir = RunDirOf(o.run_dir, method, setting);
+    if (auto done = LoadResult(run_dir)) {
+      runs.push_back(*std::move(done));
+      continue;
+    }
+    fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
+    auto with = *overrides;
+    with.insert(with.end(), point.begin(), point.end());
+    auto c = LoadConfig(o.config_path, with);
+    if (!c.ok()) return c.status();
+    auto r = method == "baseline" ? Baseline(*c, o, run_dir) : DiLoCo(*c, o, method, point, run_dir);
+    if (!r.ok()) return r.status();
+    r->setting = setting;
+    if (auto s = SaveResult(run_dir, *r); !s.ok()) return s;
+    runs.push_back(*std::move(r));
+  }
+
+  const auto best = BestPerMethod(runs);
+  std::string title = absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)",
+                                      o.islands, config->train.steps, config->outer.sync_every,
+                                      o.config_path);
+  if (!sweeps->empty()) absl::StrAppend(&title, ", each method at its best setting");
+  const std::string report = ReportMarkdown(best, title, runs);
+  for (auto [name, text] : {std::pair<const char*, std::string>{"report.md", report},
+                            {"report.csv", ReportCsv(runs)},
+                            {"loss.svg", LossPlotSvg(best, title)}}) {
     if (auto s = WriteFileAtomic((dir / name).string(), text); !s.ok()) return s;
   }
-  std::printf("%s", ReportMarkdown(results, title).c_str());
+  std::printf("%s", report.c_str());
   std::printf("\nwrote %s/report.md, report.csv, loss.svg\n", o.run_dir.c_str());
-  return results;
+  return best;
 }
 
 }  // namespace atl

@@ -354,7 +354,11 @@ Command AddCompare(CLI::App& app, CommandLine& cl) {
   auto* c = AddIslandsCommand(app, cl, *f, "compare",
                               "DiLoCo variants against the centralized baseline at equal compute",
                               "directory for every run and the report");
-  return {c, [&cl, f, c](const std::vector<atl::Override>& overrides) {
+  auto sweeps = std::make_shared<std::vector<std::string>>();
+  c->add_option("--sweep", *sweeps,
+                "KEY=V1,V2,...: run every method over these values (repeatable: the grid of all) "
+                "and report each at its best; the same command again resumes a stopped sweep");
+  return {c, [&cl, f, c, sweeps](const std::vector<atl::Override>& overrides) {
             if (auto config = RunConfig(cl, overrides); !config.ok()) return Fail(config.status());
             auto throttle = atl::ParseThrottles(f->throttles, f->islands);
             if (!throttle.ok()) return Fail(throttle.status());
@@ -363,6 +367,7 @@ Command AddCompare(CLI::App& app, CommandLine& cl) {
             options.config_path = cl.config_path;
             options.overrides = c->remaining();
             options.throttle = *throttle;
+            options.sweeps = *sweeps;
             options.run_dir = cl.run_dir;
             options.stop = &g_stop;
             auto results = atl::RunCompare(options);

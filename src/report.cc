@@ -28,28 +28,63 @@ std::string Escape(const std::string& s) {
 
 }  // namespace
 
-std::string ReportCsv(const std::vector<MethodResult>& results) {
-  std::string out = "method,val_loss,tokens,wan_bytes,wall_s\n";
-  for (const auto& r : results) {
-    absl::StrAppend(&out, absl::StrFormat("%s,%.6f,%d,%d,%.2f\n", r.method, r.val_loss, r.tokens,
-                                          r.wan_bytes, r.wall_s));
+std::string Label(const MethodResult& r) {
+  return r.setting.empty() ? r.method : absl::StrCat(r.method, " (", r.setting, ")");
+}
+
+std::vector<MethodResult> BestPerMethod(const std::vector<MethodResult>& runs) {
+  std::vector<MethodResult> best;
+  for (const auto& r : runs) {
+    auto it = std::find_if(best.begin(), best.end(),
+                           [&](const MethodResult& b) { return b.method == r.method; });
+    if (it == best.end()) {
+      best.push_back(r);
+    } else if (std::isnan(it->val_loss) || r.val_loss < it->val_loss) {
+      *it = r;
+    }
+  }
+  return best;
+}
+
+std::string ReportCsv(const std::vector<MethodResult>& runs) {
+  const auto best = BestPerMethod(runs);
+  std::string out = "method,setting,val_loss,tokens,wan_bytes,wall_s,best\n";
+  for (const auto& r : runs) {
+    const bool is_best = std::any_of(best.begin(), best.end(), [&](const MethodResult& b) {
+      return b.method == r.method && b.setting == r.setting;
+    });
+    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%d,%d,%.2f,%d\n", r.method, r.setting,
+                                          r.val_loss, r.tokens, r.wan_bytes, r.wall_s, is_best));
   }
   return out;
 }
 
-std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title) {
-  std::string out = absl::StrCat("# ", title, "\n\n");
+namespace {
+
+void AppendTable(const std::vector<MethodResult>& results, std::string* out) {
   const double base = results.empty() ? 0 : results.front().val_loss;
-  out += "| method | val_loss | vs first | tokens | WAN bytes | wall |\n";
-  out += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
+  *out += "| method | val_loss | vs first | tokens | WAN bytes | wall |\n";
+  *out += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& r : results) {
-    absl::StrAppend(&out, absl::StrFormat("| %s | %.4f | %+.2f%% | %d | %s | %.1f s |\n", r.method,
-                                          r.val_loss, 100.0 * (r.val_loss / base - 1.0), r.tokens,
-                                          HumanBytes(r.wan_bytes), r.wall_s));
+    absl::StrAppend(out, absl::StrFormat("| %s | %.4f | %+.2f%% | %d | %s | %.1f s |\n", Label(r),
+                                         r.val_loss, 100.0 * (r.val_loss / base - 1.0), r.tokens,
+                                         HumanBytes(r.wan_bytes), r.wall_s));
   }
+}
+
+}  // namespace
+
+std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title,
+                           const std::vector<MethodResult>& grid) {
+  std::string out = absl::StrCat("# ", title, "\n\n");
+  AppendTable(results, &out);
   out += "\n";
   for (const auto& r : results) {
-    if (!r.note.empty()) absl::StrAppend(&out, "- ", r.method, ": ", r.note, "\n");
+    if (!r.note.empty()) absl::StrAppend(&out, "- ", Label(r), ": ", r.note, "\n");
+  }
+  if (grid.size() > results.size()) {
+    absl::StrAppend(&out, "\n## Every run of the sweep (", grid.size(), " runs; vs the first)\n\n");
+    AppendTable(grid, &out);
   }
   return out;
 }
@@ -110,7 +145,7 @@ std::string LossPlotSvg(const std::vector<MethodResult>& results, const std::str
                               "stroke-width=\"3\"/>\n<text x=\"%.1f\" y=\"%.1f\">%s</text>\n",
                               color, points, w - right + 12, top + 10 + 20.0 * i, w - right + 36,
                               top + 10 + 20.0 * i, color, w - right + 42, top + 14 + 20.0 * i,
-                              Escape(results[i].method)));
+                              Escape(Label(results[i]))));
   }
   svg += "</svg>\n";
   return svg;

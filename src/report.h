@@ -11,6 +11,7 @@ namespace atl {
 
 struct MethodResult {
   std::string method;
+  std::string setting;  // the sweep's values for this run ("optim.lr=0.002 outer.lr=0.7"), or ""
   double val_loss = 0;
   int64_t tokens = 0;
   uint64_t wan_bytes = 0;
@@ -19,8 +20,17 @@ struct MethodResult {
   std::vector<std::pair<double, double>> curve;  // (tokens, val_loss)
 };
 
-std::string ReportCsv(const std::vector<MethodResult>& results);
-std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title);
+// "diloco" or "diloco (optim.lr=0.002)".
+std::string Label(const MethodResult& result);
+// Each method's run with the lowest validation loss, in the order methods first appear.
+std::vector<MethodResult> BestPerMethod(const std::vector<MethodResult>& runs);
+
+// Every run, a row each; `best` is 1 on each method's best run.
+std::string ReportCsv(const std::vector<MethodResult>& runs);
+// The table of `results` (against the first row); with `grid` larger than `results` (a sweep),
+// every run of the grid follows in a second table.
+std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title,
+                          const std::vector<MethodResult>& grid = {});
 std::string LossPlotSvg(const std::vector<MethodResult>& results, const std::string& title);
 
 }  // namespace atl

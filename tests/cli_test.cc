@@ -4,9 +4,11 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_split.h"
 #include "inner/data.h"
 #include "tests/test_util.h"
 
@@ -161,9 +163,10 @@ TEST_F(CliTest, CompareWritesTheReport) {
   std::getline(lines, baseline);
   std::getline(lines, diloco);
   std::getline(lines, async);
-  EXPECT_EQ(header, "method,val_loss,tokens,wan_bytes,wall_s");
-  EXPECT_THAT(baseline, ::testing::StartsWith("baseline,"));
-  EXPECT_THAT(diloco, ::testing::StartsWith("diloco,"));
+  EXPECT_EQ(header, "method,setting,val_loss,tokens,wan_bytes,wall_s,best");
+  EXPECT_THAT(baseline, ::testing::StartsWith("baseline,,"));
+  EXPECT_THAT(diloco, ::testing::StartsWith("diloco,,"));
+  EXPECT_THAT(diloco, ::testing::EndsWith(",1"));  // one run per method: each its best
   // Equal tokens: 4 steps x 2 sequences x 32 tokens x 2 islands.
   EXPECT_THAT(baseline, HasSubstr(",512,"));
   EXPECT_THAT(diloco, HasSubstr(",512,"));
@@ -179,6 +182,67 @@ TEST_F(CliTest, CompareWritesTheReport) {
             dir_.Join("cmp"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("is not empty"));
+}
+
+// Best-vs-best: every method runs the grid (the baseline only its non-outer part), each is reported
+// at its best run, the whole grid is in report.csv, and the same command resumes a stopped sweep.
+TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {
+  const std::string command = "compare --islands 2 --config " + dir_.Join("tiny.toml") +
+                              " --run-dir " + dir_.Join("sweep") +
+                              " --train.steps=4 --outer.sync_every=2 --train.eval_every=4" +
+                              " --sweep optim.lr=1e-3,1e-2 --sweep outer.lr=0.5,0.9";
+  auto r = Atoll(command);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("baseline x 2, diloco x 4 = 6 runs of 4 inner steps on 2 islands "
+                                  "(48 island-steps); 0 finished runs reused"));
+  std::istringstream lines(testing::ReadFile(dir_.Join("sweep/report.csv")));
+  std::string line;
+  std::getline(lines, line);
+  std::map<std::string, std::vector<std::pair<double, bool>>> by_method;  // (val_loss, best)
+  int rows = 0;
+  for (; std::getline(lines, line); ++rows) {
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    ASSERT_EQ(f.size(), 7u) << line;
+    by_method[f[0]].emplace_back(std::stod(f[2]), f[6] == "1");
+    EXPECT_EQ(f[3], "512") << line;  // equal tokens in every run
+  }
+  EXPECT_EQ(rows, 6);
+  ASSERT_EQ(by_method["baseline"].size(), 2u);
+  ASSERT_EQ(by_method["diloco"].size(), 4u);
+  for (const auto& [method, runs] : by_method) {
+    // Exactly one best per method, and it has the lowest loss.
+    double lowest = 1e9, best = -1;
+    int bests = 0;
+    for (auto [loss, is_best] : runs) {
+      lowest = std::min(lowest, loss);
+      if (is_best) best = loss, ++bests;
+    }
+    EXPECT_EQ(bests, 1) << method;
+    EXPECT_EQ(best, lowest) << method;
+  }
+  const std::string report = testing::ReadFile(dir_.Join("sweep/report.md"));
+  EXPECT_THAT(report, HasSubstr("each method at its best setting"));
+  EXPECT_THAT(report, HasSubstr("Every run of the sweep (6 runs"));
+  EXPECT_THAT(report, HasSubstr("| diloco (optim.lr="));
+  EXPECT_TRUE(std::filesystem::exists(dir_.Join("sweep/diloco/optim.lr=1e-2,outer.lr=0.9/result.json")));
+
+  // A stopped sweep (here: one run's result lost) resumes: only that run trains again.
+  std::filesystem::remove(dir_.Join("sweep/diloco/optim.lr=1e-3,outer.lr=0.5/result.json"));
+  r = Atoll(command);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("5 finished runs reused"));
+  EXPECT_THAT(r.output, HasSubstr("atoll compare: diloco, 2 islands"));  // the one run again
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("atoll compare: baseline, one island")));
+  const std::string csv = testing::ReadFile(dir_.Join("sweep/report.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 7);  // header + the whole grid again
+  // Another grid in the same directory is refused; a bad sweep is named.
+  r = Atoll(command + " --sweep optim.warmup_steps=1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("holds another compare"));
+  r = Atoll("compare --config " + dir_.Join("tiny.toml") + " --run-dir " + dir_.Join("bad") +
+            " --sweep optim.lr=fast");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--sweep optim.lr=fast"));
 }
 
 // The load test drives a real coordinator process with synthetic islands over gRPC and reports
