@@ -157,7 +157,6 @@ absl::Status OuterStepHook::FetchGlobal() {
     if (auto s = Retry(options_.retry, [&] { return syncs_[f]->FetchGlobal(); }); !s.ok()) {
       return s;
     }
-    model_.Merge(f, syncs_[f]->global(), 0.0);
   }
   // The whole state over the real channel: the island's measure of its link to the service.
   const double seconds = Since(t0);
@@ -165,7 +164,55 @@ absl::Status OuterStepHook::FetchGlobal() {
     stats_.link_bps = 8.0 * double(fetched_bytes() - bytes0) / seconds;
     for (auto& sync : syncs_) sync->set_link_bps(stats_.link_bps);
   }
+  for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    if (auto s = AgreeOnRound(f); !s.ok()) return s;
+    model_.Merge(f, syncs_[f]->global(), 0.0);
+  }
+  // Sync: a round may have committed between the join's answer and the fetch (the round an island
+  // joins in does not wait for it): the island takes part from the round it holds, its step count
+  // at it, as after a rejoin. Otherwise its pushes would come a round early for its steps.
+  if (!options_.async && syncs_[0]->round() > session_.joined().round()) {
+    policy_->Rejoined(syncs_[0]->round(), model_);
+    std::fill(last_push_.begin(), last_push_.end(), model_.step());
+  }
   return absl::OkStatus();
+}
+
+// Each rank fetches its ranges for itself, so a round can commit between the ranks' fetches (the
+// round the island joined in, which does not wait for it; async, any other island's version).
+// Ranks at different rounds push to different rounds: the island's contribution to either is never
+// whole, and the rank whose part was taken waits for an update that only the round's deadline
+// brings, its peers for it. Every rank goes on from the newest round any of them fetched: the
+// others apply the updates committed in between (all committed: a rank fetched the state after
+// them), or, where those are no longer kept, fetch the state again and the ranks compare anew.
+absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
+  if (ranks_.size() == 1) return absl::OkStatus();
+  IslandSync& sync = *syncs_[f];
+  for (int attempt = 0;; ++attempt) {
+    auto first = ranks_.FromFirst(std::to_string(sync.round()));
+    if (!first.ok()) return first.status();
+    uint64_t newest = 0;
+    if (!absl::SimpleAtoi(*first, &newest)) return absl::DataLossError("rank 0's round is garbled");
+    // Rounds only move forward, seldom by more than one between the ranks' fetches.
+    while (true) {
+      auto ahead = ranks_.Any(sync.round() > newest);
+      if (!ahead.ok()) return ahead.status();
+      if (!*ahead) break;
+      ++newest;
+    }
+    if (sync.round() < newest) {
+      auto caught = Retry(options_.retry, [&] { return sync.CatchUp(newest); });
+      if (!caught.ok()) return caught.status();
+      stats_.bytes_received += caught->bytes_received;
+    }
+    auto apart = ranks_.Any(sync.round() != newest);
+    if (!apart.ok()) return apart.status();
+    if (!*apart) return absl::OkStatus();
+    if (attempt >= options_.sync.retries) {
+      return absl::AbortedError(absl::StrCat("the island's ranks hold different rounds of fragment ",
+                                             f, ": the global state kept changing"));
+    }
+  }
 }
 
 void OuterStepHook::ReloadGlobal() {
@@ -337,8 +384,7 @@ absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
   if (auto s = FetchGlobal(); !s.ok()) return s;
   pending_rejoin_.reset();
   stats_.rejoins += 1;
-  // Every rank continues at rank 0's round (a round may commit between the ranks' fetches: a rank
-  // that fetched a later one is told so by the service at its next push, and fetches again).
+  // Every rank continues at the same round (FetchGlobal has the ranks agree on it).
   auto round = ranks_.FromFirst(std::to_string(syncs_[0]->round()));
   if (!round.ok()) return round.status();
   policy_->Rejoined(std::stoull(*round), model_);

@@ -163,6 +163,8 @@ class OuterStepHook {
   absl::Status LandAll(double alpha);
   absl::Status LandDue(int64_t t, double alpha);
   absl::Status Rejoin(const absl::Status& why);
+  // After each rank's fetch: every rank of the island at the same round of fragment f.
+  absl::Status AgreeOnRound(uint32_t f);
   // Auto-tune: every rank adopts rank 0's answer.
   absl::Status AdoptTau(int tau);
 
