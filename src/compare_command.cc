@@ -293,15 +293,20 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   if (auto s = WriteFileAtomic(manifest_path, manifest.dump(2) + "\n"); !s.ok()) return s;
 
   // The plan and its cost, before anything runs.
-  std::vector<std::pair<std::string, std::vector<Override>>> plan;
+  struct Run {
+    std::string method;
+    std::vector<Override> point;
+    std::optional<MethodResult> done;  // finished before: reused
+  };
+  std::vector<Run> plan;
   std::vector<std::string> counts;
   int reused = 0;
   for (const auto& m : methods) {
     const auto grid = GridFor(m, *sweeps);
     counts.push_back(absl::StrCat(m, " x ", grid.size()));
     for (const auto& point : grid) {
-      plan.emplace_back(m, point);
-      reused += LoadResult(RunDirOf(o.run_dir, m, SettingOf(point))).has_value();
+      plan.push_back({m, point, LoadResult(RunDirOf(o.run_dir, m, SettingOf(point)))});
+      reused += plan.back().done.has_value();
     }
   }
   std::fprintf(stderr,
@@ -311,13 +316,13 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
                o.islands, (long long)(plan.size() * config->train.steps * o.islands), reused);
 
   std::vector<MethodResult> runs;
-  for (const auto& [method, point] : plan) {
-    const std::string setting = SettingOf(point);
-    const std::string run_dir = RunDirOf(o.run_dir, method, setting);
-    if (auto done = LoadResult(run_dir)) {
+  for (auto& [method, point, done] : plan) {
+    if (done) {
       runs.push_back(*std::move(done));
       continue;
     }
+    const std::string setting = SettingOf(point);
+    const std::string run_dir = RunDirOf(o.run_dir, method, setting);
     fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
     auto with = *overrides;
     with.insert(with.end(), point.begin(), point.end());

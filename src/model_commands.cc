@@ -81,16 +81,9 @@ absl::Status RunImport(const ImportOptions& o) {
   if (!base.ok()) return base.status();
   auto weights = LoadWeights(o.file, &*base);
   if (!weights.ok()) return weights.status();
-  Config config = *base;
-  const auto& m = weights->model;
-  config.model.n_layer = m.n_layer;
-  config.model.d_model = m.d_model;
-  config.model.n_head = m.n_head;
-  config.model.context = m.context;
-  config.model.vocab = m.vocab;
+  Config config = *base;  // its dropout and init seed stay; the shapes are the file's (validated)
+  for (const auto& [key, field] : ArchitectureFields()) config.model.*field = weights->model.*field;
   config.run.init_from = fs::absolute(o.file).lexically_normal().string();
-  // The written config must load as it stands (e.g. a context the data cannot serve fails later).
-  if (auto s = inner::Validate(config.model); !s.ok()) return s;
   if (auto s = WriteFileAtomic(o.out, ToToml(config)); !s.ok()) return s;
   std::fprintf(o.out_stream,
                "atoll import: %s: %s; every tensor checked\n"

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -45,8 +44,9 @@ constexpr NamePiece kTopPieces[] = {{"tok_emb.", "transformer.wte.", false},
                                     {"head.", "lm_head.", false}};
 
 nlohmann::json ModelJson(const inner::ModelConfig& m) {
-  return {{"n_layer", m.n_layer}, {"d_model", m.d_model}, {"n_head", m.n_head},
-          {"context", m.context}, {"vocab", m.vocab}};
+  nlohmann::json j;
+  for (const auto& [key, field] : ArchitectureFields()) j[key] = m.*field;
+  return j;
 }
 
 std::vector<int64_t> Transposed(std::vector<int64_t> shape) {
@@ -76,10 +76,9 @@ absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, Name
   if (it != file.metadata().end()) {
     auto j = nlohmann::json::parse(it->second, nullptr, false);
     bool ok = j.is_object();
-    for (auto [key, field] : {std::pair{"n_layer", &m.n_layer}, {"d_model", &m.d_model},
-                              {"n_head", &m.n_head}, {"context", &m.context}, {"vocab", &m.vocab}}) {
+    for (const auto& [key, field] : ArchitectureFields()) {
       ok = ok && j.contains(key) && j[key].is_number_integer();
-      if (ok) *field = j[key].get<int>();
+      if (ok) m.*field = j[key].get<int>();
     }
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -321,16 +320,20 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
   return LoadSafetensors(source, config);
 }
 
+const std::vector<ArchitectureField>& ArchitectureFields() {
+  static const std::vector<ArchitectureField> kFields = {
+      {"n_layer", &inner::ModelConfig::n_layer}, {"d_model", &inner::ModelConfig::d_model},
+      {"n_head", &inner::ModelConfig::n_head},   {"context", &inner::ModelConfig::context},
+      {"vocab", &inner::ModelConfig::vocab}};
+  return kFields;
+}
+
 absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::ModelConfig& got,
                                    const std::string& what) {
-  for (auto [key, a, b] : {std::tuple{"n_layer", want.n_layer, got.n_layer},
-                           {"d_model", want.d_model, got.d_model},
-                           {"n_head", want.n_head, got.n_head},
-                           {"context", want.context, got.context},
-                           {"vocab", want.vocab, got.vocab}}) {
-    if (a != b) {
+  for (const auto& [key, field] : ArchitectureFields()) {
+    if (want.*field != got.*field) {
       return absl::FailedPreconditionError(
-          absl::StrCat(what, " has model.", key, " = ", b, ", the config ", a));
+          absl::StrCat(what, " has model.", key, " = ", got.*field, ", the config ", want.*field));
     }
   }
   return absl::OkStatus();

@@ -60,6 +60,10 @@ struct ModelWeights {
 // Values must be finite. `config` may be null.
 absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config* config);
 
+// The fields that make a model's architecture (every tensor's shape follows from them).
+using ArchitectureField = std::pair<const char*, int inner::ModelConfig::*>;
+const std::vector<ArchitectureField>& ArchitectureFields();
+
 // An error naming the first field (n_layer, d_model, n_head, context, vocab) that differs.
 absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::ModelConfig& got,
                                    const std::string& what);
