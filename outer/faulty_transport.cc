@@ -53,14 +53,18 @@ absl::StatusOr<pb::HeartbeatResponse> FaultyTransport::Heartbeat(const pb::Heart
   return inner_->Heartbeat(r);
 }
 
-absl::StatusOr<pb::PushResponse> FaultyTransport::Push(const std::vector<pb::PushRequest>& r) {
+absl::StatusOr<pb::PushResponse> FaultyTransport::Push(const PushSource& source, int lane) {
   if (Drop()) return Dropped("Push");
-  std::vector<pb::PushRequest> sent = r;
-  for (auto& request : sent) {
-    if (faults_.scale_pushes != 1) Scale(*request.mutable_chunk());
-    Corrupt(*request.mutable_chunk());
-  }
-  return inner_->Push(sent);
+  return inner_->Push(
+      [&](pb::PushRequest* next) -> absl::StatusOr<bool> {
+        auto more = source(next);
+        if (more.ok() && *more) {
+          if (faults_.scale_pushes != 1) Scale(*next->mutable_chunk());
+          Corrupt(*next->mutable_chunk());
+        }
+        return more;
+      },
+      lane);
 }
 
 void FaultyTransport::Scale(pb::Chunk& chunk) const {
@@ -81,36 +85,40 @@ void FaultyTransport::Scale(pb::Chunk& chunk) const {
   }
 }
 
-absl::StatusOr<std::vector<pb::UpdateChunk>> FaultyTransport::AwaitUpdate(
-    const pb::UpdateRequest& r) {
+absl::Status FaultyTransport::AwaitUpdate(const pb::UpdateRequest& r,
+                                          const ChunkSink<pb::UpdateChunk>& sink, int lane) {
   if (Drop()) return Dropped("AwaitUpdate");
-  auto chunks = inner_->AwaitUpdate(r);
-  if (chunks.ok()) {
-    for (auto& c : *chunks) Corrupt(*c.mutable_chunk());
-  }
-  return chunks;
+  return inner_->AwaitUpdate(
+      r,
+      [&](pb::UpdateChunk&& c) {
+        Corrupt(*c.mutable_chunk());
+        return sink(std::move(c));
+      },
+      lane);
 }
 
-absl::StatusOr<std::vector<pb::StateChunk>> FaultyTransport::FetchState(
-    const pb::FetchStateRequest& r) {
+absl::Status FaultyTransport::FetchState(const pb::FetchStateRequest& r,
+                                         const ChunkSink<pb::StateChunk>& sink, int lane) {
   if (Drop()) return Dropped("FetchState");
-  auto chunks = inner_->FetchState(r);
-  if (!chunks.ok()) return chunks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    uint64_t bytes = 0;
-    for (const auto& c : *chunks) bytes += c.chunk().data().size();
-    const bool crosses = faults_.cut_after_bytes > 0 && cut_ == 0 &&
-                         state_bytes_ + bytes > faults_.cut_after_bytes;
-    if (crosses) {
-      ++cut_;
-      return absl::UnavailableError(absl::StrCat("FetchState: stream cut after ",
-                                                 faults_.cut_after_bytes, " bytes (injected fault)"));
-    }
-    state_bytes_ += bytes;
-  }
-  for (auto& c : *chunks) Corrupt(*c.mutable_chunk());
-  return chunks;
+  return inner_->FetchState(
+      r,
+      [&](pb::StateChunk&& c) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          const uint64_t bytes = c.chunk().data().size();
+          const bool crosses = faults_.cut_after_bytes > 0 && cut_ == 0 &&
+                               state_bytes_ + bytes > faults_.cut_after_bytes;
+          if (crosses) {
+            ++cut_;
+            return absl::UnavailableError(absl::StrCat(
+                "FetchState: stream cut after ", faults_.cut_after_bytes, " bytes (injected fault)"));
+          }
+          state_bytes_ += bytes;
+        }
+        Corrupt(*c.mutable_chunk());
+        return sink(std::move(c));
+      },
+      lane);
 }
 
 }  // namespace atl::outer

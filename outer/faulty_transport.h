@@ -35,9 +35,12 @@ class FaultyTransport : public Transport {
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& r) override;
   absl::Status Leave(const pb::LeaveRequest& r) override;
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& r) override;
-  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& r) override;
-  absl::StatusOr<std::vector<pb::UpdateChunk>> AwaitUpdate(const pb::UpdateRequest& r) override;
-  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& r) override;
+  int connections() const override { return inner_->connections(); }
+  absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) override;
+  absl::Status AwaitUpdate(const pb::UpdateRequest& r, const ChunkSink<pb::UpdateChunk>& sink,
+                           int lane) override;
+  absl::Status FetchState(const pb::FetchStateRequest& r, const ChunkSink<pb::StateChunk>& sink,
+                          int lane) override;
 
   // Faults injected so far.
   uint64_t dropped() const { return dropped_; }

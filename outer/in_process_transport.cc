@@ -40,26 +40,40 @@ absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<pb::UpdateChunk>> InProcessTransport::AwaitUpdate(
-    const pb::UpdateRequest& r) {
-  std::vector<pb::UpdateChunk> out;
-  auto s = StreamUpdate(*server_, r, absl::Now() + deadline_, nullptr, [&](pb::UpdateChunk&& c) {
-    out.push_back(std::move(c));
-    return true;
-  });
-  if (!s.ok()) return s;
-  return out;
+absl::StatusOr<pb::PushResponse> InProcessTransport::Push(const PushSource& source, int) {
+  pb::PushRequest r;
+  auto more = source(&r);
+  if (!more.ok()) return more.status();
+  if (!*more) return absl::InvalidArgumentError("empty push: no chunks");
+  auto stream = server_->OpenPush(r);
+  if (!stream.ok()) return stream.status();
+  do {
+    if (auto s = (*stream)->Add(std::move(r)); !s.ok()) return s;
+    r.Clear();
+    more = source(&r);
+    if (!more.ok()) return more.status();
+  } while (*more);
+  return server_->FinishPush(*std::move(stream));
 }
 
-absl::StatusOr<std::vector<pb::StateChunk>> InProcessTransport::FetchState(
-    const pb::FetchStateRequest& r) {
-  std::vector<pb::StateChunk> out;
-  auto s = server_->FetchState(r, [&](pb::StateChunk&& c) {
-    out.push_back(std::move(c));
-    return true;
+absl::Status InProcessTransport::AwaitUpdate(const pb::UpdateRequest& r,
+                                             const ChunkSink<pb::UpdateChunk>& sink, int) {
+  absl::Status taken;
+  auto s = StreamUpdate(*server_, r, absl::Now() + deadline_, nullptr, [&](pb::UpdateChunk&& c) {
+    taken = sink(std::move(c));
+    return taken.ok();
   });
-  if (!s.ok()) return s;
-  return out;
+  return taken.ok() ? s : taken;
+}
+
+absl::Status InProcessTransport::FetchState(const pb::FetchStateRequest& r,
+                                            const ChunkSink<pb::StateChunk>& sink, int) {
+  absl::Status taken;
+  auto s = server_->FetchState(r, [&](pb::StateChunk&& c) {
+    taken = sink(std::move(c));
+    return taken.ok();
+  });
+  return taken.ok() ? s : taken;
 }
 
 }  // namespace atl::outer

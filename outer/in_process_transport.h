@@ -10,8 +10,11 @@ namespace atl::outer {
 
 class InProcessTransport : public Transport {
  public:
-  explicit InProcessTransport(SyncServer* server, absl::Duration deadline = absl::Seconds(60))
-      : server_(server), deadline_(deadline) {}
+  // `connections`: the lanes it reports (calls on them run at once, as over several connections).
+  explicit InProcessTransport(SyncServer* server, absl::Duration deadline = absl::Seconds(60),
+                              int connections = 1)
+      : server_(server), deadline_(deadline), connections_(connections) {}
+  int connections() const override { return connections_; }
 
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& r) override {
     return server_->Join(r);
@@ -20,15 +23,16 @@ class InProcessTransport : public Transport {
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& r) override {
     return server_->Heartbeat(r);
   }
-  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& r) override {
-    return server_->Push(r);
-  }
-  absl::StatusOr<std::vector<pb::UpdateChunk>> AwaitUpdate(const pb::UpdateRequest& r) override;
-  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& r) override;
+  absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) override;
+  absl::Status AwaitUpdate(const pb::UpdateRequest& r, const ChunkSink<pb::UpdateChunk>& sink,
+                           int lane) override;
+  absl::Status FetchState(const pb::FetchStateRequest& r, const ChunkSink<pb::StateChunk>& sink,
+                          int lane) override;
 
  private:
   SyncServer* server_;
   absl::Duration deadline_;
+  int connections_;
 };
 
 // Waits for the round the request names to be released, then streams its update chunks (of the

@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +18,42 @@ namespace {
 
 double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Runs body(lane) for lanes 0 .. n - 1 at once, lane 0 on the calling thread.
+void RunLanes(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int lane = 1; lane < n; ++lane) threads.emplace_back(body, lane);
+  body(0);
+  for (auto& t : threads) t.join();
+}
+
+absl::Status FirstError(const std::vector<absl::Status>& statuses) {
+  for (const auto& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Cuts items of the given weights into at most n contiguous, non-empty groups of about equal
+// weight: group g ends at the item boundary nearest to (g + 1) / groups of the total. Returns
+// each group's first item and, last, the number of items.
+std::vector<size_t> Cut(const std::vector<uint64_t>& weights, int n) {
+  const size_t groups = std::min<size_t>(size_t(std::max(1, n)), weights.size());
+  std::vector<uint64_t> sum(weights.size() + 1, 0);  // sum[i]: weight of items [0, i)
+  for (size_t i = 0; i < weights.size(); ++i) sum[i + 1] = sum[i] + weights[i];
+  std::vector<size_t> starts{0};
+  for (size_t g = 1; g < groups; ++g) {
+    const double target = double(sum.back()) * double(g) / double(groups);
+    // Leave at least one item for each group after this one.
+    size_t best = starts.back() + 1;
+    for (size_t i = best; i <= weights.size() - (groups - g); ++i) {
+      if (std::fabs(double(sum[i]) - target) < std::fabs(double(sum[best]) - target)) best = i;
+    }
+    starts.push_back(best);
+  }
+  starts.push_back(weights.size());
+  return starts;
 }
 
 }  // namespace
@@ -33,6 +73,7 @@ IslandSync::IslandSync(Transport* transport, std::string run_id,
   n_ = 0;
   for (const auto& [b, e] : ranges_) n_ += e - b;
   residual_.assign(options.error_feedback ? n_ : 0, 0.0f);
+  next_residual_.assign(residual_.size(), 0.0f);
   global_.assign(n_, 0.0f);
 }
 
@@ -40,91 +81,262 @@ uint64_t IslandSync::global_hash() const {
   return compression::Checksum(global_.data(), global_.size() * sizeof(float));
 }
 
-absl::Status IslandSync::FetchRange(uint64_t begin, uint64_t end, float* values, uint64_t* round,
-                                    uint64_t* hash, bool* changed, uint64_t* bytes) {
-  const uint64_t piece = std::max<uint64_t>(1, options_.fetch_piece_bytes / sizeof(float));
-  for (uint64_t offset = begin; offset < end;) {
-    const uint64_t count = std::min(piece, end - offset);
-    pb::FetchStateRequest request;
-    request.set_run_id(run_id_);
-    request.set_island_id(island_id_);
-    request.set_session(identity_->session());
-    request.set_fragment(options_.fragment);
-    request.set_offset(offset);
-    request.set_num_elements(count);
-    int tries = 0;
-    while (true) {
-      auto chunks = transport_->FetchState(request);
-      absl::Status s = chunks.status();
-      if (absl::IsAborted(s)) {
-        *changed = true;  // a round committed while the range was sent: start over
-        return absl::OkStatus();
-      }
-      if (chunks.ok() && chunks->empty()) s = absl::DataLossError("the service sent no state");
-      if (s.ok()) {
-        const auto& h0 = chunks->front().chunk().header();
-        if (*round != UINT64_MAX &&
-            (h0.round() != *round || chunks->front().params_hash() != *hash)) {
-          *changed = true;  // a round committed in between: start over
-          return absl::OkStatus();
-        }
-        *round = h0.round();
-        *hash = chunks->front().params_hash();
-        Assembler assembler({run_id_, h0.island_id(), *round, options_.fragment},
-                            fragment_elements_, offset, count);
-        for (const auto& c : *chunks) {
-          if (c.params_hash() != *hash || c.range_hash() != chunks->front().range_hash()) {
-            s = absl::DataLossError("state chunks disagree on the parameters' hash");
-            break;
+// What the pieces of one state transfer agree on, shared by its lanes.
+struct IslandSync::FetchProgress {
+  std::mutex mu;
+  uint64_t round = UINT64_MAX, hash = 0, bytes = 0;
+  bool changed = false;
+};
+
+absl::Status IslandSync::FetchPiece(uint64_t offset, uint64_t count, float* out, int lane,
+                                    FetchProgress& progress) {
+  pb::FetchStateRequest request;
+  request.set_run_id(run_id_);
+  request.set_island_id(island_id_);
+  request.set_session(identity_->session());
+  request.set_fragment(options_.fragment);
+  request.set_offset(offset);
+  request.set_num_elements(count);
+  for (int tries = 0;; ++tries) {
+    // The piece lands in `out` chunk by chunk; it is checked whole against its hash at the end.
+    std::optional<Assembler> assembler;
+    uint64_t round = 0, hash = 0, range_hash = 0, bytes = 0;
+    absl::Status s = transport_->FetchState(
+        request,
+        [&](pb::StateChunk&& c) -> absl::Status {
+          if (!assembler) {
+            const auto& h0 = c.chunk().header();
+            round = h0.round();
+            hash = c.params_hash();
+            range_hash = c.range_hash();
+            assembler.emplace(PayloadId{run_id_, h0.island_id(), round, options_.fragment},
+                              fragment_elements_, offset, count,
+                              compression::CodecSpec{compression::Codec::kFp32, 0},
+                              [&](uint64_t first, const float* v, uint64_t k) {
+                                std::copy(v, v + k, out + (first - offset));
+                              });
+          } else if (c.params_hash() != hash || c.range_hash() != range_hash) {
+            return absl::DataLossError("state chunks disagree on the parameters' hash");
           }
-          if (s = assembler.Add(c.chunk()); !s.ok()) break;
-        }
-        if (s.ok()) s = assembler.CheckComplete();
-        if (s.ok() && compression::Checksum(assembler.values().data(), count * sizeof(float)) !=
-                          chunks->front().range_hash()) {
-          s = absl::DataLossError("fetched state does not match its hash");
-        }
-        if (s.ok()) {
-          std::copy(assembler.values().begin(), assembler.values().end(), values + (offset - begin));
-          *bytes += WireBytes(*chunks);
-          break;
-        }
-      }
-      const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
-                             absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
-      if (!transient || ++tries > options_.retries) return s;
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << tries, 2000)));
+          bytes += c.ByteSizeLong();
+          return assembler->Add(c.chunk());
+        },
+        lane);
+    if (absl::IsAborted(s)) {
+      std::lock_guard<std::mutex> lock(progress.mu);
+      progress.changed = true;  // a round committed while the piece was sent: start over
+      return absl::OkStatus();
     }
-    offset += count;
+    if (s.ok() && !assembler) s = absl::DataLossError("the service sent no state");
+    if (s.ok()) s = assembler->CheckComplete();
+    if (s.ok() && compression::Checksum(out, count * sizeof(float)) != range_hash) {
+      s = absl::DataLossError("fetched state does not match its hash");
+    }
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(progress.mu);
+      if (progress.round != UINT64_MAX && (round != progress.round || hash != progress.hash)) {
+        progress.changed = true;  // a round committed in between: start over
+      }
+      progress.round = round;
+      progress.hash = hash;
+      progress.bytes += bytes;
+      return absl::OkStatus();
+    }
+    const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
+                           absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
+    if (!transient || tries >= options_.retries) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << (tries + 1), 2000)));
   }
-  return absl::OkStatus();
 }
 
 absl::Status IslandSync::FetchGlobal() {
   absl::Status last = absl::OkStatus();
+  const uint64_t piece = std::max<uint64_t>(1, options_.fetch_piece_bytes / sizeof(float));
+  // The owned ranges in pieces, each its own request: a cut transfer resumes at its piece.
+  std::vector<Span> pieces;
+  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
+    for (uint64_t b = ranges_[r].first; b < ranges_[r].second; b += piece) {
+      pieces.push_back({at + (b - ranges_[r].first), b, std::min(b + piece, ranges_[r].second)});
+    }
+    at += ranges_[r].second - ranges_[r].first;
+  }
+  const int n_lanes = int(std::min<size_t>(size_t(lanes()), pieces.size()));
   for (int attempt = 0; attempt <= options_.retries; ++attempt) {
     std::vector<float> values(n_);
-    uint64_t round = UINT64_MAX, hash = 0, bytes = 0, at = 0;
-    bool changed = false;
-    for (const auto& [begin, end] : ranges_) {
-      if (auto s = FetchRange(begin, end, values.data() + at, &round, &hash, &changed, &bytes);
-          !s.ok()) {
-        return s;
+    FetchProgress progress;
+    std::vector<absl::Status> statuses(size_t(std::max(1, n_lanes)));
+    RunLanes(n_lanes, [&](int lane) {
+      for (size_t i = size_t(lane); i < pieces.size(); i += size_t(n_lanes)) {
+        {
+          std::lock_guard<std::mutex> lock(progress.mu);
+          if (progress.changed) return;
+        }
+        const Span& p = pieces[i];
+        statuses[size_t(lane)] = FetchPiece(p.begin, p.end - p.begin, values.data() + p.at, lane,
+                                            progress);
+        if (!statuses[size_t(lane)].ok()) return;
       }
-      if (changed) break;
-      at += end - begin;
-    }
-    if (changed) continue;
-    if (whole() && compression::Checksum(values.data(), n_ * sizeof(float)) != hash) {
+    });
+    if (auto s = FirstError(statuses); !s.ok()) return s;
+    if (progress.changed) continue;
+    if (whole() && compression::Checksum(values.data(), n_ * sizeof(float)) != progress.hash) {
       last = absl::DataLossError("fetched state does not match its hash");
       continue;
     }
     global_ = std::move(values);
-    round_ = round;
-    fetched_bytes_ += bytes;
+    round_ = progress.round;
+    fetched_bytes_ += progress.bytes;
     return absl::OkStatus();
   }
   return last.ok() ? absl::AbortedError("the global state kept changing during the transfer") : last;
+}
+
+std::vector<std::vector<IslandSync::Span>> IslandSync::PlanPush() const {
+  std::vector<std::vector<Span>> per_range;
+  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
+    const auto [begin, end] = ranges_[r];
+    const ChunkPlan plan = PlanChunks(options_.codec, end - begin, options_.chunk_bytes);
+    auto& chunks = per_range.emplace_back();
+    for (uint64_t c = 0; c < plan.num_chunks; ++c) {
+      const uint64_t first = c * plan.per_chunk;
+      chunks.push_back({at + first, begin + first, begin + std::min(end - begin, first + plan.per_chunk)});
+    }
+    at += end - begin;
+  }
+  std::vector<std::vector<Span>> parts;
+  if (whole()) {
+    std::vector<uint64_t> weights;
+    for (const auto& c : per_range[0]) weights.push_back(c.end - c.begin);
+    const auto starts = Cut(weights, lanes());
+    for (size_t g = 0; g + 1 < starts.size(); ++g) {
+      parts.emplace_back(per_range[0].begin() + int64_t(starts[g]),
+                         per_range[0].begin() + int64_t(starts[g + 1]));
+    }
+  } else {
+    std::vector<uint64_t> weights;
+    for (const auto& [b, e] : ranges_) weights.push_back(e - b);
+    const auto starts = Cut(weights, lanes());
+    for (size_t g = 0; g + 1 < starts.size(); ++g) {
+      auto& part = parts.emplace_back();
+      for (size_t r = starts[g]; r < starts[g + 1]; ++r) {
+        part.insert(part.end(), per_range[r].begin(), per_range[r].end());
+      }
+    }
+  }
+  return parts;
+}
+
+absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<float>& local,
+                                                              uint64_t tokens, double steps_per_s,
+                                                              RoundOutcome& out) {
+  const PayloadId id{run_id_, island_id_, round_, options_.fragment};
+  compression::Rounding rounding;
+  if (options_.stochastic_rounding) {
+    rounding.stochastic = true;
+    rounding.seed = compression::math::Mix64(options_.seed ^ compression::math::Mix64(
+                                                 (round_ << 20) ^ options_.fragment));
+  }
+  const auto parts = PlanPush();
+  size_t total_chunks = 0;
+  for (const auto& part : parts) total_chunks += part.size();
+  const uint64_t sample = std::max<uint64_t>(1, kErrorSampleElements / std::max<size_t>(1, total_chunks));
+  const std::string session = identity_->session();
+
+  struct Lane {
+    absl::StatusOr<pb::PushResponse> pushed;
+    EncodingError error;
+    uint64_t bytes = 0;
+  };
+  std::vector<Lane> results(parts.size());
+  // A push pulls its chunks from here: each encoded from global - local (+ the residual) as it is
+  // sent, one stream per part, chunks numbered within it. A retry starts a fresh source (the
+  // encoding is deterministic: the same bytes again).
+  auto source = [&](size_t lane) -> PushSource {
+    results[lane].error = EncodingError();
+    results[lane].bytes = 0;
+    return [&, lane, next = size_t(0), delta = std::vector<float>(),
+            decoded = std::vector<float>()](pb::PushRequest* m) mutable -> absl::StatusOr<bool> {
+      const auto& part = parts[lane];
+      if (next == part.size()) return false;
+      const Span& c = part[next];
+      const uint64_t n = c.end - c.begin;
+      delta.resize(n);
+      for (uint64_t i = 0; i < n; ++i) delta[i] = global_[c.at + i] - local[c.at + i];
+      if (options_.error_feedback) {
+        for (uint64_t i = 0; i < n; ++i) delta[i] += residual_[c.at + i];
+      }
+      auto chunk = EncodeChunk(id, options_.codec, delta.data(), c.begin, n, fragment_elements_,
+                               uint32_t(next), uint32_t(part.size()), rounding);
+      if (!chunk.ok()) return chunk.status();  // e.g. a non-finite pseudo-gradient
+      if (auto s = SampleChunkError(*chunk, delta.data(), sample, &results[lane].error); !s.ok()) {
+        return s;
+      }
+      if (options_.error_feedback) {
+        // The residual is what the service will not see: delta minus its decoded encoding.
+        decoded.resize(n);
+        const std::string& data = chunk->data();
+        if (auto s = compression::Decode(options_.codec,
+                                         reinterpret_cast<const uint8_t*>(data.data()),
+                                         data.size(), n, decoded.data());
+            !s.ok()) {
+          return s;
+        }
+        for (uint64_t i = 0; i < n; ++i) next_residual_[c.at + i] = delta[i] - decoded[i];
+      }
+      *m->mutable_chunk() = *std::move(chunk);
+      m->set_tokens(tokens);
+      if (next == 0) {
+        m->set_inner_steps_per_s(steps_per_s);
+        m->set_link_bps(link_bps_);
+        m->set_session(session);
+      }
+      results[lane].bytes += m->ByteSizeLong();
+      ++next;
+      return true;
+    };
+  };
+  RunLanes(int(parts.size()), [&](int l) {
+    const size_t lane = size_t(l);
+    // A push that did not arrive intact is sent again; if a retried push finds its first attempt
+    // applied after all (the answer was lost), the round goes on as if it had been answered.
+    auto& pushed = results[lane].pushed;
+    pushed = transport_->Push(source(lane), l);
+    for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(pushed.status()) ||
+                                                     absl::IsDataLoss(pushed.status()) ||
+                                                     absl::IsResourceExhausted(pushed.status()));
+         ++tries) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+      pushed = transport_->Push(source(lane), l);
+      if (absl::IsAlreadyExists(pushed.status()) && !options_.async) {
+        pushed = pb::PushResponse();
+        pushed->set_round(round_);
+      }
+    }
+  });
+  // The parts' answers: the part that completed the contribution speaks for it (the most
+  // contributors); any part may carry the tau the service chose.
+  absl::StatusOr<pb::PushResponse> answer;
+  EncodingError error;
+  for (auto& r : results) {
+    out.bytes_sent += r.bytes;
+    error.Add(r.error);
+    if (!r.pushed.ok()) return r.pushed.status();
+    if (!answer.ok() || r.pushed->contributors() > answer->contributors()) {
+      const bool tau_set = answer.ok() && answer->tau_set();
+      const uint32_t tau = answer.ok() ? answer->tau() : 0;
+      answer = r.pushed;
+      if (tau_set && !answer->tau_set()) {
+        answer->set_tau_set(true);
+        answer->set_tau(tau);
+      }
+    } else if (r.pushed->tau_set() && !answer->tau_set()) {
+      answer->set_tau_set(true);
+      answer->set_tau(r.pushed->tau());
+    }
+  }
+  out.quantization_error = error.relative();
+  if (options_.error_feedback) residual_.swap(next_residual_);
+  return answer;
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
@@ -145,73 +357,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   };
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> delta(n_);
-  for (uint64_t i = 0; i < n_; ++i) delta[i] = global_[i] - local[i];
-  if (options_.error_feedback) {
-    for (uint64_t i = 0; i < n_; ++i) delta[i] += residual_[i];
-  }
-  const PayloadId id{run_id_, island_id_, round_, options_.fragment};
-  compression::Rounding rounding;
-  if (options_.stochastic_rounding) {
-    rounding.stochastic = true;
-    rounding.seed = compression::math::Mix64(options_.seed ^ compression::math::Mix64(
-                                                 (round_ << 20) ^ options_.fragment));
-  }
-  // One stream for all the owned ranges, chunks numbered across them.
-  std::vector<pb::Chunk> all;
-  EncodingError error;
-  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
-    const auto [begin, end] = ranges_[r];
-    auto chunks = EncodeChunks(id, options_.codec, delta.data() + at, begin, end - begin,
-                               fragment_elements_, options_.chunk_bytes, rounding);
-    if (!chunks.ok()) return chunks.status();  // e.g. a non-finite pseudo-gradient
-    if (auto s = SampleEncodingError(*chunks, delta.data() + at, begin,
-                                     kErrorSampleElements / ranges_.size(), &error);
-        !s.ok()) {
-      return s;
-    }
-    if (options_.error_feedback) {
-      // The residual is what the service will not see: delta minus its decoded encoding.
-      Assembler sent(id, fragment_elements_, begin, end - begin, options_.codec);
-      for (const auto& c : *chunks) {
-        if (auto s = sent.Add(c); !s.ok()) return s;
-      }
-      for (uint64_t i = 0; i < end - begin; ++i) residual_[at + i] = delta[at + i] - sent.values()[i];
-    }
-    for (auto& c : *chunks) all.push_back(std::move(c));
-    at += end - begin;
-  }
-  for (size_t i = 0; i < all.size(); ++i) {
-    all[i].mutable_header()->set_chunk_index(uint32_t(i));
-    all[i].mutable_header()->set_num_chunks(uint32_t(all.size()));
-  }
-  out.quantization_error = error.relative();
-  auto* chunks = &all;
-  std::vector<pb::PushRequest> requests(chunks->size());
-  for (size_t i = 0; i < chunks->size(); ++i) {
-    *requests[i].mutable_chunk() = std::move((*chunks)[i]);
-    requests[i].set_tokens(tokens);
-    if (i == 0) {
-      requests[i].set_inner_steps_per_s(steps_per_s);
-      requests[i].set_link_bps(link_bps_);
-      requests[i].set_session(identity_->session());
-    }
-  }
-  out.bytes_sent = WireBytes(requests);
-  // A push that did not arrive intact is sent again; if a retried push finds its first attempt
-  // applied after all (the answer was lost), the round goes on as if it had been answered.
-  absl::StatusOr<pb::PushResponse> pushed = transport_->Push(requests);
-  for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(pushed.status()) ||
-                                                   absl::IsDataLoss(pushed.status()) ||
-                                                   absl::IsResourceExhausted(pushed.status()));
-       ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
-    pushed = transport_->Push(requests);
-    if (absl::IsAlreadyExists(pushed.status()) && !options_.async) {
-      pushed = pb::PushResponse();
-      pushed->set_round(round_);
-    }
-  }
+  absl::StatusOr<pb::PushResponse> pushed = PushContribution(local, tokens, steps_per_s, out);
   out.push_s = Since(t0);
   if (!pushed.ok()) {
     // Stale or unknown round; or (async) a retried push that had been applied after all, whose
@@ -270,48 +416,104 @@ absl::StatusOr<RoundOutcome> IslandSync::CatchUp(uint64_t version) {
 }
 
 absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
-  pb::UpdateRequest request;
-  request.set_run_id(run_id_);
-  request.set_island_id(island_id_);
-  request.set_session(identity_->session());
-  request.set_round(round);
-  request.set_fragment(options_.fragment);
-  // Each owned range separately (whole fragment: num_elements 0), checked against its hash.
+  // What is received: each owned range with its own hash; a whole fragment on several lanes in
+  // parts on whole scale blocks, all checked at the end against the fragment's hash.
+  std::vector<Span> parts;
+  const bool split = whole() && lanes() > 1;
+  if (split) {
+    const uint64_t block = std::max<uint32_t>(1, options_.codec.block_size);
+    const uint64_t blocks = (n_ + block - 1) / block;
+    const uint64_t k = std::min<uint64_t>(uint64_t(lanes()), blocks);
+    for (uint64_t g = 0; g < k; ++g) {
+      const uint64_t b = std::min(n_, blocks * g / k * block), e = std::min(n_, blocks * (g + 1) / k * block);
+      if (e > b) parts.push_back({b, b, e});
+    }
+  } else {
+    for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
+      parts.push_back({at, ranges_[r].first, ranges_[r].second});
+      at += ranges_[r].second - ranges_[r].first;
+    }
+  }
   std::vector<float> next = global_;
-  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
-    const auto [begin, end] = ranges_[r];
-    request.set_offset(whole() ? 0 : begin);
-    request.set_num_elements(whole() ? 0 : end - begin);
-    auto update = transport_->AwaitUpdate(request);
-    for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(update.status()) ||
-                                                     absl::IsResourceExhausted(update.status()));
-         ++tries) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
-      update = transport_->AwaitUpdate(request);
+  struct Received {
+    absl::Status status;
+    uint64_t bytes = 0, params_hash = 0;
+    uint32_t contributors = 0;
+  };
+  std::vector<Received> received(parts.size());
+  const int n_lanes = int(std::min<size_t>(size_t(lanes()), parts.size()));
+  RunLanes(n_lanes, [&](int lane) {
+    for (size_t i = size_t(lane); i < parts.size(); i += size_t(n_lanes)) {
+      const Span& p = parts[i];
+      Received& got = received[i];
+      pb::UpdateRequest request;
+      request.set_run_id(run_id_);
+      request.set_island_id(island_id_);
+      request.set_session(identity_->session());
+      request.set_round(round);
+      request.set_fragment(options_.fragment);
+      request.set_offset(whole() && !split ? 0 : p.begin);
+      request.set_num_elements(whole() && !split ? 0 : p.end - p.begin);
+      uint64_t range_hash = 0;
+      auto receive = [&]() {
+        // Each chunk is applied as it arrives; a retry starts again from the global copy.
+        std::copy(global_.begin() + int64_t(p.at), global_.begin() + int64_t(p.at + p.end - p.begin),
+                  next.begin() + int64_t(p.at));
+        got.bytes = 0;
+        Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, p.begin,
+                            p.end - p.begin, options_.codec,
+                            [&](uint64_t first, const float* u, uint64_t k) {
+                              ApplyUpdate(next.data() + p.at + (first - p.begin), u, size_t(k));
+                            });
+        absl::Status s = transport_->AwaitUpdate(
+            request,
+            [&](pb::UpdateChunk&& c) {
+              got.bytes += c.ByteSizeLong();
+              range_hash = c.range_hash();
+              got.params_hash = c.params_hash();
+              got.contributors = c.contributors();
+              return assembler.Add(c.chunk());
+            },
+            lane);
+        return s.ok() ? assembler.CheckComplete() : s;
+      };
+      got.status = receive();
+      for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(got.status) ||
+                                                       absl::IsResourceExhausted(got.status));
+           ++tries) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+        got.status = receive();
+      }
+      if (!got.status.ok() || split) continue;
+      if (range_hash == 0) {
+        got.status = absl::FailedPreconditionError(absl::StrCat(
+            "the service did not know the range [", p.begin, ", ", p.end, ") at round ", round));
+      } else if (compression::Checksum(next.data() + p.at, (p.end - p.begin) * sizeof(float)) !=
+                 range_hash) {
+        got.status = absl::DataLossError(absl::StrCat("global parameters [", p.begin, ", ", p.end,
+                                                      ") after round ", round,
+                                                      " do not match the service's hash"));
+      }
     }
-    if (!update.ok()) return update.status();
-    out.bytes_received += WireBytes(*update);
-    if (update->empty()) return absl::DataLossError("the service sent an empty update");
-    Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, begin,
-                        end - begin, options_.codec);
-    for (const auto& u : *update) {
-      if (auto s = assembler.Add(u.chunk()); !s.ok()) return s;
+  });
+  std::vector<absl::Status> statuses;
+  for (const auto& r : received) {
+    statuses.push_back(r.status);
+    out.bytes_received += r.bytes;
+  }
+  if (auto s = FirstError(statuses); !s.ok()) return s;
+  if (split) {
+    for (const auto& r : received) {
+      if (r.params_hash != received[0].params_hash) {
+        return absl::DataLossError("the parts of an update disagree on the parameters' hash");
+      }
     }
-    if (auto s = assembler.CheckComplete(); !s.ok()) return s;
-    ApplyUpdate(next.data() + at, assembler.values().data(), end - begin);
-    const uint64_t want = update->front().range_hash();
-    if (want == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the service did not know the range [", begin, ", ", end, ") at round ", round));
-    }
-    if (compression::Checksum(next.data() + at, (end - begin) * sizeof(float)) != want) {
-      return absl::DataLossError(absl::StrCat("global parameters [", begin, ", ", end,
-                                              ") after round ", round,
+    if (compression::Checksum(next.data(), n_ * sizeof(float)) != received[0].params_hash) {
+      return absl::DataLossError(absl::StrCat("global parameters after round ", round,
                                               " do not match the service's hash"));
     }
-    if (!options_.async) out.contributors = update->front().contributors();
-    at += end - begin;
   }
+  if (!options_.async) out.contributors = received[0].contributors;
   global_ = std::move(next);
   round_ = round + 1;
   return absl::OkStatus();

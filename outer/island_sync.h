@@ -7,10 +7,16 @@
 // pseudo-gradient, its push (one stream holding its ranges), the updates it receives and the hashes
 // it checks are of those ranges. No rank ever holds a whole fragment.
 //
+// Payloads stream: a push encodes each chunk as the transport sends it (the pseudo-gradient is
+// never held whole, encoded or not), an update is applied chunk by chunk as it arrives, a state
+// transfer lands piece by piece. With a transport of several connections each of these is cut
+// into parts sent at once, one per connection: the bytes on the wire are the same as with one.
+//
 // Threading: one IslandSync belongs to one thread at a time.
 #ifndef ATOLL_OUTER_ISLAND_SYNC_H_
 #define ATOLL_OUTER_ISLAND_SYNC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,6 +88,8 @@ struct IslandSyncOptions {
   bool stochastic_rounding = false;
   uint64_t seed = 0;
   size_t chunk_bytes = kDefaultChunkBytes;
+  // Lanes: with a transport of several connections, a push, an update and a state transfer are cut
+  // into that many parts (whole chunks, ranges or pieces) sent at once, one per connection.
   // Full-state transfers go in pieces of this many bytes, each its own request: a transfer cut by
   // the network resumes at the piece where it stopped.
   size_t fetch_piece_bytes = size_t(16) << 20;
@@ -133,6 +141,24 @@ class IslandSync {
   // checks the result against the service's hash. FAILED_PRECONDITION when the service no longer
   // has it (or did not know this rank's range), DATA_LOSS on a hash mismatch: the caller resyncs.
   absl::Status ApplyRound(uint64_t round, RoundOutcome& out);
+  // Encodes and pushes global - local on every lane at once (each retried on transient failures);
+  // the service's answer, or the first lane's error.
+  absl::StatusOr<pb::PushResponse> PushContribution(const std::vector<float>& local,
+                                                    uint64_t tokens, double steps_per_s,
+                                                    RoundOutcome& out);
+  // One element range [begin, end) of the fragment held at owned offset `at`.
+  struct Span {
+    uint64_t at = 0, begin = 0, end = 0;
+  };
+  // The chunks of a push, cut into the lanes' parts: whole chunks of a whole fragment, whole
+  // ranges of a rank's (the service knows a rank's ranges by the parts they arrive in).
+  std::vector<std::vector<Span>> PlanPush() const;
+  // Fetches elements [offset, offset + count) into out, retrying transient failures; sets
+  // *changed when the state it got is not that of the other pieces (a round committed).
+  struct FetchProgress;
+  absl::Status FetchPiece(uint64_t offset, uint64_t count, float* out, int lane,
+                          FetchProgress& progress);
+  int lanes() const { return std::max(1, transport_->connections()); }
   // Fetches elements [begin, end) of the fragment into values[0, end - begin), piece by piece,
   // each verified; the round and fragment hash the pieces were served at.
   absl::Status FetchRange(uint64_t begin, uint64_t end, float* values, uint64_t* round,
@@ -147,6 +173,7 @@ class IslandSync {
   uint64_t n_;  // elements owned
   IslandSyncOptions options_;
   std::vector<float> residual_;  // error feedback
+  std::vector<float> next_residual_;  // written by a push, kept when it is accepted
   std::vector<float> global_;
   uint64_t round_ = 0;
   double link_bps_ = 0;

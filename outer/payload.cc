@@ -323,12 +323,15 @@ absl::Status ChunkStream::CheckComplete() const {
 }
 
 Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
-                     compression::CodecSpec codec)
+                     compression::CodecSpec codec, Consumer consume)
     : id_(std::move(id)),
       codec_(codec),
       fragment_elements_(fragment_elements),
       begin_(begin),
-      values_(n, 0.0f) {}
+      n_(n),
+      consume_(std::move(consume)) {
+  if (!consume_) values_.assign(n, 0.0f);
+}
 
 absl::Status Assembler::Add(const pb::Chunk& chunk) {
   if (auto s = CheckChunk(id_, codec_, fragment_elements_, 0, fragment_elements_, chunk); !s.ok()) {
@@ -340,11 +343,11 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
   // The part of the chunk inside [begin, begin + n): a chunk of a service's update may straddle
   // the range a rank owns.
   const uint64_t first = std::max(h.offset(), begin_);
-  const uint64_t last = std::min(h.offset() + h.num_elements(), begin_ + values_.size());
+  const uint64_t last = std::min(h.offset() + h.num_elements(), begin_ + n_);
   if (first >= last) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": range [", h.offset(), ", +",
                                                    h.num_elements(), ") is outside [", begin_, ", ",
-                                                   begin_ + values_.size(), ")"));
+                                                   begin_ + n_, ")"));
   }
   const uint64_t count = last - first;
   // Overlap with an accepted chunk (a duplicate or a forged range).
@@ -358,15 +361,19 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
       return absl::AlreadyExistsError(absl::StrCat(where, ": overlaps elements already received"));
     }
   }
-  // Decode into scratch first: a payload with non-finite values must not touch values_.
-  std::vector<float> scratch(count);
+  // Decode into scratch first: a payload with non-finite values must not touch what was accepted.
+  scratch_.resize(count);
   if (auto s = compression::DecodeSlice(
           codec_, reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size(),
-          h.num_elements(), first - h.offset(), count, scratch.data());
+          h.num_elements(), first - h.offset(), count, scratch_.data());
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
   }
-  std::copy(scratch.begin(), scratch.end(), values_.begin() + int64_t(first - begin_));
+  if (consume_) {
+    consume_(first, scratch_.data(), count);
+  } else {
+    std::copy(scratch_.begin(), scratch_.end(), values_.begin() + int64_t(first - begin_));
+  }
   ranges_[first] = count;
   covered_ += count;
   return absl::OkStatus();
@@ -376,7 +383,7 @@ absl::Status Assembler::CheckComplete() const {
   if (complete()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("payload of island ", Printable(id_.island_id),
                                                  " for round ", id_.round, " is incomplete: ",
-                                                 covered_, " of ", values_.size(),
+                                                 covered_, " of ", n_,
                                                  " elements received"));
 }
 
@@ -384,31 +391,38 @@ double EncodingError::relative() const {
   return exact_squares > 0 ? std::sqrt(error_squares / exact_squares) : 0.0;
 }
 
+absl::Status SampleChunkError(const pb::Chunk& chunk, const float* exact, uint64_t max_elements,
+                              EncodingError* error) {
+  const auto& h = chunk.header();
+  auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
+  if (!spec.ok()) return spec.status();
+  const uint64_t count = std::min<uint64_t>(max_elements, h.num_elements());
+  std::vector<float> decoded(count);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());
+  if (auto s = compression::DecodeSlice(*spec, bytes, chunk.data().size(), h.num_elements(), 0,
+                                        count, decoded.data());
+      !s.ok()) {
+    return s;
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    const double d = double(decoded[i]) - double(exact[i]);
+    error->error_squares += d * d;
+    error->exact_squares += double(exact[i]) * double(exact[i]);
+  }
+  error->elements += count;
+  return absl::OkStatus();
+}
+
 absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const float* exact,
                                  uint64_t exact_offset, uint64_t max_elements,
                                  EncodingError* error) {
   if (chunks.empty()) return absl::OkStatus();
   const uint64_t per_chunk = std::max<uint64_t>(1, max_elements / chunks.size());
-  std::vector<float> decoded;
   for (const auto& c : chunks) {
-    const auto& h = c.header();
-    auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
-    if (!spec.ok()) return spec.status();
-    const uint64_t count = std::min<uint64_t>(per_chunk, h.num_elements());
-    decoded.resize(count);
-    const auto* bytes = reinterpret_cast<const uint8_t*>(c.data().data());
-    if (auto s = compression::DecodeSlice(*spec, bytes, c.data().size(), h.num_elements(), 0, count,
-                                          decoded.data());
+    if (auto s = SampleChunkError(c, exact + (c.header().offset() - exact_offset), per_chunk, error);
         !s.ok()) {
       return s;
     }
-    const float* x = exact + (h.offset() - exact_offset);
-    for (uint64_t i = 0; i < count; ++i) {
-      const double d = double(decoded[i]) - double(x[i]);
-      error->error_squares += d * d;
-      error->exact_squares += double(x[i]) * double(x[i]);
-    }
-    error->elements += count;
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -63,10 +64,18 @@ struct EncodingError {
   uint64_t elements = 0;
   // Relative RMS error ||decoded - exact|| / ||exact|| (0 for an all-zero sample).
   double relative() const;
+  void Add(const EncodingError& other) {
+    error_squares += other.error_squares;
+    exact_squares += other.exact_squares;
+    elements += other.elements;
+  }
 };
 // `exact[i]` is element `exact_offset + i` of the fragment; every chunk lies inside `exact`.
 absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const float* exact,
                                  uint64_t exact_offset, uint64_t max_elements, EncodingError* error);
+// The same for one chunk: its first `max_elements` elements; `exact` holds the chunk's elements.
+absl::Status SampleChunkError(const pb::Chunk& chunk, const float* exact, uint64_t max_elements,
+                              EncodingError* error);
 
 // The checks a chunk passes before its bytes are kept or decoded: it belongs to the payload (run,
 // island, round, fragment), uses the payload's codec, carries elements inside [begin, end) of a
@@ -155,22 +164,30 @@ class ChunkStream {
 // assembler as it was.
 class Assembler {
  public:
+  // Receives the accepted values of each chunk as it is added: elements [first, first + count) of
+  // the fragment. An assembler given a consumer keeps no values of its own.
+  using Consumer = std::function<void(uint64_t first, const float* values, uint64_t count)>;
+
   // Chunks must use `codec` (the run's codec for the payload's direction).
   Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
-            compression::CodecSpec codec = {compression::Codec::kFp32, 0});
+            compression::CodecSpec codec = {compression::Codec::kFp32, 0},
+            Consumer consume = nullptr);
 
   absl::Status Add(const pb::Chunk& chunk);
-  bool complete() const { return covered_ == values_.size(); }
+  bool complete() const { return covered_ == n_; }
   // Names what is missing when not complete.
   absl::Status CheckComplete() const;
+  // The values received (without a consumer).
   const std::vector<float>& values() const { return values_; }
   std::vector<float>& mutable_values() { return values_; }
 
  private:
   PayloadId id_;
   compression::CodecSpec codec_;
-  uint64_t fragment_elements_, begin_;
+  uint64_t fragment_elements_, begin_, n_;
+  Consumer consume_;
   std::vector<float> values_;
+  std::vector<float> scratch_;
   std::map<uint64_t, uint64_t> ranges_;  // accepted chunk ranges: offset -> count
   uint64_t covered_ = 0;
 };

@@ -8,13 +8,22 @@
 namespace atl {
 namespace {
 
+// Hands each message of a server stream to `sink`; a sink's error cancels the call and is returned.
 template <typename Response, typename Reader>
-absl::StatusOr<std::vector<Response>> ReadAll(Reader& reader) {
-  std::vector<Response> out;
+absl::Status ReadInto(grpc::ClientContext& context, Reader& reader,
+                      const outer::ChunkSink<Response>& sink) {
   Response r;
-  while (reader->Read(&r)) out.push_back(std::move(r));
-  if (auto s = FromGrpc(reader->Finish()); !s.ok()) return s;
-  return out;
+  absl::Status taken;
+  while (taken.ok() && reader->Read(&r)) {
+    taken = sink(std::move(r));
+    r.Clear();
+  }
+  if (!taken.ok()) {
+    context.TryCancel();
+    reader->Finish().ok();  // ends the call; its status is the cancellation
+    return taken;
+  }
+  return FromGrpc(reader->Finish());
 }
 
 }  // namespace
@@ -31,14 +40,27 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     const GrpcTransportOptions& options) {
   auto creds = ChannelCredentials(options.tls);
   if (!creds.ok()) return creds.status();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(16 << 20);
-  auto channel = grpc::CreateCustomChannel(options.target, *creds, args);
+  if (options.connections < 1 || options.connections > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("connections must be in 1..256, got ", options.connections));
+  }
   std::unique_ptr<GrpcTransport> t(new GrpcTransport(options));
-  t->stubs_ = std::make_unique<Stubs>();
-  t->stubs_->coordinator = pb::Coordinator::NewStub(channel);
-  t->stubs_->outer_sync = pb::OuterSync::NewStub(channel);
+  for (int i = 0; i < options.connections; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(16 << 20);
+    // Each channel its own subchannel pool: its own TCP connection, shared with no other channel.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    auto channel = grpc::CreateCustomChannel(options.target, *creds, args);
+    auto stubs = std::make_unique<Stubs>();
+    stubs->coordinator = pb::Coordinator::NewStub(channel);
+    stubs->outer_sync = pb::OuterSync::NewStub(channel);
+    t->stubs_.push_back(std::move(stubs));
+  }
   return t;
+}
+
+const GrpcTransport::Stubs& GrpcTransport::Lane(int lane) const {
+  return *stubs_[size_t(lane < 0 ? 0 : lane) % stubs_.size()];
 }
 
 void GrpcTransport::Prepare(grpc::ClientContext* context, double timeout_s) const {
@@ -53,7 +75,7 @@ absl::StatusOr<pb::JoinResponse> GrpcTransport::Join(const pb::JoinRequest& requ
   // Wait for a coordinator that is still starting, within the deadline.
   ctx.set_wait_for_ready(true);
   pb::JoinResponse response;
-  if (auto s = FromGrpc(stubs_->coordinator->Join(&ctx, request, &response)); !s.ok()) return s;
+  if (auto s = FromGrpc(stubs_[0]->coordinator->Join(&ctx, request, &response)); !s.ok()) return s;
   return response;
 }
 
@@ -61,14 +83,14 @@ absl::Status GrpcTransport::Leave(const pb::LeaveRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::LeaveResponse response;
-  return FromGrpc(stubs_->coordinator->Leave(&ctx, request, &response));
+  return FromGrpc(stubs_[0]->coordinator->Leave(&ctx, request, &response));
 }
 
 absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::HeartbeatRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::HeartbeatResponse response;
-  if (auto s = FromGrpc(stubs_->coordinator->Heartbeat(&ctx, request, &response)); !s.ok()) return s;
+  if (auto s = FromGrpc(stubs_[0]->coordinator->Heartbeat(&ctx, request, &response)); !s.ok()) return s;
   return response;
 }
 
@@ -76,37 +98,45 @@ absl::StatusOr<pb::GetStateResponse> GrpcTransport::GetState(const pb::GetStateR
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::GetStateResponse response;
-  if (auto s = FromGrpc(stubs_->coordinator->GetState(&ctx, request, &response)); !s.ok()) return s;
+  if (auto s = FromGrpc(stubs_[0]->coordinator->GetState(&ctx, request, &response)); !s.ok()) return s;
   return response;
 }
 
-absl::StatusOr<pb::PushResponse> GrpcTransport::Push(const std::vector<pb::PushRequest>& requests) {
+absl::StatusOr<pb::PushResponse> GrpcTransport::Push(const outer::PushSource& source, int lane) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::PushResponse response;
-  auto writer = stubs_->outer_sync->Push(&ctx, &response);
-  for (const auto& r : requests) {
-    if (!writer->Write(r)) break;  // the server ended the call; Finish() says why
+  auto writer = Lane(lane).outer_sync->Push(&ctx, &response);
+  pb::PushRequest r;
+  while (true) {
+    r.Clear();
+    auto more = source(&r);
+    if (!more.ok()) {
+      ctx.TryCancel();  // the service discards what it received
+      writer->Finish().ok();
+      return more.status();
+    }
+    if (!*more || !writer->Write(r)) break;  // a failed write: the server ended the call
   }
   writer->WritesDone();
   if (auto s = FromGrpc(writer->Finish()); !s.ok()) return s;
   return response;
 }
 
-absl::StatusOr<std::vector<pb::UpdateChunk>> GrpcTransport::AwaitUpdate(
-    const pb::UpdateRequest& request) {
+absl::Status GrpcTransport::AwaitUpdate(const pb::UpdateRequest& request,
+                                        const outer::ChunkSink<pb::UpdateChunk>& sink, int lane) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s + options_.round_timeout_s);
-  auto reader = stubs_->outer_sync->AwaitUpdate(&ctx, request);
-  return ReadAll<pb::UpdateChunk>(reader);
+  auto reader = Lane(lane).outer_sync->AwaitUpdate(&ctx, request);
+  return ReadInto<pb::UpdateChunk>(ctx, reader, sink);
 }
 
-absl::StatusOr<std::vector<pb::StateChunk>> GrpcTransport::FetchState(
-    const pb::FetchStateRequest& request) {
+absl::Status GrpcTransport::FetchState(const pb::FetchStateRequest& request,
+                                       const outer::ChunkSink<pb::StateChunk>& sink, int lane) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
-  auto reader = stubs_->outer_sync->FetchState(&ctx, request);
-  return ReadAll<pb::StateChunk>(reader);
+  auto reader = Lane(lane).outer_sync->FetchState(&ctx, request);
+  return ReadInto<pb::StateChunk>(ctx, reader, sink);
 }
 
 }  // namespace atl

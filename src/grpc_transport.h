@@ -1,10 +1,13 @@
 // outer::Transport over gRPC: the island's client of the coordinator. Every call carries the run
 // token and a deadline (rpc_timeout_s; waiting for a round's commit gets round_timeout_s on top).
+// With `connections` > 1 it holds that many channels, each its own TCP connection: data calls go
+// on the channel of their lane, membership calls on the first.
 #ifndef ATOLL_SRC_GRPC_TRANSPORT_H_
 #define ATOLL_SRC_GRPC_TRANSPORT_H_
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "outer/transport.h"
@@ -20,6 +23,7 @@ struct GrpcTransportOptions {
   TlsFiles tls;
   double rpc_timeout_s = 60;
   double round_timeout_s = 600;
+  int connections = 1;  // TCP connections to the service (outer.connections)
 };
 
 class GrpcTransport : public outer::Transport {
@@ -31,16 +35,20 @@ class GrpcTransport : public outer::Transport {
   absl::Status Leave(const pb::LeaveRequest& request) override;
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& request) override;
   absl::StatusOr<pb::GetStateResponse> GetState(const pb::GetStateRequest& request);
-  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests) override;
-  absl::StatusOr<std::vector<pb::UpdateChunk>> AwaitUpdate(const pb::UpdateRequest& request) override;
-  absl::StatusOr<std::vector<pb::StateChunk>> FetchState(const pb::FetchStateRequest& request) override;
+  int connections() const override { return int(stubs_.size()); }
+  absl::StatusOr<pb::PushResponse> Push(const outer::PushSource& source, int lane) override;
+  absl::Status AwaitUpdate(const pb::UpdateRequest& request,
+                           const outer::ChunkSink<pb::UpdateChunk>& sink, int lane) override;
+  absl::Status FetchState(const pb::FetchStateRequest& request,
+                          const outer::ChunkSink<pb::StateChunk>& sink, int lane) override;
 
  private:
   struct Stubs;
   explicit GrpcTransport(const GrpcTransportOptions& options);
   void Prepare(grpc::ClientContext* context, double timeout_s) const;
   GrpcTransportOptions options_;
-  std::unique_ptr<Stubs> stubs_;
+  const Stubs& Lane(int lane) const;
+  std::vector<std::unique_ptr<Stubs>> stubs_;  // one per connection
 };
 
 }  // namespace atl

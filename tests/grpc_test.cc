@@ -8,11 +8,13 @@
 #include <fstream>
 #include <chrono>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "compression/checksum.h"
+#include "outer/island_sync.h"
 #include "outer/payload.h"
 #include "atoll/v1/outer.grpc.pb.h"
 #include "src/grpc_server.h"
@@ -82,11 +84,11 @@ TEST_F(GrpcServiceTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
     j.set_run_id("run");
     j.set_name("intruder");
     EXPECT_EQ(bad->Join(j).status().code(), absl::StatusCode::kUnauthenticated);
-    EXPECT_EQ(bad->Push(Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
+    EXPECT_EQ(testing::PushAll(*bad, Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
               absl::StatusCode::kUnauthenticated);
     pb::FetchStateRequest f;
     f.set_run_id("run");
-    EXPECT_EQ(bad->FetchState(f).status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(testing::FetchAll(*bad, f).status().code(), absl::StatusCode::kUnauthenticated);
     pb::LeaveRequest l;
     l.set_run_id("run");
     l.set_island_id("a");
@@ -133,21 +135,21 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
       {Payload("zed", 0, {1, 1, 1, 1, 1, 1}), absl::StatusCode::kPermissionDenied, "not a member"},
   };
   for (auto& c : cases) {
-    auto r = client_->Push(c.payload);
+    auto r = testing::PushAll(*client_, c.payload);
     EXPECT_EQ(r.status().code(), c.code) << c.message << ": " << r.status();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
     EXPECT_EQ(sync_->params(), before);
     EXPECT_EQ(sync_->params_hash(), hash);
   }
   // A good contribution, then its duplicate, then a stale one after the round commits.
-  ASSERT_TRUE(client_->Push(Payload("a", 0, {1, 1, 1, 1, 1, 1})).ok());
-  EXPECT_EQ(client_->Push(Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
+  ASSERT_TRUE(testing::PushAll(*client_, Payload("a", 0, {1, 1, 1, 1, 1, 1})).ok());
+  EXPECT_EQ(testing::PushAll(*client_, Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(sync_->params(), before);
-  ASSERT_TRUE(client_->Push(Payload("b", 0, {0, 0, 0, 0, 0, 0})).ok());
+  ASSERT_TRUE(testing::PushAll(*client_, Payload("b", 0, {0, 0, 0, 0, 0, 0})).ok());
   EXPECT_EQ(sync_->round(), 1u);
   const auto after = sync_->params();
-  auto stale = client_->Push(Payload("b", 0, {1, 1, 1, 1, 1, 1}));
+  auto stale = testing::PushAll(*client_, Payload("b", 0, {1, 1, 1, 1, 1, 1}));
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(stale.status().message()), HasSubstr("already committed"));
   EXPECT_EQ(sync_->params(), after);
@@ -157,13 +159,61 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
   f.set_island_id("a");
   f.set_session(sessions_["a"]);
   f.set_offset(2);
-  auto state = client_->FetchState(f);
+  auto state = testing::FetchAll(*client_, f);
   ASSERT_TRUE(state.ok());
   outer::Assembler assembler({"run", "", 1, 0}, 6, 2, 4);
   for (const auto& s : *state) ASSERT_TRUE(assembler.Add(s.chunk()).ok());
   EXPECT_EQ(assembler.values(), std::vector<float>(after.begin() + 2, after.end()));
   f.set_run_id("nope");
-  EXPECT_EQ(client_->FetchState(f).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(testing::FetchAll(*client_, f).status().code(), absl::StatusCode::kNotFound);
+}
+
+// TCP connections of this network namespace that are established to `port` (client sides).
+int ConnectionsTo(int port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const auto colon = remote.rfind(':');
+      if (state == "01" && colon != std::string::npos &&
+          std::stoi(remote.substr(colon + 1), nullptr, 16) == port) {
+        ++n;
+      }
+    }
+  }
+  return n;
+}
+
+// outer.connections = 3: the island's payloads travel on three TCP connections of their own, and
+// the round comes out as with one.
+TEST_F(GrpcServiceTest, ConnectionsStripeAnIslandsPayloadsOverThatManyTcpStreams) {
+  const int port = std::stoi(server_->address().substr(server_->address().rfind(':') + 1));
+  const int before = ConnectionsTo(port);  // the fixture's client
+  GrpcTransportOptions t;
+  t.target = server_->address();
+  t.token = "right-token";
+  t.connections = 3;
+  auto striped = *GrpcTransport::Create(t);
+  outer::IslandSyncOptions so;
+  so.chunk_bytes = 8;  // 2 values a chunk: 3 chunks, one per connection
+  auto identity = std::make_shared<outer::IslandIdentity>("a", sessions_["a"]);
+  outer::IslandSync a(striped.get(), "run", identity, 6, so);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  absl::StatusOr<outer::RoundOutcome> round;
+  std::thread island([&] { round = a.SyncRound({0, 1, 2, 3, 4, 5}, 5); });
+  ASSERT_TRUE(testing::PushAll(*client_, Payload("b", 0, {1, 1, 1, 1, 1, 1})).ok());
+  island.join();
+  ASSERT_TRUE(round.ok()) << round.status();
+  EXPECT_EQ(a.global(), sync_->params());
+  EXPECT_EQ(a.global_hash(), sync_->params_hash());
+  EXPECT_EQ(ConnectionsTo(port) - before, 3);
+  t.connections = 0;
+  EXPECT_EQ(GrpcTransport::Create(t).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(GrpcTlsTest, TlsWithTheRightRootWorksPlaintextDoesNot) {

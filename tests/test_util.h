@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "outer/transport.h"
 #include "src/child_process.h"
 #include "src/config.h"
 
@@ -23,6 +25,13 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Calls on a transport with whole payloads, for tests: a push of these messages; the chunks of a
+// state transfer or an update, collected.
+absl::StatusOr<::atollpb::v1::PushResponse> PushAll(
+    outer::Transport& transport, const std::vector<::atollpb::v1::PushRequest>& requests);
+absl::StatusOr<std::vector<::atollpb::v1::StateChunk>> FetchAll(
+    outer::Transport& transport, const ::atollpb::v1::FetchStateRequest& request);
 
 // Deterministic English-like text from a small grammar: learnable structure, no network needed.
 std::string GeneratedText(size_t bytes, uint64_t seed);
