@@ -46,13 +46,8 @@ for ((i = 0; i < islands; i++)); do
 done
 mkdir -p "$run_dir"
 
-if command -v iperf3 >/dev/null; then
-  ip netns exec "$ns-c" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
-  sleep 0.5
-  goodput=$(ip netns exec "$ns-i0" iperf3 -c 10.77.0.1 -p 5201 -t 3 -J 2>/dev/null |
-    perl -0ne 'print $1 / 1e6 if /"sum_received".*?"bits_per_second":\s*([0-9.e+]+)/s')
-  echo "wan_testbed: link $rate, iperf3 goodput ${goodput:-?} Mbit/s"
-fi
+source "$root/deploy/iperf_goodput.sh"
+echo "wan_testbed: link $rate, iperf3 goodput $(iperf_goodput "$ns-c" "$ns-i0" 10.77.0.1) Mbit/s"
 
 ip netns exec "$ns-c" "$atoll" coordinator --listen "0.0.0.0:$port" --config "$config" \
   --run-dir "$run_dir/coordinator" "--outer.islands=$islands" "$@" > "$run_dir/coordinator.log" 2>&1 &

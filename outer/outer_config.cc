@@ -115,6 +115,10 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.service_threads must be in 1..256, got ", c.service_threads));
   }
+  if (c.connections < 1 || c.connections > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.connections must be in 1..64, got ", c.connections));
+  }
   if (!(c.stream_idle_timeout_s > 0) || c.max_pending_calls < 1 || c.max_calls_per_island < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.stream_idle_timeout_s, outer.max_pending_calls and outer.max_calls_per_island must "

@@ -56,6 +56,9 @@ struct OuterConfig {
   int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
   int max_calls_per_island = 32;          // calls running at once for one island
   int service_threads = 1;                // threads for a commit's data work (1..256)
+  // TCP connections of each island rank to the service (1..64): payloads are striped over them,
+  // for links whose bandwidth-delay product one TCP stream cannot fill.
+  int connections = 1;
   bool async() const { return mode == "async"; }
   double alpha() const {
     if (fragment_update_alpha >= 0) return fragment_update_alpha;

@@ -131,6 +131,9 @@ std::vector<Field> Schema(Config& c) {
        "coordinator: calls running at once for one island"},
       {"outer.service_threads", &c.outer.service_threads,
        "coordinator: threads for a commit's aggregation, outer step, encoding and hashing"},
+      {"outer.connections", &c.outer.connections,
+       "island: TCP connections of each rank to the service; pushes, updates and state transfers "
+       "are striped over them"},
       {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async"},
   };
 }

@@ -215,6 +215,7 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
   t.tls = cl.tls;
   t.rpc_timeout_s = config.outer.rpc_timeout_s;
   t.round_timeout_s = config.outer.round_timeout_s;
+  t.connections = config.outer.connections;
   auto transport = atl::GrpcTransport::Create(t);
   if (!transport.ok()) return Fail(transport.status());
   atl::IslandOptions options;

@@ -100,6 +100,8 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base, {{"outer.run_id", "a b"}}, absl::StatusCode::kInvalidArgument, "outer.run_id 'a b'"},
       {base, {{"outer.service_threads", "0"}}, absl::StatusCode::kInvalidArgument,
        "outer.service_threads must be in 1..256, got 0"},
+      {base, {{"outer.connections", "65"}}, absl::StatusCode::kInvalidArgument,
+       "outer.connections must be in 1..64, got 65"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);
