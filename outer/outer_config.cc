@@ -128,6 +128,11 @@ absl::Status Validate(const OuterConfig& c) {
   if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));
   }
+  if (c.async() && (c.optimizer.warmup_rounds > 0 || c.optimizer.decay != "constant")) {
+    return absl::InvalidArgumentError(
+        "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "
+        "not rounds) takes a constant outer.lr");
+  }
   return Validate(c.optimizer);
 }
 

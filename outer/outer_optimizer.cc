@@ -19,7 +19,29 @@ absl::Status Validate(const OuterOptimizerConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.momentum must be in [0, 1), got ", c.momentum));
   }
+  if (c.warmup_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.lr_warmup_rounds must be >= 0, got ", c.warmup_rounds));
+  }
+  if (c.decay != "constant" && c.decay != "cosine") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.lr_decay must be constant or cosine, got '", c.decay, "'"));
+  }
+  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
+  }
   return absl::OkStatus();
+}
+
+double ScheduledLr(const OuterOptimizerConfig& c, uint64_t round, uint64_t total_rounds) {
+  const uint64_t warmup = uint64_t(c.warmup_rounds);
+  if (round < warmup) return c.lr * double(round + 1) / double(warmup + 1);
+  if (c.decay != "cosine" || total_rounds <= warmup + 1) return c.lr;
+  const double progress =
+      std::min(1.0, double(round - warmup) / double(total_rounds - warmup - 1));
+  const double cosine = 0.5 * (1 + std::cos(3.14159265358979323846 * progress));
+  return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * cosine);
 }
 
 OuterOptimizer::OuterOptimizer(const OuterOptimizerConfig& config, size_t num_elements)

@@ -5,6 +5,8 @@
 #define ATOLL_OUTER_OUTER_OPTIMIZER_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,9 +21,19 @@ struct OuterOptimizerConfig {
   // gradient: 0 is off; N >= 1 updates the momentum only on every N-th gradient (see
   // ComputeUpdate). N = 1 is plain Nesterov, bit for bit.
   int momentum_delay = 0;
+  // Outer learning-rate schedule over a fragment's rounds (sync mode): a linear warmup over the
+  // first `warmup_rounds` rounds (round r uses lr * (r + 1) / (warmup_rounds + 1)), then
+  // "constant" or "cosine" (from lr down to lr * min_lr_ratio at the last round).
+  int warmup_rounds = 0;
+  std::string decay = "constant";
+  double min_lr_ratio = 0;
 };
 
 absl::Status Validate(const OuterOptimizerConfig& config);
+
+// The outer learning rate of round `round` of a fragment that runs `total_rounds` rounds (0:
+// unknown, no decay).
+double ScheduledLr(const OuterOptimizerConfig& config, uint64_t round, uint64_t total_rounds);
 
 class OuterOptimizer {
  public:
@@ -48,6 +60,9 @@ class OuterOptimizer {
   void Advance(const float* g, size_t first, size_t count);
   void EndStep();
 
+  // The learning rate of the next steps (a schedule sets it before each round's step).
+  void set_lr(double lr) { config_.lr = lr; }
+  double lr() const { return config_.lr; }
   const std::vector<float>& momentum() const { return momentum_; }
   std::vector<float>& mutable_momentum() { return momentum_; }
   // Delayed Nesterov's buffer and how many gradients it holds (for the service's durable state).

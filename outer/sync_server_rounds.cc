@@ -126,6 +126,11 @@ absl::StatusOr<SyncServer::CommitResult> SyncServer::StepLocked(
   // service and the islands subtract exactly the same numbers. Nothing changes until the whole
   // update is known to keep every parameter finite.
   const PayloadId id{options_.run_id, "", round, fragment};
+  // The round's outer learning rate: a function of the round alone, so a resumed service and a
+  // replay step with the same one.
+  const uint64_t total_rounds =
+      options_.sync_every > 0 ? options_.total_inner_steps / options_.sync_every : 0;
+  f.data.set_lr(ScheduledLr(options_.optimizer, round, total_rounds));
   auto update = f.data.PrepareUpdate(g, id, options_.codec, options_.chunk_bytes, pool_.get());
   if (!update.ok()) return update.status();
   f.data.Apply(g, *update, pool_.get());

@@ -102,6 +102,10 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        "outer.service_threads must be in 1..256, got 0"},
       {base, {{"outer.connections", "65"}}, absl::StatusCode::kInvalidArgument,
        "outer.connections must be in 1..64, got 65"},
+      {base, {{"outer.lr_decay", "linear"}}, absl::StatusCode::kInvalidArgument,
+       "outer.lr_decay must be constant or cosine, got 'linear'"},
+      {base, {{"outer.mode", "async"}, {"outer.lr_decay", "cosine"}},
+       absl::StatusCode::kInvalidArgument, "async mode (versions, not rounds)"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);

@@ -719,6 +719,25 @@ TEST_F(SyncServerTest, ConnectionsStripePayloadsAndChangeNoBit) {
   }
 }
 
+// The service steps each round with its scheduled outer lr: with plain SGD, warmup over one round
+// and a cosine to 0 over 3 rounds, the same pseudo-gradient moves the parameters by 0.5, 1, 0.
+TEST_F(SyncServerTest, EachRoundStepsWithItsScheduledOuterLr) {
+  options_.num_data_streams = 1;
+  options_.optimizer = {1.0, 0.0, false};
+  options_.optimizer.warmup_rounds = 1;
+  options_.optimizer.decay = "cosine";
+  options_.sync_every = 10;
+  options_.total_inner_steps = 40;  // 4 rounds: warmup, then cosine over rounds 1..3
+  auto s = Make({0, 0, 0, 0});
+  Join(*s, "a");
+  const std::vector<float> moved[] = {{-0.5f, -0.5f, -0.5f, -0.5f}, {-1.5f, -1.5f, -1.5f, -1.5f},
+                                      {-2.0f, -2.0f, -2.0f, -2.0f}, {-2.0f, -2.0f, -2.0f, -2.0f}};
+  for (uint64_t round = 0; round < 4; ++round) {
+    ASSERT_TRUE(s->Push(Payload("a", round, {1, 1, 1, 1})).ok());
+    EXPECT_EQ(s->params(), moved[round]) << "round " << round;
+  }
+}
+
 TEST_F(SyncServerTest, ErrorFeedbackCarriesWhatTheCodecDropped) {
   options_.num_data_streams = 1;
   options_.optimizer = {1.0, 0.0, false};
