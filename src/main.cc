@@ -428,7 +428,8 @@ Command AddPlan(CLI::App& app, CommandLine& cl) {
   c->add_option("--islands", o->islands, "islands (M)");
   c->add_option("--bandwidth", o->bandwidth, "per island, each way: e.g. 1gbit, 20mbit");
   c->add_option("--latency", o->latency, "one way, e.g. 50ms");
-  c->add_option("--connections", o->connections, "TCP connections per island");
+  c->add_option("--connections", o->connections,
+                "TCP connections per island (default: the config's outer.connections, or 1)");
   c->add_option("--tcp-window-mib", o->tcp_window_mib, "TCP window per connection, MiB");
   c->add_option("--method", o->method,
                 "data_parallel, diloco or streaming (one row with these settings); default: "

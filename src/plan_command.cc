@@ -29,7 +29,7 @@ struct Setting {
   std::optional<inner::ModelConfig> model;  // exact fragment sizes when known
   int64_t params = 0;
   outer::FragmentPattern pattern = outer::FragmentPattern::kStrided;
-  int islands = 2, sync_every = 100, fragments = 8, tau = 1;
+  int islands = 2, sync_every = 100, fragments = 8, tau = 1, connections = 1;
   std::string codec;
 };
 
@@ -118,6 +118,7 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.fragments = c->outer.num_fragments;
     s.tau = c->outer.fragment_sync_delay;
     s.codec = c->outer.codec;
+    s.connections = c->outer.connections;
     auto pattern = outer::ParseFragmentPattern(c->outer.fragment_pattern);
     if (!pattern.ok()) return pattern.status();
     s.pattern = *pattern;
@@ -135,6 +136,7 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
   if (o.fragments > 0) s.fragments = o.fragments;
   if (o.tau >= 0) s.tau = o.tau;
   if (!o.codec.empty()) s.codec = o.codec;
+  if (o.connections != 0) s.connections = o.connections;  // the planner refuses < 1
   return s;
 }
 
@@ -159,7 +161,7 @@ absl::StatusOr<PlanInput> BaseInput(const PlanOptions& o, const Setting& s) {
   auto latency = outer::ParseDuration(o.latency);
   if (!latency.ok()) return latency.status();
   in.link.latency_s = *latency;
-  in.link.connections = o.connections;
+  in.link.connections = s.connections;
   in.link.tcp_window_bytes = o.tcp_window_mib * (1 << 20);
   if (!o.bandwidth.empty()) {
     auto bw = outer::ParseBandwidth(o.bandwidth);

@@ -25,7 +25,7 @@ struct PlanOptions {
   int islands = 0;           // 0: the config's (or 2)
   std::string bandwidth;     // empty: no utilization column (needs --target-utilization then)
   std::string latency = "0";
-  int connections = 1;
+  int connections = 0;       // 0: the config's outer.connections (or 1)
   double tcp_window_mib = 4;
   std::string method;        // empty: the ladder of Table 4 (data parallel ... streaming + codec)
   int sync_every = 0, fragments = 0, tau = -1;  // 0 / -1: the config's, else 100 / 8 / 1

@@ -302,6 +302,15 @@ TEST_F(CliTest, PlanPrintsEachMethodsNeedsAndPlotsThem) {
   EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 10, true);
   EXPECT_THAT(svg, HasSubstr("<polyline"));
 
+  // The config's outer.connections is the link's, unless --connections says otherwise.
+  r = Atoll("plan --config " + dir_.Join("tiny.toml") + " --step-time 0.1 --bandwidth 1gbit "
+            "--latency 50ms --outer.connections=4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("latency 50 ms, 4 TCP connection(s)"));
+  r = Atoll("plan --config " + dir_.Join("tiny.toml") + " --step-time 0.1 --bandwidth 1gbit "
+            "--latency 50ms --outer.connections=4 --connections 2");
+  EXPECT_THAT(r.output, HasSubstr("latency 50 ms, 2 TCP connection(s)"));
+
   // A config's model (exact fragment sizes), one method, a finite run, as JSON.
   r = Atoll("plan --config " + dir_.Join("tiny.toml") + " --method streaming --fragments 1 "
             "--tau 2 --codec fp4_e2m1 --step-time 0.05 --bandwidth 10mbit --steps 6 "
