@@ -98,6 +98,16 @@ class SyncServerTest : public ::testing::Test {
     th.join();
     return {std::move(ra), std::move(rb)};
   }
+  // Two islands, Nesterov 0.7 / 0.9, one fragment of 1000 elements (returned: its initial values),
+  // which a sharded island's two ranks split as kRank0Ranges and kRank1Ranges.
+  std::vector<float> TwoIslandsOf1000() {
+    options_.optimizer = {0.7, 0.9, true};
+    options_.num_data_streams = 2;
+    layout_.numels = {1000};
+    return Sines(1000);
+  }
+  const std::vector<std::pair<uint64_t, uint64_t>> kRank0Ranges = {{0, 300}, {600, 800}},
+                                                   kRank1Ranges = {{300, 600}, {800, 1000}};
   static std::vector<float> Sines(size_t n) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = std::sin(float(i));
@@ -470,12 +480,9 @@ TEST_F(SyncServerTest, JoinRefusesDuplicatesAndHandsOutDisjointStreams) {
 // island b is one rank. Every rank's ranges stay bit-identical with the service's after every
 // round, with every codec; with fp32 the service ends exactly where it would with a one-rank a.
 TEST_F(SyncServerTest, RanksPushTheRangesTheyOwnAndStayBitIdentical) {
-  options_.optimizer = {0.7, 0.9, true};
-  options_.num_data_streams = 2;
-  layout_.numels = {1000};
-  const std::vector<float> init = Sines(1000);
-  const std::vector<std::pair<uint64_t, uint64_t>> r0 = {{0, 300}, {600, 800}},
-                                                   r1 = {{300, 600}, {800, 1000}};
+  const std::vector<float> init = TwoIslandsOf1000();
+  const auto& r0 = kRank0Ranges;
+  const auto& r1 = kRank1Ranges;
   auto local = [](const std::vector<float>& global, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
                   int round, float sign) {
     std::vector<float> v;
@@ -642,12 +649,9 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
 // parameters bit for bit, the same residuals; also when calls are dropped and chunks corrupted on
 // the way (a retried part is encoded again and must come out the same).
 TEST_F(SyncServerTest, ConnectionsStripePayloadsAndChangeNoBit) {
-  options_.optimizer = {0.7, 0.9, true};
-  options_.num_data_streams = 2;
-  layout_.numels = {1000};
-  const std::vector<float> init = Sines(1000);
-  const std::vector<std::pair<uint64_t, uint64_t>> r0 = {{0, 300}, {600, 800}},
-                                                   r1 = {{300, 600}, {800, 1000}};
+  const std::vector<float> init = TwoIslandsOf1000();
+  const auto& r0 = kRank0Ranges;
+  const auto& r1 = kRank1Ranges;
   struct Trace {
     std::vector<std::vector<float>> params, residuals;
     uint64_t sent = 0, received = 0;
