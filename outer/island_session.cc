@@ -110,7 +110,9 @@ IslandSession::IslandSession(Transport& transport, SessionOptions options, pb::J
       options_(std::move(options)),
       joined_(std::move(joined)),
       data_stream_(joined_.data_stream()),
-      identity_(std::make_shared<IslandIdentity>(joined_.island_id(), joined_.session())) {}
+      identity_(std::make_shared<IslandIdentity>(joined_.island_id(), joined_.session())) {
+  transport_.Route(joined_);
+}
 
 IslandSession::~IslandSession() { Leave(); }
 
@@ -203,6 +205,7 @@ absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
   if (!joined.ParseFromString(*answer)) return absl::DataLossError("rank 0's join answer is garbled");
   identity_->set_session(joined.session());
   joined_ = std::move(joined);
+  transport_.Route(joined_);
   if (!follower_) KeepCredential();
   return absl::OkStatus();
 }

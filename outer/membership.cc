@@ -1,6 +1,7 @@
 #include "outer/membership.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "outer/credentials.h"
@@ -33,6 +34,101 @@ bool TransitionAllowed(MemberState from, MemberState to) {
 
 Membership::Membership(uint32_t num_data_streams, absl::Duration lease)
     : num_data_streams_(num_data_streams), lease_(lease) {}
+
+namespace {
+
+// In a fragment's first round every island is waited for; later, from the next round on.
+std::vector<uint64_t> RequiredFrom(const std::vector<uint64_t>& rounds,
+                                   const std::vector<uint64_t>& first_rounds) {
+  std::vector<uint64_t> from;
+  for (size_t f = 0; f < rounds.size(); ++f) {
+    const uint64_t first = f < first_rounds.size() ? first_rounds[f] : 0;
+    from.push_back(rounds[f] == first ? rounds[f] : rounds[f] + 1);
+  }
+  return from;
+}
+
+std::optional<MemberState> ParseState(const std::string& name) {
+  for (MemberState s : {MemberState::kJoining, MemberState::kActive, MemberState::kLeaving,
+                        MemberState::kDead}) {
+    if (name == StateName(s)) return s;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<std::string> Membership::Mirror(const pb::ShardSyncResponse& view,
+                                            const std::vector<uint64_t>& rounds, absl::Time now,
+                                            const std::vector<uint64_t>& first_rounds) {
+  mirror_ = true;
+  for (const auto& d : view.departed()) {
+    const auto state = ParseState(d.state());
+    if (!members_.count(d.island_id()) && state &&
+        (*state == MemberState::kLeaving || *state == MemberState::kDead)) {
+      Depart(d.island_id(), *state);
+    }
+  }
+  std::map<std::string, const pb::ShardMember*> listed;
+  for (const auto& m : view.members()) listed[m.island_id()] = &m;
+  std::vector<std::string> gone;
+  for (auto it = members_.begin(); it != members_.end();) {
+    auto l = listed.find(it->first);
+    if (l != listed.end() && l->second->session() == it->second.session) {
+      it->second.finished = l->second->finished();
+      ++it;
+      continue;
+    }
+    // Departed, or rejoined under the same name with a new session: the old member is gone.
+    gone.push_back(it->first);
+    MemberState end = MemberState::kDead;
+    for (const auto& d : view.departed()) {
+      if (d.island_id() == it->first && d.state() == StateName(MemberState::kLeaving)) {
+        end = MemberState::kLeaving;
+      }
+    }
+    if (l == listed.end()) Depart(it->first, end);
+    it = members_.erase(it);
+  }
+  for (const auto& [name, v] : listed) {
+    if (members_.count(name) || !ValidateName(name, "island name").ok()) continue;
+    Member m;
+    m.name = name;
+    m.data_stream = v->data_stream();
+    m.last_seen = now;
+    m.session = v->session();
+    m.finished = v->finished();
+    m.required_from = RequiredFrom(rounds, first_rounds);
+    members_[name] = std::move(m);
+    if (departed_.erase(name)) {
+      departed_order_.erase(std::find(departed_order_.begin(), departed_order_.end(), name));
+    }
+  }
+  epoch_ = view.membership_epoch();
+  return gone;
+}
+
+std::vector<std::string> Membership::TakeHeard() {
+  std::vector<std::string> names(heard_.begin(), heard_.end());
+  heard_.clear();
+  return names;
+}
+
+void Membership::FillView(pb::ShardSyncResponse* view) const {
+  view->set_membership_epoch(epoch_);
+  for (const auto& [name, m] : members_) {
+    auto* v = view->add_members();
+    v->set_island_id(name);
+    v->set_session(m.session);
+    v->set_data_stream(m.data_stream);
+    v->set_finished(m.finished);
+  }
+  for (const auto& [name, state] : departed_) {
+    auto* d = view->add_departed();
+    d->set_island_id(name);
+    d->set_state(StateName(state));
+  }
+}
 
 absl::Status Membership::Move(Member& m, MemberState to) {
   if (!TransitionAllowed(m.state, to)) {
@@ -70,11 +166,7 @@ absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_s
   m.data_stream = uint32_t(stream);
   m.last_seen = now;
   m.session = NewCredential();
-  // In a fragment's first round every island is waited for; later, from the next round on.
-  for (size_t f = 0; f < rounds.size(); ++f) {
-    const uint64_t first = f < first_rounds.size() ? first_rounds[f] : 0;
-    m.required_from.push_back(rounds[f] == first ? rounds[f] : rounds[f] + 1);
-  }
+  m.required_from = RequiredFrom(rounds, first_rounds);
   members_[name] = m;
   if (departed_.erase(name)) {
     departed_order_.erase(std::find(departed_order_.begin(), departed_order_.end(), name));
@@ -85,6 +177,11 @@ absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_s
 
 absl::Status Membership::CheckMember(const std::string& name) const {
   if (members_.count(name)) return absl::OkStatus();
+  if (mirror_ && !departed_.count(name)) {
+    return absl::UnavailableError(absl::StrCat(
+        "island ", Printable(name), " is not yet known to this shard of the service (it learns "
+        "the membership from the coordinator); retry"));
+  }
   if (auto it = departed_.find(name); it != departed_.end()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "island ", Printable(name), " is no longer a member (",
@@ -100,6 +197,11 @@ absl::Status Membership::Authenticate(const std::string& name, const std::string
   auto it = members_.find(name);
   if (it == members_.end()) return CheckMember(name);
   if (!CredentialMatches(it->second.session, session)) {
+    if (mirror_) {
+      return absl::UnavailableError(absl::StrCat(
+          "this shard of the service does not know island '", name,
+          "''s session (yet: it learns sessions from the coordinator); retry"));
+    }
     return absl::UnauthenticatedError(absl::StrCat(
         "the call names island '", name, "' but does not carry its session credential"));
   }
@@ -120,6 +222,7 @@ absl::Status Membership::Heartbeat(const std::string& name, absl::Time now) {
     return absl::NotFoundError(std::string(CheckMember(name).message()));
   }
   it->second.last_seen = now;
+  if (mirror_) heard_.insert(name);
   return absl::OkStatus();
 }
 
@@ -127,6 +230,7 @@ absl::Status Membership::Contributed(const std::string& name, absl::Time now) {
   auto it = members_.find(name);
   if (it == members_.end()) return CheckMember(name);
   it->second.last_seen = now;
+  if (mirror_) heard_.insert(name);
   if (it->second.state == MemberState::kJoining) return Move(it->second, MemberState::kActive);
   return absl::OkStatus();
 }
@@ -145,6 +249,7 @@ absl::Status Membership::Leave(const std::string& name) {
 
 std::vector<std::string> Membership::ExpireLeases(absl::Time now) {
   std::vector<std::string> dead;
+  if (mirror_) return dead;
   for (auto it = members_.begin(); it != members_.end();) {
     if (now - it->second.last_seen > lease_ && Move(it->second, MemberState::kDead).ok()) {
       dead.push_back(it->first);

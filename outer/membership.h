@@ -21,12 +21,18 @@
 // member and present it (Authenticate). A rejoin gets a new one; the old one is worthless.
 // Names are checked (ValidateName) and the end states of former members are remembered for the
 // newest kMaxDeparted names only, so memory stays bounded whatever peers do.
+// Mirroring: the shard servers of a sharded service decide nothing about membership; they mirror
+// the coordinator's (Mirror). A mirror's view lags the coordinator by one call, so a name or
+// session it does not know yet is UNAVAILABLE (retry), never the refusal that sends an island to
+// rejoin; its leases never expire (the coordinator's do), and it collects the names it heard
+// from (TakeHeard) for the coordinator, whose leases they renew.
 #ifndef ATOLL_OUTER_MEMBERSHIP_H_
 #define ATOLL_OUTER_MEMBERSHIP_H_
 
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,6 +68,19 @@ class Membership {
 
   Membership(uint32_t num_data_streams, absl::Duration lease);
 
+  // Makes this a mirror (see above) and replaces the members by `view`'s: a new name, or a member
+  // whose session changed (it rejoined), is adopted as Join would take it (`rounds`,
+  // `first_rounds`); members missing from the view depart with the end state it gives (dead when
+  // it gives none). Returns the names that departed.
+  std::vector<std::string> Mirror(const pb::ShardSyncResponse& view,
+                                  const std::vector<uint64_t>& rounds, absl::Time now,
+                                  const std::vector<uint64_t>& first_rounds);
+  bool mirror() const { return mirror_; }
+  // A mirror: the names heard from (heartbeats, contributions) since the last call.
+  std::vector<std::string> TakeHeard();
+  // The view a mirror receives: members, their sessions, former members' end states.
+  void FillView(pb::ShardSyncResponse* view) const;
+
   // `rounds`: the open round of each fragment; `first_rounds`: the round each fragment started
   // (or resumed) at, in which every island that joins is waited for. `preferred_stream` (if free)
   // keeps an island that rejoins on its data. Refuses a name that is a current member
@@ -75,6 +94,7 @@ class Membership {
   absl::Status Contributed(const std::string& name, absl::Time now);
   absl::Status Leave(const std::string& name);
   // Members silent for longer than the lease become dead and are removed; returns their names.
+  // A mirror's never expire.
   std::vector<std::string> ExpireLeases(absl::Time now);
 
   // OK for a member; PERMISSION_DENIED (naming the end state when known) otherwise.
@@ -105,6 +125,8 @@ class Membership {
 
   std::map<std::string, MemberState> departed_;  // end state of former members, by name
   std::deque<std::string> departed_order_;       // oldest first, for the bound
+  bool mirror_ = false;
+  std::set<std::string> heard_;  // a mirror: heard from since TakeHeard
 };
 
 }  // namespace atl::outer

@@ -20,6 +20,21 @@ uint32_t DynamicLocalSteps(double v, double v_max, uint32_t h) {
   return std::max<uint32_t>(1, uint32_t(std::floor(v / v_max * double(h))));
 }
 
+bool ShardOwns(const SyncServerOptions& options, uint32_t fragment) {
+  return options.num_shards <= 1 ||
+         (options.shard >= 0 && fragment % options.num_shards == uint32_t(options.shard));
+}
+
+namespace {
+
+std::string ShardName(const SyncServerOptions& o) {
+  if (o.num_shards <= 1) return "the service";
+  if (o.shard == SyncServerOptions::kControlPlane) return "the coordinator";
+  return absl::StrCat("shard ", o.shard, " of ", o.num_shards);
+}
+
+}  // namespace
+
 uint64_t FragmentLayout::total() const {
   return std::accumulate(numels.begin(), numels.end(), uint64_t(0));
 }
@@ -45,8 +60,11 @@ SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> la
       pool_(std::make_unique<WorkerPool>(options_.service_threads)),
       membership_(options_.num_data_streams, absl::Seconds(options_.lease_s)) {
   for (size_t f = 0; f < layouts.size(); ++f) {
+    // A sharded service keeps the data of its own fragments only.
+    if (!ShardOwns(options_, uint32_t(f))) initial[f] = {};
     fragments_.emplace_back(std::move(layouts[f]), std::move(initial[f]), options_.optimizer);
   }
+  if (is_control_plane()) shard_addresses_.resize(options_.num_shards);
   StartTuner();
 }
 
@@ -68,6 +86,11 @@ void SyncServer::StartTuner() {
 }
 
 absl::StatusOr<uint32_t> SyncServer::CheckFragment(uint32_t fragment) const {
+  if (fragment < fragments_.size() && !ShardOwns(options_, fragment)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fragment ", fragment, " is served by shard ", fragment % options_.num_shards,
+                     " of ", options_.num_shards, "; this is ", ShardName(options_)));
+  }
   if (fragment < fragments_.size()) return fragment;
   return absl::NotFoundError(absl::StrCat("unknown fragment ", fragment, " (this run has ",
                                           fragments_.size(), " fragment",
@@ -89,8 +112,16 @@ void SyncServer::FillSchedule(pb::OuterSchedule* sched) const {
   sched->set_token_budget(options_.token_budget);
 }
 
+absl::Status SyncServer::CheckMembershipCall() const {
+  if (!is_shard()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "this is ", ShardName(options_), " of run '", options_.run_id,
+      "': joins, heartbeats and leaves go to the run's coordinator"));
+}
+
 absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (auto s = CheckMembershipCall(); !s.ok()) return s;
   if (request.config_hash() != options_.config_hash) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the island's [model] config differs from the run's (hash %016x, the run's %016x): both "
@@ -98,6 +129,13 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
         request.config_hash(), options_.config_hash));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t k = 0; k < shard_addresses_.size(); ++k) {
+    if (shard_addresses_[k].empty()) {
+      return absl::UnavailableError(absl::StrCat("the run's shard ", k, " of ",
+                                                 options_.num_shards,
+                                                 " has not reached the coordinator yet; retry"));
+    }
+  }
   std::vector<uint64_t> rounds;
   for (const auto& f : fragments_) rounds.push_back(f.round);
   // A proto3 int without presence: streams are numbered from 1 on the wire, 0 is "no preference".
@@ -106,6 +144,7 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   if (!joined.ok()) return joined.status();
   const Member& m = *joined;
   complement_reached_ |= membership_.size() >= options_.num_data_streams;
+  membership_cv_.notify_all();
   if (on_event_ && fragments_[0].round > 0) {
     on_event_(absl::StrCat("island '", m.name, "' joined at round ", fragments_[0].round,
                            " (data stream ", m.data_stream, "); rounds wait for it from round ",
@@ -125,11 +164,13 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
     for (const auto& n : fragments_[f].layout.names) frag->add_parameters(n);
     frag->set_num_elements(fragments_[f].layout.total());
   }
+  for (const auto& address : shard_addresses_) r.add_shards(address);
   return r;
 }
 
 absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (auto s = CheckMembershipCall(); !s.ok()) return s;
   std::vector<CommitJob> jobs;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,6 +178,7 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
       return s;
     }
     if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
+    membership_cv_.notify_all();
     ForgetIslandLocked(request.island_id());
     if (on_event_ && !AllDoneLocked()) {
       on_event_(absl::StrCat("island '", request.island_id(), "' left at round ",
@@ -151,6 +193,7 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
 
 absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatRequest& request) {
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (auto s = CheckMembershipCall(); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
   if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
   if (auto s = ValidateTelemetry(request.telemetry()); !s.ok()) return s;
@@ -266,7 +309,9 @@ void SyncServer::Tick(absl::Time now) {
     if (now >= complement_deadline_) complement_reached_ = true;
     // Islands silent past their lease are dropped; rounds that waited only for them commit now
     // with the contributions that arrived (weights renormalized over those).
-    for (const auto& name : membership_.ExpireLeases(now)) {
+    const auto expired = membership_.ExpireLeases(now);
+    if (!expired.empty()) membership_cv_.notify_all();
+    for (const auto& name : expired) {
       ForgetIslandLocked(name);
       ++lease_expiries_;
       if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
@@ -319,6 +364,88 @@ uint64_t SyncServer::committed_rounds() const {
   uint64_t n = 0;
   for (const auto& f : fragments_) n += f.round;
   return n;
+}
+
+absl::StatusOr<pb::ShardSyncResponse> SyncServer::ShardSync(const pb::ShardSyncRequest& request,
+                                                             absl::Time deadline) {
+  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  if (!is_control_plane()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("run '", options_.run_id, "' is not sharded (outer.shards = 1 at its coordinator)"));
+  }
+  if (request.config_hash() != options_.config_hash) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("shard %d was started with another model config (hash %016x, the run's "
+                        "%016x)", request.shard(), request.config_hash(), options_.config_hash));
+  }
+  if (request.num_shards() != options_.num_shards) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a shard of ", request.num_shards(), " called; the run has ", options_.num_shards, " shards"));
+  }
+  const uint32_t k = request.shard();
+  if (k >= options_.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", k, " of ", options_.num_shards, "?"));
+  }
+  if (request.address().empty() || request.address().size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", k, " gave no address (or a too long one)"));
+  }
+  std::vector<uint32_t> owned;
+  for (uint32_t f = k; f < fragments_.size(); f += options_.num_shards) owned.push_back(f);
+  if (size_t(request.rounds_size()) != owned.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", k, " reported ", request.rounds_size(),
+                                                   " rounds for its ", owned.size(), " fragments"));
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (shard_addresses_[k] != request.address() && on_event_) {
+    on_event_(absl::StrCat("shard ", k, " of ", options_.num_shards, " serves fragments ",
+                           absl::StrJoin(owned, ","), " at ", request.address()));
+  }
+  shard_addresses_[k] = request.address();
+  for (size_t i = 0; i < owned.size(); ++i) fragments_[owned[i]].round = request.rounds(int(i));
+  const absl::Time now = absl::Now();
+  for (const auto& island : request.heard()) membership_.Contributed(island, now).IgnoreError();
+  membership_cv_.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+    return membership_.epoch() != request.known_epoch();
+  });
+  pb::ShardSyncResponse view;
+  membership_.FillView(&view);
+  view.set_complement_reached(complement_reached_);
+  return view;
+}
+
+pb::ShardSyncRequest SyncServer::ShardReport(const std::string& address) {
+  pb::ShardSyncRequest r;
+  r.set_run_id(options_.run_id);
+  r.set_shard(uint32_t(std::max(0, options_.shard)));
+  r.set_num_shards(options_.num_shards);
+  r.set_address(address);
+  r.set_config_hash(options_.config_hash);
+  std::lock_guard<std::mutex> lock(mu_);
+  r.set_known_epoch(membership_.mirror() ? membership_.epoch() : 0);
+  for (uint32_t f = 0; f < fragments_.size(); ++f) {
+    if (ShardOwns(options_, f)) r.add_rounds(fragments_[f].round);
+  }
+  uint64_t committed = 0;
+  for (const auto& f : fragments_) committed += f.round;
+  r.set_committed_rounds(committed);
+  for (auto& island : membership_.TakeHeard()) r.add_heard(std::move(island));
+  return r;
+}
+
+void SyncServer::MirrorMembership(const pb::ShardSyncResponse& view) {
+  std::vector<CommitJob> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<uint64_t> rounds;
+    for (const auto& f : fragments_) rounds.push_back(f.round);
+    for (const auto& name : membership_.Mirror(view, rounds, absl::Now(), first_rounds_)) {
+      ForgetIslandLocked(name);
+    }
+    complement_reached_ = view.complement_reached();
+    // Rounds may now be complete without the islands that left.
+    jobs = TakeReadyLocked(absl::Now());
+  }
+  RunCommits(std::move(jobs));
 }
 
 }  // namespace atl::outer

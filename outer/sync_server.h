@@ -74,7 +74,17 @@ struct SyncServerOptions {
   // compute utilization (outer/auto_tune.h). 0: off (islands keep their configured tau).
   double auto_tune_target = 0;
   double auto_tune_headroom = 1;    // as if transfers took this many times as long as measured
+  // A sharded service (num_shards > 1): fragment f lives on shard f % num_shards. The coordinator
+  // (shard = kControlPlane) keeps membership and the schedule and holds no fragment's data; a
+  // shard server (shard 0 .. num_shards - 1) holds its fragments, mirrors the coordinator's
+  // membership (MirrorMembership) and refuses membership calls.
+  static constexpr int kControlPlane = -1;
+  uint32_t num_shards = 1;
+  int shard = 0;
 };
+
+// Whether `fragment` lives on `shard` (always, unsharded).
+bool ShardOwns(const SyncServerOptions& options, uint32_t fragment);
 
 // Dynamic local updates (arXiv 2401.09135): an island running at `v` inner steps/s while the
 // fastest runs at `v_max` syncs every max(1, floor(v / v_max * h)) steps, so all islands push at
@@ -211,12 +221,31 @@ class SyncServer {
   static const char* StateTensorName(StateTensor t);
   using StateWrite =
       std::function<absl::Status(uint32_t fragment, StateTensor tensor, const float* data, size_t n)>;
+  // `index`: the fragment's place in the description (a shard's state holds its fragments only).
   using StateRead =
-      std::function<absl::Status(uint32_t fragment, StateTensor tensor, float* out, size_t n)>;
+      std::function<absl::Status(uint32_t index, StateTensor tensor, float* out, size_t n)>;
   absl::StatusOr<pb::ServiceState> Snapshot(const StateWrite& write) const;
   absl::Status Restore(const pb::ServiceState& description, const StateRead& read);
   void SetDurabilityGate(bool on);
   void MarkDurable(const pb::ServiceState& written);
+
+  // Sharded service. On the coordinator (control plane): a shard server's call. The shard is
+  // recorded (its address, its rounds, the islands it heard from, whose leases this renews), and
+  // once the membership epoch differs from the one the shard knows, or at `deadline`, the
+  // membership is returned. Refused: NOT_FOUND another run, FAILED_PRECONDITION another model
+  // config or shard count, INVALID_ARGUMENT a shard index, address or round count out of place.
+  // Joins wait (UNAVAILABLE) until every shard has called.
+  absl::StatusOr<pb::ShardSyncResponse> ShardSync(const pb::ShardSyncRequest& request,
+                                                  absl::Time deadline);
+  // On a shard server: what it tells the coordinator (rounds, islands heard from since the last
+  // call), and the membership it answered, applied (rounds that waited only for islands that left
+  // commit now).
+  pb::ShardSyncRequest ShardReport(const std::string& address);
+  void MirrorMembership(const pb::ShardSyncResponse& view);
+  bool is_control_plane() const {
+    return options_.num_shards > 1 && options_.shard == SyncServerOptions::kControlPlane;
+  }
+  bool is_shard() const { return options_.num_shards > 1 && options_.shard >= 0; }
 
   // Called (under the server's lock: keep it short) after each commit is published.
   void SetCommitListener(std::function<void(const CommittedRound&)> listener);
@@ -302,6 +331,8 @@ class SyncServer {
   };
 
   absl::Status CheckRun(const std::string& run_id) const;
+  // A shard server refuses joins, heartbeats and leaves (the coordinator takes them).
+  absl::Status CheckMembershipCall() const;
   // A member must present its session; a non-member passes (the caller refuses it its own way).
   absl::Status AuthenticateMemberLocked(const std::string& island, const std::string& session) const;
   // The schedule islands are told at join and by GetState (one source for both).
@@ -406,6 +437,10 @@ class SyncServer {
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)
   uint64_t tokens_committed_ = 0;
+  // Control plane: each shard's address (empty until it called). The rounds of the fragments are
+  // those the shards last reported.
+  std::vector<std::string> shard_addresses_;
+  std::condition_variable membership_cv_;  // notified when the membership epoch changes
   std::function<void(const CommittedRound&)> on_commit_;
   std::function<void(const std::string&)> on_event_;
   std::function<void(uint32_t)> commit_hook_;

@@ -31,6 +31,7 @@ absl::StatusOr<pb::ServiceState> SyncServer::Snapshot(const StateWrite& write) c
   s.set_run_id(options_.run_id);
   s.set_config_hash(options_.config_hash);
   for (uint32_t i = 0; i < fragments_.size(); ++i) {
+    if (!ShardOwns(options_, i)) continue;  // a sharded service: another shard's
     const Fragment& f = fragments_[i];
     // The fragment's data as its last published commit left it; its next commit waits.
     std::lock_guard<std::mutex> data(*f.data_mu);
@@ -71,9 +72,24 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead&
   if (state.config_hash() != options_.config_hash) {
     return absl::FailedPreconditionError("service state was written for another model config");
   }
-  if (state.fragments_size() != int(fragments_.size())) {
+  // A shard's state holds its own fragments, in order.
+  std::vector<uint32_t> owned;
+  for (uint32_t i = 0; i < fragments_.size(); ++i) {
+    if (ShardOwns(options_, i)) owned.push_back(i);
+  }
+  if (state.fragments_size() != int(owned.size())) {
     return absl::FailedPreconditionError(absl::StrCat("service state has ", state.fragments_size(),
-                                                      " fragments, this run ", fragments_.size()));
+                                                      " fragments, this ",
+                                                      options_.num_shards > 1 ? "shard " : "run ",
+                                                      owned.size()));
+  }
+  for (size_t j = 0; j < owned.size(); ++j) {
+    if (state.fragments(int(j)).fragment() != owned[j]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "service state holds fragment ", state.fragments(int(j)).fragment(), " where this ",
+          options_.num_shards > 1 ? "shard" : "run", " has fragment ", owned[j],
+          " (another shard's state?)"));
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -85,8 +101,9 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead&
   // claims), every tensor against its hash.
   std::vector<OuterOptimizer> optimizers;
   std::vector<std::vector<float>> params;
-  for (uint32_t i = 0; i < fragments_.size(); ++i) {
-    const auto& fs = state.fragments(int(i));
+  for (size_t j = 0; j < owned.size(); ++j) {
+    const uint32_t i = owned[j];
+    const auto& fs = state.fragments(int(j));
     const size_t n = fragments_[i].layout.total();
     OuterOptimizer opt(options_.optimizer, n);
     const std::pair<StateTensor, std::pair<uint64_t, uint64_t>> expected[] = {
@@ -103,7 +120,7 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead&
                                                 " elements, this run ", sizes[t]));
       }
       tensors[t].resize(sizes[t]);
-      if (auto s = read(i, tensor, tensors[t].data(), sizes[t]); !s.ok()) return s;
+      if (auto s = read(uint32_t(j), tensor, tensors[t].data(), sizes[t]); !s.ok()) return s;
       if (HashParams(tensors[t]) != claimed.second) {
         return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
                                                 StateTensorName(tensor),
@@ -117,15 +134,15 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead&
     optimizers.push_back(std::move(opt));
     params.push_back(std::move(tensors[0]));
   }
-  for (uint32_t i = 0; i < fragments_.size(); ++i) {
-    Fragment& f = fragments_[i];
+  for (size_t j = 0; j < owned.size(); ++j) {
+    Fragment& f = fragments_[owned[j]];
     std::lock_guard<std::mutex> data(*f.data_mu);
-    f.data.Reset(std::move(params[i]), std::move(optimizers[i]));
+    f.data.Reset(std::move(params[j]), std::move(optimizers[j]));
     const double norm = f.data.Norm(pool_.get());
     std::lock_guard<std::mutex> lock(mu_);
-    f.params_hash = state.fragments(int(i)).params_hash();
+    f.params_hash = state.fragments(int(j)).params_hash();
     f.params_norm = norm;
-    f.round = state.fragments(int(i)).round();
+    f.round = state.fragments(int(j)).round();
     f.durable_round = f.round;
     f.committed.clear();
     f.contributions.clear();

@@ -34,6 +34,10 @@ class Transport {
   virtual absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request) = 0;
   virtual absl::Status Leave(const pb::LeaveRequest& request) = 0;
   virtual absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& request) = 0;
+  // Where the run's data lives, as the join answered (every rank of the island is told, after a
+  // join and a rejoin): a transport to a sharded service sends each fragment's data calls to its
+  // shard (ShardRouter); others have nothing to do.
+  virtual void Route(const pb::JoinResponse& joined) { (void)joined; }
   // Connections to the service: lanes 0 .. connections() - 1 are distinct.
   virtual int connections() const { return 1; }
   virtual absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) = 0;

@@ -1,0 +1,260 @@
+// A sharded outer-sync service, in process: a coordinator that keeps membership only, and shard
+// servers that each hold some fragments and mirror the coordinator's membership. Islands reach the
+// shards through a ShardRouter, exactly as over gRPC.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "outer/in_process_transport.h"
+#include "outer/island_session.h"
+#include "outer/island_sync.h"
+#include "outer/shard_router.h"
+#include "outer/sync_server.h"
+
+namespace atl::outer {
+namespace {
+
+constexpr uint64_t kSizes[] = {300, 500, 200};  // three fragments
+
+std::vector<FragmentLayout> Layouts() {
+  std::vector<FragmentLayout> layouts;
+  for (uint64_t n : kSizes) layouts.push_back({{absl::StrCat("w", n)}, {n}});
+  return layouts;
+}
+
+std::vector<std::vector<float>> Initial() {
+  std::vector<std::vector<float>> init;
+  for (uint64_t n : kSizes) {
+    std::vector<float> v(n);
+    for (uint64_t i = 0; i < n; ++i) v[i] = 0.02f * std::sin(float(i + n));
+    init.push_back(std::move(v));
+  }
+  return init;
+}
+
+SyncServerOptions Options(int shard, uint32_t shards) {
+  SyncServerOptions o;
+  o.run_id = "run";
+  o.optimizer = {0.7, 0.9, true};
+  o.num_data_streams = 2;
+  o.codec = *compression::ParseCodec("fp4_e2m1");
+  o.chunk_bytes = 128;
+  o.num_shards = shards;
+  o.shard = shard;
+  return o;
+}
+
+// An unsharded service, or a coordinator and its shards, with the islands' transports.
+struct Service {
+  explicit Service(uint32_t shards) {
+    coordinator = std::make_unique<SyncServer>(
+        Options(shards > 1 ? SyncServerOptions::kControlPlane : 0, shards), Layouts(), Initial());
+    for (uint32_t k = 0; shards > 1 && k < shards; ++k) {
+      servers.push_back(std::make_unique<SyncServer>(Options(int(k), shards), Layouts(), Initial()));
+    }
+  }
+  std::string Address(size_t k) const { return absl::StrCat("shard", k); }
+  // Each shard reports to the coordinator and mirrors its membership (the gRPC link's one call).
+  void Mirror() {
+    for (size_t k = 0; k < servers.size(); ++k) {
+      auto view = coordinator->ShardSync(servers[k]->ShardReport(Address(k)), absl::Now());
+      ASSERT_TRUE(view.ok()) << view.status();
+      servers[k]->MirrorMembership(*view);
+    }
+  }
+  std::unique_ptr<Transport> Router() {
+    return std::make_unique<ShardRouter>(
+        std::make_unique<InProcessTransport>(coordinator.get()),
+        [this](const std::string& address) -> absl::StatusOr<std::unique_ptr<Transport>> {
+          for (size_t k = 0; k < servers.size(); ++k) {
+            if (Address(k) == address) return std::make_unique<InProcessTransport>(servers[k].get());
+          }
+          return absl::NotFoundError(address);
+        });
+  }
+  // The global parameters of `fragment`, wherever they live.
+  std::vector<float> Params(uint32_t fragment) const {
+    return servers.empty() ? coordinator->params(fragment)
+                           : servers[fragment % servers.size()]->params(fragment);
+  }
+  std::unique_ptr<SyncServer> coordinator;
+  std::vector<std::unique_ptr<SyncServer>> servers;
+};
+
+pb::JoinResponse JoinAs(Transport& t, const std::string& name) {
+  pb::JoinRequest r;
+  r.set_run_id("run");
+  r.set_name(name);
+  auto j = t.Join(r);
+  EXPECT_TRUE(j.ok()) << j.status();
+  if (j.ok()) t.Route(*j);
+  return j.ok() ? *j : pb::JoinResponse();
+}
+
+// Two islands, three fragments, four rounds each, FP4 with error feedback: the global parameters
+// of every fragment after every round are bit-identical with one service and with two shards.
+TEST(ShardedServiceTest, TwoShardsChangeNoBitOfAnyFragment) {
+  auto run = [](uint32_t shards) {
+    Service service(shards);
+    if (shards > 1) service.Mirror();  // the shards register: joins are taken from now on
+    std::vector<std::unique_ptr<Transport>> transports;
+    std::vector<std::vector<std::unique_ptr<IslandSync>>> islands(2);
+    for (int i = 0; i < 2; ++i) {
+      transports.push_back(service.Router());
+      const std::string name = i == 0 ? "a" : "b";
+      const pb::JoinResponse joined = JoinAs(*transports.back(), name);
+      EXPECT_EQ(joined.shards_size(), shards > 1 ? int(shards) : 0);
+      auto id = std::make_shared<IslandIdentity>(name, joined.session());
+      for (uint32_t f = 0; f < 3; ++f) {
+        IslandSyncOptions so;
+        so.codec = *compression::ParseCodec("fp4_e2m1");
+        so.chunk_bytes = 128;
+        so.error_feedback = true;
+        so.fragment = f;
+        so.seed = 11 + uint64_t(i);
+        islands[size_t(i)].push_back(
+            std::make_unique<IslandSync>(transports.back().get(), "run", id, kSizes[f], so));
+      }
+    }
+    if (shards > 1) service.Mirror();
+    std::vector<std::vector<float>> trace;
+    for (uint32_t f = 0; f < 3; ++f) {
+      for (auto& island : islands) EXPECT_TRUE(island[f]->FetchGlobal().ok());
+    }
+    for (int round = 0; round < 4; ++round) {
+      for (uint32_t f = 0; f < 3; ++f) {
+        absl::StatusOr<RoundOutcome> out[2];
+        std::thread t([&] {
+          std::vector<float> local = islands[0][f]->global();
+          for (size_t k = 0; k < local.size(); ++k) local[k] += 0.01f * std::cos(float(k + round));
+          out[0] = islands[0][f]->SyncRound(local, 100);
+        });
+        std::vector<float> local = islands[1][f]->global();
+        for (size_t k = 0; k < local.size(); ++k) local[k] -= 0.004f * std::sin(float(k * round));
+        out[1] = islands[1][f]->SyncRound(local, 60);
+        t.join();
+        EXPECT_TRUE(out[0].ok() && out[1].ok()) << out[0].status() << out[1].status();
+        EXPECT_EQ(islands[0][f]->global(), service.Params(f));
+        EXPECT_EQ(islands[1][f]->global(), service.Params(f));
+        trace.push_back(service.Params(f));
+      }
+    }
+    if (shards > 1) {
+      // The coordinator holds no fragment's data and knows the rounds from the shards' reports.
+      service.Mirror();
+      EXPECT_EQ(service.coordinator->committed_rounds(), 12u);
+      EXPECT_TRUE(service.coordinator->params(1).empty());
+      EXPECT_EQ(service.servers[0]->committed_rounds(), 8u);  // fragments 0 and 2
+      EXPECT_EQ(service.servers[1]->committed_rounds(), 4u);  // fragment 1
+    }
+    return trace;
+  };
+  const auto one = run(1);
+  const auto two = run(2);
+  ASSERT_EQ(one.size(), 12u);
+  EXPECT_EQ(two, one);
+}
+
+// Membership lives at the coordinator: shards refuse membership calls, answer islands they have
+// not heard of yet with UNAVAILABLE (retry), and go on without an island once the coordinator
+// says it left; the coordinator takes joins only once every shard has called, and refuses data.
+TEST(ShardedServiceTest, ShardsMirrorTheCoordinatorsMembership) {
+  Service service(2);
+  pb::JoinRequest join;
+  join.set_run_id("run");
+  join.set_name("a");
+  EXPECT_EQ(service.coordinator->Join(join).status().code(), absl::StatusCode::kUnavailable);
+  auto refused = service.servers[0]->Join(join);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("go to the run's coordinator"), std::string::npos);
+  service.Mirror();
+  auto router = service.Router();
+  const pb::JoinResponse a = JoinAs(*router, "a");
+  auto other = service.Router();
+  const pb::JoinResponse b = JoinAs(*other, "b");
+  EXPECT_EQ(a.shards(0), "shard0");
+  EXPECT_EQ(a.shards(1), "shard1");
+
+  // Shard 1 has not mirrored the joins yet.
+  pb::FetchStateRequest fetch;
+  fetch.set_run_id("run");
+  fetch.set_island_id("a");
+  fetch.set_session(a.session());
+  fetch.set_fragment(1);
+  auto sink = [](pb::StateChunk&&) { return absl::OkStatus(); };
+  EXPECT_EQ(router->FetchState(fetch, sink, 0).code(), absl::StatusCode::kUnavailable);
+  service.Mirror();
+  EXPECT_TRUE(router->FetchState(fetch, sink, 0).ok());
+  // A wrong session is refused, and the coordinator serves no data.
+  fetch.set_session(b.session());
+  EXPECT_FALSE(router->FetchState(fetch, sink, 0).ok());
+  fetch.set_session(a.session());
+  auto at_coordinator = InProcessTransport(service.coordinator.get()).FetchState(fetch, sink, 0);
+  EXPECT_EQ(at_coordinator.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(at_coordinator.message().find("served by shard 1 of 2"), std::string::npos);
+
+  // Island a pushes fragment 1; the round would wait for b, which leaves at the coordinator.
+  IslandSyncOptions so;
+  so.codec = *compression::ParseCodec("fp4_e2m1");
+  so.chunk_bytes = 128;
+  so.fragment = 1;
+  IslandSync sync(router.get(), "run", std::make_shared<IslandIdentity>("a", a.session()), 500, so);
+  ASSERT_TRUE(sync.FetchGlobal().ok());
+  std::vector<float> local = sync.global();
+  for (auto& v : local) v += 0.01f;
+  absl::StatusOr<RoundOutcome> out;
+  std::thread t([&] { out = sync.SyncRound(local, 10); });
+  // Whichever comes first, a's push or b's leaving, the round commits with a alone once the shard
+  // has mirrored the leave.
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("b");
+  leave.set_session(b.session());
+  ASSERT_TRUE(service.coordinator->Leave(leave).ok());
+  service.Mirror();
+  t.join();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(service.servers[1]->round(1), 1u);
+  EXPECT_EQ(sync.global(), service.servers[1]->params(1));
+  service.Mirror();
+  EXPECT_EQ(service.coordinator->round(1), 1u);
+  // b is gone at the shard too, with the reason the coordinator gave.
+  fetch.set_island_id("b");
+  fetch.set_session(b.session());
+  auto gone = router->FetchState(fetch, sink, 0);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(gone.message().find("it left"), std::string::npos);
+}
+
+// A shard's durable state holds its own fragments only, and only that shard takes it back.
+TEST(ShardedServiceTest, EachShardSnapshotsAndRestoresItsOwnFragments) {
+  Service service(2);
+  std::map<std::pair<uint32_t, int>, std::vector<float>> tensors;
+  auto state = service.servers[0]->Snapshot(
+      [&](uint32_t fragment, SyncServer::StateTensor t, const float* data, size_t n) {
+        tensors[{fragment, int(t)}] = std::vector<float>(data, data + n);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(state->fragments_size(), 2);
+  EXPECT_EQ(state->fragments(0).fragment(), 0u);
+  EXPECT_EQ(state->fragments(1).fragment(), 2u);
+  auto read = [&](uint32_t index, SyncServer::StateTensor t, float* out, size_t n) {
+    const auto& v = tensors[{state->fragments(int(index)).fragment(), int(t)}];
+    if (v.size() != n) return absl::DataLossError("size");
+    std::copy(v.begin(), v.end(), out);
+    return absl::OkStatus();
+  };
+  SyncServer again(Options(0, 2), Layouts(), Initial());
+  EXPECT_TRUE(again.Restore(*state, read).ok());
+  SyncServer other(Options(1, 2), Layouts(), Initial());
+  auto wrong = other.Restore(*state, read);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kFailedPrecondition) << wrong;
+}
+
+}  // namespace
+}  // namespace atl::outer
