@@ -119,6 +119,19 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.connections must be in 1..64, got ", c.connections));
   }
+  if (c.shards < 1 || c.shards > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.shards must be in 1..64, got ", c.shards));
+  }
+  if (c.shards > 1 && c.shards > c.num_fragments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.shards = ", c.shards, " needs at least as many fragments (a shard holds whole "
+        "fragments); outer.num_fragments is ", c.num_fragments));
+  }
+  if (c.shards > 1 && (c.async() || c.auto_tune)) {
+    return absl::InvalidArgumentError(
+        "outer.shards > 1 serves sync rounds: async mode and outer.auto_tune need the whole "
+        "service in one process (outer.shards = 1)");
+  }
   if (!(c.stream_idle_timeout_s > 0) || c.max_pending_calls < 1 || c.max_calls_per_island < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.stream_idle_timeout_s, outer.max_pending_calls and outer.max_calls_per_island must "

@@ -59,6 +59,10 @@ struct OuterConfig {
   // TCP connections of each island rank to the service (1..64): payloads are striped over them,
   // for links whose bandwidth-delay product one TCP stream cannot fill.
   int connections = 1;
+  // Shard servers holding the outer state (1..64; 1: the coordinator holds it). Fragment f lives
+  // on shard f mod shards (`atoll sync-server --shard K/N`); the coordinator keeps membership and
+  // the schedule. Needs num_fragments >= shards and sync mode.
+  int shards = 1;
   bool async() const { return mode == "async"; }
   double alpha() const {
     if (fragment_update_alpha >= 0) return fragment_update_alpha;

@@ -139,6 +139,9 @@ std::vector<Field> Schema(Config& c) {
       {"outer.connections", &c.outer.connections,
        "island: TCP connections of each rank to the service; pushes, updates and state transfers "
        "are striped over them"},
+      {"outer.shards", &c.outer.shards,
+       "shard servers holding the outer state (atoll sync-server --shard K/N); fragment f on shard "
+       "f mod shards, the coordinator keeps membership only"},
       {"compare.methods", &c.compare.methods, "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async"},
   };
 }

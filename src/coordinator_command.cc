@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "inner/model.h"
 #include "outer/fragments.h"
 #include "src/flat_params.h"
+#include "src/grpc_transport.h"
 #include "src/http_server.h"
 #include "src/metrics.h"
 #include "src/model_io.h"
@@ -30,7 +32,7 @@
 
 namespace atl {
 
-absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config) {
+absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config, int shard) {
   outer::SyncServerOptions o;
   o.run_id = config.outer.run_id;
   o.optimizer = config.outer.optimizer;
@@ -48,6 +50,8 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.max_update_norm = config.outer.max_update_norm;
   o.max_update_value = config.outer.max_update_value;
   o.service_threads = config.outer.service_threads;
+  o.num_shards = uint32_t(config.outer.shards);
+  o.shard = shard;
   if (config.outer.auto_tune) {
     o.auto_tune_target = config.outer.target_utilization;
     o.auto_tune_headroom = config.outer.auto_tune_headroom;
@@ -90,8 +94,10 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
         l.names.push_back(layout.names[i]);
         l.numels.push_back(layout.numels[i]);
       }
+      // A sharded service: the coordinator and each shard keep only the fragments they hold.
+      initial.push_back(outer::ShardOwns(o, uint32_t(layouts.size())) ? Flatten(params, indices)
+                                                                     : std::vector<float>());
       layouts.push_back(std::move(l));
-      initial.push_back(Flatten(params, indices));
     }
   }
   return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
@@ -222,6 +228,116 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const Coordin
   return servers;
 }
 
+// A shard server's link to the run's coordinator: one long poll after another, in its own thread,
+// each reporting the shard's rounds and the islands it heard from and mirroring the membership it
+// is answered.
+class ShardLink {
+ public:
+  ShardLink(outer::SyncServer* sync, std::unique_ptr<GrpcTransport> coordinator,
+            std::string address, std::string name, FILE* out)
+      : sync_(sync),
+        coordinator_(std::move(coordinator)),
+        address_(std::move(address)),
+        name_(std::move(name)),
+        out_(out) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ShardLink() {
+    stop_ = true;
+    thread_.join();
+  }
+  // A refusal that ends the shard (another run, model or shard count): OK while there is none.
+  absl::Status fatal() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fatal_;
+  }
+  // Seconds since the coordinator last answered (since the link started, before its first answer).
+  double silent_s() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_answer_).count();
+  }
+
+ private:
+  void Run() {
+    bool failing = false, reached = false;
+    while (!stop_) {
+      auto view = coordinator_->ShardSync(sync_->ShardReport(address_));
+      if (view.ok()) {
+        sync_->MirrorMembership(*view);
+        std::lock_guard<std::mutex> lock(mu_);
+        last_answer_ = std::chrono::steady_clock::now();
+        if (!reached || failing) {
+          std::fprintf(out_, "%s: reached the coordinator; serving islands at %s\n",
+                       name_.c_str(), address_.c_str());
+          std::fflush(out_);
+        }
+        reached = true;
+        failing = false;
+        continue;
+      }
+      const absl::Status& s = view.status();
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s) || absl::IsInvalidArgument(s) ||
+          absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        fatal_ = absl::Status(s.code(), absl::StrCat("the coordinator refused this shard: ",
+                                                     s.message()));
+        return;
+      }
+      if (!failing) {
+        std::fprintf(out_, "%s: cannot reach the coordinator (%s); retrying\n", name_.c_str(),
+                     std::string(s.message()).c_str());
+        std::fflush(out_);
+      }
+      failing = true;
+      for (int i = 0; i < 4 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  outer::SyncServer* sync_;
+  std::unique_ptr<GrpcTransport> coordinator_;
+  const std::string address_, name_;
+  FILE* out_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  absl::Status fatal_;
+  std::chrono::steady_clock::time_point last_answer_ = std::chrono::steady_clock::now();
+  std::thread thread_;
+};
+
+// The rounds the service commits (a shard: those of its fragments): one per due step of the
+// schedule, plus a final one at the last step for each fragment that is not due there.
+uint64_t TotalRounds(const Config& config, const outer::SyncServerOptions& o) {
+  const outer::SyncSchedule schedule(config.outer.sync_every, config.outer.num_fragments);
+  // The coordinator of a sharded run counts every fragment's rounds (as the shards report them).
+  auto count = [&](const std::vector<uint32_t>& due) {
+    return uint64_t(std::count_if(due.begin(), due.end(), [&](uint32_t f) {
+      return o.shard == outer::SyncServerOptions::kControlPlane || outer::ShardOwns(o, f);
+    }));
+  };
+  uint64_t total = 0;
+  for (int64_t t = 1; t <= config.train.steps; ++t) total += count(schedule.DueAfter(t));
+  std::vector<uint32_t> all(size_t(config.outer.num_fragments));
+  std::iota(all.begin(), all.end(), 0u);
+  return total + count(all) - count(schedule.DueAfter(config.train.steps));
+}
+
+// A resumed service drops from rounds.jsonl the rounds logged but not durable: they are redone.
+absl::Status TrimRoundsLog(const std::string& run_dir, const pb::ServiceState& state) {
+  const std::string log_path = run_dir + "/rounds.jsonl";
+  std::ifstream in(log_path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("round")) continue;
+    const uint32_t f = j.value("fragment", 0u);
+    for (const auto& fs : state.fragments()) {
+      if (fs.fragment() == f && j["round"].get<uint64_t>() < fs.round()) kept += line + "\n";
+    }
+  }
+  in.close();
+  return WriteFileAtomic(log_path, kept);
+}
+
 }  // namespace
 
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
@@ -230,6 +346,10 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   // GiB over three rounds); above a fixed threshold every such buffer is mapped on its own and
   // goes back to the system when freed.
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  const bool shard = options.shard >= 0;
+  const std::string who =
+      shard ? absl::StrCat("atoll sync-server (shard ", options.shard, "/", config.outer.shards, ")")
+            : std::string("atoll coordinator");
   // Flags are checked before anything is built or bound.
   for (const auto& [flag, address] : {std::pair{"--metrics-listen", &options.metrics_listen},
                                       std::pair{"--http-listen", &options.http_listen}}) {
@@ -238,32 +358,29 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
       return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
     }
   }
+  if (shard && (options.shard >= config.outer.shards || options.coordinator.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", options.shard, " of a run of outer.shards = ", config.outer.shards,
+        options.coordinator.empty() ? " needs the coordinator's address" : " does not exist"));
+  }
   Config initial = config;
   if (options.resume) initial.run.init_from.clear();  // the state file holds the parameters
-  auto made = MakeSyncServer(initial);
+  auto made = MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane);
   if (!made.ok()) return made.status();
   auto sync = *std::move(made);
+  // The coordinator of a sharded run holds no outer state: nothing of it is durable (islands
+  // rejoin a restarted one); each shard writes its own.
+  const bool durable = !options.run_dir.empty() && !sync->is_control_plane();
   const std::string state_path =
-      options.run_dir.empty() ? "" : (std::filesystem::path(options.run_dir) / kStateFile).string();
-  if (options.resume) {
-    if (state_path.empty()) return absl::InvalidArgumentError("--resume needs the run directory");
+      durable ? (std::filesystem::path(options.run_dir) / kStateFile).string() : "";
+  if (options.resume && options.run_dir.empty()) {
+    return absl::InvalidArgumentError("--resume needs the run directory");
+  }
+  if (options.resume && durable) {
     auto state = RestoreServiceState(state_path, *sync);
     if (!state.ok()) return state.status();
-    // Rounds logged but not durable are redone: drop them from the log.
-    const std::string log_path = options.run_dir + "/rounds.jsonl";
-    std::ifstream in(log_path);
-    std::string kept;
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.contains("round")) continue;
-      const int f = j.value("fragment", 0);
-      if (f < state->fragments_size() && j["round"].get<uint64_t>() < state->fragments(f).round()) {
-        kept += line + "\n";
-      }
-    }
-    in.close();
-    if (auto s = WriteFileAtomic(log_path, kept); !s.ok()) return s;
-    std::fprintf(options.out, "atoll coordinator: resumed run '%s' at round %llu from %s\n",
+    if (auto s = TrimRoundsLog(options.run_dir, *state); !s.ok()) return s;
+    std::fprintf(options.out, "%s: resumed run '%s' at round %llu from %s\n", who.c_str(),
                  config.outer.run_id.c_str(), (unsigned long long)sync->committed_rounds(),
                  state_path.c_str());
   }
@@ -274,6 +391,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::filesystem::create_directories(options.run_dir, ec);
     // The resolved config beside the state: tools read the state with it (atoll export).
     if (auto s = WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)); !s.ok()) return s;
+  }
+  if (durable) {
     auto log = MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1);
     if (!log.ok()) return log.status();
     rounds_log = *std::move(log);
@@ -283,12 +402,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     writer = std::make_unique<StateWriter>(sync.get(), state_path, config.outer.durable_every,
                                            options.out);
   }
-  // Rounds per fragment: one per due step of the schedule, plus a final one at the last step for
-  // fragments that are not due there.
-  const outer::SyncSchedule schedule(config.outer.sync_every, config.outer.num_fragments);
-  uint64_t total_rounds = 0;
-  for (int64_t t = 1; t <= config.train.steps; ++t) total_rounds += schedule.DueAfter(t).size();
-  total_rounds += uint64_t(config.outer.num_fragments) - schedule.DueAfter(config.train.steps).size();
+  const uint64_t total_rounds = TotalRounds(config, sync->options());
   const auto start = std::chrono::steady_clock::now();
   std::atomic<uint64_t> sync_rounds{sync->committed_rounds()};  // > 0 after a resume
   TrafficCounters traffic;
@@ -334,34 +448,64 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   server_options.traffic = &traffic;
   auto server = GrpcServer::Start(sync.get(), server_options);
   if (!server.ok()) return server.status();
+  std::unique_ptr<ShardLink> link;
+  if (shard) {
+    GrpcTransportOptions t;
+    t.target = options.coordinator;
+    t.token = options.server.token;
+    t.tls = options.server.tls;
+    t.rpc_timeout_s = 4;  // a long poll answers within a second
+    auto coordinator = GrpcTransport::Create(t);
+    if (!coordinator.ok()) return coordinator.status();
+    link = std::make_unique<ShardLink>(
+        sync.get(), *std::move(coordinator),
+        options.advertise.empty() ? (*server)->address() : options.advertise, who, options.out);
+  }
   const std::string plan =
       config.outer.async()
           ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
           : absl::StrFormat("%d rounds", total_rounds);
-  std::fprintf(options.out, "atoll coordinator: run '%s' listening on %s (%d islands, H = %d, %s)\n",
+  std::fprintf(options.out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)\n", who.c_str(),
                config.outer.run_id.c_str(), (*server)->address().c_str(), config.outer.islands,
-               config.outer.sync_every, plan.c_str());
+               config.outer.sync_every, plan.c_str(),
+               config.outer.shards > 1 ? absl::StrFormat(", %d shards", config.outer.shards).c_str()
+                                       : "");
   std::fflush(options.out);
   auto http = StartHttp(options, monitor);
   if (!http.ok()) return http.status();
+  absl::Status ended = absl::OkStatus();
   for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
     const bool done = config.outer.async() ? sync->budget_reached()
                                            : sync->committed_rounds() >= total_rounds;
-    if (done && sync->num_members() == 0) break;
+    // A shard is done with its rounds once no island is left, or the coordinator has gone (it
+    // ends once the last island left).
+    if (done && (sync->num_members() == 0 || (link && link->silent_s() > 3))) break;
+    if (link && !link->fatal().ok()) {
+      ended = link->fatal();
+      break;
+    }
     if (tick % 10 == 0) monitor.Sample();  // curves and bandwidth, once a second
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  link.reset();
   http->clear();
   (*server)->Shutdown();
   if (writer) {
     const int writes = writer->writes();
     const double slowest = writer->max_write_s();
     writer.reset();  // the final state is durable before the coordinator says it stopped
-    std::fprintf(options.out, "atoll coordinator: service state written %d times, slowest %.1f ms\n",
+    std::fprintf(options.out, "%s: service state written %d times, slowest %.1f ms\n", who.c_str(),
                  writes + 1, 1e3 * slowest);
   }
-  std::fprintf(options.out, "atoll coordinator: stopped after %llu rounds, params %016llx\n",
-               (unsigned long long)sync->committed_rounds(), (unsigned long long)sync->params_hash());
+  if (!ended.ok()) return ended;
+  std::string hashes;
+  for (uint32_t f = 0; f < sync->num_fragments(); ++f) {
+    if (!outer::ShardOwns(sync->options(), f)) continue;
+    hashes += absl::StrFormat("%s%016x", hashes.empty() ? "" : " ", sync->params_hash(f));
+  }
+  std::fprintf(options.out, "%s: stopped after %llu rounds%s\n", who.c_str(),
+               (unsigned long long)sync->committed_rounds(),
+               hashes.empty() ? "" : absl::StrCat(", params ", hashes).c_str());
   std::fflush(options.out);
   return absl::OkStatus();
 }

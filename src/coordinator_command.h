@@ -20,7 +20,10 @@ namespace pb = ::atollpb::v1;
 // The run's SyncServer: global parameters initialized from model.init_seed, or read from
 // train.init_from when set; layout from the model's named parameters.
 // With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/fragments.h).
-absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config);
+// `shard`: with outer.shards > 1, the coordinator (SyncServerOptions::kControlPlane, no fragment's
+// data) or shard server K (its fragments' data only).
+absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(
+    const Config& config, int shard = outer::SyncServerOptions::kControlPlane);
 
 struct CoordinatorOptions {
   GrpcServerOptions server;
@@ -33,12 +36,21 @@ struct CoordinatorOptions {
   // (/healthz, /readyz).
   std::string metrics_listen;
   std::string http_listen;
+  // `atoll sync-server --shard K/N`: shard server K of a sharded service (outer.shards = N). It
+  // serves the fragments f with f mod N == K, keeps their durable state in run_dir, and mirrors
+  // the membership of the coordinator at `coordinator` (HOST:PORT), telling it `advertise` as the
+  // address islands reach it at (empty: the address it listens on). -1: the run's coordinator.
+  int shard = -1;
+  std::string coordinator;
+  std::string advertise;
+  double rpc_timeout_s = 60;                 // of the calls to the coordinator
   FILE* out = stdout;                        // "listening on HOST:PORT", then one line per round
   const std::atomic<bool>* stop = nullptr;   // SIGINT / SIGTERM
 };
 
 // Serves until `stop` is set, or until the run's last round has committed and every island has
-// left.
+// left (a shard server: its fragments' last rounds, and the coordinator says no island is left or
+// has gone).
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options);
 
 

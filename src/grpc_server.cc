@@ -269,6 +269,21 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
     *resp = sync_->GetState();
     return grpc::Status::OK;
   }
+  // A shard server's long poll (its certificate, with mutual TLS, is "shard-K").
+  grpc::Status ShardSync(grpc::ServerContext* ctx, const pb::ShardSyncRequest* req,
+                         pb::ShardSyncResponse* resp) override {
+    CallLimits::Slot call;
+    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->CheckPeer(ctx, absl::StrCat("shard-", req->shard())); !s.ok()) return s;
+    if (auto s = guard_->Pending(&call); !s.ok()) return s;
+    // Never past the caller's deadline, nor past a second (a shutdown waits for it).
+    const absl::Time deadline = std::min(absl::Now() + absl::Seconds(1),
+                                         absl::FromChrono(ctx->deadline()) - absl::Milliseconds(50));
+    auto r = sync_->ShardSync(*req, deadline);
+    if (!r.ok()) return ToGrpc(r.status());
+    *resp = *std::move(r);
+    return grpc::Status::OK;
+  }
 
  private:
   outer::SyncServer* sync_;

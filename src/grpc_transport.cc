@@ -94,6 +94,18 @@ absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::Heartbe
   return response;
 }
 
+absl::StatusOr<pb::ShardSyncResponse> GrpcTransport::ShardSync(
+    const pb::ShardSyncRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, options_.rpc_timeout_s + 1);
+  ctx.set_wait_for_ready(true);  // a coordinator that is (re)starting
+  pb::ShardSyncResponse response;
+  if (auto s = FromGrpc(stubs_[0]->coordinator->ShardSync(&ctx, request, &response)); !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
 absl::StatusOr<pb::GetStateResponse> GrpcTransport::GetState(const pb::GetStateRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);

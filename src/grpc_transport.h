@@ -35,6 +35,8 @@ class GrpcTransport : public outer::Transport {
   absl::Status Leave(const pb::LeaveRequest& request) override;
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& request) override;
   absl::StatusOr<pb::GetStateResponse> GetState(const pb::GetStateRequest& request);
+  // A shard server's call to its coordinator (answered within about a second: a long poll).
+  absl::StatusOr<pb::ShardSyncResponse> ShardSync(const pb::ShardSyncRequest& request);
   int connections() const override { return int(stubs_.size()); }
   absl::StatusOr<pb::PushResponse> Push(const outer::PushSource& source, int lane) override;
   absl::Status AwaitUpdate(const pb::UpdateRequest& request,

@@ -50,28 +50,27 @@ struct Beat {
   double latency_s = 0;
 };
 
-// What one island saw of one round.
+// What one island saw of one round (of every fragment).
 struct RoundTimes {
-  Clock::time_point sent;          // its last chunk written
-  Clock::time_point first_update;  // the first chunk of the update received
-  Clock::time_point done;          // the whole update received
+  Clock::time_point sent;          // its last chunk written (of all fragments)
+  Clock::time_point first_update;  // the first chunk of an update received
+  Clock::time_point done;          // every update received
+  double commit_s = 0;             // the longest last-chunk-to-first-update wait of a fragment
   uint64_t bytes_pushed = 0, bytes_received = 0;
 };
 
-// A synthetic island: joins, heartbeats in its own thread, pushes random pseudo-gradients of the
-// whole model chunk by chunk (a few distinct random chunks cycled, so that nothing of the model's
-// size is ever held here) and reads every round's update, checking each chunk's checksum.
+// A synthetic island: joins, heartbeats in its own thread, pushes random pseudo-gradients of every
+// fragment chunk by chunk (a few distinct random chunks cycled, so that nothing of the model's size
+// is ever held here) and reads every round's update, checking each chunk's checksum. A sharded
+// service gets each fragment's push on a connection to its shard, all fragments at once.
 class SyntheticIsland {
  public:
   SyntheticIsland(int index, const Config& config, const std::string& address,
-                  const std::string& token, uint64_t elements)
-      : index_(index), config_(config), token_(token), elements_(elements) {
-    grpc::ChannelArguments args;
-    args.SetInt("atoll.loadtest.island", index);  // a TCP connection of its own
-    args.SetMaxReceiveMessageSize(64 << 20);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    coordinator_ = pb::Coordinator::NewStub(channel_);
-    sync_ = pb::OuterSync::NewStub(channel_);
+                  const std::string& token)
+      : index_(index), config_(config), token_(token) {
+    auto channel = Channel(address);
+    coordinator_ = pb::Coordinator::NewStub(channel);
+    sync_.push_back(pb::OuterSync::NewStub(channel));
   }
   ~SyntheticIsland() { StopHeartbeats(); }
 
@@ -80,11 +79,28 @@ class SyntheticIsland {
     j.set_run_id(config_.outer.run_id);
     j.set_name(absl::StrCat("load", index_));
     j.set_config_hash(ModelConfigHash(config_.model));
-    grpc::ClientContext ctx;
-    Prepare(&ctx, 120);
-    ctx.set_wait_for_ready(true);
-    if (auto s = FromGrpc(coordinator_->Join(&ctx, j, &join_), "join"); !s.ok()) return s;
-    return MakeChunks();
+    // The coordinator of a sharded service takes joins once every shard has reached it.
+    for (int tries = 0;; ++tries) {
+      grpc::ClientContext ctx;
+      Prepare(&ctx, 120);
+      ctx.set_wait_for_ready(true);
+      auto s = FromGrpc(coordinator_->Join(&ctx, j, &join_), "join");
+      if (s.ok()) break;
+      if (!absl::IsUnavailable(s) || tries >= 600) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (join_.shards_size() > 0) {
+      sync_.clear();
+      for (const auto& address : join_.shards()) {
+        sync_.push_back(pb::OuterSync::NewStub(Channel(address)));
+      }
+    }
+    for (const auto& f : join_.fragments()) {
+      auto made = MakeChunks(f.fragment(), f.num_elements());
+      if (!made.ok()) return made.status();
+      fragments_.push_back(*std::move(made));
+    }
+    return absl::OkStatus();
   }
 
   void StartHeartbeats(double every_s) {
@@ -118,64 +134,27 @@ class SyntheticIsland {
     if (heartbeat_.joinable()) heartbeat_.join();
   }
 
-  // Pushes this island's contribution to `round`, then reads the round's update.
+  // Pushes this island's contribution to `round` of every fragment, then reads each update.
   absl::StatusOr<RoundTimes> Round(uint64_t round) {
-    RoundTimes t;
     step_ = (round + 1) * uint64_t(config_.outer.sync_every);
-    {
-      grpc::ClientContext ctx;
-      Prepare(&ctx, config_.outer.round_timeout_s);
-      pb::PushResponse response;
-      auto writer = sync_->Push(&ctx, &response);
-      for (uint32_t c = 0; c < plan_.num_chunks; ++c) {
-        const bool tail = c + 1 == plan_.num_chunks;
-        pb::PushRequest m;
-        *m.mutable_chunk() = tail ? tail_ : pool_[(c + uint32_t(index_)) % pool_.size()];
-        auto* h = m.mutable_chunk()->mutable_header();
-        h->set_island_id(join_.island_id());
-        h->set_round(round);
-        h->set_offset(uint64_t(c) * plan_.per_chunk);
-        h->set_chunk_index(c);
-        m.set_tokens(tokens_);
-        if (c == 0) m.set_session(join_.session());
-        t.bytes_pushed += m.ByteSizeLong();
-        if (!writer->Write(m)) break;
-      }
-      writer->WritesDone();
-      t.sent = Clock::now();
-      if (auto s = FromGrpc(writer->Finish(), absl::StrCat("push of round ", round)); !s.ok()) {
-        return s;
-      }
+    std::vector<absl::StatusOr<RoundTimes>> each(fragments_.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t f = 0; f < fragments_.size(); ++f) {
+      threads.emplace_back([&, f] { each[f] = FragmentRound(fragments_[f], round); });
     }
-    grpc::ClientContext ctx;
-    Prepare(&ctx, 2 * config_.outer.round_timeout_s);
-    pb::UpdateRequest u;
-    u.set_run_id(config_.outer.run_id);
-    u.set_island_id(join_.island_id());
-    u.set_session(join_.session());
-    u.set_round(round);
-    auto reader = sync_->AwaitUpdate(&ctx, u);
-    pb::UpdateChunk chunk;
-    uint64_t covered = 0;
-    while (reader->Read(&chunk)) {
-      if (covered == 0) t.first_update = Clock::now();
-      if (compression::Checksum(chunk.chunk().data().data(), chunk.chunk().data().size()) !=
-          chunk.chunk().xxh64()) {
-        return absl::DataLossError(absl::StrCat("an update chunk of round ", round,
-                                                " does not match its checksum"));
-      }
-      covered += chunk.chunk().header().num_elements();
-      t.bytes_received += chunk.ByteSizeLong();
+    for (auto& t : threads) t.join();
+    RoundTimes all;
+    all.first_update = Clock::time_point::max();
+    for (const auto& t : each) {
+      if (!t.ok()) return t.status();
+      all.sent = std::max(all.sent, t->sent);
+      all.first_update = std::min(all.first_update, t->first_update);
+      all.done = std::max(all.done, t->done);
+      all.commit_s = std::max(all.commit_s, Seconds(t->sent, t->first_update));
+      all.bytes_pushed += t->bytes_pushed;
+      all.bytes_received += t->bytes_received;
     }
-    if (auto s = FromGrpc(reader->Finish(), absl::StrCat("update of round ", round)); !s.ok()) {
-      return s;
-    }
-    if (covered != elements_) {
-      return absl::DataLossError(absl::StrCat("the update of round ", round, " covers ", covered,
-                                              " of ", elements_, " elements"));
-    }
-    t.done = Clock::now();
-    return t;
+    return all;
   }
 
   absl::Status Leave() {
@@ -197,29 +176,114 @@ class SyntheticIsland {
     std::lock_guard<std::mutex> lock(mu_);
     return failed_beats_;
   }
+  // The encoded bytes of one contribution to one round of every fragment.
   uint64_t contribution_bytes() const {
-    uint64_t n = tail_.ByteSizeLong();
-    for (uint32_t c = 0; c + 1 < plan_.num_chunks; ++c) n += pool_[c % pool_.size()].ByteSizeLong();
+    uint64_t n = 0;
+    for (const auto& f : fragments_) {
+      n += f.tail.ByteSizeLong();
+      for (uint32_t c = 0; c + 1 < f.plan.num_chunks; ++c) n += f.pool[c % f.pool.size()].ByteSizeLong();
+    }
     return n;
   }
 
  private:
+  // One fragment's chunks: a few full ones cycled, and the payload's last, shorter one.
+  struct Fragment {
+    uint32_t index = 0;
+    uint64_t elements = 0;
+    outer::ChunkPlan plan;
+    std::vector<pb::Chunk> pool;
+    pb::Chunk tail;
+  };
+
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address) const {
+    grpc::ChannelArguments args;
+    args.SetInt("atoll.loadtest.island", index_);  // a TCP connection of its own
+    args.SetMaxReceiveMessageSize(64 << 20);
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+
   void Prepare(grpc::ClientContext* ctx, double timeout_s) const {
     ctx->AddMetadata(kAuthMetadata, "Bearer " + token_);
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(int64_t(timeout_s * 1000)));
   }
 
-  // A few chunks of random values well inside the service's bounds (pseudo-gradients of about
-  // 1e-3 against parameters of about 2e-2), and the payload's last, shorter one.
-  absl::Status MakeChunks() {
+  absl::StatusOr<RoundTimes> FragmentRound(const Fragment& f, uint64_t round) {
+    RoundTimes t;
+    pb::OuterSync::Stub& stub = *sync_[f.index % sync_.size()];
+    {
+      grpc::ClientContext ctx;
+      Prepare(&ctx, config_.outer.round_timeout_s);
+      pb::PushResponse response;
+      auto writer = stub.Push(&ctx, &response);
+      for (uint32_t c = 0; c < f.plan.num_chunks; ++c) {
+        const bool tail = c + 1 == f.plan.num_chunks;
+        pb::PushRequest m;
+        *m.mutable_chunk() = tail ? f.tail : f.pool[(c + uint32_t(index_)) % f.pool.size()];
+        auto* h = m.mutable_chunk()->mutable_header();
+        h->set_island_id(join_.island_id());
+        h->set_round(round);
+        h->set_offset(uint64_t(c) * f.plan.per_chunk);
+        h->set_chunk_index(c);
+        m.set_tokens(tokens_);
+        if (c == 0) m.set_session(join_.session());
+        t.bytes_pushed += m.ByteSizeLong();
+        if (!writer->Write(m)) break;
+      }
+      writer->WritesDone();
+      t.sent = Clock::now();
+      if (auto s = FromGrpc(writer->Finish(), absl::StrCat("push of round ", round, " of fragment ",
+                                                           f.index));
+          !s.ok()) {
+        return s;
+      }
+    }
+    grpc::ClientContext ctx;
+    Prepare(&ctx, 2 * config_.outer.round_timeout_s);
+    pb::UpdateRequest u;
+    u.set_run_id(config_.outer.run_id);
+    u.set_island_id(join_.island_id());
+    u.set_session(join_.session());
+    u.set_round(round);
+    u.set_fragment(f.index);
+    auto reader = stub.AwaitUpdate(&ctx, u);
+    pb::UpdateChunk chunk;
+    uint64_t covered = 0;
+    while (reader->Read(&chunk)) {
+      if (covered == 0) t.first_update = Clock::now();
+      if (compression::Checksum(chunk.chunk().data().data(), chunk.chunk().data().size()) !=
+          chunk.chunk().xxh64()) {
+        return absl::DataLossError(absl::StrCat("an update chunk of round ", round,
+                                                " does not match its checksum"));
+      }
+      covered += chunk.chunk().header().num_elements();
+      t.bytes_received += chunk.ByteSizeLong();
+    }
+    if (auto s = FromGrpc(reader->Finish(), absl::StrCat("update of round ", round)); !s.ok()) {
+      return s;
+    }
+    if (covered != f.elements) {
+      return absl::DataLossError(absl::StrCat("the update of round ", round, " covers ", covered,
+                                              " of ", f.elements, " elements"));
+    }
+    t.done = Clock::now();
+    return t;
+  }
+
+  // Random values well inside the service's bounds (pseudo-gradients of about 1e-3 against
+  // parameters of about 2e-2).
+  absl::StatusOr<Fragment> MakeChunks(uint32_t index, uint64_t elements) {
     const auto codec = *compression::ParseCodec(config_.outer.codec);
-    plan_ = outer::PlanChunks(codec, elements_);
+    Fragment f;
+    f.index = index;
+    f.elements = elements;
+    f.plan = outer::PlanChunks(codec, elements);
     tokens_ = uint64_t(config_.outer.sync_every) * uint64_t(config_.train.batch_size) *
               uint64_t(config_.train.grad_accum) * uint64_t(config_.model.context);
-    uint64_t state = 0x9e3779b97f4a7c15ULL * uint64_t(index_ + 1);
-    std::vector<float> values(plan_.per_chunk);
-    auto encode = [&](uint64_t count, uint32_t index) -> absl::StatusOr<pb::Chunk> {
+    uint64_t state = 0x9e3779b97f4a7c15ULL * uint64_t(index_ + 1) + index;
+    std::vector<float> values(f.plan.per_chunk);
+    auto encode = [&](uint64_t count, uint32_t chunk) -> absl::StatusOr<pb::Chunk> {
       for (uint64_t k = 0; k < count; ++k) {
         state += 0x9e3779b97f4a7c15ULL;  // splitmix64
         uint64_t z = state;
@@ -228,34 +292,31 @@ class SyntheticIsland {
         z ^= z >> 31;
         values[k] = float((double(z >> 11) * 0x1.0p-53 - 0.5) * 4e-3);
       }
-      return outer::EncodeChunk({config_.outer.run_id, join_.island_id(), 0, 0}, codec,
-                                values.data(), 0, count, elements_, index, plan_.num_chunks);
+      return outer::EncodeChunk({config_.outer.run_id, join_.island_id(), 0, index}, codec,
+                                values.data(), 0, count, elements, chunk, f.plan.num_chunks);
     };
-    const uint32_t distinct = std::min<uint32_t>(3, plan_.num_chunks - 1);
+    const uint32_t distinct = std::min<uint32_t>(3, std::max<uint32_t>(1, f.plan.num_chunks - 1));
     for (uint32_t i = 0; i < distinct; ++i) {
-      auto c = encode(plan_.per_chunk, 0);
+      auto c = encode(std::min<uint64_t>(f.plan.per_chunk, elements), 0);
       if (!c.ok()) return c.status();
-      pool_.push_back(*std::move(c));
+      f.pool.push_back(*std::move(c));
     }
-    const uint64_t last = elements_ - uint64_t(plan_.num_chunks - 1) * plan_.per_chunk;
-    auto c = encode(last, plan_.num_chunks - 1);
+    const uint64_t last = elements - uint64_t(f.plan.num_chunks - 1) * f.plan.per_chunk;
+    auto c = encode(last, f.plan.num_chunks - 1);
     if (!c.ok()) return c.status();
-    tail_ = *std::move(c);
-    return absl::OkStatus();
+    f.tail = *std::move(c);
+    return f;
   }
 
   const int index_;
   const Config& config_;
   const std::string token_;
-  const uint64_t elements_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
-  std::unique_ptr<pb::OuterSync::Stub> sync_;
+  std::vector<std::unique_ptr<pb::OuterSync::Stub>> sync_;  // by shard (one: unsharded)
   pb::JoinResponse join_;
-  outer::ChunkPlan plan_;
+  std::vector<Fragment> fragments_;
   uint64_t tokens_ = 0;
-  std::vector<pb::Chunk> pool_;
-  pb::Chunk tail_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> step_{0};
   std::thread heartbeat_;
@@ -290,10 +351,11 @@ absl::StatusOr<Config> LoadtestConfig(const LoadtestOptions& o) {
   // service; --outer.durable_every=1 measures it with durability (updates wait for the write).
   if (!Overridden(o.overrides, "outer.durable_every")) c.outer.durable_every = o.rounds + 1;
   c.train.steps = int64_t(o.rounds) * c.outer.sync_every;
-  if (c.outer.num_fragments != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loadtest pushes whole-model rounds: outer.num_fragments must be 1, got ",
-        c.outer.num_fragments));
+  // Every fragment is pushed every round. A sharded service holds one fragment per shard unless
+  // more are asked for.
+  c.outer.shards = o.shards;
+  if (!Overridden(o.overrides, "outer.num_fragments")) {
+    c.outer.num_fragments = std::max(c.outer.num_fragments, o.shards);
   }
   if (auto s = inner::Validate(c.model); !s.ok()) return s;
   if (auto s = outer::Validate(c.outer); !s.ok()) return s;
@@ -311,10 +373,8 @@ absl::Status CheckOptions(const LoadtestOptions& o) {
   if (o.rounds < 1 || o.rounds > 1000) {
     return absl::InvalidArgumentError(absl::StrCat("--rounds must be 1 to 1000, got ", o.rounds));
   }
-  if (o.shards != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "--shards ", o.shards, ": a sharded outer-sync service does not exist yet; only 1 shard "
-        "(one coordinator) can be tested"));
+  if (o.shards < 1 || o.shards > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("--shards must be 1 to 16, got ", o.shards));
   }
   if (o.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   return absl::OkStatus();
@@ -352,12 +412,27 @@ void PrintReport(const LoadtestReport& r, FILE* out) {
   std::fprintf(out, "commit time (last chunk pushed -> first update chunk): median %.3f s, max %.3f s\n",
                Percentile(commits, 0.5), commits.empty() ? 0.0 : *std::max_element(commits.begin(), commits.end()));
   const double budget = 3.5 * r.model_bytes + r.islands * r.contribution_bytes;
-  std::fprintf(out,
-               "service peak RSS %s = %.2f x the fp32 model (%s); budget 3.5 x model + %d "
-               "contributions of %s = %s: %s\n",
-               Gib(double(r.rss_peak)).c_str(), double(r.rss_peak) / r.model_bytes,
-               Gib(r.model_bytes).c_str(), r.islands, Gib(r.contribution_bytes).c_str(),
-               Gib(budget).c_str(), double(r.rss_peak) <= budget ? "within" : "OVER");
+  if (r.shards <= 1) {
+    std::fprintf(out,
+                 "service peak RSS %s = %.2f x the fp32 model (%s); budget 3.5 x model + %d "
+                 "contributions of %s = %s: %s\n",
+                 Gib(double(r.rss_peak)).c_str(), double(r.rss_peak) / r.model_bytes,
+                 Gib(r.model_bytes).c_str(), r.islands, Gib(r.contribution_bytes).c_str(),
+                 Gib(budget).c_str(), double(r.rss_peak) <= budget ? "within" : "OVER");
+  } else {
+    std::string each;
+    for (size_t k = 0; k < r.shard_rss_peak.size(); ++k) {
+      each += absl::StrFormat("%sshard %d %s (%.2f x the model)", k ? ", " : "", k,
+                              Gib(double(r.shard_rss_peak[k])).c_str(),
+                              double(r.shard_rss_peak[k]) / r.model_bytes);
+    }
+    std::fprintf(out,
+                 "service peak RSS per shard: %s; the fp32 model %s, one service's budget 3.5 x "
+                 "model + %d contributions of %s = %s; coordinator (membership only) %s\n",
+                 each.c_str(), Gib(r.model_bytes).c_str(), r.islands,
+                 Gib(r.contribution_bytes).c_str(), Gib(budget).c_str(),
+                 Gib(double(r.coordinator_rss_peak)).c_str());
+  }
   std::fprintf(out,
                "heartbeats: %d, p50 %.1f ms, p99 %.1f ms, max %.1f ms; %d while a round was "
                "committed, their p99 %.1f ms\n",
@@ -390,7 +465,10 @@ nlohmann::json ToJson(const LoadtestReport& r) {
           {"commit_heartbeat_p99_ms", r.commit_heartbeat_p99_ms},
           {"push_goodput", r.push_goodput},
           {"round_goodput", r.round_goodput},
-          {"wall_s", r.wall_s}};
+          {"wall_s", r.wall_s},
+          {"shards", r.shards},
+          {"shard_rss_peak", r.shard_rss_peak},
+          {"coordinator_rss_peak", r.coordinator_rss_peak}};
 }
 
 }  // namespace
@@ -409,6 +487,85 @@ inner::ModelConfig ModelForParams(int64_t params) {
   return m;
 }
 
+// The service under test: the coordinator and, for a sharded service, its shard servers, each a
+// process of its own started from this program.
+class ServiceProcesses {
+ public:
+  absl::Status Start(const LoadtestOptions& o, const std::string& config_path,
+                     const std::string& token) {
+    setenv("ATOLL_TOKEN", token.c_str(), 1);
+    auto start = [&](std::vector<std::string> argv, const std::string& name) {
+      processes_.push_back(std::make_unique<ChildProcess>(
+          std::move(argv), (fs::path(o.run_dir) / (name + ".log")).string()));
+      names_.push_back(name);
+    };
+    start({o.binary, "coordinator", "--config", config_path, "--listen", "127.0.0.1:0", "--run-dir",
+           (fs::path(o.run_dir) / "coordinator").string()},
+          "coordinator");
+    auto address = Address(0, o.run_dir);
+    if (!address.ok()) return address.status();
+    address_ = *address;
+    for (int k = 0; o.shards > 1 && k < o.shards; ++k) {
+      const std::string name = absl::StrCat("shard-", k);
+      start({o.binary, "sync-server", "--shard", absl::StrCat(k, "/", o.shards), "--coordinator",
+             address_, "--config", config_path, "--listen", "127.0.0.1:0", "--run-dir",
+             (fs::path(o.run_dir) / name).string()},
+            name);
+    }
+    unsetenv("ATOLL_TOKEN");
+    for (size_t k = 1; k < processes_.size(); ++k) {
+      const std::string log = processes_[k]->WaitForOutput("reached the coordinator", 600);
+      if (log.find("reached the coordinator") == std::string::npos) {
+        return absl::InternalError(absl::StrCat(names_[k], " did not start; see ", o.run_dir, "/",
+                                                names_[k], ".log:\n", log.substr(0, 2000)));
+      }
+    }
+    return absl::OkStatus();
+  }
+  const std::string& address() const { return address_; }
+  // The processes that hold outer state: the coordinator, or the shards of a sharded service.
+  std::vector<ChildProcess*> holders() const {
+    std::vector<ChildProcess*> out;
+    for (size_t k = processes_.size() > 1 ? 1 : 0; k < processes_.size(); ++k) {
+      out.push_back(processes_[k].get());
+    }
+    return out;
+  }
+  ChildProcess& coordinator() { return *processes_[0]; }
+  const std::string& name(const ChildProcess* p) const {
+    for (size_t k = 0; k < processes_.size(); ++k) {
+      if (processes_[k].get() == p) return names_[k];
+    }
+    return names_[0];
+  }
+  // Once the islands have left: each process is asked to end (its rounds are all committed; the
+  // last state is written) and must end cleanly.
+  absl::Status Stop(const std::string& run_dir) {
+    for (size_t k = processes_.size(); k-- > 0;) {
+      if (const int code = processes_[k]->Terminate(120); code != 0) {
+        return absl::InternalError(absl::StrCat(names_[k], " ended with ", code, "; see ", run_dir,
+                                                "/", names_[k], ".log"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<std::string> Address(size_t k, const std::string& run_dir) {
+    const std::string log = processes_[k]->WaitForOutput("listening on ", 600);
+    const auto at = log.find("listening on ");
+    if (at == std::string::npos) {
+      return absl::InternalError(absl::StrCat("the ", names_[k], " did not start; see ", run_dir,
+                                              "/", names_[k], ".log:\n", log.substr(0, 2000)));
+    }
+    return log.substr(at + 13, log.find(' ', at + 13) - at - 13);
+  }
+
+  std::vector<std::unique_ptr<ChildProcess>> processes_;
+  std::vector<std::string> names_;
+  std::string address_;
+};
+
 absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   if (auto s = CheckOptions(o); !s.ok()) return s;
   auto loaded = LoadtestConfig(o);
@@ -425,39 +582,36 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   report.codec = config.outer.codec;
   report.islands = o.islands;
   report.rounds = o.rounds;
+  report.shards = o.shards;
   report.service_threads = config.outer.service_threads;
   report.model_bytes = 4.0 * double(report.params);
   std::fprintf(o.out,
-               "atoll loadtest: %lld parameters (n_layer %d, d_model %d), %s, %d islands, %d "
-               "rounds, %d service threads\n",
+               "atoll loadtest: %lld parameters (n_layer %d, d_model %d, %d fragment%s), %s, %d "
+               "islands, %d rounds, %d service threads%s\n",
                (long long)report.params, config.model.n_layer, config.model.d_model,
-               config.outer.codec.c_str(), o.islands, o.rounds, config.outer.service_threads);
+               config.outer.num_fragments, config.outer.num_fragments == 1 ? "" : "s",
+               config.outer.codec.c_str(), o.islands, o.rounds, config.outer.service_threads,
+               o.shards > 1 ? absl::StrFormat(", %d shard servers", o.shards).c_str() : "");
   std::fflush(o.out);
 
   const std::string token = outer::NewCredential();
-  setenv("ATOLL_TOKEN", token.c_str(), 1);
-  ChildProcess coordinator({o.binary, "coordinator", "--config", config_path, "--listen",
-                            "127.0.0.1:0", "--run-dir", (fs::path(o.run_dir) / "coordinator").string()},
-                           (fs::path(o.run_dir) / "coordinator.log").string());
-  unsetenv("ATOLL_TOKEN");
-  const std::string log = coordinator.WaitForOutput("listening on ", 600);
-  const auto at = log.find("listening on ");
-  if (at == std::string::npos) {
-    return absl::InternalError(absl::StrCat("the coordinator did not start; see ", o.run_dir,
-                                            "/coordinator.log:\n", log.substr(0, 2000)));
+  ServiceProcesses service;
+  if (auto s = service.Start(o, config_path, token); !s.ok()) return s;
+  const auto holders = service.holders();
+  report.rss_start = holders.front()->RssBytes();
+  std::fprintf(o.out, "coordinator at %s (pid %d)", service.address().c_str(),
+               service.coordinator().pid());
+  for (ChildProcess* p : holders) {
+    std::fprintf(o.out, "; %s resident %s once listening", service.name(p).c_str(),
+                 Gib(double(p->RssBytes())).c_str());
   }
-  const std::string address = log.substr(at + 13, log.find(' ', at + 13) - at - 13);
-  report.rss_start = coordinator.RssBytes();
-  std::fprintf(o.out, "coordinator at %s (pid %d), resident %s once listening (peak so far %s)\n",
-               address.c_str(), coordinator.pid(), Gib(double(report.rss_start)).c_str(),
-               Gib(double(coordinator.PeakRssBytes())).c_str());
+  std::fprintf(o.out, "\n");
   std::fflush(o.out);
 
   const auto start = Clock::now();
   std::vector<std::unique_ptr<SyntheticIsland>> islands;
   for (int i = 0; i < o.islands; ++i) {
-    islands.push_back(std::make_unique<SyntheticIsland>(i, config, address, token,
-                                                        uint64_t(report.params)));
+    islands.push_back(std::make_unique<SyntheticIsland>(i, config, service.address(), token));
     if (auto s = islands.back()->Join(); !s.ok()) return s;
     islands.back()->StartHeartbeats(o.heartbeat_every_s);
   }
@@ -475,27 +629,36 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
     }
     for (auto& t : threads) t.join();
     Clock::time_point sent = t0, first = Clock::time_point::max(), done = t0;
+    double commit = 0;
     for (const auto& t : times) {
       if (!t.ok()) return t.status();
       sent = std::max(sent, t->sent);
       first = std::min(first, t->first_update);
       done = std::max(done, t->done);
+      commit = std::max(commit, t->commit_s);
       pushed += double(t->bytes_pushed);
       moved += double(t->bytes_pushed + t->bytes_received);
     }
-    commits.emplace_back(sent, first);
+    commits.emplace_back(std::min(sent, first), std::max(sent, first));
     report.push_s.push_back(Seconds(t0, sent));
-    report.commit_s.push_back(std::max(0.0, Seconds(sent, first)));
+    report.commit_s.push_back(std::max(0.0, commit));
     report.round_s.push_back(Seconds(t0, done));
     push_time += Seconds(t0, sent);
     round_time += Seconds(t0, done);
-    std::fprintf(o.out, "round %d/%d: pushes %.2f s, commit %.3f s, whole round %.2f s, "
-                 "coordinator resident %s\n",
+    std::string resident;
+    for (ChildProcess* p : holders) {
+      resident += absl::StrCat(resident.empty() ? "" : ", ", service.name(p), " resident ",
+                               Gib(double(p->RssBytes())));
+    }
+    std::fprintf(o.out, "round %d/%d: pushes %.2f s, commit %.3f s, whole round %.2f s, %s\n",
                  r + 1, o.rounds, report.push_s.back(), report.commit_s.back(),
-                 report.round_s.back(), Gib(double(coordinator.RssBytes())).c_str());
+                 report.round_s.back(), resident.c_str());
     std::fflush(o.out);
   }
-  report.rss_peak = coordinator.PeakRssBytes();  // before the islands leave: still running
+  // Peaks before the islands leave: the processes still run.
+  for (ChildProcess* p : holders) report.shard_rss_peak.push_back(p->PeakRssBytes());
+  report.rss_peak = *std::max_element(report.shard_rss_peak.begin(), report.shard_rss_peak.end());
+  report.coordinator_rss_peak = service.coordinator().PeakRssBytes();
   for (auto& island : islands) island->StopHeartbeats();
   report.wall_s = Seconds(start, Clock::now());
   for (auto& island : islands) {
@@ -508,11 +671,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   SummarizeHeartbeats(islands, commits, report);
   report.push_goodput = push_time > 0 ? pushed / push_time : 0;
   report.round_goodput = round_time > 0 ? moved / round_time : 0;
-  // The coordinator ends by itself after the last round once every island has left.
-  if (const int code = coordinator.Wait(600); code != 0) {
-    return absl::InternalError(absl::StrCat("the coordinator ended with ", code, "; see ",
-                                            o.run_dir, "/coordinator.log"));
-  }
+  if (auto s = service.Stop(o.run_dir); !s.ok()) return s;
   PrintReport(report, o.out);
   if (auto s = WriteFileAtomic((fs::path(o.run_dir) / "loadtest.json").string(),
                                ToJson(report).dump(2) + "\n");

@@ -1,5 +1,6 @@
 // `atoll loadtest`: the outer-sync service under the load of a big model and many islands, without
-// training. A real coordinator process serves synthetic islands (threads of this process, each with
+// training. A real coordinator process (with --shards K, and K shard server processes) serves
+// synthetic islands (threads of this process, each with
 // its own gRPC connection) that join, heartbeat, push random pseudo-gradients of the model's size
 // chunk by chunk, and receive every round's update, as islands do. Reports commit time, the
 // service's peak memory, heartbeat latency while rounds commit, and goodput.
@@ -35,11 +36,15 @@ struct LoadtestOptions {
 struct LoadtestReport {
   int64_t params = 0;
   std::string codec;
-  int islands = 0, rounds = 0, service_threads = 0;
+  int islands = 0, rounds = 0, shards = 1, service_threads = 0;
   double model_bytes = 0;         // fp32
   double contribution_bytes = 0;  // one island's encoded pseudo-gradient
-  int64_t rss_start = 0;          // the coordinator's resident memory once listening
-  int64_t rss_peak = 0;           // its peak over the whole test (VmHWM)
+  // Memory of the processes holding the outer state (the coordinator, or each shard server of a
+  // sharded service): resident once listening (the first), peak over the whole test (VmHWM).
+  int64_t rss_start = 0;
+  int64_t rss_peak = 0;                 // the largest of them
+  std::vector<int64_t> shard_rss_peak;  // each
+  int64_t coordinator_rss_peak = 0;     // the coordinator's (a sharded service: membership only)
   std::vector<double> push_s, commit_s, round_s;  // per round
   double heartbeat_p50_ms = 0, heartbeat_p99_ms = 0, heartbeat_max_ms = 0;
   double commit_heartbeat_p99_ms = 0;  // those in flight while a round was being committed

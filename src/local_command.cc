@@ -44,6 +44,7 @@ struct Child {
   bool is_island = false;
   bool expected_end = false;  // stopped by a scheduled event: its exit is not a failure
   std::map<int, pid_t> rank_pids;  // an island of several ranks: its agent's ranks
+  std::string address;             // the coordinator or a shard: where it listens
 };
 
 absl::Status Spawn(Child& child, const std::vector<std::string>& argv) {
@@ -165,8 +166,11 @@ class LocalRun {
 
  private:
   absl::Status Prepare();
-  // Coordinator first; its first line names the address it bound.
+  // Coordinator first; its first line names the address it bound. Then the shard servers of a
+  // sharded run.
   absl::Status StartCoordinator();
+  // A shard restarted by an event listens where it did and resumes from its durable state.
+  absl::Status StartShard(int shard, const std::string& listen = "127.0.0.1:0", bool resume = false);
   // An island process. A name started before is restarted from its newest checkpoint (--resume);
   // without one it starts afresh in a directory of its own.
   absl::Status StartIsland(const std::string& name, double throttle);
@@ -198,7 +202,8 @@ class LocalRun {
   std::vector<std::unique_ptr<Child>> children_;
   LocalSummary summary_;
   std::vector<bool> fired_;
-  uint64_t committed_ = 0;
+  uint64_t committed_ = 0;                        // all together
+  std::map<std::string, uint64_t> committed_by_;  // by the coordinator or shard that committed
   // Events waiting for the next commit, which shows the run has recovered from them.
   std::vector<std::pair<std::string, double>> recovering_;
   absl::Status failure_;
@@ -210,6 +215,13 @@ absl::StatusOr<LocalSummary> LocalRun::Run() {
   if (auto s = Prepare(); !s.ok()) return s;
   start_ = Clock::now();
   if (auto s = StartCoordinator(); !s.ok()) return s;
+  for (int k = 0; options_.shards > 1 && k < options_.shards; ++k) {
+    if (auto s = StartShard(k); !s.ok()) {
+      StopAll(SIGTERM);
+      WaitAll(10);
+      return s;
+    }
+  }
   for (int i = 0; i < options_.islands; ++i) {
     const double throttle = size_t(i) < options_.throttle.size() ? options_.throttle[size_t(i)] : 1.0;
     if (auto s = StartIsland(absl::StrCat("island", i), throttle); !s.ok()) {
@@ -282,6 +294,20 @@ absl::Status LocalRun::StartCoordinator() {
                                               "/coordinator.log"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status LocalRun::StartShard(int shard, const std::string& listen, bool resume) {
+  auto child = std::make_unique<Child>();
+  child->name = absl::StrCat("shard-", shard);
+  child->log.open(RunPath(child->name + ".log"), std::ios::app);
+  std::vector<std::string> argv = {binary_, "sync-server", "--shard",
+                                   absl::StrCat(shard, "/", options_.shards), "--coordinator",
+                                   address_, "--listen", listen,
+                                   resume ? "--resume" : "--run-dir", RunPath(child->name)};
+  argv.insert(argv.end(), common_.begin(), common_.end());
+  if (auto s = Spawn(*child, argv); !s.ok()) return s;
+  children_.push_back(std::move(child));
   return absl::OkStatus();
 }
 
@@ -393,6 +419,12 @@ absl::Status LocalRun::Fire(const LocalEvent& ev) {
   if (target->is_island) return absl::OkStatus();
   waitpid(target->pid, &target->status, 0);
   target->exited = true;
+  int shard = -1;
+  if (absl::StartsWith(target->name, "shard-") &&
+      absl::SimpleAtoi(target->name.substr(6), &shard)) {
+    std::fprintf(options_.out, "atoll local: restarting %s with --resume\n", target->name.c_str());
+    return StartShard(shard, target->address, /*resume=*/true);
+  }
   return RestartCoordinator();
 }
 
@@ -402,6 +434,9 @@ void LocalRun::OnLine(Child& c, const std::string& line) {
   const bool prefixed = !line.empty() && line[0] == '[';
   std::fprintf(options_.out, "%s%s\n", prefixed ? "" : ("[" + c.name + "] ").c_str(), line.c_str());
   std::fflush(options_.out);
+  if (const auto at = line.find("listening on "); !c.is_island && at != std::string::npos) {
+    c.address = line.substr(at + 13, line.find(' ', at + 13) - at - 13);
+  }
   // "atoll island: rank R of N started as pid P" (an island's agent)
   int r = 0, n = 0, pid = 0;
   if (c.is_island &&
@@ -413,7 +448,10 @@ void LocalRun::OnLine(Child& c, const std::string& line) {
   const auto space = line.find_first_of(" /", line.find(' ') + 1);
   if (!c.is_island && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
       absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
-    committed_ = std::max(committed_, k);
+    // Each shard of a sharded run counts its own rounds (a restarted process goes on counting).
+    committed_by_[c.name] = std::max(committed_by_[c.name], k);
+    committed_ = 0;
+    for (const auto& [name, n] : committed_by_) committed_ += n;
     for (const auto& [what, when] : recovering_) {
       std::fprintf(options_.out, "atoll local: %.1fs: round %llu committed %.1f s after the %s\n",
                    now_s(), (unsigned long long)k, now_s() - when, what.c_str());

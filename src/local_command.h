@@ -28,6 +28,7 @@ struct LocalOptions {
   int islands = 2;
   int nproc = 1;         // ranks per island
   int max_restarts = 0;  // per island, when one of its ranks fails
+  int shards = 1;        // outer.shards: shard servers started beside the coordinator (shard-K)
   std::string config_path;
   std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
   std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)

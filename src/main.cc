@@ -12,7 +12,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "outer/shard_router.h"
 #include "src/config.h"
 #include "src/compare_command.h"
 #include "src/coordinator_command.h"
@@ -142,38 +145,85 @@ void AddMonitoringFlags(CLI::App* c, CommandLine& cl, bool status_page) {
   }
 }
 
-Command AddCoordinator(CLI::App& app, CommandLine& cl) {
-  auto* c = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
-  auto listen = std::make_shared<std::string>("127.0.0.1:0");
-  auto resume_dir = std::make_shared<std::string>();
+// The flags `atoll coordinator` and `atoll sync-server` share.
+struct ServiceFlags {
+  std::string listen = "127.0.0.1:0";
+  std::string resume_dir;
+};
+
+void AddServiceFlags(CLI::App* c, CommandLine& cl, ServiceFlags& f) {
   c->add_option("--config", cl.config_path, "TOML config of the run");
-  c->add_option("--listen", *listen, "HOST:PORT to listen on (port 0: any free port)");
+  c->add_option("--listen", f.listen, "HOST:PORT to listen on (port 0: any free port)");
   c->add_option("--run-dir", cl.run_dir, "directory for rounds.jsonl and the durable service state");
-  c->add_option("--resume", *resume_dir,
+  c->add_option("--resume", f.resume_dir,
                 "continue from the durable service state in RUN_DIR (and keep writing there)");
   c->add_option("--token-file", cl.token_file, "file holding the run token (else $ATOLL_TOKEN)");
   c->add_option("--tls-cert", cl.tls.cert, "TLS certificate chain (PEM)");
   c->add_option("--tls-key", cl.tls.key, "TLS private key (PEM)");
   c->add_option("--tls-ca", cl.tls.ca,
                 "mutual TLS: islands must present a certificate signed by this CA (PEM) whose "
-                "common name is their name (deploy/make_certs.sh makes them)");
+                "common name is their name, shard servers one named shard-K "
+                "(deploy/make_certs.sh makes them)");
+}
+
+// Serves the run's coordinator, or with `shard` >= 0 one shard server of it.
+int RunService(CommandLine& cl, const ServiceFlags& f, const std::vector<atl::Override>& overrides,
+               atl::CoordinatorOptions options) {
+  auto config = RunConfig(cl, overrides);
+  if (!config.ok()) return Fail(config.status());
+  auto token = atl::LoadToken(cl.token_file);
+  if (!token.ok()) return Fail(token.status());
+  options.server.listen = f.listen;
+  options.server.token = *token;
+  options.server.tls = cl.tls;
+  options.run_dir = f.resume_dir.empty() ? cl.run_dir : f.resume_dir;
+  options.resume = !f.resume_dir.empty();
+  options.metrics_listen = cl.metrics_listen;
+  options.http_listen = cl.http_listen;
+  options.rpc_timeout_s = config->outer.rpc_timeout_s;
+  options.stop = &g_stop;
+  if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
+  return 0;
+}
+
+Command AddCoordinator(CLI::App& app, CommandLine& cl) {
+  auto* c = app.add_subcommand("coordinator", "host the coordinator and outer-sync service");
+  auto f = std::make_shared<ServiceFlags>();
+  AddServiceFlags(c, cl, *f);
   AddMonitoringFlags(c, cl, /*status_page=*/true);
-  return {c, [&cl, listen, resume_dir](const std::vector<atl::Override>& overrides) {
-            auto config = RunConfig(cl, overrides);
-            if (!config.ok()) return Fail(config.status());
-            auto token = atl::LoadToken(cl.token_file);
-            if (!token.ok()) return Fail(token.status());
-            atl::CoordinatorOptions options;
-            options.server.listen = *listen;
-            options.server.token = *token;
-            options.server.tls = cl.tls;
-            options.run_dir = resume_dir->empty() ? cl.run_dir : *resume_dir;
-            options.resume = !resume_dir->empty();
-            options.metrics_listen = cl.metrics_listen;
-            options.http_listen = cl.http_listen;
-            options.stop = &g_stop;
-            if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
-            return 0;
+  return {c, [&cl, f](const std::vector<atl::Override>& overrides) {
+            return RunService(cl, *f, overrides, atl::CoordinatorOptions());
+          }};
+}
+
+Command AddSyncServer(CLI::App& app, CommandLine& cl) {
+  auto* c = app.add_subcommand(
+      "sync-server", "host shard K of N of a sharded outer-sync service (outer.shards = N): the "
+      "fragments f with f mod N = K, their durable state, the membership mirrored from the "
+      "coordinator");
+  auto f = std::make_shared<ServiceFlags>();
+  auto shard = std::make_shared<std::string>();
+  auto o = std::make_shared<atl::CoordinatorOptions>();
+  AddServiceFlags(c, cl, *f);
+  AddMonitoringFlags(c, cl, /*status_page=*/false);
+  c->add_option("--shard", *shard, "K/N: this server's shard index and the run's shard count")
+      ->required();
+  c->add_option("--coordinator", o->coordinator, "HOST:PORT of the run's coordinator")->required();
+  c->add_option("--advertise", o->advertise,
+                "HOST:PORT islands reach this server at (default: the address it listens on)");
+  return {c, [&cl, f, shard, o](const std::vector<atl::Override>& overrides) {
+            int k = -1, n = 0;
+            const auto slash = shard->find('/');
+            if (slash == std::string::npos || !absl::SimpleAtoi(shard->substr(0, slash), &k) ||
+                !absl::SimpleAtoi(shard->substr(slash + 1), &n) || k < 0 || n < 2 || k >= n) {
+              return Fail(absl::InvalidArgumentError(
+                  "--shard '" + *shard + "' is not K/N with 0 <= K < N and N >= 2"));
+            }
+            std::vector<atl::Override> all = overrides;
+            all.push_back({"outer.shards", absl::StrCat(n)});
+            atl::CoordinatorOptions options = *o;
+            options.shard = k;
+            return RunService(cl, *f, all, options);
           }};
 }
 
@@ -216,8 +266,18 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
   t.rpc_timeout_s = config.outer.rpc_timeout_s;
   t.round_timeout_s = config.outer.round_timeout_s;
   t.connections = config.outer.connections;
-  auto transport = atl::GrpcTransport::Create(t);
-  if (!transport.ok()) return Fail(transport.status());
+  auto coordinator = atl::GrpcTransport::Create(t);
+  if (!coordinator.ok()) return Fail(coordinator.status());
+  // A sharded service: each fragment's data calls go to its shard, with the same options.
+  atl::outer::ShardRouter router(
+      *std::move(coordinator),
+      [t](const std::string& address) -> absl::StatusOr<std::unique_ptr<atl::outer::Transport>> {
+        atl::GrpcTransportOptions to_shard = t;
+        to_shard.target = address;
+        auto opened = atl::GrpcTransport::Create(to_shard);
+        if (!opened.ok()) return opened.status();
+        return std::unique_ptr<atl::outer::Transport>(*std::move(opened));
+      });
   atl::IslandOptions options;
   options.name = f.name;
   options.run_dir = cl.run_dir;
@@ -228,7 +288,7 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
   options.rank = rank;
   options.collective_timeout_s = config.parallelism.collective_timeout_s;
   options.metrics_listen = cl.metrics_listen;
-  auto summary = atl::RunIsland(config, **transport, options);
+  auto summary = atl::RunIsland(config, router, options);
   if (!summary.ok()) return Fail(summary.status());
   std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "
               "sent %.1f MiB, received %.1f MiB, global params %016llx\n",
@@ -319,11 +379,13 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
       ->description("HOST:PORT of the coordinator's Prometheus metrics; island i serves its own on "
                     "PORT + 1 + i (port 0: each any free port; every process prints where)");
   return {c, [&cl, f, c](const std::vector<atl::Override>& overrides) {
-            if (auto config = RunConfig(cl, overrides); !config.ok()) return Fail(config.status());
+            auto config = RunConfig(cl, overrides);
+            if (!config.ok()) return Fail(config.status());
             auto throttle = atl::ParseThrottles(f->islands.throttles, f->islands.islands);
             if (!throttle.ok()) return Fail(throttle.status());
             atl::LocalOptions options;
             options.islands = f->islands.islands;
+            options.shards = config->outer.shards;
             options.nproc = f->nproc;
             options.metrics_listen = cl.metrics_listen;
             options.http_listen = cl.http_listen;
@@ -535,7 +597,7 @@ int main(int argc, char** argv) {
   CommandLine cl;
   cl.argc = argc;
   cl.argv = argv;
-  std::vector<Command> commands = {AddTrain(app, cl),   AddCoordinator(app, cl),
+  std::vector<Command> commands = {AddTrain(app, cl),   AddCoordinator(app, cl), AddSyncServer(app, cl),
                                    AddIsland(app, cl),  AddLocal(app, cl),
                                    AddCompare(app, cl), AddLoadtest(app, cl),
                                    AddPlan(app, cl)};

@@ -280,12 +280,12 @@ TEST_F(CliTest, LoadtestRefusesWhatItCannotRun) {
   auto r = Atoll("loadtest --params lots --run-dir " + dir_.Join("load"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("--params 'lots'"));
-  r = Atoll("loadtest --params 1M --shards 2 --run-dir " + dir_.Join("load"));
+  r = Atoll("loadtest --params 1M --shards 40 --run-dir " + dir_.Join("load"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("--shards 2"));
-  r = Atoll("loadtest --params 1M --outer.num_fragments=4 --run-dir " + dir_.Join("load"));
+  EXPECT_THAT(r.output, HasSubstr("--shards must be 1 to 16"));
+  r = Atoll("loadtest --params 1M --shards 3 --outer.num_fragments=2 --run-dir " + dir_.Join("load"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("outer.num_fragments must be 1"));
+  EXPECT_THAT(r.output, HasSubstr("outer.shards = 3 needs at least as many fragments"));
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("load")));
 }
 

@@ -444,25 +444,31 @@ testing::CommandResult RunTwoIslands(const testing::TempDir& dir, const std::str
                              extra_args);
 }
 
-// The service's hash after each round (version) of each fragment, in order.
+// The service's hash after each round (version) of each fragment, in order (a sharded service:
+// each fragment's from its shard's log).
 std::map<int, std::vector<std::string>> ServiceHashes(const testing::TempDir& dir) {
   std::map<int, std::vector<std::string>> service;
-  std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
-  for (std::string line; std::getline(rounds, line);) {
-    auto j = nlohmann::json::parse(line);
-    service[j["fragment"].get<int>()].push_back(j["params_hash"]);
+  for (const char* server : {"coordinator", "shard-0", "shard-1"}) {
+    std::ifstream rounds(dir.Join(std::string("run/") + server + "/rounds.jsonl"));
+    for (std::string line; std::getline(rounds, line);) {
+      auto j = nlohmann::json::parse(line);
+      service[j["fragment"].get<int>()].push_back(j["params_hash"]);
+    }
   }
   return service;
 }
 
-void RunAndCheckBitIdentical(const std::string& outer_toml, int fragments) {
+// Returns the service's hashes and the run's output.
+std::pair<std::map<int, std::vector<std::string>>, std::string> RunAndCheckBitIdentical(
+    const std::string& outer_toml, int fragments) {
   testing::TempDir dir;
   const auto run = RunTwoIslands(dir, outer_toml);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  if (run.exit_code != 0) return {};
 
   // The service's hash after each round of each fragment...
   const auto service = ServiceHashes(dir);
-  ASSERT_EQ(service.size(), size_t(fragments));
+  EXPECT_EQ(service.size(), size_t(fragments));
   // ...equals each island's after the same round.
   for (const char* island : {"island0", "island1"}) {
     std::ifstream metrics(dir.Join(std::string("run/") + island + "/metrics.jsonl"));
@@ -482,17 +488,55 @@ void RunAndCheckBitIdentical(const std::string& outer_toml, int fragments) {
   auto s0 = nlohmann::json::parse(testing::ReadFile(dir.Join("run/island0/summary.json")));
   auto s1 = nlohmann::json::parse(testing::ReadFile(dir.Join("run/island1/summary.json")));
   EXPECT_EQ(s0["global_hash"], s1["global_hash"]);
+  return {service, run.output};
 }
 
 TEST(MultiProcessTest, IslandsAndServiceEndBitIdentical) {
   RunAndCheckBitIdentical("sync_every = 4\n", 1);
 }
 
-TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4) {
-  RunAndCheckBitIdentical(
+// Streaming DiLoCo with 4 fragments, tau = 2 and FP4 payloads, served by one service and by a
+// sharded one (a coordinator that keeps membership only and two shard servers, each its own
+// process): every island's copy of each fragment matches the service's (its shard's) after every
+// round, and both runs go through the same global parameters, round by round.
+TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4OnOneServiceAndOnTwoShards) {
+  const std::string outer =
       "sync_every = 4\nnum_fragments = 4\nfragment_sync_delay = 2\ncodec = \"fp4_e2m1\"\n"
-      "stochastic_rounding = true\n",
-      4);
+      "stochastic_rounding = true\n";
+  const auto one = RunAndCheckBitIdentical(outer, 4);
+  const auto [sharded, output] = RunAndCheckBitIdentical(outer + "shards = 2\n", 4);
+  EXPECT_THAT(output, ::testing::HasSubstr("shard 1 of 2 serves fragments 1,3"));
+  EXPECT_THAT(output, ::testing::HasSubstr("(shard 1/2): service state written"));
+  EXPECT_EQ(sharded, one.first);
+}
+
+// A shard server SIGKILLed mid-run comes back on its address from its durable state: the islands
+// retry or rejoin, every round of its fragments commits exactly once and in order, and the run
+// ends with every copy bit-identical.
+TEST(ChaosTest, AKilledShardServerResumesFromItsDurableState) {
+  testing::TempDir dir;
+  const auto run = RunTwoIslands(
+      dir, "sync_every = 4\nnum_fragments = 2\nshards = 2\nheartbeat_s = 0.2\n",
+      "--throttle 4,4 --train.steps=32 --kill shard-1@round4");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to shard-1"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll local: restarting shard-1 with --resume"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("(shard 1/2): resumed run"));
+  const auto service = ServiceHashes(dir);
+  ASSERT_EQ(service.size(), 2u);
+  std::ifstream log(dir.Join("run/shard-1/rounds.jsonl"));
+  uint64_t expected = 0;
+  for (std::string line; std::getline(log, line); ++expected) {
+    EXPECT_EQ(nlohmann::json::parse(line)["round"].get<uint64_t>(), expected);
+  }
+  EXPECT_GE(expected, 8u);
+  for (const char* island : {"island0", "island1"}) {
+    auto summary = nlohmann::json::parse(
+        testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["step"], 32) << island;
+    EXPECT_EQ(summary["global_hash"],
+              nlohmann::json::parse(testing::ReadFile(dir.Join("run/island0/summary.json")))["global_hash"]);
+  }
 }
 
 // Async mode, island1 eight times slower (a margin over the scheduling noise of steps this small):
