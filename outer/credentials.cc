@@ -7,7 +7,29 @@
 #include <cstdlib>
 #include <random>
 
+#include <openssl/sha.h>
+
 namespace atl::outer {
+
+namespace {
+
+std::string Hex(const uint8_t* bytes, size_t n) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(kHex[bytes[i] >> 4]);
+    out.push_back(kHex[bytes[i] & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string CredentialDigest(const std::string& credential) {
+  uint8_t digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(credential.data()), credential.size(), digest);
+  return Hex(digest, sizeof(digest));
+}
 
 std::string NewCredential() {
   uint8_t bytes[16];
@@ -21,13 +43,7 @@ std::string NewCredential() {
       for (; got < sizeof(bytes); ++got) bytes[got] = uint8_t(rd());
     }
   }
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : bytes) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
-  }
-  return out;
+  return Hex(bytes, sizeof(bytes));
 }
 
 bool CredentialMatches(const std::string& expected, const std::string& presented) {

@@ -10,6 +10,11 @@ namespace atl::outer {
 // 128 bits from the operating system's random source, as 32 hex characters.
 std::string NewCredential();
 
+// SHA-256 of the credential, as 64 hex characters: what a party that must check a credential, but
+// must not be able to present it, is given (the shard servers of a sharded service get the
+// digests of the islands' sessions).
+std::string CredentialDigest(const std::string& credential);
+
 // Compares in time independent of where the strings differ; an empty `expected` matches nothing.
 bool CredentialMatches(const std::string& expected, const std::string& presented);
 

@@ -74,7 +74,7 @@ std::vector<std::string> Membership::Mirror(const pb::ShardSyncResponse& view,
   std::vector<std::string> gone;
   for (auto it = members_.begin(); it != members_.end();) {
     auto l = listed.find(it->first);
-    if (l != listed.end() && l->second->session() == it->second.session) {
+    if (l != listed.end() && l->second->session_sha256() == it->second.session) {
       it->second.finished = l->second->finished();
       ++it;
       continue;
@@ -96,7 +96,7 @@ std::vector<std::string> Membership::Mirror(const pb::ShardSyncResponse& view,
     m.name = name;
     m.data_stream = v->data_stream();
     m.last_seen = now;
-    m.session = v->session();
+    m.session = v->session_sha256();  // a mirror keeps the digest only
     m.finished = v->finished();
     m.required_from = RequiredFrom(rounds, first_rounds);
     members_[name] = std::move(m);
@@ -119,7 +119,7 @@ void Membership::FillView(pb::ShardSyncResponse* view) const {
   for (const auto& [name, m] : members_) {
     auto* v = view->add_members();
     v->set_island_id(name);
-    v->set_session(m.session);
+    v->set_session_sha256(CredentialDigest(m.session));
     v->set_data_stream(m.data_stream);
     v->set_finished(m.finished);
   }
@@ -196,7 +196,7 @@ absl::Status Membership::CheckMember(const std::string& name) const {
 absl::Status Membership::Authenticate(const std::string& name, const std::string& session) const {
   auto it = members_.find(name);
   if (it == members_.end()) return CheckMember(name);
-  if (!CredentialMatches(it->second.session, session)) {
+  if (!CredentialMatches(it->second.session, mirror_ ? CredentialDigest(session) : session)) {
     if (mirror_) {
       return absl::UnavailableError(absl::StrCat(
           "this shard of the service does not know island '", name,

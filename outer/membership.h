@@ -57,7 +57,7 @@ struct Member {
   std::vector<uint64_t> required_from;  // per fragment: first round this member is waited for
   absl::Time last_seen;
   bool finished = false;  // async: pushed its last contribution
-  std::string session;    // credential handed out at join
+  std::string session;    // credential handed out at join (a mirror: its SHA-256, hex)
   uint64_t inner_step = 0;             // as of its latest heartbeat
   pb::IslandTelemetry telemetry;       // likewise
 };

@@ -452,7 +452,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   if (shard) {
     GrpcTransportOptions t;
     t.target = options.coordinator;
-    t.token = options.server.token;
+    t.token = options.shard_token;
     t.tls = options.server.tls;
     t.rpc_timeout_s = 4;  // a long poll answers within a second
     auto coordinator = GrpcTransport::Create(t);

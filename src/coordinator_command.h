@@ -42,6 +42,7 @@ struct CoordinatorOptions {
   // address islands reach it at (empty: the address it listens on). -1: the run's coordinator.
   int shard = -1;
   std::string coordinator;
+  std::string shard_token;                   // what the shard presents to the coordinator
   std::string advertise;
   double rpc_timeout_s = 60;                 // of the calls to the coordinator
   FILE* out = stdout;                        // "listening on HOST:PORT", then one line per round

@@ -158,6 +158,7 @@ class GrpcServer::Guard {
   Guard(outer::SyncServer* sync, const GrpcServerOptions& options)
       : sync_(sync),
         token_(options.token),
+        shard_token_(options.shard_token),
         mutual_tls_(!options.tls.ca.empty()),
         idle_timeout_s_(options.stream_idle_timeout_s),
         limits_(options.max_pending_calls, options.max_calls_per_island),
@@ -167,16 +168,20 @@ class GrpcServer::Guard {
     if (traffic_ != nullptr) traffic_->Add(island, received, sent);
   }
 
-  // The run token.
-  grpc::Status Admit(grpc::ServerContext* ctx) {
+  // The run token (a shard server's call: the shard token).
+  grpc::Status Admit(grpc::ServerContext* ctx, bool shard = false) {
     const auto& md = ctx->client_metadata();
     auto it = md.find(kAuthMetadata);
     bool ok = false;
     if (it != md.end()) {
       const std::string value(it->second.data(), it->second.size());
-      ok = absl::StartsWith(value, "Bearer ") && outer::CredentialMatches(token_, value.substr(7));
+      ok = absl::StartsWith(value, "Bearer ") &&
+           outer::CredentialMatches(shard ? shard_token_ : token_, value.substr(7));
     }
-    if (!ok) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong run token");
+    if (!ok) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          shard ? "missing or wrong shard token" : "missing or wrong run token");
+    }
     return grpc::Status::OK;
   }
 
@@ -217,7 +222,7 @@ class GrpcServer::Guard {
 
  private:
   outer::SyncServer* sync_;
-  const std::string token_;
+  const std::string token_, shard_token_;
   const bool mutual_tls_;
   const double idle_timeout_s_;
   CallLimits limits_;
@@ -273,7 +278,7 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
   grpc::Status ShardSync(grpc::ServerContext* ctx, const pb::ShardSyncRequest* req,
                          pb::ShardSyncResponse* resp) override {
     CallLimits::Slot call;
-    if (auto s = guard_->Admit(ctx); !s.ok()) return s;
+    if (auto s = guard_->Admit(ctx, /*shard=*/true); !s.ok()) return s;
     if (auto s = guard_->CheckPeer(ctx, absl::StrCat("shard-", req->shard())); !s.ok()) return s;
     if (auto s = guard_->Pending(&call); !s.ok()) return s;
     // Never past the caller's deadline, nor past a second (a shutdown waits for it).

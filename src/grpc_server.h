@@ -54,6 +54,7 @@ class TrafficCounters {
 struct GrpcServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free port
   std::string token;
+  std::string shard_token;  // a sharded service's coordinator: what shard servers present
   TlsFiles tls;         // tls.ca set: mutual TLS, the certificate's common name is the island
   double tick_s = 0.1;  // how often round deadlines, leases and idle streams are checked
   double stream_idle_timeout_s = 60;

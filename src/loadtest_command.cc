@@ -493,7 +493,8 @@ class ServiceProcesses {
  public:
   absl::Status Start(const LoadtestOptions& o, const std::string& config_path,
                      const std::string& token) {
-    setenv("ATOLL_TOKEN", token.c_str(), 1);
+    setenv(kTokenEnv, token.c_str(), 1);
+    setenv(kShardTokenEnv, outer::NewCredential().c_str(), 1);
     auto start = [&](std::vector<std::string> argv, const std::string& name) {
       processes_.push_back(std::make_unique<ChildProcess>(
           std::move(argv), (fs::path(o.run_dir) / (name + ".log")).string()));
@@ -512,7 +513,8 @@ class ServiceProcesses {
              (fs::path(o.run_dir) / name).string()},
             name);
     }
-    unsetenv("ATOLL_TOKEN");
+    unsetenv(kTokenEnv);
+    unsetenv(kShardTokenEnv);
     for (size_t k = 1; k < processes_.size(); ++k) {
       const std::string log = processes_[k]->WaitForOutput("reached the coordinator", 600);
       if (log.find("reached the coordinator") == std::string::npos) {

@@ -261,7 +261,9 @@ absl::Status LocalRun::Prepare() {
   fs::create_directories(options_.run_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", options_.run_dir));
   // Children read the token from the environment: it never appears on a command line.
-  if (std::getenv(kTokenEnv) == nullptr) setenv(kTokenEnv, outer::NewCredential().c_str(), 1);
+  for (const char* env : {kTokenEnv, kShardTokenEnv}) {
+    if (std::getenv(env) == nullptr) setenv(env, outer::NewCredential().c_str(), 1);
+  }
   if (!options_.config_path.empty()) common_ = {"--config", options_.config_path};
   for (const auto& o : options_.overrides) common_.push_back(o);
   common_.push_back(absl::StrCat("--outer.islands=", options_.islands));

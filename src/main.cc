@@ -149,6 +149,7 @@ void AddMonitoringFlags(CLI::App* c, CommandLine& cl, bool status_page) {
 struct ServiceFlags {
   std::string listen = "127.0.0.1:0";
   std::string resume_dir;
+  std::string shard_token_file;
 };
 
 void AddServiceFlags(CLI::App* c, CommandLine& cl, ServiceFlags& f) {
@@ -158,6 +159,9 @@ void AddServiceFlags(CLI::App* c, CommandLine& cl, ServiceFlags& f) {
   c->add_option("--resume", f.resume_dir,
                 "continue from the durable service state in RUN_DIR (and keep writing there)");
   c->add_option("--token-file", cl.token_file, "file holding the run token (else $ATOLL_TOKEN)");
+  c->add_option("--shard-token-file", f.shard_token_file,
+                "outer.shards > 1: file holding the secret shard servers present to the "
+                "coordinator, which islands do not hold (else $ATOLL_SHARD_TOKEN)");
   c->add_option("--tls-cert", cl.tls.cert, "TLS certificate chain (PEM)");
   c->add_option("--tls-key", cl.tls.key, "TLS private key (PEM)");
   c->add_option("--tls-ca", cl.tls.ca,
@@ -173,6 +177,11 @@ int RunService(CommandLine& cl, const ServiceFlags& f, const std::vector<atl::Ov
   if (!config.ok()) return Fail(config.status());
   auto token = atl::LoadToken(cl.token_file);
   if (!token.ok()) return Fail(token.status());
+  if (config->outer.shards > 1) {
+    auto shard_token = atl::LoadToken(f.shard_token_file, atl::kShardTokenEnv);
+    if (!shard_token.ok()) return Fail(shard_token.status());
+    (options.shard >= 0 ? options.shard_token : options.server.shard_token) = *shard_token;
+  }
   options.server.listen = f.listen;
   options.server.token = *token;
   options.server.tls = cl.tls;

@@ -32,7 +32,7 @@ absl::StatusOr<std::string> ReadAll(const std::string& path, const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
+absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_name) {
   std::string token;
   if (!token_file.empty()) {
     auto text = ReadAll(token_file, "token file");
@@ -41,9 +41,12 @@ absl::StatusOr<std::string> LoadToken(const std::string& token_file) {
     if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", token_file, " is empty"));
     return token;
   }
-  if (const char* env = std::getenv(kTokenEnv); env != nullptr && *env != '\0') return std::string(env);
+  if (const char* env = std::getenv(env_name); env != nullptr && *env != '\0') return std::string(env);
+  const bool shard = std::string(env_name) == kShardTokenEnv;
   return absl::InvalidArgumentError(absl::StrCat(
-      "a run token is required: pass --token-file FILE or set ", kTokenEnv));
+      shard ? "a sharded service needs a shard token: pass --shard-token-file FILE or set "
+            : "a run token is required: pass --token-file FILE or set ",
+      env_name));
 }
 
 namespace {

@@ -14,10 +14,13 @@
 namespace atl {
 
 inline constexpr char kTokenEnv[] = "ATOLL_TOKEN";
+// A sharded service: the secret shard servers present to the coordinator (ShardSync), which the
+// islands do not hold (the run token alone must not let an island pose as a shard).
+inline constexpr char kShardTokenEnv[] = "ATOLL_SHARD_TOKEN";
 inline constexpr char kAuthMetadata[] = "authorization";
 
-// The token from `token_file` if given, else from $ATOLL_TOKEN; an error when neither has one.
-absl::StatusOr<std::string> LoadToken(const std::string& token_file);
+// The token from `token_file` if given, else from $`env`; an error when neither has one.
+absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env = kTokenEnv);
 
 // The same three files serve both ends:
 //   coordinator: cert + key are its identity; ca, when given, turns on mutual TLS: every island

@@ -99,6 +99,45 @@ TEST_F(GrpcServiceTest, WrongTokenIsUnauthenticatedAndChangesNothing) {
   EXPECT_EQ(sync_->round(), 0u);
 }
 
+// The coordinator of a sharded service hands the membership (session digests, and where each
+// fragment lives) only to callers holding the shard token: an island's run token cannot register
+// a shard of its own and draw other islands' data to it.
+TEST(GrpcShardTest, OnlyTheShardTokenRegistersAShard) {
+  outer::SyncServerOptions o;
+  o.run_id = "run";
+  o.num_shards = 2;
+  o.shard = outer::SyncServerOptions::kControlPlane;
+  outer::SyncServer sync(o, {{{"w"}, {4}}, {{"v"}, {4}}}, {{1, 2, 3, 4}, {5, 6, 7, 8}});
+  GrpcServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.token = "run-token";
+  so.shard_token = "shard-token";
+  auto server = GrpcServer::Start(&sync, so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto call = [&](const std::string& token) {
+    GrpcTransportOptions t;
+    t.target = (*server)->address();
+    t.token = token;
+    t.rpc_timeout_s = 4;
+    pb::ShardSyncRequest r;
+    r.set_run_id("run");
+    r.set_shard(0);
+    r.set_num_shards(2);
+    r.set_address("127.0.0.1:1");
+    r.add_rounds(0);
+    return (*GrpcTransport::Create(t))->ShardSync(r);
+  };
+  auto refused = call("run-token");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("shard token"));
+  pb::JoinRequest j;
+  j.set_run_id("run");
+  j.set_name("a");
+  // Not registered: joins still wait for shard 0.
+  EXPECT_THAT(std::string(sync.Join(j).status().message()), HasSubstr("shard 0 of 2"));
+  EXPECT_TRUE(call("shard-token").ok());
+}
+
 TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) {
   const auto before = sync_->params();
   const uint64_t hash = sync_->params_hash();

@@ -192,6 +192,19 @@ TEST(ShardedServiceTest, ShardsMirrorTheCoordinatorsMembership) {
   // A wrong session is refused, and the coordinator serves no data.
   fetch.set_session(b.session());
   EXPECT_FALSE(router->FetchState(fetch, sink, 0).ok());
+  // What a shard reads (as could anyone holding the run token) has digests of the sessions, which
+  // do not pass for them.
+  auto view = service.coordinator->ShardSync(service.servers[1]->ShardReport("shard1"), absl::Now());
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view->members_size(), 2);
+  for (const auto& m : view->members()) {
+    EXPECT_NE(m.session_sha256(), a.session());
+    EXPECT_NE(m.session_sha256(), b.session());
+    fetch.set_island_id(m.island_id());
+    fetch.set_session(m.session_sha256());
+    EXPECT_FALSE(router->FetchState(fetch, sink, 0).ok());
+  }
+  fetch.set_island_id("a");
   fetch.set_session(a.session());
   auto at_coordinator = InProcessTransport(service.coordinator.get()).FetchState(fetch, sink, 0);
   EXPECT_EQ(at_coordinator.code(), absl::StatusCode::kFailedPrecondition);
