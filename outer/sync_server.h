@@ -417,6 +417,9 @@ class SyncServer {
                                 uint64_t base) const;
   uint32_t SyncEveryLocked(const std::string& island) const;
   size_t kept_versions() const;
+  // Sync: drops a fragment's oldest committed rounds while more than `keep` are kept and their
+  // encoded updates (with `extra_bytes` to come) exceed the fragment's budget for them.
+  void TrimCommittedLocked(Fragment& f, size_t keep, uint64_t extra_bytes);
   // The run has trained everything it was set up for (islands leaving then is the normal end).
   bool AllDoneLocked() const;
 

@@ -12,10 +12,12 @@ namespace atl::outer::internal {
 
 // Sync rounds kept for islands that fetch late: at most kCommittedKept, and beyond the newest
 // kMinCommittedKept only while their encoded updates take at most an eighth of the fragment's fp32
-// size or kCommittedKeptBytes, whichever is more (a big fragment keeps the two a sync island can
-// still ask for, which its peak memory counts; a small one keeps every round).
+// size or kCommittedKeptBytes, whichever is more (a small fragment keeps every round; a big one
+// the newest only, which its peak memory counts: round r + 1 commits once every member pushed it,
+// and a member pushes r + 1 only after it has applied r; one left behind by a deadline fetches the
+// state instead, and a stream under way keeps its round alive until it ends).
 inline constexpr size_t kCommittedKept = 8;
-inline constexpr size_t kMinCommittedKept = 2;
+inline constexpr size_t kMinCommittedKept = 1;
 inline constexpr uint64_t kCommittedKeptBytes = uint64_t(64) << 20;
 
 inline uint64_t HashParams(const float* p, size_t n) {

@@ -50,6 +50,9 @@ std::vector<SyncServer::CommitJob> SyncServer::TakeReadyLocked(absl::Time now) {
     f.partials.clear();  // parts of islands that did not complete theirs in time
     f.deadline = absl::InfiniteFuture();
     f.committing = true;
+    // Every member this round waited for has applied the rounds before it: a big fragment's
+    // newest update goes before the next one is made, not after (see kMinCommittedKept).
+    TrimCommittedLocked(f, 0, f.committed.empty() ? 0 : f.committed.back()->update_bytes);
     jobs.push_back(std::move(job));
   }
   return jobs;
@@ -185,19 +188,22 @@ void SyncServer::PublishLocked(uint32_t fragment, CommitResult result, absl::Tim
   if (on_commit_) on_commit_(*committed);
   f.committed.push_back(std::move(committed));
   while (f.committed.size() > kept_versions()) f.committed.pop_front();
-  if (!options_.async) {
-    uint64_t kept_bytes = 0;
-    for (const auto& c : f.committed) kept_bytes += c->update_bytes;
-    const uint64_t budget =
-        std::max<uint64_t>(f.layout.total() * sizeof(float) / 8, internal::kCommittedKeptBytes);
-    while (f.committed.size() > internal::kMinCommittedKept && kept_bytes > budget) {
-      kept_bytes -= f.committed.front()->update_bytes;
-      f.committed.pop_front();
-    }
-  }
+  TrimCommittedLocked(f, internal::kMinCommittedKept, 0);
   ++f.round;
   f.committing = false;
   committed_cv_.notify_all();
+}
+
+void SyncServer::TrimCommittedLocked(Fragment& f, size_t keep, uint64_t extra_bytes) {
+  if (options_.async) return;
+  uint64_t kept_bytes = extra_bytes;
+  for (const auto& c : f.committed) kept_bytes += c->update_bytes;
+  const uint64_t budget =
+      std::max<uint64_t>(f.layout.total() * sizeof(float) / 8, internal::kCommittedKeptBytes);
+  while (f.committed.size() > keep && kept_bytes > budget) {
+    kept_bytes -= f.committed.front()->update_bytes;
+    f.committed.pop_front();
+  }
 }
 
 bool SyncServer::AllDoneLocked() const {

@@ -474,9 +474,17 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   auto http = StartHttp(options, monitor);
   if (!http.ok()) return http.status();
   absl::Status ended = absl::OkStatus();
+  uint64_t trimmed_at = sync->committed_rounds();
   for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
-    const bool done = config.outer.async() ? sync->budget_reached()
-                                           : sync->committed_rounds() >= total_rounds;
+    const uint64_t committed = sync->committed_rounds();
+    const bool done = config.outer.async() ? sync->budget_reached() : committed >= total_rounds;
+    // A round's pushes arrive on many threads in gRPC's small buffers, which glibc keeps in
+    // per-thread heaps between the big blocks that stay: once a round has committed, the free
+    // pages go back to the system.
+    if (committed != trimmed_at) {
+      trimmed_at = committed;
+      malloc_trim(0);
+    }
     // A shard is done with its rounds once no island is left, or the coordinator has gone (it
     // ends once the last island left).
     if (done && (sync->num_members() == 0 || (link && link->silent_s() > 3))) break;
