@@ -67,6 +67,24 @@ SyncSchedule::SyncSchedule(int sync_every, int num_fragments)
 
 int SyncSchedule::offset(int fragment) const { return int(int64_t(fragment) * h_ / p_); }
 
+int64_t SyncSchedule::DueStep(int fragment, uint64_t round) const {
+  const int64_t t = offset(fragment);
+  return (t == 0 ? int64_t(round) + 1 : int64_t(round)) * h_ + t;
+}
+
+int64_t SyncSchedule::ResumeStep(const std::vector<uint64_t>& rounds) const {
+  int64_t latest_start = 0, earliest_start = INT64_MAX, earliest_due = INT64_MAX;
+  for (int f = 0; f < int(rounds.size()) && f < p_; ++f) {
+    const int64_t due = DueStep(f, rounds[size_t(f)]);
+    const int64_t start = std::max<int64_t>(0, due - h_);
+    latest_start = std::max(latest_start, start);
+    earliest_start = std::min(earliest_start, start);
+    earliest_due = std::min(earliest_due, due);
+  }
+  if (earliest_start == INT64_MAX) return 0;
+  return latest_start < earliest_due ? latest_start : earliest_start;
+}
+
 std::vector<uint32_t> SyncSchedule::DueAfter(int64_t step) const {
   std::vector<uint32_t> due;
   if (step <= 0) return due;

@@ -42,6 +42,13 @@ class SyncSchedule {
   int offset(int fragment) const;
   // Fragments due after `step` inner steps have completed, in increasing order.
   std::vector<uint32_t> DueAfter(int64_t step) const;
+  // The step after which fragment f pushes its round `round` (0-based).
+  int64_t DueStep(int fragment, uint64_t round) const;
+  // Where an island resumes when the service's fragments stand at `rounds` (a rejoin): a step
+  // after which every fragment's next push is that round's, when there is one (the latest round
+  // start); else, when the fragments disagree (a shard of a sharded service went back to its
+  // durable state), the earliest round start, so that no fragment skips a round.
+  int64_t ResumeStep(const std::vector<uint64_t>& rounds) const;
   int sync_every() const { return h_; }
   int num_fragments() const { return p_; }
 

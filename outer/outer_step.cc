@@ -30,9 +30,9 @@ class SyncRounds : public RoundPolicy {
   uint32_t sync_every() const override { return options_.sync_every; }
   void Pushed(uint32_t, int64_t) override {}
   void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
-  void Rejoined(uint64_t round, IslandModel& model) override {
+  void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) override {
     // Back in step with the run (the service may have lost rounds this island had done).
-    model.JumpToStep(int64_t(round) * options_.sync_every);
+    model.JumpToStep(schedule_.ResumeStep(rounds));
   }
   absl::Status Finish(OuterStepHook&, bool) override { return absl::OkStatus(); }
 
@@ -80,7 +80,7 @@ class AsyncVersions : public RoundPolicy {
     }
     stats.staleness.push_back(o.staleness);
   }
-  void Rejoined(uint64_t, IslandModel&) override {}
+  void Rejoined(const std::vector<uint64_t>&, IslandModel&) override {}
   // Says this island has finished, waits until every other one has too (or the round timeout),
   // then applies the versions committed since, checking every hash.
   absl::Status Finish(OuterStepHook& hook, bool stopped) override {
@@ -172,10 +172,16 @@ absl::Status OuterStepHook::FetchGlobal() {
   // joins in does not wait for it): the island takes part from the round it holds, its step count
   // at it, as after a rejoin. Otherwise its pushes would come a round early for its steps.
   if (!options_.async && syncs_[0]->round() > session_.joined().round()) {
-    policy_->Rejoined(syncs_[0]->round(), model_);
+    policy_->Rejoined(Rounds(), model_);
     std::fill(last_push_.begin(), last_push_.end(), model_.step());
   }
   return absl::OkStatus();
+}
+
+std::vector<uint64_t> OuterStepHook::Rounds() const {
+  std::vector<uint64_t> rounds;
+  for (const auto& sync : syncs_) rounds.push_back(sync->round());
+  return rounds;
 }
 
 // Each rank fetches its ranges for itself, so a round can commit between the ranks' fetches (the
@@ -384,10 +390,8 @@ absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
   if (auto s = FetchGlobal(); !s.ok()) return s;
   pending_rejoin_.reset();
   stats_.rejoins += 1;
-  // Every rank continues at the same round (FetchGlobal has the ranks agree on it).
-  auto round = ranks_.FromFirst(std::to_string(syncs_[0]->round()));
-  if (!round.ok()) return round.status();
-  policy_->Rejoined(std::stoull(*round), model_);
+  // Every rank continues at the same rounds (FetchGlobal has the ranks agree on them).
+  policy_->Rejoined(Rounds(), model_);
   std::fill(last_push_.begin(), last_push_.end(), model_.step());
   if (on_message) on_message(absl::StrCat("rejoined at round ", syncs_[0]->round()));
   return absl::OkStatus();

@@ -106,8 +106,8 @@ class RoundPolicy {
   virtual void Pushed(uint32_t fragment, int64_t t) = 0;
   // A merged round's answer; may move the model's schedule.
   virtual void Landed(const RoundOutcome& outcome, IslandModel& model, OuterStepStats& stats) = 0;
-  // After a rejoin, with the global parameters of `round` loaded.
-  virtual void Rejoined(uint64_t round, IslandModel& model) = 0;
+  // After a rejoin, with the global parameters of each fragment's open round `rounds[f]` loaded.
+  virtual void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) = 0;
   // The end of the run, once the island's last contribution has landed.
   virtual absl::Status Finish(OuterStepHook& hook, bool stopped) = 0;
 };
@@ -152,6 +152,8 @@ class OuterStepHook {
   absl::Status CatchUp(const std::vector<uint64_t>& versions);
 
  private:
+  // The open round of each fragment, as the island holds them.
+  std::vector<uint64_t> Rounds() const;
   struct InFlight {
     uint32_t fragment = 0;
     int64_t pushed_at = 0, apply_at = 0;

@@ -371,7 +371,9 @@ absl::StatusOr<pb::ShardSyncResponse> SyncServer::ShardSync(const pb::ShardSyncR
   if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
   if (!is_control_plane()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("run '", options_.run_id, "' is not sharded (outer.shards = 1 at its coordinator)"));
+        is_shard() ? absl::StrCat("this is ", ShardName(options_), ", not the run's coordinator")
+                   : absl::StrCat("run '", options_.run_id,
+                                  "' is not sharded (outer.shards = 1 at its coordinator)"));
   }
   if (request.config_hash() != options_.config_hash) {
     return absl::FailedPreconditionError(

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <map>
 
 namespace atl::outer {
@@ -82,6 +84,38 @@ TEST(SyncScheduleTest, EachFragmentOncePerHStepsAtStaggeredOffsets) {
   EXPECT_TRUE(plain.DueAfter(49).empty());
   EXPECT_TRUE(plain.DueAfter(0).empty());
   EXPECT_EQ(SyncSchedule(100, 4).offset(3), 75);
+}
+
+
+// Where a rejoining island resumes: the latest round start when every fragment's next push can be
+// its open round; when the fragments disagree (a shard went back to its durable state) the
+// earliest, so that no fragment skips a round.
+TEST(SyncScheduleTest, ResumeStepLetsEveryFragmentPushItsOpenRoundNext) {
+  const SyncSchedule one(10, 1);
+  EXPECT_EQ(one.ResumeStep({3}), 30);
+  EXPECT_EQ(one.ResumeStep({0}), 0);
+  // H = 8, offsets 0, 2, 4, 6; after step 13 the open rounds are 1, 2, 2, 1.
+  const SyncSchedule four(8, 4);
+  EXPECT_EQ(four.DueStep(0, 1), 16);
+  EXPECT_EQ(four.DueStep(3, 1), 14);
+  const int64_t at = four.ResumeStep({1, 2, 2, 1});
+  EXPECT_EQ(at, 12);
+  for (uint32_t f = 0; f < 4; ++f) {
+    const uint64_t open[] = {1, 2, 2, 1};
+    int64_t next = at + 1;
+    for (;; ++next) {
+      const std::vector<uint32_t> due = four.DueAfter(next);
+      if (std::find(due.begin(), due.end(), f) != due.end()) break;
+    }
+    EXPECT_EQ(next, four.DueStep(int(f), open[f])) << "fragment " << f;
+  }
+  // H = 10, offsets 0 and 5: fragment 0 went back a round (its shard lost round 1): resume where
+  // fragment 1's round 2 starts (15), fragment 0 redoes its round 1 at 20.
+  const SyncSchedule two(10, 2);
+  EXPECT_EQ(two.ResumeStep({1, 2}), 15);
+  EXPECT_EQ(two.ResumeStep({1, 1}), 10);
+  // Fragment 1 went back instead: from its round's start (5) on, fragment 0 pushes once more.
+  EXPECT_EQ(two.ResumeStep({2, 1}), 5);
 }
 
 }  // namespace
