@@ -276,6 +276,23 @@ TEST_F(CliTest, LoadtestRunsRoundsThroughARealCoordinator) {
   EXPECT_EQ(n, 2);
 }
 
+// A shard server needs a well-formed K/N, the coordinator's address and the shard token; the
+// config must allow N shards.
+TEST_F(CliTest, SyncServerRefusesWhatItCannotServe) {
+  const std::string config = " --config " + dir_.Join("tiny.toml");
+  auto r = Atoll("sync-server --shard 2/2 --coordinator 127.0.0.1:1" + config);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--shard '2/2' is not K/N"));
+  r = Atoll("sync-server --shard 0/2 --coordinator 127.0.0.1:1 --outer.num_fragments=1" + config);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("outer.shards = 2 needs at least as many fragments"));
+  r = testing::RunCommand("ATOLL_TOKEN=t ATOLL_SHARD_TOKEN= " + std::string(ATOLL_BIN) +
+                          " sync-server --shard 0/2 --coordinator 127.0.0.1:1 "
+                          "--outer.num_fragments=2 --model.n_layer=2" + config);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("ATOLL_SHARD_TOKEN"));
+}
+
 TEST_F(CliTest, LoadtestRefusesWhatItCannotRun) {
   auto r = Atoll("loadtest --params lots --run-dir " + dir_.Join("load"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
