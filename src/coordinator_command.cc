@@ -338,6 +338,67 @@ absl::Status TrimRoundsLog(const std::string& run_dir, const pb::ServiceState& s
   return WriteFileAtomic(log_path, kept);
 }
 
+// What `RunCoordinator` checks before it builds or binds anything.
+absl::Status CheckOptions(const Config& config, const CoordinatorOptions& options) {
+  for (const auto& [flag, address] : {std::pair{"--metrics-listen", &options.metrics_listen},
+                                      std::pair{"--http-listen", &options.http_listen}}) {
+    if (address->empty()) continue;
+    if (auto s = CheckListenAddress(*address); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
+    }
+  }
+  if (options.shard >= 0 && (options.shard >= config.outer.shards || options.coordinator.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", options.shard, " of a run of outer.shards = ", config.outer.shards,
+        options.coordinator.empty() ? " needs the coordinator's address" : " does not exist"));
+  }
+  if (options.resume && options.run_dir.empty()) {
+    return absl::InvalidArgumentError("--resume needs the run directory");
+  }
+  return absl::OkStatus();
+}
+
+// The line printed for the n-th round (version) this service committed.
+std::string CommitLine(const Config& config, const outer::CommittedRound& r, uint64_t n,
+                       uint64_t total_rounds, double wall) {
+  const bool fragments = config.outer.num_fragments > 1;
+  if (config.outer.async()) {
+    return absl::StrFormat(
+        "version %d applied%s: %s, staleness %d, %d tokens, params %016x, %.1fs", n,
+        fragments ? absl::StrFormat(" (fragment %d, its version %d)", r.fragment, r.round + 1) : "",
+        absl::StrJoin(r.contributors, "+"), r.staleness, r.tokens, r.params_hash, wall);
+  }
+  return absl::StrFormat(
+      "round %d/%d committed%s: %s, %d tokens, params %016x, %.1fs", n, total_rounds,
+      fragments ? absl::StrFormat(" (fragment %d, its round %d)", r.fragment, r.round + 1) : "",
+      absl::StrJoin(r.contributors, "+"), r.tokens, r.params_hash, wall);
+}
+
+// Serves until stopped, or until the service's rounds are done and no island is left (a shard:
+// or the coordinator has gone, which it does once the last island left); a shard the coordinator
+// refuses ends with that refusal.
+absl::Status ServeUntilDone(const Config& config, const CoordinatorOptions& options,
+                            uint64_t total_rounds, outer::SyncServer& sync, ShardLink* link,
+                            ServiceMonitor& monitor) {
+  uint64_t trimmed_at = sync.committed_rounds();
+  for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
+    const uint64_t committed = sync.committed_rounds();
+    const bool done = config.outer.async() ? sync.budget_reached() : committed >= total_rounds;
+    // A round's pushes arrive on many threads in gRPC's small buffers, which glibc keeps in
+    // per-thread heaps between the big blocks that stay: once a round has committed, the free
+    // pages go back to the system.
+    if (committed != trimmed_at) {
+      trimmed_at = committed;
+      malloc_trim(0);
+    }
+    if (done && (sync.num_members() == 0 || (link && link->silent_s() > 3))) break;
+    if (link && !link->fatal().ok()) return link->fatal();
+    if (tick % 10 == 0) monitor.Sample();  // curves and bandwidth, once a second
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
@@ -351,18 +412,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
       shard ? absl::StrCat("atoll sync-server (shard ", options.shard, "/", config.outer.shards, ")")
             : std::string("atoll coordinator");
   // Flags are checked before anything is built or bound.
-  for (const auto& [flag, address] : {std::pair{"--metrics-listen", &options.metrics_listen},
-                                      std::pair{"--http-listen", &options.http_listen}}) {
-    if (address->empty()) continue;
-    if (auto s = CheckListenAddress(*address); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
-    }
-  }
-  if (shard && (options.shard >= config.outer.shards || options.coordinator.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard ", options.shard, " of a run of outer.shards = ", config.outer.shards,
-        options.coordinator.empty() ? " needs the coordinator's address" : " does not exist"));
-  }
+  if (auto s = CheckOptions(config, options); !s.ok()) return s;
   Config initial = config;
   if (options.resume) initial.run.init_from.clear();  // the state file holds the parameters
   auto made = MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane);
@@ -373,9 +423,6 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   const bool durable = !options.run_dir.empty() && !sync->is_control_plane();
   const std::string state_path =
       durable ? (std::filesystem::path(options.run_dir) / kStateFile).string() : "";
-  if (options.resume && options.run_dir.empty()) {
-    return absl::InvalidArgumentError("--resume needs the run directory");
-  }
   if (options.resume && durable) {
     auto state = RestoreServiceState(state_path, *sync);
     if (!state.ok()) return state.status();
@@ -413,24 +460,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   sync->SetCommitListener([&](const outer::CommittedRound& r) {
     monitor.OnCommit(r);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (config.outer.async()) {
-      std::fprintf(options.out,
-                   "version %llu applied%s: %s, staleness %llu, %llu tokens, params %016llx, %.1fs\n",
-                   (unsigned long long)sync_rounds.fetch_add(1) + 1,
-                   config.outer.num_fragments > 1
-                       ? absl::StrFormat(" (fragment %d, its version %d)", r.fragment, r.round + 1).c_str()
-                       : "",
-                   absl::StrJoin(r.contributors, "+").c_str(), (unsigned long long)r.staleness,
-                   (unsigned long long)r.tokens, (unsigned long long)r.params_hash, wall);
-    } else {
-    std::fprintf(options.out, "round %llu/%llu committed%s: %s, %llu tokens, params %016llx, %.1fs\n",
-                 (unsigned long long)sync_rounds.fetch_add(1) + 1, (unsigned long long)total_rounds,
-                 config.outer.num_fragments > 1
-                     ? absl::StrFormat(" (fragment %d, its round %d)", r.fragment, r.round + 1).c_str()
-                     : "",
-                 absl::StrJoin(r.contributors, "+").c_str(), (unsigned long long)r.tokens,
-                 (unsigned long long)r.params_hash, wall);
-    }
+    std::fprintf(options.out, "%s\n",
+                 CommitLine(config, r, sync_rounds.fetch_add(1) + 1, total_rounds, wall).c_str());
     std::fflush(options.out);
     if (writer) writer->Committed();
     if (rounds_log) {
@@ -473,28 +504,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   std::fflush(options.out);
   auto http = StartHttp(options, monitor);
   if (!http.ok()) return http.status();
-  absl::Status ended = absl::OkStatus();
-  uint64_t trimmed_at = sync->committed_rounds();
-  for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
-    const uint64_t committed = sync->committed_rounds();
-    const bool done = config.outer.async() ? sync->budget_reached() : committed >= total_rounds;
-    // A round's pushes arrive on many threads in gRPC's small buffers, which glibc keeps in
-    // per-thread heaps between the big blocks that stay: once a round has committed, the free
-    // pages go back to the system.
-    if (committed != trimmed_at) {
-      trimmed_at = committed;
-      malloc_trim(0);
-    }
-    // A shard is done with its rounds once no island is left, or the coordinator has gone (it
-    // ends once the last island left).
-    if (done && (sync->num_members() == 0 || (link && link->silent_s() > 3))) break;
-    if (link && !link->fatal().ok()) {
-      ended = link->fatal();
-      break;
-    }
-    if (tick % 10 == 0) monitor.Sample();  // curves and bandwidth, once a second
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const absl::Status ended = ServeUntilDone(config, options, total_rounds, *sync, link.get(), monitor);
   link.reset();
   http->clear();
   (*server)->Shutdown();
