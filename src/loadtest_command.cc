@@ -311,7 +311,6 @@ class SyntheticIsland {
   const int index_;
   const Config& config_;
   const std::string token_;
-  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Coordinator::Stub> coordinator_;
   std::vector<std::unique_ptr<pb::OuterSync::Stub>> sync_;  // by shard (one: unsharded)
   pb::JoinResponse join_;
