@@ -98,6 +98,21 @@ int64_t ParameterCount(const ModelConfig& c) {
   return n;
 }
 
+bool FlatInputMajor(const std::string& name) {
+  return absl::EndsWith(name, "attn.proj.weight") || absl::EndsWith(name, "mlp.proj.weight");
+}
+
+torch::Tensor ShapedView(const std::string& name, const torch::Tensor& flat,
+                         torch::IntArrayRef shape) {
+  if (FlatInputMajor(name) && shape.size() == 2) return flat.view({shape[1], shape[0]}).t();
+  return flat.view(shape);
+}
+
+torch::Tensor CanonicalFlat(const std::string& name, const torch::Tensor& param) {
+  if (FlatInputMajor(name) && param.dim() == 2) return param.t().reshape({-1});
+  return param.reshape({-1});
+}
+
 double TrainFlopsPerToken(const ModelConfig& c) {
   // Kaplan et al.: 6 FLOPs per parameter per token (forward + backward), minus the position
   // embedding lookups, plus attention scores and values: 6 * n_layer * context * d_model.
@@ -105,34 +120,113 @@ double TrainFlopsPerToken(const ModelConfig& c) {
   return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& c)
-    : n_head_(c.n_head), dropout_(c.dropout) {
-  qkv_ = register_module("qkv", torch::nn::Linear(c.d_model, 3 * c.d_model));
-  proj_ = register_module("proj", torch::nn::Linear(c.d_model, c.d_model));
+namespace {
+
+// How a parameter splits over tensor-parallel ranks: by rows of its canonical flat order (an
+// output row of a column-parallel weight; an input column of a row-parallel one, which flattens
+// input-major), in `parts` equal parts split alike (q, k and v of attn.qkv), or not at all.
+struct TpSplit {
+  int parts = 0;  // 0: whole on every rank
+};
+
+TpSplit SplitOf(const std::string& name) {
+  if (absl::StrContains(name, "attn.qkv.")) return {3};
+  if (absl::StrContains(name, "mlp.fc.")) return {1};
+  if (FlatInputMajor(name)) return {1};
+  return {0};
+}
+
+int SizeOr1(TensorParallel* tp) { return tp == nullptr ? 1 : tp->size(); }
+
+}  // namespace
+
+absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
+  if (tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
+  }
+  if (c.n_head % tp != 0 || c.d_model % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
+        ") and model.d_model (", c.d_model, "): each rank holds n_head / ", tp,
+        " heads and 4 d_model / ", tp, " MLP units"));
+  }
+  return absl::OkStatus();
+}
+
+bool TpReplicated(const std::string& name) { return SplitOf(name).parts == 0; }
+
+std::vector<int64_t> TpLocalShape(const std::string& name, const std::vector<int64_t>& shape,
+                                  int size) {
+  std::vector<int64_t> local = shape;
+  if (TpReplicated(name)) return local;
+  local[FlatInputMajor(name) ? 1 : 0] /= size;
+  return local;
+}
+
+std::vector<std::pair<int64_t, int64_t>> TpRanges(const std::string& name,
+                                                   const std::vector<int64_t>& shape, int rank,
+                                                   int size) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  const TpSplit split = SplitOf(name);
+  if (split.parts == 0) return {{0, numel}};
+  // Rows of the canonical order: output rows, or (input-major) input columns.
+  const int64_t rows = FlatInputMajor(name) ? shape[1] : shape[0];
+  const int64_t row = numel / rows, per_part = rows / split.parts, mine = per_part / size;
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int part = 0; part < split.parts; ++part) {
+    ranges.emplace_back((part * per_part + rank * mine) * row, mine * row);
+  }
+  return ranges;
+}
+
+torch::Tensor TpLocalPart(const std::string& name, const torch::Tensor& whole, int rank,
+                          int size) {
+  const auto flat = CanonicalFlat(name, whole);
+  std::vector<torch::Tensor> pieces;
+  for (const auto& [offset, count] : TpRanges(name, whole.sizes().vec(), rank, size)) {
+    pieces.push_back(flat.narrow(0, offset, count));
+  }
+  return ShapedView(name, torch::cat(pieces), TpLocalShape(name, whole.sizes().vec(), size))
+      .clone();
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& c, TensorParallel* tp)
+    : n_head_(c.n_head / SizeOr1(tp)), dropout_(c.dropout), tp_(tp) {
+  const int64_t local = c.d_model / SizeOr1(tp);
+  qkv_ = register_module("qkv", torch::nn::Linear(c.d_model, 3 * local));
+  proj_ = register_module("proj", torch::nn::Linear(local, c.d_model));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-  auto qkv = qkv_->forward(x).view({b, t, 3, n_head_, d / n_head_}).permute({2, 0, 3, 1, 4});
+  const int64_t b = x.size(0), t = x.size(1), local = proj_->weight.size(1);
+  auto in = tp_ != nullptr ? tp_->Enter(x) : x;
+  auto qkv = qkv_->forward(in).view({b, t, 3, n_head_, local / n_head_}).permute({2, 0, 3, 1, 4});
   auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]);
-  y = y.transpose(1, 2).contiguous().view({b, t, d});
-  return F::dropout(proj_->forward(y), F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  y = y.transpose(1, 2).contiguous().view({b, t, local});
+  // Row-parallel: the ranks' partial products are summed before the (whole) bias is added.
+  auto out = tp_ != nullptr ? tp_->Reduce(F::linear(y, proj_->weight)) + proj_->bias
+                            : proj_->forward(y);
+  return F::dropout(out, F::DropoutFuncOptions().p(dropout_).training(is_training()));
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c) {
-  fc_ = register_module("fc", torch::nn::Linear(c.d_model, 4 * c.d_model));
-  proj_ = register_module("proj", torch::nn::Linear(4 * c.d_model, c.d_model));
+MlpImpl::MlpImpl(const ModelConfig& c, TensorParallel* tp) : tp_(tp) {
+  const int64_t hidden = 4 * c.d_model / SizeOr1(tp);
+  fc_ = register_module("fc", torch::nn::Linear(c.d_model, hidden));
+  proj_ = register_module("proj", torch::nn::Linear(hidden, c.d_model));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return proj_->forward(torch::gelu(fc_->forward(x), "tanh"));
+  if (tp_ == nullptr) return proj_->forward(torch::gelu(fc_->forward(x), "tanh"));
+  auto h = torch::gelu(fc_->forward(tp_->Enter(x)), "tanh");
+  return tp_->Reduce(F::linear(h, proj_->weight)) + proj_->bias;
 }
 
-BlockImpl::BlockImpl(const ModelConfig& c) : dropout_(c.dropout) {
+BlockImpl::BlockImpl(const ModelConfig& c, TensorParallel* tp) : dropout_(c.dropout) {
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  attn_ = register_module("attn", CausalSelfAttention(c));
+  attn_ = register_module("attn", CausalSelfAttention(c, tp));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
-  mlp_ = register_module("mlp", Mlp(c));
+  mlp_ = register_module("mlp", Mlp(c, tp));
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
@@ -141,29 +235,36 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
   return x + F::dropout(m, F::DropoutFuncOptions().p(dropout_).training(is_training()));
 }
 
-GptImpl::GptImpl(const ModelConfig& c) : config_(c) {
+GptImpl::GptImpl(const ModelConfig& c, TensorParallel* tp) : config_(c) {
   tok_emb_ = register_module("tok_emb", torch::nn::Embedding(c.vocab, c.d_model));
   pos_emb_ = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c));
+  for (int i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c, tp));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   head_ = register_module("head", torch::nn::Linear(
                                       torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
 
-  // Deterministic init, independent of the global generator and of registration side effects.
+  // Deterministic init, independent of the global generator and of registration side effects:
+  // each whole parameter in turn (the same draws at any tensor-parallel degree), then this rank's
+  // part of it.
   torch::NoGradGuard no_grad;
   auto gen = compat::MakeCpuGenerator(c.init_seed);
   const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  for (auto& [name, p] : NamedParameters(*this)) {
+  const auto shapes = ParameterShapes(c);
+  const auto params = NamedParameters(*this);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    auto whole = torch::empty(shapes[i].second, p.options());
     if (absl::EndsWith(name, ".bias")) {
-      p.zero_();
+      whole.zero_();
     } else if (absl::StartsWith(name, "ln") || absl::StrContains(name, ".ln")) {
-      p.fill_(1.0);
-    } else if (absl::EndsWith(name, "attn.proj.weight") || absl::EndsWith(name, "mlp.proj.weight")) {
-      p.normal_(0.0, residual_std, gen);
+      whole.fill_(1.0);
+    } else if (FlatInputMajor(name)) {
+      whole.normal_(0.0, residual_std, gen);
     } else {
-      p.normal_(0.0, 0.02, gen);
+      whole.normal_(0.0, 0.02, gen);
     }
+    p.copy_(tp == nullptr ? whole : TpLocalPart(name, whole, tp->rank(), tp->size()));
   }
 }
 

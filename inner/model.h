@@ -44,34 +44,82 @@ std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& 
 // Their sum (tests check the module against it).
 int64_t ParameterCount(const ModelConfig& config);
 
+// The canonical flat order of each parameter, shared by the outer sync, checkpoints and the
+// service's state: row-major, except for the weights of the row-parallel projections
+// (attn.proj.weight, mlp.proj.weight), which flatten input-major (as their transposes do). Then
+// the part of any parameter that a tensor-parallel rank holds is at most three ranges (the q, k
+// and v parts of attn.qkv), whatever the degree (inner/parallel/tensor_parallel.h).
+bool FlatInputMajor(const std::string& name);
+// `flat` (1-D, in canonical order) seen as the parameter of `shape` (a view).
+torch::Tensor ShapedView(const std::string& name, const torch::Tensor& flat,
+                         torch::IntArrayRef shape);
+// The parameter in canonical order (1-D; a copy when its memory is in another order).
+torch::Tensor CanonicalFlat(const std::string& name, const torch::Tensor& param);
+
 // Forward FLOPs per token (6N rule plus attention), for isoflop accounting and utilization.
 double TrainFlopsPerToken(const ModelConfig& config);
 
+// Tensor parallelism, Megatron style: a rank of `size` holds n_head / size heads of each
+// attention (column-parallel qkv: its rows of the q, k and v parts; row-parallel proj: its input
+// columns) and 4 d_model / size hidden units of each MLP (column-parallel fc, row-parallel proj);
+// everything else (embeddings, LayerNorms, the biases of the row-parallel projections, the head)
+// is whole on every rank: the vocabulary is bytes (256 rows), too small to be worth splitting.
+// One all-reduce per attention and per MLP in forward (Reduce) and one each in backward (Enter).
+// The collectives come from inner/parallel/tensor_parallel; the model only calls them.
+class TensorParallel {
+ public:
+  virtual ~TensorParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The input of a column-parallel layer: identity forward, gradient summed over the ranks.
+  virtual torch::Tensor Enter(const torch::Tensor& x) = 0;
+  // The output of a row-parallel layer: summed over the ranks forward, identity backward.
+  virtual torch::Tensor Reduce(const torch::Tensor& x) = 0;
+};
+
+// Names what keeps the model from splitting over `tp` tensor-parallel ranks (n_head and d_model
+// must divide by it).
+absl::Status ValidateTensorParallel(const ModelConfig& config, int tp);
+// Whether every tensor-parallel rank holds the whole parameter.
+bool TpReplicated(const std::string& name);
+// The shape of a parameter (whole: `shape`) on a rank of `size`.
+std::vector<int64_t> TpLocalShape(const std::string& name, const std::vector<int64_t>& shape,
+                                  int size);
+// The ranges (offset, count) of the parameter's canonical flat order that rank `rank` of `size`
+// holds, in the order of its own part's canonical flat order (at most three).
+std::vector<std::pair<int64_t, int64_t>> TpRanges(const std::string& name,
+                                                   const std::vector<int64_t>& shape, int rank,
+                                                   int size);
+// Rank `rank`'s part of the whole parameter `whole` (a copy, of TpLocalShape).
+torch::Tensor TpLocalPart(const std::string& name, const torch::Tensor& whole, int rank, int size);
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(const ModelConfig& config);
+  CausalSelfAttentionImpl(const ModelConfig& config, TensorParallel* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
-  int n_head_;
+  int n_head_;  // on this rank
   double dropout_;
+  TensorParallel* tp_;
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& config);
+  explicit MlpImpl(const ModelConfig& config, TensorParallel* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  TensorParallel* tp_;
   torch::nn::Linear fc_{nullptr}, proj_{nullptr};
 };
 TORCH_MODULE(Mlp);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& config);
+  explicit BlockImpl(const ModelConfig& config, TensorParallel* tp = nullptr);
   torch::Tensor forward(torch::Tensor x);
 
  private:
@@ -86,7 +134,9 @@ class GptImpl : public torch::nn::Module {
  public:
   // Initializes deterministically from config.init_seed (GPT-2 scheme: N(0, 0.02), residual
   // projections scaled by 1/sqrt(2 * n_layer), zero biases, unit LayerNorm gains) on the CPU.
-  explicit GptImpl(const ModelConfig& config);
+  // With `tp` (which must outlive the module), this rank's part of the model: each parameter is
+  // its part of the whole one that one rank initializes, whatever the degree.
+  explicit GptImpl(const ModelConfig& config, TensorParallel* tp = nullptr);
 
   // tokens: [B, T] int64 with T <= context. Returns logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);

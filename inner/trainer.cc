@@ -157,9 +157,12 @@ absl::StatusOr<StepStats> Trainer::Step() {
     loss_sum += *loss / double(train_.grad_accum);
   }
   if (auto s = fsdp_->ReduceReplicas(); !s.ok()) return s;
-  // The global gradient norm over all shards, clipped as torch's clip_grad_norm_ does.
+  // The global gradient norm over all shards and TP parts, clipped as torch's clip_grad_norm_
+  // does.
   auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), torch::kDouble);
-  if (auto s = mesh_->group(parallel::MeshDim::kDpShard).AllReduceSum(norm); !s.ok()) return s;
+  for (auto dim : {parallel::MeshDim::kDpShard, parallel::MeshDim::kTp}) {
+    if (auto s = mesh_->group(dim).AllReduceSum(norm); !s.ok()) return s;
+  }
   stats.grad_norm = std::sqrt(norm.item<double>());
   if (optim_.grad_clip > 0) {
     const double coef = optim_.grad_clip / (stats.grad_norm + 1e-6);
@@ -224,14 +227,23 @@ TrainerState Trainer::ExportState() const {
   s.cursor = sampler_.cursor();
   const auto& shards = fsdp_->shards();
   const auto moments = adamw_->State();  // exp_avg and exp_avg_sq of each shard, in order
+  // One copy of each element: replicas of the shards (dp_replicate > 0) and of the parameters
+  // whole on every TP rank (TP rank > 0) write nothing.
+  const bool replica_group = mesh_->coordinate(parallel::MeshDim::kDpReplicate) > 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& p = shards[i];
-    auto slice = [&](const std::string& name, const at::Tensor& v) {
-      s.tensors.push_back({name, v.detach().to(torch::kCPU, false, true), p.offset, p.shape});
-    };
-    slice(kModelPrefix + p.name, p.value);
-    slice(std::string(kOptimPrefix) + "exp_avg/" + p.name, moments[2 * i].tensor);
-    slice(std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, moments[2 * i + 1].tensor);
+    if (replica_group || p.replica) continue;
+    int64_t at = 0;
+    for (const auto& [offset, count] : p.runs) {
+      auto slice = [&](const std::string& name, const at::Tensor& v) {
+        s.tensors.push_back(
+            {name, v.detach().narrow(0, at, count).to(torch::kCPU, false, true), offset, p.shape});
+      };
+      slice(kModelPrefix + p.name, p.value);
+      slice(std::string(kOptimPrefix) + "exp_avg/" + p.name, moments[2 * i].tensor);
+      slice(std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, moments[2 * i + 1].tensor);
+      at += count;
+    }
   }
   s.rng_state = compat::GetDefaultCpuRngState();
   return s;
@@ -292,7 +304,12 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
     for (auto [name, target] : {std::pair{kModelPrefix + p.name, &value},
                                 {std::string(kOptimPrefix) + "exp_avg/" + p.name, &avg},
                                 {std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, &avg_sq}}) {
-      if (auto s = Gather(slices, name, p.shape, p.offset, *target, &copies); !s.ok()) return s;
+      int64_t at = 0;
+      for (const auto& [offset, count] : p.runs) {
+        at::Tensor part = target->narrow(0, at, count);
+        if (auto s = Gather(slices, name, p.shape, offset, part, &copies); !s.ok()) return s;
+        at += count;
+      }
     }
   }
   // Every parameter of the model, not only this rank's, must be in a state it accepts.

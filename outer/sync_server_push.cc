@@ -75,10 +75,12 @@ absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushR
     }
   }
   const FragmentLayout& layout = fragments_[*fid].layout;
-  // A rank owns a range per unit (block) of the fragment it shards: at most one per parameter. The
-  // cap bounds what a peer can make the stream keep per range (one scale block each).
+  // A rank owns a range per unit (block) of the fragment it shards, and its tensor-parallel part of
+  // a parameter is at most three ranges: at most four per parameter. The cap bounds what a peer
+  // can make the stream keep per range (one scale block each).
+  const size_t max_ranges = std::max<size_t>(64, 4 * layout.names.size());
   return std::unique_ptr<PushStream>(new PushStream(
-      this, ChunkStream(id, options_.codec, layout.total(), std::max<size_t>(64, layout.names.size())),
+      this, ChunkStream(id, options_.codec, layout.total(), max_ranges),
       h.offset(), first.session(), first.tokens(),
       IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
 }

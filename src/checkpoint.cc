@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 namespace pb = ::atollpb::v1;
 
 constexpr char kMagic[8] = {'A', 'T', 'O', 'L', 'L', 'C', 'K', '1'};
-constexpr uint32_t kFormatVersion = 1;
+// 2: row-parallel weights are sliced in their input-major order (inner::FlatInputMajor).
+constexpr uint32_t kFormatVersion = 2;
 constexpr size_t kAlign = 64;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }

@@ -254,6 +254,19 @@ absl::Status ValidateRun(const RunConfig& r) {
   return absl::OkStatus();
 }
 
+// What the mesh asks of the model, checked before any rank starts.
+absl::Status ValidateMeshForModel(const Config& config) {
+  const auto& p = config.parallelism;
+  if (p.pipeline_parallel_degree > 1) {
+    return absl::UnimplementedError(
+        "parallelism.pipeline_parallel_degree must be 1: pipeline parallelism is not built yet");
+  }
+  if (p.tensor_parallel_degree > 1) {
+    return inner::ValidateTensorParallel(config.model, p.tensor_parallel_degree);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Override>> ParseOverrides(const std::vector<std::string>& args) {
@@ -295,6 +308,7 @@ absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& wher
   if (auto s = inner::Validate(config.optim, config.train); !s.ok()) return s;
   if (auto s = ValidateRun(config.run); !s.ok()) return s;
   if (auto s = inner::parallel::Validate(config.parallelism); !s.ok()) return s;
+  if (auto s = ValidateMeshForModel(config); !s.ok()) return s;
   if (auto s = outer::Validate(config.outer); !s.ok()) return s;
   return config;
 }

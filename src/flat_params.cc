@@ -24,7 +24,7 @@ std::vector<float> Flatten(const NamedParams& params) {
   std::vector<float> flat(total);
   size_t offset = 0;
   for (const auto& [name, p] : params) {
-    auto c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    auto c = inner::CanonicalFlat(name, p.detach().to(torch::kCPU, torch::kFloat)).contiguous();
     std::memcpy(flat.data() + offset, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
     offset += size_t(c.numel());
   }
@@ -35,7 +35,9 @@ void LoadFlat(const std::vector<float>& flat, const NamedParams& params) {
   torch::NoGradGuard no_grad;
   size_t offset = 0;
   for (const auto& [name, p] : params) {
-    auto src = torch::from_blob(const_cast<float*>(flat.data() + offset), p.sizes(), torch::kFloat);
+    auto src = inner::ShapedView(
+        name, torch::from_blob(const_cast<float*>(flat.data() + offset), {p.numel()}, torch::kFloat),
+        p.sizes());
     p.copy_(src);
     offset += size_t(p.numel());
   }
@@ -52,8 +54,10 @@ void LoadFlat(const std::vector<float>& flat, const NamedParams& params,
   torch::NoGradGuard no_grad;
   size_t offset = 0;
   for (size_t i : subset) {
-    const auto& p = params[i].second;
-    auto src = torch::from_blob(const_cast<float*>(flat.data() + offset), p.sizes(), torch::kFloat);
+    const auto& [name, p] = params[i];
+    auto src = inner::ShapedView(
+        name, torch::from_blob(const_cast<float*>(flat.data() + offset), {p.numel()}, torch::kFloat),
+        p.sizes());
     if (alpha == 0.0) {
       p.copy_(src);
     } else {
@@ -64,7 +68,9 @@ void LoadFlat(const std::vector<float>& flat, const NamedParams& params,
 }
 
 uint64_t ModelConfigHash(const inner::ModelConfig& m) {
-  const std::string s = absl::StrCat(m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
+  // "layout 2": row-parallel weights flatten input-major (inner::FlatInputMajor); the states of
+  // earlier builds hold them row-major and are refused as another model's.
+  const std::string s = absl::StrCat("layout 2/", m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
                                      m.vocab, "/", m.dropout, "/", m.init_seed);
   return compression::Checksum(s.data(), s.size());
 }

@@ -26,6 +26,12 @@ using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 constexpr char kStateFile[] = "service-state.pb";
 constexpr char kModelSlice[] = "model/";  // TrainerState's parameter slices
 
+int64_t ShapeNumel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 // atoll's name pieces and GPT-2's, and whether GPT-2 stores the weight transposed (Conv1D).
 struct NamePiece {
   const char* atoll;
@@ -207,14 +213,15 @@ absl::StatusOr<ModelWeights> LoadServiceState(const fs::path& path, const Config
     const std::string& bytes = fragment.params();
     size_t offset = 0;
     for (size_t i : plan->parameters[f]) {
-      auto t = torch::empty(shapes[i].second, torch::kFloat32);
+      const auto& [name, shape] = shapes[i];
+      auto t = torch::empty({ShapeNumel(shape)}, torch::kFloat32);
       const size_t n = size_t(t.numel()) * sizeof(float);
       if (offset + n > bytes.size()) {
         return absl::DataLossError(absl::StrCat(path.string(), ": fragment ", f, " is too short"));
       }
       std::memcpy(t.data_ptr(), bytes.data() + offset, n);
       offset += n;
-      tensors[i] = std::move(t);
+      tensors[i] = inner::ShapedView(name, t, shape).contiguous();
     }
     if (offset != bytes.size()) {
       return absl::DataLossError(absl::StrCat(path.string(), ": fragment ", f, " is too long"));
@@ -241,8 +248,7 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& path) {
   w.facts = {{"kind", "checkpoint"}, {"source", path}, {"run_id", config->outer.run_id},
              {"step", std::to_string(ckpt->state.step)}};
   for (const auto& [name, shape] : inner::ParameterShapes(w.model)) {
-    auto whole = torch::zeros(shape, torch::kFloat32);
-    auto flat = whole.view({-1});
+    auto flat = torch::zeros({ShapeNumel(shape)}, torch::kFloat32);
     int64_t covered = 0;
     for (const auto& slice : ckpt->state.tensors) {
       if (slice.name != kModelSlice + name) continue;
@@ -255,6 +261,7 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& path) {
     if (covered != flat.numel()) {
       return absl::DataLossError(absl::StrCat(path, ": parameter ", name, " is incomplete"));
     }
+    auto whole = inner::ShapedView(name, flat, shape).contiguous();
     if (auto s = CheckFinite(whole, name, path); !s.ok()) return s;
     w.params.emplace_back(name, std::move(whole));
   }
@@ -401,7 +408,8 @@ absl::Status CopyInto(const ModelWeights& weights, inner::TrainerState& state) {
   for (auto& slice : state.tensors) {
     if (!absl::StartsWith(slice.name, kModelSlice)) continue;
     const auto& whole = *by_name[slice.name];
-    slice.values.copy_(whole.reshape({-1}).narrow(0, slice.offset, slice.values.numel()));
+    const auto flat = inner::CanonicalFlat(slice.name.substr(std::strlen(kModelSlice)), whole);
+    slice.values.copy_(flat.narrow(0, slice.offset, slice.values.numel()));
   }
   return absl::OkStatus();
 }

@@ -93,7 +93,7 @@ TEST(CheckpointTest, AHeaderCannotMakeTheReaderAllocateWhatTheFileDoesNotHold) {
        {std::vector<int64_t>{1 << 30, 1 << 30, 1 << 10}, std::vector<int64_t>{-4, 2},
         std::vector<int64_t>{int64_t(1) << 62, 4}}) {
     ::atollpb::v1::CheckpointHeader header;
-    header.set_format_version(1);
+    header.set_format_version(2);
     header.set_data_bytes(64);
     auto* t = header.add_tensors();
     t->set_name("model/w");

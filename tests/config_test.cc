@@ -106,6 +106,11 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        "outer.lr_decay must be constant or cosine, got 'linear'"},
       {base, {{"outer.mode", "async"}, {"outer.lr_decay", "cosine"}},
        absl::StatusCode::kInvalidArgument, "async mode (versions, not rounds)"},
+      {base + "[model]\nd_model = 96\nn_head = 6\n", {{"parallelism.tensor_parallel_degree", "4"}},
+       absl::StatusCode::kInvalidArgument,
+       "parallelism.tensor_parallel_degree = 4 must divide model.n_head (6)"},
+      {base, {{"parallelism.pipeline_parallel_degree", "2"}}, absl::StatusCode::kUnimplemented,
+       "pipeline parallelism is not built yet"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);

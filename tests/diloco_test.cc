@@ -63,7 +63,9 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   };
   size_t offset = 0;
   for (const auto& [name, p] : params) {
-    auto g = torch::from_blob(const_cast<float*>(global.data() + offset), p.sizes(), torch::kFloat);
+    auto flat = torch::from_blob(const_cast<float*>(global.data() + offset), {p.numel()},
+                                 torch::kFloat);
+    auto g = inner::ShapedView(name, flat, p.sizes());  // the service's canonical order
     offset += size_t(p.numel());
     if (name.find("attn.qkv.bias") == std::string::npos) {
       EXPECT_LT(relative(g, p), 1e-5) << name;

@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -36,10 +40,27 @@ int UnitOf(const std::string& name, int n_layer) {
   return n_layer + 1;
 }
 
+// Ranges (offset, count) of a parameter's canonical flat order for elements [a, b) of the part a
+// rank holds, given that part's ranges (TpRanges).
+std::vector<std::pair<int64_t, int64_t>> Runs(const std::vector<std::pair<int64_t, int64_t>>& part,
+                                              int64_t a, int64_t b) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t at = 0;  // where each range of the part starts within the part
+  for (const auto& [offset, count] : part) {
+    const int64_t lo = std::max(a, at), hi = std::min(b, at + count);
+    if (lo < hi) out.emplace_back(offset + (lo - at), hi - lo);
+    at += count;
+  }
+  return out;
+}
+
 }  // namespace
 
-FsdpGpt::FsdpGpt(Gpt model, DeviceMesh& mesh, FsdpOptions options)
-    : model_(std::move(model)), mesh_(mesh), options_(options) {}
+FsdpGpt::FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options)
+    : mesh_(mesh),
+      tp_(mesh.shape().tp > 1 ? std::make_unique<TpGroup>(mesh.group(MeshDim::kTp)) : nullptr),
+      model_(config, tp_.get()),
+      options_(options) {}
 
 FsdpGpt::~FsdpGpt() {
   for (auto& u : units_) {
@@ -53,13 +74,13 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
                                                          DeviceMesh& mesh, bool cuda,
                                                          FsdpOptions options) {
   if (auto s = Validate(config); !s.ok()) return s;
-  if (mesh.shape().tp > 1 || mesh.shape().pp > 1) {
+  if (mesh.shape().pp > 1) {
     return absl::UnimplementedError(
-        "parallelism.tensor_parallel_degree and parallelism.pipeline_parallel_degree must be 1: "
-        "islands shard with FSDP (dp_shard) and replicate (dp_replicate) only, so far");
+        "parallelism.pipeline_parallel_degree must be 1: pipeline parallelism is not built yet");
   }
-  Gpt model(config);  // initialized from config.init_seed on the CPU, the same on every rank
-  std::unique_ptr<FsdpGpt> f(new FsdpGpt(std::move(model), mesh, options));
+  if (auto s = ValidateTensorParallel(config, mesh.shape().tp); !s.ok()) return s;
+  // Initialized from config.init_seed on the CPU: every rank's part of the same model.
+  std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
   if (cuda) f->model_->to(torch::Device(torch::kCUDA, 0));
   if (auto s = f->BuildUnits(); !s.ok()) return s;
   return f;
@@ -67,21 +88,31 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
 
 absl::Status FsdpGpt::BuildUnits() {
   torch::NoGradGuard no_grad;
-  const int n_layer = model_->config().n_layer;
+  const ModelConfig& config = model_->config();
+  const int n_layer = config.n_layer;
   units_.clear();
   for (int u = 0; u < n_layer + 2; ++u) {
     units_.push_back(std::make_unique<Unit>());
     units_[u]->name = u == 0 ? "embed" : (u <= n_layer ? absl::StrCat("blocks.", u - 1) : "head");
     units_[u]->is_block = u >= 1 && u <= n_layer;
   }
+  std::map<std::string, std::vector<int64_t>> whole_shape;
+  for (auto& [name, shape] : ParameterShapes(config)) whole_shape[name] = shape;
+  // Each unit's parameters: those whole on every TP rank first, then the TP-split ones.
   for (auto& [name, p] : NamedParameters(*model_)) {
-    Unit& unit = *units_[size_t(UnitOf(name, n_layer))];
-    unit.offsets.push_back(unit.numel);
-    unit.numel += p.numel();
-    unit.params.emplace_back(name, p);
+    units_[size_t(UnitOf(name, n_layer))]->params.emplace_back(name, p);
+  }
+  for (auto& u : units_) {
+    std::stable_partition(u->params.begin(), u->params.end(),
+                          [](const auto& named) { return TpReplicated(named.first); });
+    for (const auto& [name, p] : u->params) {
+      u->offsets.push_back(u->numel);
+      u->numel += p.numel();
+    }
   }
   const int64_t ranks = mesh_.shape().dp_shard;
   const int64_t me = mesh_.coordinate(MeshDim::kDpShard);
+  const int tp_rank = mesh_.coordinate(MeshDim::kTp), tp_size = mesh_.shape().tp;
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     Unit& u = *units_[ui];
     u.padded = (u.numel + ranks - 1) / ranks * ranks;
@@ -89,8 +120,8 @@ absl::Status FsdpGpt::BuildUnits() {
     const auto options = u.params.front().second.options();
     at::Tensor flat = at::zeros({u.padded}, options);
     for (size_t i = 0; i < u.params.size(); ++i) {
-      const auto& p = u.params[i].second;
-      flat.narrow(0, u.offsets[i], p.numel()).copy_(p.reshape({-1}));
+      const auto& [name, p] = u.params[i];
+      flat.narrow(0, u.offsets[i], p.numel()).copy_(CanonicalFlat(name, p));
     }
     if (sharded()) {
       u.shard = flat.narrow(0, me * u.shard_numel, u.shard_numel).clone();
@@ -105,23 +136,23 @@ absl::Status FsdpGpt::BuildUnits() {
     }
     // The module's parameters (and their gradients) become views of the unit's flat buffers.
     for (size_t i = 0; i < u.params.size(); ++i) {
-      auto& p = u.params[i].second;
+      auto& [name, p] = u.params[i];
       const auto shape = p.sizes().vec();
-      p.set_data(u.full.narrow(0, u.offsets[i], p.numel()).view(shape));
-      p.mutable_grad() = u.full_grad.narrow(0, u.offsets[i], p.numel()).view(shape);
+      p.set_data(ShapedView(name, u.full.narrow(0, u.offsets[i], p.numel()), shape));
+      p.mutable_grad() = ShapedView(name, u.full_grad.narrow(0, u.offsets[i], p.numel()), shape);
       // The part of this parameter inside this rank's shard.
       const int64_t lo = std::max(u.offsets[i], me * u.shard_numel);
       const int64_t hi = std::min(u.offsets[i] + p.numel(), (me + 1) * u.shard_numel);
-      if (sharded() && lo >= hi) continue;
-      const int64_t at_shard = sharded() ? lo - me * u.shard_numel : u.offsets[i];
-      const int64_t count = sharded() ? hi - lo : p.numel();
+      if (lo >= hi) continue;
       ParamShard s;
-      s.name = u.params[i].first;
-      s.shape = shape;
-      s.offset = sharded() ? lo - u.offsets[i] : 0;
-      s.value = u.shard.narrow(0, at_shard, count);
-      s.grad = u.shard_grad.narrow(0, at_shard, count);
+      s.name = name;
+      s.shape = whole_shape.at(name);
+      s.runs = Runs(TpRanges(name, s.shape, tp_rank, tp_size), lo - u.offsets[i],
+                    hi - u.offsets[i]);
+      s.value = u.shard.narrow(0, lo - me * u.shard_numel, hi - lo);
+      s.grad = u.shard_grad.narrow(0, lo - me * u.shard_numel, hi - lo);
       s.decay = shape.size() >= 2;
+      s.replica = tp_rank > 0 && TpReplicated(name);
       s.unit = int(ui);
       shards_.push_back(std::move(s));
     }
@@ -232,8 +263,24 @@ absl::StatusOr<at::Tensor> FsdpGpt::Forward(const at::Tensor& inputs, const at::
   return x;
 }
 
+// A collective of tensor parallelism that fails inside autograd throws: its error, as a status.
+template <typename T>
+absl::StatusOr<T> FsdpGpt::Guarded(const std::function<absl::StatusOr<T>()>& run) {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    if (tp_ != nullptr && !tp_->status().ok()) return tp_->status();
+    return absl::InternalError(absl::StrCat("training step failed: ", e.what()));
+  }
+}
+
 absl::StatusOr<double> FsdpGpt::ForwardBackward(const at::Tensor& inputs, const at::Tensor& targets,
                                                 double grad_scale) {
+  return Guarded<double>([&] { return RunForwardBackward(inputs, targets, grad_scale); });
+}
+
+absl::StatusOr<double> FsdpGpt::RunForwardBackward(const at::Tensor& inputs,
+                                                   const at::Tensor& targets, double grad_scale) {
   const int last = num_units() - 1;
   const size_t units = units_.size();
   std::vector<at::Tensor> unit_inputs(units), unit_outputs(units);
@@ -277,10 +324,12 @@ absl::Status FsdpGpt::ReduceReplicas() {
 }
 
 absl::StatusOr<double> FsdpGpt::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
-  torch::NoGradGuard no_grad;
-  auto loss = Forward(inputs, targets, /*train=*/false, nullptr, nullptr);
-  if (!loss.ok()) return loss.status();
-  return loss->item<double>();
+  return Guarded<double>([&]() -> absl::StatusOr<double> {
+    torch::NoGradGuard no_grad;
+    auto loss = Forward(inputs, targets, /*train=*/false, nullptr, nullptr);
+    if (!loss.ok()) return loss.status();
+    return loss->item<double>();
+  });
 }
 
 void FsdpGpt::ZeroGrad() {
@@ -290,10 +339,26 @@ void FsdpGpt::ZeroGrad() {
 double FsdpGpt::GradSquaredNorm() const {
   double sum = 0;
   for (const auto& s : shards_) {
+    if (s.replica) continue;
     const double n = s.grad.norm().item<double>();
     sum += n * n;
   }
   return sum;
+}
+
+absl::Status FsdpGpt::BroadcastReplicas(const std::vector<size_t>& shards) {
+  if (tp_ == nullptr || shards.empty()) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> values;
+  for (size_t i : shards) values.push_back(shards_[i].value);
+  at::Tensor all = at::cat(values);  // one broadcast for all of them
+  if (auto s = mesh_.group(MeshDim::kTp).Broadcast(all, 0); !s.ok()) return s;
+  int64_t at = 0;
+  for (auto& v : values) {
+    v.copy_(all.narrow(0, at, v.numel()));
+    at += v.numel();
+  }
+  return absl::OkStatus();
 }
 
 void FsdpGpt::ScaleGrad(double factor) {

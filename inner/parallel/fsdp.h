@@ -12,12 +12,19 @@
 // One rank is the case N = 1 of the same code: the shard is the whole unit, nothing is gathered or
 // freed, gradients accumulate in place. Gradients are summed over dp_replicate after the last
 // micro-batch (HSDP). Each unit's flat buffer is padded to a multiple of the shard count.
+//
+// With tensor parallelism (mesh tp > 1) the module is this rank's TP part of the model
+// (inner/model.h) and the units hold those parts: the parameters every TP rank holds whole come
+// first in each unit, so that their shards sit at the same place on every TP rank. TP rank 0 owns
+// them; on the other TP ranks their shards are replicas (training keeps them equal by itself,
+// their gradients being equal; BroadcastReplicas after the outer sync wrote rank 0's).
 #ifndef ATOLL_INNER_PARALLEL_FSDP_H_
 #define ATOLL_INNER_PARALLEL_FSDP_H_
 
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "inner/model.h"
 #include "inner/parallel/mesh.h"
+#include "inner/parallel/tensor_parallel.h"
 
 namespace atl::inner::parallel {
 
@@ -33,14 +41,17 @@ struct FsdpOptions {
   bool prefetch = true;                 // gather the next unit while the current one computes
 };
 
-// The part of one model parameter that this rank owns.
+// The part of one model parameter that this rank holds.
 struct ParamShard {
   std::string name;            // the model parameter's name ("blocks.3.attn.qkv.weight")
   std::vector<int64_t> shape;  // the whole parameter's shape
-  int64_t offset = 0;          // first owned element, within the flattened parameter
+  // The ranges (offset, count) of the whole parameter's canonical flat order (inner/model.h)
+  // that `value` holds, in order: one without tensor parallelism, at most three with it.
+  std::vector<std::pair<int64_t, int64_t>> runs;
   at::Tensor value;            // 1-D view into the unit's shard
   at::Tensor grad;             // 1-D view into the unit's shard gradient
   bool decay = false;          // a matrix: weight decay applies
+  bool replica = false;        // TP rank 0 owns it: not synced, checkpointed or in the norm
   int unit = 0;
 };
 
@@ -66,8 +77,12 @@ class FsdpGpt {
   // Mean loss of a batch, forward only.
   absl::StatusOr<double> Loss(const at::Tensor& inputs, const at::Tensor& targets);
   void ZeroGrad();
-  // Sum of the squares of this rank's gradient elements (padding excluded).
+  // Sum of the squares of the gradient elements this rank owns (padding and replicas excluded).
   double GradSquaredNorm() const;
+  // Copies TP rank 0's values of the given shards (of parameters whole on every TP rank: the
+  // other ranks' are replicas of rank 0's) to the other TP ranks; every TP rank calls it with its
+  // shards of the same parameters. Nothing to do without TP.
+  absl::Status BroadcastReplicas(const std::vector<size_t>& shards);
   void ScaleGrad(double factor);
 
   std::vector<ParamShard>& shards() { return shards_; }
@@ -81,7 +96,7 @@ class FsdpGpt {
 
  private:
   struct Unit;
-  FsdpGpt(Gpt model, DeviceMesh& mesh, FsdpOptions options);
+  FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options);
   absl::Status BuildUnits();
   bool sharded() const;
   absl::Status Gather(int u);      // starts (if needed) and waits for u's parameters
@@ -90,12 +105,18 @@ class FsdpGpt {
   void PrepareGrad(int u);         // full gradient buffer of u, zeroed, behind the params' grads
   absl::Status ScatterGrad(int u, double grad_scale);
   at::Tensor RunUnit(int u, const at::Tensor& x);
+  absl::StatusOr<double> RunForwardBackward(const at::Tensor& inputs, const at::Tensor& targets,
+                                            double grad_scale);
   absl::StatusOr<at::Tensor> Forward(const at::Tensor& inputs, const at::Tensor& targets,
                                      bool train, std::vector<at::Tensor>* unit_inputs,
                                      std::vector<at::Tensor>* unit_outputs);
 
-  Gpt model_;
+  template <typename T>
+  absl::StatusOr<T> Guarded(const std::function<absl::StatusOr<T>()>& run);
+
   DeviceMesh& mesh_;
+  std::unique_ptr<TpGroup> tp_;  // null without tensor parallelism; outlives the module
+  Gpt model_;
   const FsdpOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<ParamShard> shards_;

@@ -119,6 +119,16 @@ void ExpectParity(const TrainingRun& got, const TrainingRun& want, const std::st
   }
   std::printf("%s: worst relative error %.2e (losses), %.2e (parameters)\n", what.c_str(),
               worst_loss, worst_param);
+  std::fflush(stdout);  // before the next run forks its ranks
+}
+
+// dp_shard x tp (x dp_replicate) ranks.
+ParallelismConfig Mesh(int shard, int tp = 1, int replicate = 1) {
+  ParallelismConfig p;
+  p.data_parallel_shard_degree = shard;
+  p.tensor_parallel_degree = tp;
+  p.data_parallel_replicate_degree = replicate;
+  return p;
 }
 
 class FsdpParityTest : public ::testing::Test {
@@ -137,41 +147,63 @@ class FsdpParityTest : public ::testing::Test {
 
 TEST_F(FsdpParityTest, TwoShardsEqualOneRankWithTwiceTheBatch) {
   const auto c = ParityConfig(dir_.Join("text.txt"));
-  ParallelismConfig p;
-  p.data_parallel_shard_degree = 2;
-  ExpectParity(TrainIsland(c, 2, p, dir_, "fsdp2"), Reference(2), "fsdp 2 vs 1 rank");
+  ExpectParity(TrainIsland(c, 2, Mesh(2), dir_, "fsdp2"), Reference(2), "fsdp 2 vs 1 rank");
 }
 
 TEST_F(FsdpParityTest, FourShardsEqualOneRank) {
   const auto c = ParityConfig(dir_.Join("text.txt"));
-  ParallelismConfig p;
-  p.data_parallel_shard_degree = 4;
-  ExpectParity(TrainIsland(c, 4, p, dir_, "fsdp4"), Reference(4), "fsdp 4 vs 1 rank");
+  ExpectParity(TrainIsland(c, 4, Mesh(4), dir_, "fsdp4"), Reference(4), "fsdp 4 vs 1 rank");
 }
 
 // HSDP (2 replicas of 2 shards) and activation checkpointing give the same training too.
 TEST_F(FsdpParityTest, ReplicatedShardsAndActivationCheckpointingEqualOneRank) {
   auto c = ParityConfig(dir_.Join("text.txt"));
   c.train.activation_checkpoint = "full";
-  ParallelismConfig p;
-  p.data_parallel_replicate_degree = 2;
-  p.data_parallel_shard_degree = 2;
-  ExpectParity(TrainIsland(c, 4, p, dir_, "hsdp"), Reference(4), "hsdp 2x2 + recompute vs 1 rank");
+  ExpectParity(TrainIsland(c, 4, Mesh(2, 1, 2), dir_, "hsdp"), Reference(4), "hsdp 2x2 + recompute vs 1 rank");
+  // Its checkpoint holds each element once (the replicas write nothing): it loads on one rank.
+  TrainIsland(c, 1, {}, dir_, "after-hsdp", 1, dir_.Join("hsdp-ckpt"));
+}
+
+// Tensor parallelism (Megatron: heads and MLP units split, one all-reduce per attention and per
+// MLP each way) trains as one rank does on the same batch, alone and under FSDP.
+TEST_F(FsdpParityTest, TwoTensorParallelRanksEqualOneRank) {
+  const auto c = ParityConfig(dir_.Join("text.txt"));
+  ExpectParity(TrainIsland(c, 2, Mesh(1, 2), dir_, "tp2"), Reference(1), "tp 2 vs 1 rank");
+}
+
+TEST_F(FsdpParityTest, TwoShardsOfTwoTensorParallelRanksEqualOneRank) {
+  const auto c = ParityConfig(dir_.Join("text.txt"));
+  ExpectParity(TrainIsland(c, 4, Mesh(2, 2), dir_, "fsdp2xtp2"), Reference(2),
+               "fsdp 2 x tp 2 vs 1 rank");
+}
+
+// A checkpoint of tp 2 x fsdp 2 resumes on one rank and on tp 2 alone (another mesh, the same
+// global batch): both continue as the uninterrupted run does.
+TEST_F(FsdpParityTest, TensorParallelCheckpointsLoadOnAnotherMesh) {
+  auto c = ParityConfig(dir_.Join("text.txt"));
+  TrainIsland(c, 4, Mesh(2, 2), dir_, "tp-first-half", kSteps / 2);
+  const std::string checkpoint = dir_.Join("tp-first-half-ckpt");
+  auto whole_batch = c;
+  whole_batch.train.batch_size = 4;
+  const auto on_one = TrainIsland(whole_batch, 1, {}, dir_, "tp-on-one", kSteps / 2, checkpoint);
+  const auto on_tp2 =
+      TrainIsland(whole_batch, 2, Mesh(1, 2), dir_, "tp-on-tp2", kSteps / 2, checkpoint);
+  auto straight = TrainIsland(whole_batch, 1, {}, dir_, "tp-straight", kSteps);
+  straight.losses.erase(straight.losses.begin(), straight.losses.begin() + kSteps / 2);
+  ExpectParity(on_one, straight, "tp 2 x fsdp 2 -> checkpoint -> 1 rank");
+  ExpectParity(on_tp2, straight, "tp 2 x fsdp 2 -> checkpoint -> tp 2");
 }
 
 // (d) A checkpoint written by 2 shards resumes on 4 shards and on 1 rank (the same global batch of
 // 4 sequences in every layout): both continue as the uninterrupted run does.
 TEST_F(FsdpParityTest, CheckpointsReshardOnLoad) {
   auto c = ParityConfig(dir_.Join("text.txt"));
-  ParallelismConfig two, four;
-  two.data_parallel_shard_degree = 2;
-  four.data_parallel_shard_degree = 4;
   c.train.batch_size = 2;
-  TrainIsland(c, 2, two, dir_, "first-half", kSteps / 2);
+  TrainIsland(c, 2, Mesh(2), dir_, "first-half", kSteps / 2);
   const std::string checkpoint = dir_.Join("first-half-ckpt");
   auto on_four = c;
   on_four.train.batch_size = 1;
-  const auto resumed4 = TrainIsland(on_four, 4, four, dir_, "on-four", kSteps / 2, checkpoint);
+  const auto resumed4 = TrainIsland(on_four, 4, Mesh(4), dir_, "on-four", kSteps / 2, checkpoint);
   auto on_one = c;
   on_one.train.batch_size = 4;
   const auto resumed1 = TrainIsland(on_one, 1, {}, dir_, "on-one", kSteps / 2, checkpoint);

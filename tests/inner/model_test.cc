@@ -122,3 +122,64 @@ TEST(ModelTest, ValidateNamesTheKey) {
 
 }  // namespace
 }  // namespace atl::inner
+
+namespace atl::inner {
+namespace {
+
+// Builds a rank's part of the model; its collectives are never called.
+class ConstructionOnly : public TensorParallel {
+ public:
+  ConstructionOnly(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  torch::Tensor Enter(const torch::Tensor& x) override { return x; }
+  torch::Tensor Reduce(const torch::Tensor& x) override { return x; }
+
+ private:
+  int rank_, size_;
+};
+
+// Every tensor-parallel rank's part of every parameter, put back at its ranges of the canonical
+// flat order, is the whole model: each split element exactly once, the whole ones on every rank.
+TEST(ModelTest, TensorParallelPartsTileTheWholeModel) {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.d_model = 64;
+  c.n_head = 4;
+  c.context = 16;
+  Gpt whole(c);
+  for (int size : {2, 4}) {
+    std::map<std::string, torch::Tensor> rebuilt, hits;
+    for (const auto& [name, p] : NamedParameters(*whole)) {
+      rebuilt[name] = torch::zeros({p.numel()});
+      hits[name] = torch::zeros({p.numel()});
+    }
+    for (int rank = 0; rank < size; ++rank) {
+      ConstructionOnly tp(rank, size);
+      Gpt part(c, &tp);
+      for (const auto& [name, p] : NamedParameters(*part)) {
+        const auto shape = whole->named_parameters()[name].sizes().vec();
+        EXPECT_EQ(p.sizes().vec(), TpLocalShape(name, shape, size)) << name;
+        const auto ranges = TpRanges(name, shape, rank, size);
+        EXPECT_LE(ranges.size(), 3u) << name;
+        const auto flat = CanonicalFlat(name, p.detach());
+        int64_t at = 0;
+        for (const auto& [offset, count] : ranges) {
+          if (TpReplicated(name) && rank > 0) break;  // rank 0's copy counts
+          rebuilt[name].narrow(0, offset, count).copy_(flat.narrow(0, at, count));
+          hits[name].narrow(0, offset, count).add_(1);
+          at += count;
+        }
+      }
+    }
+    for (const auto& [name, p] : NamedParameters(*whole)) {
+      EXPECT_TRUE(torch::equal(hits[name], torch::ones({p.numel()}))) << name << " tp " << size;
+      EXPECT_TRUE(torch::equal(rebuilt[name], CanonicalFlat(name, p.detach()))) << name;
+    }
+  }
+  EXPECT_FALSE(ValidateTensorParallel(c, 3).ok());
+  EXPECT_TRUE(ValidateTensorParallel(c, 4).ok());
+}
+
+}  // namespace
+}  // namespace atl::inner

@@ -113,7 +113,18 @@ TEST(TrainerTest, GradientAccumulationMatchesTheLargerBatch) {
   }
   auto pb = NamedParameters(*big->model()), pa = NamedParameters(*acc->model());
   for (size_t i = 0; i < pb.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(pb[i].second, pa[i].second, 1e-4, 1e-6)) << pb[i].first;
+    const auto& [name, b] = pb[i];
+    const auto& a = pa[i].second;
+    if (name.find("attn.qkv.bias") == std::string::npos) {
+      EXPECT_TRUE(torch::allclose(b, a, 1e-4, 1e-6)) << name;
+      continue;
+    }
+    // The key bias has an identically zero gradient: its value is rounding noise (~1e-6) that
+    // AdamW amplifies, held to an absolute bound; the query and value biases as the rest.
+    auto bs = b.view({3, -1}), as = a.view({3, -1});
+    EXPECT_TRUE(torch::allclose(bs[0], as[0], 1e-4, 1e-6)) << name << " (query)";
+    EXPECT_TRUE(torch::allclose(bs[2], as[2], 1e-4, 1e-6)) << name << " (value)";
+    EXPECT_LT((bs[1] - as[1]).abs().max().item<double>(), 1e-5) << name << " (key)";
   }
 }
 
