@@ -1,10 +1,12 @@
-// Memory and speed of an island's ranks (FSDP over Gloo on this machine): for N = 1, 2, 4 ranks
-// (dp_shard = N) of one config, each rank's model-state bytes (parameter and gradient shards,
-// AdamW moments, the full units gathered at the peak) against the formula
-// params x (4 + 4 + 8) B / N + the largest unit, its peak RSS and the RSS the model adds, and the
-// island's tokens/s. The ranks are forked processes; each writes one line of figures.
+// Memory and speed of an island's ranks (FSDP and tensor parallelism over Gloo on this machine):
+// for each mesh (N: dp_shard = N; tpT: tensor_parallel = T; NxtpT: both) of one config, each
+// rank's model-state bytes (parameter and gradient shards, AdamW moments, the full units gathered
+// at the peak) against the formula (split params / T + whole params) x (4 + 4 + 8) B / N + two of
+// the largest unit, its peak RSS and the RSS the model adds, and the island's tokens/s (the same
+// global batch of `batch` sequences per data-parallel rank). The ranks are forked processes; each
+// writes one line of figures.
 //
-//   build/tests/bench/fsdp_bench [deploy/configs/small.toml] [steps=4] [batch=2] [ranks=1,2,4]
+//   build/tests/bench/fsdp_bench [deploy/configs/small.toml] [steps=4] [batch=2] [meshes=1,2,4]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,12 +48,25 @@ int main(int argc, char** argv) {
       argc > 1 ? argv[1] : ATOLL_SOURCE_DIR "/deploy/configs/small.toml";
   const int steps = argc > 2 ? std::atoi(argv[2]) : 4;
   const int batch = argc > 3 ? std::atoi(argv[3]) : 2;
-  std::vector<int> rank_counts = {1, 2, 4};
+  struct Mesh {
+    std::string name;
+    int shard = 1, tp = 1;
+  };
+  std::vector<Mesh> meshes = {{"1", 1, 1}, {"2", 2, 1}, {"4", 4, 1}};
   if (argc > 4) {
-    rank_counts.clear();
+    meshes.clear();
     for (auto part : absl::StrSplit(argv[4], ',')) {
-      int n;
-      if (absl::SimpleAtoi(part, &n)) rank_counts.push_back(n);
+      Mesh m{std::string(part)};
+      const std::vector<std::string> dims = absl::StrSplit(part, 'x');
+      for (const auto& dim : dims) {
+        int v = 0;
+        if (dim.rfind("tp", 0) == 0 && absl::SimpleAtoi(dim.substr(2), &v)) {
+          m.tp = v;
+        } else if (absl::SimpleAtoi(dim, &v)) {
+          m.shard = v;
+        }
+      }
+      meshes.push_back(m);
     }
   }
   auto config = atl::LoadConfig(config_path, {{"data.path", "unused"}});
@@ -70,15 +85,17 @@ int main(int argc, char** argv) {
   const double params = double(atl::inner::ParameterCount(config->model));
   std::printf("%s: %.2fM parameters, batch %d per rank, context %d, %d timed steps after one\n",
               config_path.c_str(), params / 1e6, batch, config->model.context, steps);
-  std::printf("%5s %12s %14s %14s %12s %14s %12s\n", "ranks", "tokens/s", "state MiB/rank",
-              "formula MiB", "ratio to 1", "peak RSS MiB", "model RSS MiB");
+  std::printf("%8s %5s %12s %14s %14s %12s %14s %12s\n", "mesh", "ranks", "tokens/s",
+              "state MiB/rank", "formula MiB", "ratio to 1", "peak RSS MiB", "model RSS MiB");
   double state_one = 0;
-  for (int n : rank_counts) {
-    const std::string out = dir.Join("ranks-" + std::to_string(n));
+  for (const Mesh& mesh_spec : meshes) {
+    const int n = mesh_spec.shard * mesh_spec.tp;
+    const std::string out = dir.Join("mesh-" + mesh_spec.name);
     const auto codes = atl::testing::RunRanks(n, [&](const atl::inner::parallel::RankInfo& info) {
       const int64_t base_kb = StatusKb("VmRSS:");
       atl::inner::parallel::ParallelismConfig p;
-      p.data_parallel_shard_degree = n;
+      p.data_parallel_shard_degree = mesh_spec.shard;
+      p.tensor_parallel_degree = mesh_spec.tp;
       auto shape = atl::inner::parallel::ResolveMesh(p, n);
       auto mesh = atl::inner::parallel::DeviceMesh::Create(*shape, info, false,
                                                            std::chrono::seconds(120));
@@ -119,14 +136,23 @@ int main(int argc, char** argv) {
       hwm = std::max(hwm, rhwm);
       base = std::max(base, rbase);
     }
-    // The largest unit: the head (d x vocab) or a block (12 d^2 + 13 d).
+    // What one rank holds: the TP-split parameters' part and the whole ones; the largest unit is
+    // the head (d x vocab) or a block (12 d^2 / T + 13 d).
+    double held = 0;
+    for (const auto& [name, shape] : atl::inner::ParameterShapes(config->model)) {
+      double numel = 1;
+      for (int64_t dim : shape) numel *= double(dim);
+      held += atl::inner::TpReplicated(name) ? numel : numel / mesh_spec.tp;
+    }
     const double d = config->model.d_model, v = config->model.vocab;
-    const double unit = std::max({d * v + 2 * d, 12 * d * d + 13 * d, v * d + config->model.context * d});
-    const double formula = params * 16.0 / n + 2 * unit * 4;  // a unit's parameters and gradients
+    const double unit = std::max({d * v + 2 * d, 12 * d * d / mesh_spec.tp + 13 * d,
+                                  v * d + config->model.context * d});
+    // a unit's parameters and gradients, twice at the peak
+    const double formula = held * 16.0 / mesh_spec.shard + 2 * unit * 4;
     if (n == 1) state_one = double(state);
-    std::printf("%5d %12.0f %14.1f %14.1f %12.2f %14.1f %14.1f\n", n, tps, MiB(state),
-                formula / (1 << 20), double(state) / state_one, double(hwm) / 1024,
-                double(hwm - base) / 1024);
+    std::printf("%8s %5d %12.0f %14.1f %14.1f %12.2f %14.1f %14.1f\n", mesh_spec.name.c_str(), n,
+                tps, MiB(state), formula / (1 << 20), double(state) / state_one,
+                double(hwm) / 1024, double(hwm - base) / 1024);
   }
   return 0;
 }
