@@ -133,6 +133,17 @@ TEST(MultiRankTest, TwoIslandsOfTwoTensorParallelRanksStayBitIdenticalAndMatchOn
   EXPECT_LT(std::sqrt(diff / norm), 1e-4);
 }
 
+// Replicas of the shards would push the same ranges twice: an island refuses HSDP up front.
+TEST(MultiRankTest, AnIslandRefusesReplicatedShards) {
+  testing::TempDir dir;
+  WriteRunConfig(dir);
+  auto run = Local(dir, "hsdp", "--nproc 2 --parallelism.data_parallel_replicate_degree=2 "
+                                "--parallelism.data_parallel_shard_degree=1");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.output, HasSubstr("parallelism.data_parallel_replicate_degree must be 1 in an "
+                                    "island"));
+}
+
 // (e) A rank killed mid-run: the island's other rank fails its next collective at once and exits;
 // the island's agent restarts the island from its checkpoint; the run completes with every
 // surviving copy bit-identical with the service.
