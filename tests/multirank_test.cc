@@ -81,6 +81,23 @@ std::vector<float> ServiceParams(const std::string& run) {
   return all;
 }
 
+// The final global parameters of two runs agree to 1e-4 relative (L2): the same training up to
+// the order of the sums.
+void ExpectServiceParamsClose(const std::string& run, const std::string& reference,
+                              const std::string& what) {
+  const auto a = ServiceParams(run), b = ServiceParams(reference);
+  ASSERT_EQ(a.size(), b.size());
+  double diff = 0, norm = 0, worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += double(a[i] - b[i]) * double(a[i] - b[i]);
+    norm += double(b[i]) * double(b[i]);
+    worst = std::max(worst, double(std::abs(a[i] - b[i])));
+  }
+  std::printf("%s, final parameters: relative L2 difference %.2e, largest %.2e\n", what.c_str(),
+              std::sqrt(diff / norm), worst);
+  EXPECT_LT(std::sqrt(diff / norm), 1e-4) << what;
+}
+
 // (c) 2 islands x 2 FSDP ranks over gRPC: four rank streams, every rank's ranges bit-identical
 // with the service after every round; the result against 2 islands x 1 rank with the same global
 // batch (batch 2 per rank vs 4): the same training up to the order of the gradient sums.
@@ -94,17 +111,7 @@ TEST(MultiRankTest, TwoIslandsOfTwoShardsStayBitIdenticalAndMatchOneRankIslands)
   EXPECT_GE(compared, 2 * 2 * 4 * 4);  // islands x ranks x rounds x (a range per unit)
   auto single = Local(dir, "single", "--train.batch_size=4");
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const auto a = ServiceParams(dir.Join("sharded")), b = ServiceParams(dir.Join("single"));
-  ASSERT_EQ(a.size(), b.size());
-  double diff = 0, norm = 0, worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += double(a[i] - b[i]) * double(a[i] - b[i]);
-    norm += double(b[i]) * double(b[i]);
-    worst = std::max(worst, double(std::abs(a[i] - b[i])));
-  }
-  std::printf("2x2 vs 2x1 final parameters: relative L2 difference %.2e, largest %.2e\n",
-              std::sqrt(diff / norm), worst);
-  EXPECT_LT(std::sqrt(diff / norm), 1e-4);
+  ExpectServiceParamsClose(dir.Join("sharded"), dir.Join("single"), "2x2 vs 2x1");
 }
 
 // 2 islands x 2 tensor-parallel ranks: each rank pushes and receives only its part of the split
@@ -121,16 +128,7 @@ TEST(MultiRankTest, TwoIslandsOfTwoTensorParallelRanksStayBitIdenticalAndMatchOn
   EXPECT_GE(ExpectRangesMatchTheService(dir.Join("tp")), 2 * 2 * 4 * 2);
   auto single = Local(dir, "single", "");
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  const auto a = ServiceParams(dir.Join("tp")), b = ServiceParams(dir.Join("single"));
-  ASSERT_EQ(a.size(), b.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += double(a[i] - b[i]) * double(a[i] - b[i]);
-    norm += double(b[i]) * double(b[i]);
-  }
-  std::printf("tp 2 vs 1 rank, final parameters: relative L2 difference %.2e\n",
-              std::sqrt(diff / norm));
-  EXPECT_LT(std::sqrt(diff / norm), 1e-4);
+  ExpectServiceParamsClose(dir.Join("tp"), dir.Join("single"), "tp 2 vs 1 rank");
 }
 
 // Replicas of the shards would push the same ranges twice: an island refuses HSDP up front.
