@@ -5,7 +5,6 @@
 #include <cmath>
 #include <filesystem>
 #include <future>
-#include <map>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -26,6 +25,7 @@
 #include "inner/parallel/mesh.h"
 #include "src/http_server.h"
 #include "src/metrics.h"
+#include "src/shard_model.h"
 #include "src/monitoring.h"
 
 namespace atl {
@@ -56,160 +56,6 @@ class MeshRanks : public outer::IslandRanks {
  private:
   inner::parallel::Communicator& world_;
 };
-
-// The trainer as the outer step sees it: of each fragment, the parts of its parameters this rank
-// owns (all of them with one rank), in the service's order. With tensor parallelism the
-// parameters that every TP rank holds whole are owned by TP rank 0, which alone pushes and
-// receives them; SyncReplicas hands what it merged to the other TP ranks (the ranks of an island
-// do not always merge the same fragments at the same step: a rank whose push failed rejoins).
-class ShardModel : public outer::IslandModel {
- public:
-  struct Piece {
-    size_t shard;    // index into the trainer's parameter shards
-    uint64_t at;     // first element within the shard
-    uint64_t begin;  // within the fragment
-    uint64_t count;
-  };
-
-  ShardModel(inner::Trainer& trainer, std::vector<std::vector<Piece>> pieces,
-             std::vector<std::vector<size_t>> whole, std::vector<uint64_t> elements)
-      : trainer_(trainer),
-        pieces_(std::move(pieces)),
-        whole_(std::move(whole)),
-        elements_(std::move(elements)),
-        merged_(pieces_.size(), false) {}
-
-  int64_t step() const override { return trainer_.step(); }
-  std::vector<float> Snapshot(uint32_t f) override {
-    std::vector<float> out;
-    for (const Piece& p : pieces_[f]) {
-      auto v = Part(p).to(torch::kCPU).contiguous();
-      out.insert(out.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
-    }
-    return out;
-  }
-  void Merge(uint32_t f, const std::vector<float>& global, double alpha) override {
-    torch::NoGradGuard no_grad;
-    size_t at = 0;
-    for (const Piece& p : pieces_[f]) {
-      at::Tensor dst = Part(p);
-      auto src = torch::from_blob(const_cast<float*>(global.data() + at), {int64_t(p.count)},
-                                  torch::kFloat);
-      if (alpha == 0.0) {
-        dst.copy_(src);
-      } else {
-        dst.mul_(alpha).add_(src.to(dst.device()), 1.0 - alpha);
-      }
-      at += p.count;
-    }
-    merged_[f] = true;
-  }
-  // Every TP rank calls it after each call of the outer step that can merge: TP rank 0 says which
-  // fragments it merged since the last call and sends their whole parameters to the other ranks.
-  absl::Status SyncReplicas() {
-    auto& tp = trainer_.mesh().group(inner::parallel::MeshDim::kTp);
-    if (tp.size() == 1) return absl::OkStatus();
-    auto mask = torch::zeros({int64_t(merged_.size())}, torch::kFloat);
-    for (size_t f = 0; f < merged_.size(); ++f) mask[int64_t(f)] = merged_[f] ? 1.0f : 0.0f;
-    std::fill(merged_.begin(), merged_.end(), false);
-    // On the parameters' device: NCCL groups take device tensors only.
-    mask = mask.to(trainer_.sharded().shards().front().value.device());
-    if (auto s = tp.Broadcast(mask, 0); !s.ok()) return s;
-    mask = mask.to(torch::kCPU);
-    for (size_t f = 0; f < whole_.size(); ++f) {
-      if (mask[int64_t(f)].item<float>() == 0) continue;
-      if (auto s = trainer_.sharded().BroadcastReplicas(whole_[f]); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-  void JumpToStep(int64_t step) override { trainer_.SetStep(step); }
-  void FollowRunProgress(int64_t position) override { trainer_.SetSchedulePosition(position); }
-
-  // What this rank carries of each fragment.
-  std::vector<outer::FragmentShare> Shares() const {
-    std::vector<outer::FragmentShare> out;
-    for (size_t f = 0; f < pieces_.size(); ++f) {
-      outer::FragmentShare share;
-      share.elements = elements_[f];
-      for (const Piece& p : pieces_[f]) {
-        if (!share.ranges.empty() && share.ranges.back().second == p.begin) {
-          share.ranges.back().second += p.count;
-        } else {
-          share.ranges.emplace_back(p.begin, p.begin + p.count);
-        }
-      }
-      out.push_back(std::move(share));
-    }
-    return out;
-  }
-
- private:
-  at::Tensor Part(const Piece& p) {
-    return trainer_.sharded().shards()[p.shard].value.narrow(0, int64_t(p.at), int64_t(p.count));
-  }
-  inner::Trainer& trainer_;
-  const std::vector<std::vector<Piece>> pieces_;
-  // Per fragment: the shards of the parameters whole on every TP rank (owned by TP rank 0), at
-  // the same places on every TP rank.
-  const std::vector<std::vector<size_t>> whole_;
-  const std::vector<uint64_t> elements_;
-  std::vector<bool> merged_;  // since the last SyncReplicas
-};
-
-// The service's fragments mapped onto this rank's parameter shards: which part of which fragment
-// each shard is.
-absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined, inner::Trainer& trainer) {
-  const auto& shards = trainer.sharded().shards();
-  std::map<std::string, std::vector<size_t>> shards_of;  // a parameter's shard on this rank
-  for (size_t i = 0; i < shards.size(); ++i) shards_of[shards[i].name].push_back(i);
-  std::map<std::string, uint64_t> numel;
-  for (const auto& [name, count] : inner::ParameterShapes(trainer.model()->config())) {
-    numel[name] = 1;
-    for (int64_t d : count) numel[name] *= uint64_t(d);
-  }
-  std::vector<std::vector<ShardModel::Piece>> pieces;
-  std::vector<std::vector<size_t>> whole_parts;
-  std::vector<uint64_t> elements;
-  size_t covered = 0;
-  for (const auto& f : joined.fragments()) {
-    std::vector<ShardModel::Piece> mine;
-    std::vector<size_t> whole;
-    uint64_t offset = 0;
-    for (const auto& name : f.parameters()) {
-      auto it = numel.find(name);
-      if (it == numel.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the service's parameter ", outer::Printable(name), " is not in this model"));
-      }
-      for (size_t i : shards_of[name]) {
-        if (inner::TpReplicated(name)) whole.push_back(i);
-        if (shards[i].replica) continue;
-        uint64_t at = 0;
-        for (const auto& [first, count] : shards[i].runs) {
-          mine.push_back({i, at, offset + uint64_t(first), uint64_t(count)});
-          at += uint64_t(count);
-        }
-      }
-      offset += it->second;
-      ++covered;
-    }
-    if (offset != f.num_elements()) {
-      return absl::FailedPreconditionError("the service's fragment sizes differ from this model's");
-    }
-    if (mine.empty()) {  // an empty share would mean the whole fragment
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this rank owns no part of fragment ", pieces.size(),
-          ": the island's mesh splits the model too finely"));
-    }
-    pieces.push_back(std::move(mine));
-    whole_parts.push_back(std::move(whole));
-    elements.push_back(offset);
-  }
-  if (covered != numel.size() || pieces.size() != joined.schedule().num_fragments()) {
-    return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
-  }
-  return ShardModel(trainer, std::move(pieces), std::move(whole_parts), std::move(elements));
-}
 
 // What the service says of the run must match what this island was started with.
 absl::Status CheckRunMatches(const Config& config, const pb::JoinResponse& joined,

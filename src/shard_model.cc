@@ -1,0 +1,145 @@
+#include "src/shard_model.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "inner/parallel/fsdp.h"
+#include "inner/parallel/mesh.h"
+#include "outer/names.h"
+
+namespace atl {
+
+namespace pb = ::atollpb::v1;
+
+ShardModel::ShardModel(inner::Trainer& trainer, std::vector<std::vector<Piece>> pieces,
+                       std::vector<std::vector<size_t>> whole, std::vector<uint64_t> elements)
+    : trainer_(trainer),
+      pieces_(std::move(pieces)),
+      whole_(std::move(whole)),
+      elements_(std::move(elements)),
+      merged_(pieces_.size(), false) {}
+
+std::vector<float> ShardModel::Snapshot(uint32_t f) {
+  std::vector<float> out;
+  for (const Piece& p : pieces_[f]) {
+    auto v = Part(p).to(torch::kCPU).contiguous();
+    out.insert(out.end(), v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+  }
+  return out;
+}
+
+void ShardModel::Merge(uint32_t f, const std::vector<float>& global, double alpha) {
+  torch::NoGradGuard no_grad;
+  size_t at = 0;
+  for (const Piece& p : pieces_[f]) {
+    at::Tensor dst = Part(p);
+    auto src = torch::from_blob(const_cast<float*>(global.data() + at), {int64_t(p.count)},
+                                torch::kFloat);
+    if (alpha == 0.0) {
+      dst.copy_(src);
+    } else {
+      dst.mul_(alpha).add_(src.to(dst.device()), 1.0 - alpha);
+    }
+    at += p.count;
+  }
+  merged_[f] = true;
+}
+
+absl::Status ShardModel::SyncReplicas() {
+  auto& tp = trainer_.mesh().group(inner::parallel::MeshDim::kTp);
+  if (tp.size() == 1) return absl::OkStatus();
+  auto mask = torch::zeros({int64_t(merged_.size())}, torch::kFloat);
+  for (size_t f = 0; f < merged_.size(); ++f) mask[int64_t(f)] = merged_[f] ? 1.0f : 0.0f;
+  std::fill(merged_.begin(), merged_.end(), false);
+  // On the parameters' device: NCCL groups take device tensors only.
+  mask = mask.to(trainer_.sharded().shards().front().value.device());
+  if (auto s = tp.Broadcast(mask, 0); !s.ok()) return s;
+  mask = mask.to(torch::kCPU);
+  for (size_t f = 0; f < whole_.size(); ++f) {
+    if (mask[int64_t(f)].item<float>() == 0) continue;
+    if (auto s = trainer_.sharded().BroadcastReplicas(whole_[f]); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<outer::FragmentShare> ShardModel::Shares() const {
+  std::vector<outer::FragmentShare> out;
+  for (size_t f = 0; f < pieces_.size(); ++f) {
+    outer::FragmentShare share;
+    share.elements = elements_[f];
+    for (const Piece& p : pieces_[f]) {
+      if (!share.ranges.empty() && share.ranges.back().second == p.begin) {
+        share.ranges.back().second += p.count;
+      } else {
+        share.ranges.emplace_back(p.begin, p.begin + p.count);
+      }
+    }
+    out.push_back(std::move(share));
+  }
+  return out;
+}
+
+at::Tensor ShardModel::Part(const Piece& p) {
+  return trainer_.sharded().shards()[p.shard].value.narrow(0, int64_t(p.at), int64_t(p.count));
+}
+
+absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
+                                        inner::Trainer& trainer) {
+  const auto& shards = trainer.sharded().shards();
+  std::map<std::string, std::vector<size_t>> shards_of;  // a parameter's shard on this rank
+  for (size_t i = 0; i < shards.size(); ++i) shards_of[shards[i].name].push_back(i);
+  std::map<std::string, uint64_t> numel;
+  for (const auto& [name, count] : inner::ParameterShapes(trainer.model()->config())) {
+    numel[name] = 1;
+    for (int64_t d : count) numel[name] *= uint64_t(d);
+  }
+  std::vector<std::vector<ShardModel::Piece>> pieces;
+  std::vector<std::vector<size_t>> whole_parts;
+  std::vector<uint64_t> elements;
+  size_t covered = 0;
+  for (const auto& f : joined.fragments()) {
+    std::vector<ShardModel::Piece> mine;
+    std::vector<size_t> whole;
+    uint64_t offset = 0;
+    for (const auto& name : f.parameters()) {
+      auto it = numel.find(name);
+      if (it == numel.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the service's parameter ", outer::Printable(name), " is not in this model"));
+      }
+      for (size_t i : shards_of[name]) {
+        if (inner::TpReplicated(name)) whole.push_back(i);
+        if (shards[i].replica) continue;
+        uint64_t at = 0;
+        for (const auto& [first, count] : shards[i].runs) {
+          mine.push_back({i, at, offset + uint64_t(first), uint64_t(count)});
+          at += uint64_t(count);
+        }
+      }
+      offset += it->second;
+      ++covered;
+    }
+    if (offset != f.num_elements()) {
+      return absl::FailedPreconditionError("the service's fragment sizes differ from this model's");
+    }
+    if (mine.empty()) {  // an empty share would mean the whole fragment
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this rank owns no part of fragment ", pieces.size(),
+          ": the island's mesh splits the model too finely"));
+    }
+    pieces.push_back(std::move(mine));
+    whole_parts.push_back(std::move(whole));
+    elements.push_back(offset);
+  }
+  if (covered != numel.size() || pieces.size() != joined.schedule().num_fragments()) {
+    return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
+  }
+  return ShardModel(trainer, std::move(pieces), std::move(whole_parts), std::move(elements));
+}
+
+
+}  // namespace atl
