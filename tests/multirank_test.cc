@@ -98,37 +98,40 @@ void ExpectServiceParamsClose(const std::string& run, const std::string& referen
   EXPECT_LT(std::sqrt(diff / norm), 1e-4) << what;
 }
 
-// (c) 2 islands x 2 FSDP ranks over gRPC: four rank streams, every rank's ranges bit-identical
-// with the service after every round; the result against 2 islands x 1 rank with the same global
-// batch (batch 2 per rank vs 4): the same training up to the order of the gradient sums.
-TEST(MultiRankTest, TwoIslandsOfTwoShardsStayBitIdenticalAndMatchOneRankIslands) {
+// 2 islands of 2 ranks of the mesh `mesh_args` (described as `mesh` in the island's log): every
+// rank's ranges bit-identical with the service after every round (at least `min_compared` range
+// hashes), and the final global parameters equal to those of 2 one-rank islands run with
+// `single_args` (the same global batch) up to the order of the sums.
+void ExpectTwoRankIslandsMatchOneRankIslands(const std::string& mesh_args, const std::string& mesh,
+                                             int min_compared, const std::string& single_args) {
   testing::TempDir dir;
   WriteRunConfig(dir);
-  auto sharded = Local(dir, "sharded", "--nproc 2 --parallelism.data_parallel_shard_degree=2");
-  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
-  EXPECT_THAT(sharded.output, HasSubstr("2 ranks (dp_replicate 1 x dp_shard 2 x tp 1)"));
-  const int compared = ExpectRangesMatchTheService(dir.Join("sharded"));
-  EXPECT_GE(compared, 2 * 2 * 4 * 4);  // islands x ranks x rounds x (a range per unit)
-  auto single = Local(dir, "single", "--train.batch_size=4");
+  auto ranks = Local(dir, "ranks", "--nproc 2 " + mesh_args);
+  ASSERT_EQ(ranks.exit_code, 0) << ranks.output;
+  EXPECT_THAT(ranks.output, HasSubstr("2 ranks (" + mesh + ")"));
+  EXPECT_GE(ExpectRangesMatchTheService(dir.Join("ranks")), min_compared);
+  auto single = Local(dir, "single", single_args);
   ASSERT_EQ(single.exit_code, 0) << single.output;
-  ExpectServiceParamsClose(dir.Join("sharded"), dir.Join("single"), "2x2 vs 2x1");
+  ExpectServiceParamsClose(dir.Join("ranks"), dir.Join("single"), mesh + " vs 1 rank");
+}
+
+// (c) 2 islands x 2 FSDP ranks over gRPC: four rank streams, every rank's ranges bit-identical
+// with the service after every round; the result against 2 islands x 1 rank with the same global
+// batch (batch 2 per rank vs 4).
+TEST(MultiRankTest, TwoIslandsOfTwoShardsStayBitIdenticalAndMatchOneRankIslands) {
+  // islands x ranks x rounds x (a range per unit)
+  ExpectTwoRankIslandsMatchOneRankIslands("--parallelism.data_parallel_shard_degree=2",
+                                          "dp_replicate 1 x dp_shard 2 x tp 1", 2 * 2 * 4 * 4,
+                                          "--train.batch_size=4");
 }
 
 // 2 islands x 2 tensor-parallel ranks: each rank pushes and receives only its part of the split
-// parameters, TP rank 0 alone the whole ones (the others' copies follow it); every rank's ranges
-// bit-identical with the service after every round, and the run equals 1-rank islands on the same
-// batch up to the order of the sums.
+// parameters, TP rank 0 alone the whole ones (the others' copies follow it); the same batch as
+// one rank.
 TEST(MultiRankTest, TwoIslandsOfTwoTensorParallelRanksStayBitIdenticalAndMatchOneRankIslands) {
-  testing::TempDir dir;
-  WriteRunConfig(dir);
-  auto tp = Local(dir, "tp", "--nproc 2 --parallelism.tensor_parallel_degree=2 "
-                             "--parallelism.data_parallel_shard_degree=1");
-  ASSERT_EQ(tp.exit_code, 0) << tp.output;
-  EXPECT_THAT(tp.output, HasSubstr("2 ranks (dp_replicate 1 x dp_shard 1 x tp 2)"));
-  EXPECT_GE(ExpectRangesMatchTheService(dir.Join("tp")), 2 * 2 * 4 * 2);
-  auto single = Local(dir, "single", "");
-  ASSERT_EQ(single.exit_code, 0) << single.output;
-  ExpectServiceParamsClose(dir.Join("tp"), dir.Join("single"), "tp 2 vs 1 rank");
+  ExpectTwoRankIslandsMatchOneRankIslands(
+      "--parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=1",
+      "dp_replicate 1 x dp_shard 1 x tp 2", 2 * 2 * 4 * 2, "");
 }
 
 // Replicas of the shards would push the same ranges twice: an island refuses HSDP up front.
