@@ -66,9 +66,9 @@ class DoneWork : public Work {
 
 class C10dWork : public Work {
  public:
-  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep,
+  C10dWork(const char* what, c10::intrusive_ptr<c10d::Work> work, std::vector<at::Tensor> keep,
            std::chrono::milliseconds timeout)
-      : work_(std::move(work)), keep_(std::move(keep)), timeout_(timeout) {}
+      : what_(what), work_(std::move(work)), keep_(std::move(keep)), timeout_(timeout) {}
   ~C10dWork() override {
     if (!waited_) Wait().IgnoreError();  // the buffers must outlive the operation
   }
@@ -76,11 +76,12 @@ class C10dWork : public Work {
   absl::Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
-    status_ = Guarded("all-gather", [&] { work_->wait(timeout_); });
+    status_ = Guarded(what_, [&] { work_->wait(timeout_); });
     return status_;
   }
 
  private:
+  const char* what_;
   c10::intrusive_ptr<c10d::Work> work_;
   std::vector<at::Tensor> keep_;
   std::chrono::milliseconds timeout_;
@@ -104,8 +105,9 @@ class LocalCommunicator : public Communicator {
     return absl::OkStatus();
   }
   absl::Status Broadcast(at::Tensor&, int) override { return absl::OkStatus(); }
-  absl::Status Send(const at::Tensor&, int dst, int) override {
-    return absl::FailedPreconditionError(absl::StrCat("no rank ", dst, " in a group of one"));
+  std::unique_ptr<Work> SendAsync(const at::Tensor&, int dst, int) override {
+    return std::make_unique<DoneWork>(
+        absl::FailedPreconditionError(absl::StrCat("no rank ", dst, " in a group of one")));
   }
   absl::Status Recv(at::Tensor&, int src, int) override {
     return absl::FailedPreconditionError(absl::StrCat("no rank ", src, " in a group of one"));
@@ -141,7 +143,8 @@ class C10dCommunicator : public Communicator {
       }
       std::vector<at::Tensor> inputs = {shard};
       auto work = pg_->allgather(outputs, inputs);
-      return std::make_unique<C10dWork>(std::move(work), std::vector<at::Tensor>{shard, full},
+      return std::make_unique<C10dWork>("all-gather", std::move(work),
+                                        std::vector<at::Tensor>{shard, full},
                                         timeout_);
     } catch (const std::exception& e) {
       return std::make_unique<DoneWork>(Failed("all-gather", e));
@@ -177,11 +180,14 @@ class C10dCommunicator : public Communicator {
     });
   }
 
-  absl::Status Send(const at::Tensor& t, int dst, int tag) override {
-    return Guarded("send", [&] {
+  std::unique_ptr<Work> SendAsync(const at::Tensor& t, int dst, int tag) override {
+    try {
       std::vector<at::Tensor> v = {t};
-      pg_->send(v, dst, tag)->wait(timeout_);
-    });
+      auto work = pg_->send(v, dst, tag);
+      return std::make_unique<C10dWork>("send", std::move(work), std::move(v), timeout_);
+    } catch (const std::exception& e) {
+      return std::make_unique<DoneWork>(Failed("send", e));
+    }
   }
 
   absl::Status Recv(at::Tensor& t, int src, int tag) override {

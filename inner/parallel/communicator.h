@@ -70,7 +70,10 @@ class Communicator {
   // shard = the sum over ranks of this rank's part of `full` (full is overwritten).
   virtual absl::Status ReduceScatterSum(at::Tensor& full, at::Tensor& shard) = 0;
   virtual absl::Status Broadcast(at::Tensor& t, int root) = 0;
-  virtual absl::Status Send(const at::Tensor& t, int dst, int tag) = 0;
+  // Point to point: the message of tag `tag` from this rank to `dst` (the send completes once
+  // `dst` has received it; the Work keeps `t` alive until then).
+  virtual std::unique_ptr<Work> SendAsync(const at::Tensor& t, int dst, int tag) = 0;
+  absl::Status Send(const at::Tensor& t, int dst, int tag) { return SendAsync(t, dst, tag)->Wait(); }
   virtual absl::Status Recv(at::Tensor& t, int src, int tag) = 0;
   virtual absl::Status Barrier() = 0;
 
