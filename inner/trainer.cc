@@ -9,6 +9,7 @@
 
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
+#include "inner/parallel/pipeline.h"
 
 #include "absl/strings/str_cat.h"
 #include "inner/torch_compat.h"
@@ -45,6 +46,12 @@ absl::Status Validate(const TrainConfig& c) {
         "activation_checkpoint.mode must be \"none\" or \"full\", got \"",
         c.activation_checkpoint, "\""));
   }
+  if (c.pipeline_microbatches <= 0 || c.batch_size % c.pipeline_microbatches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.pipeline_parallel_microbatches must be positive and divide train.batch_size = ",
+        c.batch_size, ", got ", c.pipeline_microbatches));
+  }
+  if (auto s = parallel::ParsePipelineSchedule(c.pipeline_schedule); !s.ok()) return s.status();
   if (c.device != "cpu" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         absl::StrCat("train.device = \"", c.device, "\" but no CUDA device is available"));
@@ -116,6 +123,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   t->mesh_ = mesh;
   parallel::FsdpOptions fsdp;
   fsdp.checkpoint_activations = train.activation_checkpoint == "full";
+  fsdp.schedule = *parallel::ParsePipelineSchedule(train.pipeline_schedule);
   auto sharded = parallel::FsdpGpt::Create(model, *mesh, train.device != "cpu", fsdp);
   if (!sharded.ok()) return sharded.status();
   t->fsdp_ = *std::move(sharded);
@@ -123,8 +131,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   std::vector<AdamWParam> params;
   for (auto& s : t->fsdp_->shards()) params.push_back({s.name, s.value, s.grad, s.decay});
   t->adamw_ = std::make_unique<AdamW>(std::move(params), optim.adamw);
-  t->inputs_ = torch::empty({train.batch_size, model.context}, torch::kLong);
-  t->targets_ = torch::empty({train.batch_size, model.context}, torch::kLong);
   return t;
 }
 
@@ -146,21 +152,29 @@ absl::StatusOr<StepStats> Trainer::Step() {
   adamw_->ZeroGrad();
   const torch::Device device(train_.device);
   const int dp = mesh_->shape().dp(), b = train_.batch_size;
-  // Each rank's loss is the mean over its slice; the gradients are averaged over the ranks.
-  const double grad_scale = 1.0 / (double(train_.grad_accum) * double(dp));
-  double loss_sum = 0;
+  // Each micro-batch's loss is the mean over its sequences; the gradients are averaged over the
+  // micro-batches and the ranks.
+  const int pieces = train_.pipeline_microbatches, rows = b / pieces;
+  const double grad_scale = 1.0 / (double(train_.grad_accum) * pieces * double(dp));
+  std::vector<parallel::MicroBatch> micros;
   for (int micro = 0; micro < train_.grad_accum; ++micro) {
-    sampler_.NextSlice(b * dp, mesh_->dp_rank() * b, b, inputs_.data_ptr<int64_t>(),
-                       targets_.data_ptr<int64_t>());
-    auto loss = fsdp_->ForwardBackward(inputs_.to(device), targets_.to(device), grad_scale);
-    if (!loss.ok()) return loss.status();
-    loss_sum += *loss / double(train_.grad_accum);
+    auto inputs = torch::empty({b, model_config_.context}, torch::kLong);
+    auto targets = torch::empty({b, model_config_.context}, torch::kLong);
+    sampler_.NextSlice(b * dp, mesh_->dp_rank() * b, b, inputs.data_ptr<int64_t>(),
+                       targets.data_ptr<int64_t>());
+    inputs = inputs.to(device);
+    targets = targets.to(device);
+    for (int k = 0; k < pieces; ++k) {
+      micros.push_back({inputs.narrow(0, k * rows, rows), targets.narrow(0, k * rows, rows)});
+    }
   }
+  auto loss = fsdp_->ForwardBackward(micros, grad_scale);
+  if (!loss.ok()) return loss.status();
   if (auto s = fsdp_->ReduceReplicas(); !s.ok()) return s;
-  // The global gradient norm over all shards and TP parts, clipped as torch's clip_grad_norm_
-  // does.
+  // The global gradient norm over all shards, TP parts and stages, clipped as torch's
+  // clip_grad_norm_ does.
   auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), torch::kDouble);
-  for (auto dim : {parallel::MeshDim::kDpShard, parallel::MeshDim::kTp}) {
+  for (auto dim : {parallel::MeshDim::kDpShard, parallel::MeshDim::kTp, parallel::MeshDim::kPp}) {
     if (auto s = mesh_->group(dim).AllReduceSum(norm); !s.ok()) return s;
   }
   stats.grad_norm = std::sqrt(norm.item<double>());
@@ -169,11 +183,11 @@ absl::StatusOr<StepStats> Trainer::Step() {
     if (coef < 1) fsdp_->ScaleGrad(coef);
   }
   adamw_->Step(stats.lr);
-  auto loss = torch::full({1}, loss_sum, torch::kDouble);
-  if (auto s = mesh_->dp().AllReduceSum(loss); !s.ok()) return s;
+  auto losses = torch::full({1}, *loss, torch::kDouble);
+  if (auto s = mesh_->dp().AllReduceSum(losses); !s.ok()) return s;
   step_ += 1;
   stats.step = step_;
-  stats.loss = loss.item<double>() / double(dp);
+  stats.loss = losses.item<double>() / double(dp);
   stats.tokens = tokens();
   stats.compute_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

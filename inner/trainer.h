@@ -46,6 +46,11 @@ struct TrainConfig {
   int threads = 0;       // intra-op threads; 0 = torch's default (all cores)
   std::string device = "cpu";
   std::string activation_checkpoint = "none";  // "none" or "full": recompute blocks in backward
+  // Pipeline parallelism: each micro-batch splits into this many pipeline micro-batches (of
+  // batch_size / pipeline_microbatches sequences), which run through the stages in this schedule
+  // ("GPipe" or "1F1B"); a step's grad_accum x pipeline_microbatches of them form one pipeline.
+  int pipeline_microbatches = 1;
+  std::string pipeline_schedule = "1F1B";
 };
 
 absl::Status Validate(const OptimConfig& config, const TrainConfig& train);
@@ -154,7 +159,6 @@ class Trainer {
   parallel::DeviceMesh* mesh_ = nullptr;
   std::unique_ptr<parallel::FsdpGpt> fsdp_;
   std::unique_ptr<AdamW> adamw_;
-  at::Tensor inputs_, targets_;  // reused micro-batch buffers (CPU)
   int64_t step_ = 0;
   int64_t schedule_shift_ = 0;
   int64_t ramp_steps_ = 0, ramp_done_ = 0;

@@ -486,8 +486,9 @@ absl::Status IslandRun::OpenOutputs() {
              : absl::StrCat(train_.steps, " inner steps"),
       double(inner::ParameterCount(config_.model)) / 1e6,
       double(outer_->fetched_bytes()) / (1 << 20), fetch_s_,
-      shape.size() > 1 ? absl::StrFormat(", %d ranks (dp_replicate %d x dp_shard %d x tp %d)",
-                                         shape.size(), shape.dp_replicate, shape.dp_shard, shape.tp)
+      shape.size() > 1
+          ? absl::StrFormat(", %d ranks (pp %d x dp_replicate %d x dp_shard %d x tp %d)",
+                            shape.size(), shape.pp, shape.dp_replicate, shape.dp_shard, shape.tp)
                        : "",
       options_.throttle > 1 ? absl::StrFormat(", throttled %.1fx", options_.throttle) : ""));
   start_ = Clock::now();

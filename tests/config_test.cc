@@ -109,8 +109,19 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base + "[model]\nd_model = 96\nn_head = 6\n", {{"parallelism.tensor_parallel_degree", "4"}},
        absl::StatusCode::kInvalidArgument,
        "parallelism.tensor_parallel_degree = 4 must divide model.n_head (6)"},
-      {base, {{"parallelism.pipeline_parallel_degree", "2"}}, absl::StatusCode::kUnimplemented,
-       "pipeline parallelism is not built yet"},
+      {base + "[model]\nn_layer = 3\n", {{"parallelism.pipeline_parallel_degree", "4"}},
+       absl::StatusCode::kInvalidArgument,
+       "pipeline_parallel_degree = 4 needs at least one block per stage: model.n_layer = 3"},
+      {base, {{"parallelism.pipeline_parallel_microbatches", "3"}, {"train.batch_size", "8"}},
+       absl::StatusCode::kInvalidArgument,
+       "pipeline_parallel_microbatches must be positive and divide train.batch_size = 8, got 3"},
+      {base + "[model]\nn_layer = 4\n",
+       {{"parallelism.pipeline_parallel_degree", "2"}, {"outer.num_fragments", "4"}},
+       absl::StatusCode::kUnimplemented,
+       "pipeline stage 0 of 2 holds no part of fragment 2 (outer.num_fragments = 4, strided)"},
+      {base, {{"parallelism.pipeline_parallel_schedule", "interleaved"}},
+       absl::StatusCode::kInvalidArgument,
+       "pipeline_parallel_schedule must be \"GPipe\" or \"1F1B\", got \"interleaved\""},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);

@@ -121,7 +121,7 @@ void ExpectTwoRankIslandsMatchOneRankIslands(const std::string& mesh_args, const
 TEST(MultiRankTest, TwoIslandsOfTwoShardsStayBitIdenticalAndMatchOneRankIslands) {
   // islands x ranks x rounds x (a range per unit)
   ExpectTwoRankIslandsMatchOneRankIslands("--parallelism.data_parallel_shard_degree=2",
-                                          "dp_replicate 1 x dp_shard 2 x tp 1", 2 * 2 * 4 * 4,
+                                          "pp 1 x dp_replicate 1 x dp_shard 2 x tp 1", 2 * 2 * 4 * 4,
                                           "--train.batch_size=4");
 }
 
@@ -131,7 +131,16 @@ TEST(MultiRankTest, TwoIslandsOfTwoShardsStayBitIdenticalAndMatchOneRankIslands)
 TEST(MultiRankTest, TwoIslandsOfTwoTensorParallelRanksStayBitIdenticalAndMatchOneRankIslands) {
   ExpectTwoRankIslandsMatchOneRankIslands(
       "--parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=1",
-      "dp_replicate 1 x dp_shard 1 x tp 2", 2 * 2 * 4 * 2, "");
+      "pp 1 x dp_replicate 1 x dp_shard 1 x tp 2", 2 * 2 * 4 * 2, "");
+}
+
+// 2 islands x 2 pipeline stages (2 micro-batches, 1F1B): each stage pushes and receives the
+// parameters of its own blocks; the same batch as one rank.
+TEST(MultiRankTest, TwoIslandsOfTwoPipelineStagesStayBitIdenticalAndMatchOneRankIslands) {
+  ExpectTwoRankIslandsMatchOneRankIslands(
+      "--parallelism.pipeline_parallel_degree=2 --parallelism.data_parallel_shard_degree=1 "
+      "--parallelism.pipeline_parallel_microbatches=2",
+      "pp 2 x dp_replicate 1 x dp_shard 1 x tp 1", 2 * 2 * 4, "");
 }
 
 // Replicas of the shards would push the same ranges twice: an island refuses HSDP up front.

@@ -23,7 +23,51 @@ struct FsdpGpt::Unit {
   at::Tensor scatter;            // sharded: the reduce-scattered gradient of one micro-batch
   std::unique_ptr<Work> pending;  // an all-gather in flight
   bool gathered = false;
+  bool grad_live = false;  // full_grad holds storage (sharded)
   bool is_block = false;
+  int index = 0;  // the model's unit
+};
+
+// A micro-batch in flight through this rank's stage: what its backward needs.
+struct FsdpGpt::Micro {
+  at::Tensor inputs, targets;
+  std::vector<at::Tensor> unit_inputs, unit_outputs;  // per unit of the stage
+  std::vector<at::Tensor> rng;  // checkpointed blocks: the CPU generator before their forward
+  double loss = 0;              // last stage
+};
+
+// This rank's stage for one run of the pipeline (inner/parallel/pipeline.h).
+class FsdpGpt::StageRun : public PipelineStage {
+ public:
+  StageRun(FsdpGpt& model, const std::vector<MicroBatch>& batches, bool train, double grad_scale)
+      : model_(model), train_(train), grad_scale_(grad_scale), micros_(batches.size()) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      micros_[i].inputs = batches[i].inputs;
+      micros_[i].targets = batches[i].targets;
+    }
+  }
+  absl::StatusOr<at::Tensor> Forward(int micro, const at::Tensor& input) override {
+    return model_.ForwardMicro(micros_[size_t(micro)], input, train_);
+  }
+  absl::StatusOr<at::Tensor> Backward(int micro, const at::Tensor& grad) override {
+    return model_.BackwardMicro(micros_[size_t(micro)], grad, grad_scale_);
+  }
+  at::Tensor Boundary(int micro) override {
+    const at::Tensor& tokens = micros_[size_t(micro)].inputs;
+    return at::empty({tokens.size(0), tokens.size(1), model_.model_->config().d_model},
+                     model_.units_.front()->shard.options());
+  }
+  double mean_loss() const {
+    double sum = 0;
+    for (const auto& m : micros_) sum += m.loss;
+    return sum / double(micros_.size());
+  }
+
+ private:
+  FsdpGpt& model_;
+  const bool train_;
+  const double grad_scale_;
+  std::vector<Micro> micros_;
 };
 
 namespace {
@@ -60,7 +104,9 @@ FsdpGpt::FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions option
     : mesh_(mesh),
       tp_(mesh.shape().tp > 1 ? std::make_unique<TpGroup>(mesh.group(MeshDim::kTp)) : nullptr),
       model_(config, tp_.get()),
-      options_(options) {}
+      options_(options),
+      stage_(PipelineStageUnits(config.n_layer, mesh.shape().pp,
+                                mesh.coordinate(MeshDim::kPp))) {}
 
 FsdpGpt::~FsdpGpt() {
   for (auto& u : units_) {
@@ -74,10 +120,7 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
                                                          DeviceMesh& mesh, bool cuda,
                                                          FsdpOptions options) {
   if (auto s = Validate(config); !s.ok()) return s;
-  if (mesh.shape().pp > 1) {
-    return absl::UnimplementedError(
-        "parallelism.pipeline_parallel_degree must be 1: pipeline parallelism is not built yet");
-  }
+  if (auto s = ValidatePipeline(config.n_layer, mesh.shape().pp); !s.ok()) return s;
   if (auto s = ValidateTensorParallel(config, mesh.shape().tp); !s.ok()) return s;
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
   std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
@@ -91,16 +134,24 @@ absl::Status FsdpGpt::BuildUnits() {
   const ModelConfig& config = model_->config();
   const int n_layer = config.n_layer;
   units_.clear();
-  for (int u = 0; u < n_layer + 2; ++u) {
+  for (int u = stage_.first; u <= stage_.last; ++u) {
     units_.push_back(std::make_unique<Unit>());
-    units_[u]->name = u == 0 ? "embed" : (u <= n_layer ? absl::StrCat("blocks.", u - 1) : "head");
-    units_[u]->is_block = u >= 1 && u <= n_layer;
+    Unit& unit = *units_.back();
+    unit.name = u == 0 ? "embed" : (u <= n_layer ? absl::StrCat("blocks.", u - 1) : "head");
+    unit.is_block = u >= 1 && u <= n_layer;
+    unit.index = u;
   }
   std::map<std::string, std::vector<int64_t>> whole_shape;
   for (auto& [name, shape] : ParameterShapes(config)) whole_shape[name] = shape;
-  // Each unit's parameters: those whole on every TP rank first, then the TP-split ones.
+  // Each unit's parameters: those whole on every TP rank first, then the TP-split ones. The other
+  // stages' parameters are freed.
   for (auto& [name, p] : NamedParameters(*model_)) {
-    units_[size_t(UnitOf(name, n_layer))]->params.emplace_back(name, p);
+    const int u = UnitOf(name, n_layer);
+    if (u < stage_.first || u > stage_.last) {
+      p.set_data(at::empty({0}, p.options()));
+      continue;
+    }
+    units_[size_t(u - stage_.first)]->params.emplace_back(name, p);
   }
   for (auto& u : units_) {
     std::stable_partition(u->params.begin(), u->params.end(),
@@ -206,61 +257,111 @@ void FsdpGpt::Release(int u) {
 
 void FsdpGpt::PrepareGrad(int u) {
   Unit& unit = *units_[size_t(u)];
-  if (!sharded()) return;
+  if (!sharded() || unit.grad_live) return;  // a held unit's gradient accumulates
   compat::ResizeStorage(unit.full_grad, size_t(unit.padded) * sizeof(float));
   live_bytes_ += unit.padded * int64_t(sizeof(float));
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   unit.full_grad.zero_();
+  unit.grad_live = true;
 }
 
-absl::Status FsdpGpt::ScatterGrad(int u, double) {
+absl::Status FsdpGpt::ScatterGrad(int u) {
   Unit& unit = *units_[size_t(u)];
-  if (!sharded()) return absl::OkStatus();
+  if (!sharded() || !unit.grad_live) return absl::OkStatus();
   auto s = mesh_.group(MeshDim::kDpShard).ReduceScatterSum(unit.full_grad, unit.scatter);
   compat::ResizeStorage(unit.full_grad, 0);
   live_bytes_ -= unit.padded * int64_t(sizeof(float));
+  unit.grad_live = false;
   if (!s.ok()) return s;
   unit.shard_grad.add_(unit.scatter);
   return absl::OkStatus();
 }
 
+absl::Status FsdpGpt::FinishHeldUnits(absl::Status status) {
+  for (int u = num_units() - 1; u >= 0; --u) {
+    if (status.ok()) status = ScatterGrad(u);  // after a failure, no collective more
+    Release(u);
+  }
+  return status;
+}
+
 at::Tensor FsdpGpt::RunUnit(int u, const at::Tensor& x) {
   const int n_layer = model_->config().n_layer;
-  if (u == 0) return model_->Embed(x);
-  if (u <= n_layer) return model_->RunBlock(u - 1, x);
+  const int unit = units_[size_t(u)]->index;
+  if (unit == 0) return model_->Embed(x);
+  if (unit <= n_layer) return model_->RunBlock(unit - 1, x);
   return model_->Logits(x);
 }
 
-// The forward pass unit by unit. Training: each unit's input is a leaf (its gradient is what the
-// unit below receives in backward) and its output keeps the unit's graph, except for
-// checkpointed blocks, which run without a graph and are recomputed in backward.
-absl::StatusOr<at::Tensor> FsdpGpt::Forward(const at::Tensor& inputs, const at::Tensor& targets,
-                                           bool train, std::vector<at::Tensor>* unit_inputs,
-                                           std::vector<at::Tensor>* unit_outputs) {
-  const int last = num_units() - 1;
-  at::Tensor x = inputs;
-  for (int u = 0; u <= last; ++u) {
+// A micro-batch's forward through the stage's units. Training: each unit's input is a leaf (its
+// gradient is what the unit below, or the stage before, receives in backward) and its output keeps
+// the unit's graph, except for checkpointed blocks, which run without a graph and are recomputed in
+// backward.
+absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& input, bool train) {
+  const int n = num_units();
+  at::Tensor x = first_stage() ? m.inputs : input;
+  if (train) {
+    m.unit_inputs.assign(size_t(n), at::Tensor());
+    m.unit_outputs.assign(size_t(n), at::Tensor());
+    m.rng.assign(size_t(n), at::Tensor());
+  }
+  for (int u = 0; u < n; ++u) {
     if (auto s = Gather(u); !s.ok()) return s;
-    if (options_.prefetch && u < last) Prefetch(u + 1);
-    if (train && u > 0) x = x.detach().requires_grad_(true);
-    if (train) (*unit_inputs)[size_t(u)] = x;
+    if (options_.prefetch && u + 1 < n) Prefetch(u + 1);
+    if (train && (u > 0 || !first_stage())) x = x.detach().requires_grad_(true);
+    if (train) m.unit_inputs[size_t(u)] = x;
+    const bool recompute = train && options_.checkpoint_activations && units_[size_t(u)]->is_block;
     at::Tensor out;
-    if (!train || (options_.checkpoint_activations && units_[size_t(u)]->is_block)) {
+    if (!train || recompute) {
+      // The same dropout draws in the recomputation: the generator as it is now. (CPU's; a CUDA
+      // build with dropout would need the device generator too.)
+      if (recompute) m.rng[size_t(u)] = compat::GetDefaultCpuRngState();
       torch::NoGradGuard no_grad;
       out = RunUnit(u, x);
     } else {
       out = RunUnit(u, x);
     }
-    if (u == last) {
+    if (u == n - 1 && last_stage()) {
       out = torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}),
-                                                 targets.reshape({-1}));
+                                                 m.targets.reshape({-1}));
+      m.loss = out.item<double>();
     }
-    if (train) (*unit_outputs)[size_t(u)] = out;
-    // The last unit's backward comes next: it stays gathered.
-    if (u < last || !train) Release(u);
+    if (train) m.unit_outputs[size_t(u)] = out;
+    // The last unit's backward may come next: it stays gathered.
+    if (!holding_ && (u < n - 1 || !train)) Release(u);
     x = out;
   }
   return x;
+}
+
+absl::StatusOr<at::Tensor> FsdpGpt::BackwardMicro(Micro& m, const at::Tensor& grad_output,
+                                                  double grad_scale) {
+  const int n = num_units();
+  at::Tensor grad = last_stage()
+                        ? at::full({}, grad_scale, m.unit_outputs[size_t(n - 1)].options())
+                        : grad_output;
+  for (int u = n - 1; u >= 0; --u) {
+    if (auto s = Gather(u); !s.ok()) return s;
+    PrepareGrad(u);
+    at::Tensor out = m.unit_outputs[size_t(u)];
+    if (m.rng[size_t(u)].defined()) {
+      const at::Tensor now = compat::GetDefaultCpuRngState();
+      compat::SetDefaultCpuRngState(m.rng[size_t(u)]);
+      out = RunUnit(u, m.unit_inputs[size_t(u)]);
+      compat::SetDefaultCpuRngState(now);
+    }
+    torch::autograd::backward({out}, {grad});
+    m.unit_outputs[size_t(u)] = at::Tensor();
+    grad = u > 0 || !first_stage() ? m.unit_inputs[size_t(u)].grad() : at::Tensor();
+    m.unit_inputs[size_t(u)] = at::Tensor();
+    if (holding_) continue;
+    // Two units at most are whole at once: u's parameters go before the unit below is gathered
+    // (in the background, while u's gradients are reduce-scattered).
+    Release(u);
+    if (options_.prefetch && u > 0) Prefetch(u - 1);
+    if (auto s = ScatterGrad(u); !s.ok()) return s;
+  }
+  return grad;
 }
 
 // A collective of tensor parallelism that fails inside autograd throws: its error, as a status.
@@ -269,50 +370,35 @@ absl::StatusOr<T> FsdpGpt::Guarded(const std::function<absl::StatusOr<T>()>& run
   try {
     return run();
   } catch (const std::exception& e) {
+    holding_ = false;  // the island cannot go on: its next step starts afresh
     if (tp_ != nullptr && !tp_->status().ok()) return tp_->status();
     return absl::InternalError(absl::StrCat("training step failed: ", e.what()));
   }
 }
 
-absl::StatusOr<double> FsdpGpt::ForwardBackward(const at::Tensor& inputs, const at::Tensor& targets,
-                                                double grad_scale) {
-  return Guarded<double>([&] { return RunForwardBackward(inputs, targets, grad_scale); });
+absl::StatusOr<double> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
+                                         const std::vector<PipelineAction>& actions, bool train,
+                                         double grad_scale) {
+  StageRun run(*this, micros, train, grad_scale);
+  holding_ = train && mesh_.shape().pp > 1;
+  auto timing = RunPipeline(mesh_.group(MeshDim::kPp), actions, run);
+  absl::Status status = timing.status();
+  if (holding_) status = FinishHeldUnits(status);
+  holding_ = false;
+  if (!status.ok()) return status;
+  if (train) timing_ = *timing;
+  if (mesh_.shape().pp == 1) return run.mean_loss();
+  // The last stage's loss, on every stage.
+  auto loss = at::full({1}, last_stage() ? run.mean_loss() : 0.0, at::kDouble);
+  if (auto s = mesh_.group(MeshDim::kPp).AllReduceSum(loss); !s.ok()) return s;
+  return loss.item<double>();
 }
 
-absl::StatusOr<double> FsdpGpt::RunForwardBackward(const at::Tensor& inputs,
-                                                   const at::Tensor& targets, double grad_scale) {
-  const int last = num_units() - 1;
-  const size_t units = units_.size();
-  std::vector<at::Tensor> unit_inputs(units), unit_outputs(units);
-  const at::Tensor rng = options_.checkpoint_activations ? compat::GetDefaultCpuRngState()
-                                                        : at::Tensor();
-  auto loss = Forward(inputs, targets, /*train=*/true, &unit_inputs, &unit_outputs);
-  if (!loss.ok()) return loss.status();
-  const double value = loss->item<double>();
-  at::Tensor grad = at::full({}, grad_scale, loss->options());
-  for (int u = last; u >= 0; --u) {
-    if (auto s = Gather(u); !s.ok()) return s;
-    PrepareGrad(u);
-    at::Tensor out = unit_outputs[size_t(u)];
-    if (options_.checkpoint_activations && units_[size_t(u)]->is_block) {
-      // The same dropout draws as in the forward pass: the generator as it was then. (CPU's; a
-      // CUDA build with dropout would need the device generator too.)
-      const at::Tensor now = compat::GetDefaultCpuRngState();
-      compat::SetDefaultCpuRngState(rng);
-      out = RunUnit(u, unit_inputs[size_t(u)]);
-      compat::SetDefaultCpuRngState(now);
-    }
-    torch::autograd::backward({out}, {grad});
-    unit_outputs[size_t(u)] = at::Tensor();
-    if (u > 0) grad = unit_inputs[size_t(u)].grad();
-    unit_inputs[size_t(u)] = at::Tensor();
-    // Two units at most are whole at once: u's parameters go before the unit below is gathered
-    // (in the background, while u's gradients are reduce-scattered).
-    Release(u);
-    if (options_.prefetch && u > 0) Prefetch(u - 1);
-    if (auto s = ScatterGrad(u, grad_scale); !s.ok()) return s;
-  }
-  return value;
+absl::StatusOr<double> FsdpGpt::ForwardBackward(const std::vector<MicroBatch>& micros,
+                                                double grad_scale) {
+  const auto actions = ScheduleActions(options_.schedule, mesh_.coordinate(MeshDim::kPp),
+                                       mesh_.shape().pp, int(micros.size()));
+  return Guarded<double>([&] { return RunStage(micros, actions, /*train=*/true, grad_scale); });
 }
 
 absl::Status FsdpGpt::ReduceReplicas() {
@@ -326,9 +412,7 @@ absl::Status FsdpGpt::ReduceReplicas() {
 absl::StatusOr<double> FsdpGpt::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
   return Guarded<double>([&]() -> absl::StatusOr<double> {
     torch::NoGradGuard no_grad;
-    auto loss = Forward(inputs, targets, /*train=*/false, nullptr, nullptr);
-    if (!loss.ok()) return loss.status();
-    return loss->item<double>();
+    return RunStage({{inputs, targets}}, ForwardActions(1), /*train=*/false, 0.0);
   });
 }
 

@@ -18,6 +18,12 @@
 // first in each unit, so that their shards sit at the same place on every TP rank. TP rank 0 owns
 // them; on the other TP ranks their shards are replicas (training keeps them equal by itself,
 // their gradients being equal; BroadcastReplicas after the outer sync wrote rank 0's).
+//
+// With pipeline parallelism (mesh pp > 1) a rank holds the units of its stage only
+// (inner/parallel/pipeline.h) and a step's micro-batches run through the stages in the configured
+// schedule. Its units then stay gathered from their first use to the end of the step, and their
+// gradients accumulate whole and are reduce-scattered once (as torchtitan does for PP x FSDP:
+// gathering each unit once per micro-batch and pass would multiply the all-gathers by 2m).
 #ifndef ATOLL_INNER_PARALLEL_FSDP_H_
 #define ATOLL_INNER_PARALLEL_FSDP_H_
 
@@ -32,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "inner/model.h"
 #include "inner/parallel/mesh.h"
+#include "inner/parallel/pipeline.h"
 #include "inner/parallel/tensor_parallel.h"
 
 namespace atl::inner::parallel {
@@ -39,6 +46,12 @@ namespace atl::inner::parallel {
 struct FsdpOptions {
   bool checkpoint_activations = false;  // recompute each block's forward in backward
   bool prefetch = true;                 // gather the next unit while the current one computes
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;  // of a step's micro-batches
+};
+
+// One micro-batch: token ids and next-token targets, [rows, T] int64 (every stage gets both).
+struct MicroBatch {
+  at::Tensor inputs, targets;
 };
 
 // The part of one model parameter that this rank holds.
@@ -68,9 +81,10 @@ class FsdpGpt {
                                                          FsdpOptions options);
   ~FsdpGpt();
 
-  // One micro-batch: forward, backward, gradients added to the shards scaled by `grad_scale`.
-  // Returns this rank's mean loss of the micro-batch.
-  absl::StatusOr<double> ForwardBackward(const at::Tensor& inputs, const at::Tensor& targets,
+  // A step's micro-batches: forward and backward of each (through the pipeline's stages, in the
+  // schedule's order), gradients added to the shards scaled by `grad_scale`. Returns the mean of
+  // this data-parallel rank's micro-batch losses (on every stage).
+  absl::StatusOr<double> ForwardBackward(const std::vector<MicroBatch>& micros,
                                          double grad_scale);
   // After the last micro-batch of a step: sums the shard gradients over dp_replicate.
   absl::Status ReduceReplicas();
@@ -85,31 +99,47 @@ class FsdpGpt {
   absl::Status BroadcastReplicas(const std::vector<size_t>& shards);
   void ScaleGrad(double factor);
 
+  // The last ForwardBackward's time and the part this stage spent waiting for the others.
+  const PipelineTiming& pipeline_timing() const { return timing_; }
   std::vector<ParamShard>& shards() { return shards_; }
   const std::vector<ParamShard>& shards() const { return shards_; }
   Gpt& module() { return model_; }
   DeviceMesh& mesh() { return mesh_; }
+  // This rank's units (its stage's): unit u here is the model's unit stage().first + u.
   int num_units() const { return int(units_.size()); }
+  StageUnits stage() const { return stage_; }
   // The parameter names of unit u, in model order.
   std::vector<std::string> unit_parameters(int u) const;
   FsdpMemory memory() const;
 
  private:
   struct Unit;
+  struct Micro;
+  class StageRun;
   FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options);
   absl::Status BuildUnits();
   bool sharded() const;
+  bool first_stage() const { return stage_.first == 0; }
+  bool last_stage() const { return stage_.last == model_->config().n_layer + 1; }
   absl::Status Gather(int u);      // starts (if needed) and waits for u's parameters
   void Prefetch(int u);            // starts u's gather in the background
   void Release(int u);             // frees u's full parameters (sharded only)
   void PrepareGrad(int u);         // full gradient buffer of u, zeroed, behind the params' grads
-  absl::Status ScatterGrad(int u, double grad_scale);
+  absl::Status ScatterGrad(int u);
+  // After a pipelined step: scatters the gradients (unless `status` is an error) and releases
+  // the units; returns the first error.
+  absl::Status FinishHeldUnits(absl::Status status);
   at::Tensor RunUnit(int u, const at::Tensor& x);
-  absl::StatusOr<double> RunForwardBackward(const at::Tensor& inputs, const at::Tensor& targets,
-                                            double grad_scale);
-  absl::StatusOr<at::Tensor> Forward(const at::Tensor& inputs, const at::Tensor& targets,
-                                     bool train, std::vector<at::Tensor>* unit_inputs,
-                                     std::vector<at::Tensor>* unit_outputs);
+  // One micro-batch through this stage's units: `input` is the previous stage's activation (the
+  // tokens on the first stage). Returns the activation for the next stage (the loss on the last).
+  absl::StatusOr<at::Tensor> ForwardMicro(Micro& m, const at::Tensor& input, bool train);
+  // Its backward from the gradient of ForwardMicro's output (`grad_scale` on the last stage):
+  // returns the gradient of its input (undefined on the first stage).
+  absl::StatusOr<at::Tensor> BackwardMicro(Micro& m, const at::Tensor& grad, double grad_scale);
+  // Runs `actions` over the pp group; returns the micro-batches' mean loss, on every stage.
+  absl::StatusOr<double> RunStage(const std::vector<MicroBatch>& micros,
+                                  const std::vector<PipelineAction>& actions, bool train,
+                                  double grad_scale);
 
   template <typename T>
   absl::StatusOr<T> Guarded(const std::function<absl::StatusOr<T>()>& run);
@@ -118,6 +148,9 @@ class FsdpGpt {
   std::unique_ptr<TpGroup> tp_;  // null without tensor parallelism; outlives the module
   Gpt model_;
   const FsdpOptions options_;
+  StageUnits stage_;
+  bool holding_ = false;  // a pipelined step: units stay gathered, gradients whole, to its end
+  PipelineTiming timing_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<ParamShard> shards_;
   int64_t live_bytes_ = 0, peak_live_bytes_ = 0;

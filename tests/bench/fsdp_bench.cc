@@ -1,12 +1,16 @@
-// Memory and speed of an island's ranks (FSDP and tensor parallelism over Gloo on this machine):
-// for each mesh (N: dp_shard = N; tpT: tensor_parallel = T; NxtpT: both) of one config, each
+// Memory and speed of an island's ranks (FSDP, tensor and pipeline parallelism over Gloo on this
+// machine): for each mesh (N: dp_shard = N; tpT: tensor_parallel = T; ppP-gpipe / ppP-1f1b:
+// pipeline stages in that schedule; combined with x, e.g. 2xtp2, pp2-1f1bx2) of one config, each
 // rank's model-state bytes (parameter and gradient shards, AdamW moments, the full units gathered
-// at the peak) against the formula (split params / T + whole params) x (4 + 4 + 8) B / N + two of
-// the largest unit, its peak RSS and the RSS the model adds, and the island's tokens/s (the same
-// global batch of `batch` sequences per data-parallel rank). The ranks are forked processes; each
-// writes one line of figures.
+// at the peak) against the formula (split params / T + whole params, of the largest stage) x
+// (4 + 4 + 8) B / N + two of the largest unit (a pipelined stage: all its units), its peak RSS and
+// the RSS the model adds, the island's tokens/s (the same `batch` sequences per data-parallel rank
+// and step; a pipeline splits them into `micro` micro-batches) and, for pipelines, the measured
+// bubble (the share of the step the stages wait for each other, mean over stages and steps)
+// against (p - 1) / (m + p - 1). The ranks are forked processes; each writes one line of figures.
 //
 //   build/tests/bench/fsdp_bench [deploy/configs/small.toml] [steps=4] [batch=2] [meshes=1,2,4]
+//                                [micro=4]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "inner/parallel/fsdp.h"
@@ -50,7 +55,8 @@ int main(int argc, char** argv) {
   const int batch = argc > 3 ? std::atoi(argv[3]) : 2;
   struct Mesh {
     std::string name;
-    int shard = 1, tp = 1;
+    int shard = 1, tp = 1, pp = 1;
+    std::string schedule = "1F1B";
   };
   std::vector<Mesh> meshes = {{"1", 1, 1}, {"2", 2, 1}, {"4", 4, 1}};
   if (argc > 4) {
@@ -62,6 +68,10 @@ int main(int argc, char** argv) {
         int v = 0;
         if (dim.rfind("tp", 0) == 0 && absl::SimpleAtoi(dim.substr(2), &v)) {
           m.tp = v;
+        } else if (dim.rfind("pp", 0) == 0 &&
+                   absl::SimpleAtoi(dim.substr(2, dim.find('-') - 2), &v)) {
+          m.pp = v;
+          m.schedule = absl::StrContains(dim, "gpipe") ? "GPipe" : "1F1B";
         } else if (absl::SimpleAtoi(dim, &v)) {
           m.shard = v;
         }
@@ -69,6 +79,7 @@ int main(int argc, char** argv) {
       meshes.push_back(m);
     }
   }
+  const int micro = argc > 5 ? std::atoi(argv[5]) : 4;
   auto config = atl::LoadConfig(config_path, {{"data.path", "unused"}});
   if (!config.ok()) {
     std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str());
@@ -85,30 +96,42 @@ int main(int argc, char** argv) {
   const double params = double(atl::inner::ParameterCount(config->model));
   std::printf("%s: %.2fM parameters, batch %d per rank, context %d, %d timed steps after one\n",
               config_path.c_str(), params / 1e6, batch, config->model.context, steps);
-  std::printf("%8s %5s %12s %14s %14s %12s %14s %12s\n", "mesh", "ranks", "tokens/s",
-              "state MiB/rank", "formula MiB", "ratio to 1", "peak RSS MiB", "model RSS MiB");
+  std::printf("%12s %5s %10s %14s %12s %10s %13s %14s %7s %6s\n", "mesh", "ranks", "tokens/s",
+              "state MiB/rank", "formula MiB", "ratio to 1", "peak RSS MiB", "model RSS MiB",
+              "bubble", "ideal");
   double state_one = 0;
   for (const Mesh& mesh_spec : meshes) {
-    const int n = mesh_spec.shard * mesh_spec.tp;
+    const int n = mesh_spec.shard * mesh_spec.tp * mesh_spec.pp;
     const std::string out = dir.Join("mesh-" + mesh_spec.name);
     const auto codes = atl::testing::RunRanks(n, [&](const atl::inner::parallel::RankInfo& info) {
       const int64_t base_kb = StatusKb("VmRSS:");
       atl::inner::parallel::ParallelismConfig p;
       p.data_parallel_shard_degree = mesh_spec.shard;
       p.tensor_parallel_degree = mesh_spec.tp;
+      p.pipeline_parallel_degree = mesh_spec.pp;
+      auto train = config->train;
+      if (mesh_spec.pp > 1) {
+        train.pipeline_microbatches = micro;
+        train.pipeline_schedule = mesh_spec.schedule;
+      }
       auto shape = atl::inner::parallel::ResolveMesh(p, n);
       auto mesh = atl::inner::parallel::DeviceMesh::Create(*shape, info, false,
                                                            std::chrono::seconds(120));
       if (!mesh.ok()) return 10;
       auto data = atl::inner::LoadDataset(config->data, config->model.context, config->model.vocab);
       if (!data.ok()) return 11;
-      auto t = atl::inner::Trainer::Create(config->model, config->optim, config->train, *data, 0, 1,
+      auto t = atl::inner::Trainer::Create(config->model, config->optim, train, *data, 0, 1,
                                            mesh->get());
-      if (!t.ok()) return 12;
+      if (!t.ok()) {
+        std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());
+        return 12;
+      }
       if (!(*t)->Step().ok()) return 13;  // warm-up
       const auto t0 = std::chrono::steady_clock::now();
+      double bubble = 0;
       for (int i = 0; i < steps; ++i) {
         if (!(*t)->Step().ok()) return 14;
+        bubble += (*t)->sharded().pipeline_timing().bubble() / steps;
       }
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const auto m = (*t)->sharded().memory();
@@ -117,10 +140,10 @@ int main(int argc, char** argv) {
       const int64_t state = m.shard_bytes + m.shard_bytes + m.peak_gathered_bytes;
       std::ofstream f(out + "." + std::to_string(info.rank));
       f << double((*t)->tokens_per_step()) * steps / wall << " " << state << " "
-        << StatusKb("VmHWM:") << " " << base_kb << "\n";
+        << StatusKb("VmHWM:") << " " << base_kb << " " << bubble << "\n";
       return 0;
     });
-    double tps = 0;
+    double tps = 0, bubble = 0;
     int64_t state = 0, hwm = 0, base = 0;
     for (int r = 0; r < n; ++r) {
       if (codes[size_t(r)] != 0) {
@@ -128,31 +151,49 @@ int main(int argc, char** argv) {
         continue;
       }
       std::ifstream f(out + "." + std::to_string(r));
-      double rtps;
+      double rtps, rbubble;
       int64_t rstate, rhwm, rbase;
-      f >> rtps >> rstate >> rhwm >> rbase;
+      f >> rtps >> rstate >> rhwm >> rbase >> rbubble;
+      bubble += rbubble / n;
       tps = rtps;  // the island's tokens/s (every rank reports the same steps)
       state = std::max(state, rstate);
       hwm = std::max(hwm, rhwm);
       base = std::max(base, rbase);
     }
-    // What one rank holds: the TP-split parameters' part and the whole ones; the largest unit is
-    // the head (d x vocab) or a block (12 d^2 / T + 13 d).
-    double held = 0;
+    // What one rank holds: of its stage, the TP-split parameters' part and the whole ones; the
+    // largest unit is the head (d x vocab) or a block (12 d^2 / T + 13 d).
+    std::vector<double> held(size_t(mesh_spec.pp), 0.0);
+    const int n_layer = config->model.n_layer;
     for (const auto& [name, shape] : atl::inner::ParameterShapes(config->model)) {
       double numel = 1;
       for (int64_t dim : shape) numel *= double(dim);
-      held += atl::inner::TpReplicated(name) ? numel : numel / mesh_spec.tp;
+      int unit = n_layer + 1;
+      if (absl::StartsWith(name, "blocks.")) unit = 1 + std::atoi(name.c_str() + 7);
+      if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) unit = 0;
+      for (int st = 0; st < mesh_spec.pp; ++st) {
+        const auto range = atl::inner::parallel::PipelineStageUnits(n_layer, mesh_spec.pp, st);
+        if (unit < range.first || unit > range.last) continue;
+        held[size_t(st)] += atl::inner::TpReplicated(name) ? numel : numel / mesh_spec.tp;
+      }
     }
+    const double stage = *std::max_element(held.begin(), held.end());
     const double d = config->model.d_model, v = config->model.vocab;
     const double unit = std::max({d * v + 2 * d, 12 * d * d / mesh_spec.tp + 13 * d,
                                   v * d + config->model.context * d});
-    // a unit's parameters and gradients, twice at the peak
-    const double formula = held * 16.0 / mesh_spec.shard + 2 * unit * 4;
+    // Parameters and gradients gathered: a unit's, twice at the peak; a pipelined stage's, all.
+    const double gathered = mesh_spec.shard == 1 ? 0 : mesh_spec.pp > 1 ? stage * 8 : 2 * unit * 4;
+    const double formula = stage * 16.0 / mesh_spec.shard + gathered;
     if (n == 1) state_one = double(state);
-    std::printf("%8s %5d %12.0f %14.1f %14.1f %12.2f %14.1f %14.1f\n", mesh_spec.name.c_str(), n,
+    std::printf("%12s %5d %10.0f %14.1f %12.1f %10.2f %13.1f %14.1f", mesh_spec.name.c_str(), n,
                 tps, MiB(state), formula / (1 << 20), double(state) / state_one,
                 double(hwm) / 1024, double(hwm - base) / 1024);
+    if (mesh_spec.pp > 1) {
+      std::printf(" %7.3f %6.3f\n", bubble,
+                  atl::inner::parallel::IdealBubble(mesh_spec.pp, micro));
+    } else {
+      std::printf(" %7s %6s\n", "-", "-");
+    }
+    std::fflush(stdout);
   }
   return 0;
 }

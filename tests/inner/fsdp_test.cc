@@ -122,13 +122,22 @@ void ExpectParity(const TrainingRun& got, const TrainingRun& want, const std::st
   std::fflush(stdout);  // before the next run forks its ranks
 }
 
-// dp_shard x tp (x dp_replicate) ranks.
-ParallelismConfig Mesh(int shard, int tp = 1, int replicate = 1) {
+// dp_shard x tp (x dp_replicate x pp) ranks.
+ParallelismConfig Mesh(int shard, int tp = 1, int replicate = 1, int pp = 1) {
   ParallelismConfig p;
   p.data_parallel_shard_degree = shard;
   p.tensor_parallel_degree = tp;
   p.data_parallel_replicate_degree = replicate;
+  p.pipeline_parallel_degree = pp;
   return p;
+}
+
+// `pieces` pipeline micro-batches of the config's batch each, in `schedule`.
+Config Pipelined(Config c, int pieces, const std::string& schedule) {
+  c.train.batch_size *= pieces;
+  c.train.pipeline_microbatches = pieces;
+  c.train.pipeline_schedule = schedule;
+  return c;
 }
 
 class FsdpParityTest : public ::testing::Test {
@@ -137,10 +146,10 @@ class FsdpParityTest : public ::testing::Test {
     testing::WriteFile(dir_.Join("text.txt"), testing::GeneratedText(80000, 21));
   }
   // One rank with `accum` micro-batches of the config's batch: the N-rank island's global batch.
-  TrainingRun Reference(int accum) {
+  TrainingRun Reference(int accum, int steps = kSteps) {
     auto c = ParityConfig(dir_.Join("text.txt"));
     c.train.grad_accum = accum;
-    return TrainIsland(c, 1, {}, dir_, "reference" + std::to_string(accum));
+    return TrainIsland(c, 1, {}, dir_, "reference" + std::to_string(accum), steps);
   }
   testing::TempDir dir_;
 };
@@ -192,6 +201,46 @@ TEST_F(FsdpParityTest, TensorParallelCheckpointsLoadOnAnotherMesh) {
   straight.losses.erase(straight.losses.begin(), straight.losses.begin() + kSteps / 2);
   ExpectParity(on_one, straight, "tp 2 x fsdp 2 -> checkpoint -> 1 rank");
   ExpectParity(on_tp2, straight, "tp 2 x fsdp 2 -> checkpoint -> tp 2");
+}
+
+// Pipeline parallelism: 2 stages (embeddings and 2 blocks | 1 block and the head) with 4
+// micro-batches train as one rank does with 4 accumulation steps, in either schedule.
+TEST_F(FsdpParityTest, TwoPipelineStagesEqualOneRankWithAccumulation) {
+  const auto c = ParityConfig(dir_.Join("text.txt"));
+  const auto reference = Reference(4);
+  for (const std::string schedule : {"GPipe", "1F1B"}) {
+    ExpectParity(TrainIsland(Pipelined(c, 4, schedule), 2, Mesh(1, 1, 1, 2), dir_, schedule),
+                 reference, "pp 2 (" + schedule + ", 4 micro-batches) vs 1 rank, 4 accumulations");
+  }
+}
+
+TEST_F(FsdpParityTest, TwoStagesOfTwoShardsEqualOneRank) {
+  const auto c = Pipelined(ParityConfig(dir_.Join("text.txt")), 2, "1F1B");
+  ExpectParity(TrainIsland(c, 4, Mesh(2, 1, 1, 2), dir_, "pp2xfsdp2"), Reference(4),
+               "pp 2 x fsdp 2 vs 1 rank");
+}
+
+// pp 2 x fsdp 2 x tp 2 on 8 ranks: a few steps (8 processes on the test machine's cores).
+TEST_F(FsdpParityTest, EightRanksOfEveryDimensionEqualOneRank) {
+  const auto c = Pipelined(ParityConfig(dir_.Join("text.txt")), 2, "1F1B");
+  ExpectParity(TrainIsland(c, 8, Mesh(2, 2, 1, 2), dir_, "pp2xfsdp2xtp2", 4), Reference(4, 4),
+               "pp 2 x fsdp 2 x tp 2 vs 1 rank");
+}
+
+// A checkpoint of pp 2 x fsdp 2 resumes on one rank and on pp 2 alone.
+TEST_F(FsdpParityTest, PipelineCheckpointsLoadOnAnotherMesh) {
+  const auto c = Pipelined(ParityConfig(dir_.Join("text.txt")), 2, "GPipe");
+  TrainIsland(c, 4, Mesh(2, 1, 1, 2), dir_, "pp-first-half", kSteps / 2);
+  const std::string checkpoint = dir_.Join("pp-first-half-ckpt");
+  auto whole_batch = ParityConfig(dir_.Join("text.txt"));
+  whole_batch.train.batch_size = 8;
+  const auto on_one = TrainIsland(whole_batch, 1, {}, dir_, "pp-on-one", kSteps / 2, checkpoint);
+  const auto on_pp2 = TrainIsland(Pipelined(whole_batch, 1, "1F1B"), 2, Mesh(1, 1, 1, 2), dir_,
+                                  "pp-on-pp2", kSteps / 2, checkpoint);
+  auto straight = TrainIsland(whole_batch, 1, {}, dir_, "pp-straight", kSteps);
+  straight.losses.erase(straight.losses.begin(), straight.losses.begin() + kSteps / 2);
+  ExpectParity(on_one, straight, "pp 2 x fsdp 2 -> checkpoint -> 1 rank");
+  ExpectParity(on_pp2, straight, "pp 2 x fsdp 2 -> checkpoint -> pp 2");
 }
 
 // (d) A checkpoint written by 2 shards resumes on 4 shards and on 1 rank (the same global batch of
