@@ -66,7 +66,8 @@ IslandSync::IslandSync(Transport* transport, std::string run_id,
       island_id_(identity->island_id()),
       identity_(std::move(identity)),
       fragment_elements_(fragment_elements),
-      ranges_(options.ranges.empty()
+      ranges_(!options.carried ? std::vector<std::pair<uint64_t, uint64_t>>{}
+              : options.ranges.empty()
                   ? std::vector<std::pair<uint64_t, uint64_t>>{{0, fragment_elements}}
                   : options.ranges),
       options_(options) {
@@ -150,6 +151,7 @@ absl::Status IslandSync::FetchPiece(uint64_t offset, uint64_t count, float* out,
 }
 
 absl::Status IslandSync::FetchGlobal() {
+  if (!carried()) return absl::OkStatus();
   absl::Status last = absl::OkStatus();
   const uint64_t piece = std::max<uint64_t>(1, options_.fetch_piece_bytes / sizeof(float));
   // The owned ranges in pieces, each its own request: a cut transfer resumes at its piece.
@@ -347,6 +349,11 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
   RoundOutcome out;
   out.round = round_;
+  if (!carried()) {
+    round_ += 1;
+    out.version = round_;
+    return out;
+  }
   auto resync = [&](std::string reason) -> absl::StatusOr<RoundOutcome> {
     std::fill(residual_.begin(), residual_.end(), 0.0f);
     if (auto s = FetchGlobal(); !s.ok()) return s;
@@ -403,6 +410,11 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
 absl::StatusOr<RoundOutcome> IslandSync::CatchUp(uint64_t version) {
   RoundOutcome out;
   out.round = round_;
+  if (!carried()) {
+    round_ = version;
+    out.version = round_;
+    return out;
+  }
   while (round_ < version) {
     if (auto s = ApplyRound(round_, out); !s.ok()) {
       if (!absl::IsFailedPrecondition(s) && !absl::IsDataLoss(s)) return s;

@@ -97,6 +97,10 @@ struct IslandSyncOptions {
   uint32_t fragment = 0;  // which fragment this IslandSync carries
   // The ranges [begin, end) of the fragment this rank owns, ascending; empty: the whole fragment.
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  // False: this rank carries nothing of the fragment (a replica of ranks that do: they push and
+  // receive, and hand it the result inside the island). Then nothing goes over the network; the
+  // round only moves on with the island's (SyncRound: the next, CatchUp: the one named).
+  bool carried = true;
   // Async mode: the push is applied at once; the island then applies every version since the one
   // it started from, in order, and checks each hash, so its copy stays bit-identical.
   bool async = false;
@@ -128,6 +132,7 @@ class IslandSync {
   const std::vector<float>& global() const { return global_; }
   const std::vector<std::pair<uint64_t, uint64_t>>& ranges() const { return ranges_; }
   uint64_t round() const { return round_; }
+  bool carried() const { return options_.carried; }
   uint64_t global_hash() const;
   // Total bytes of full-state fetches (joins and resyncs).
   uint64_t fetched_bytes() const { return fetched_bytes_; }

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "compression/checksum.h"
 #include "compression/codec.h"
 
@@ -136,6 +137,7 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
   for (uint32_t f = 0; f < fragments.size(); ++f) {
     sync.fragment = f;
     sync.ranges = fragments[f].ranges;
+    sync.carried = fragments[f].carried;
     syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
                                                   session_.identity(), fragments[f].elements, sync));
   }
@@ -199,14 +201,15 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
     if (!first.ok()) return first.status();
     uint64_t newest = 0;
     if (!absl::SimpleAtoi(*first, &newest)) return absl::DataLossError("rank 0's round is garbled");
-    // Rounds only move forward, seldom by more than one between the ranks' fetches.
+    // Rounds only move forward, seldom by more than one between the ranks' fetches. A rank that
+    // carries nothing of the fragment has not fetched: it takes the others' round.
     while (true) {
-      auto ahead = ranks_.Any(sync.round() > newest);
+      auto ahead = ranks_.Any(sync.carried() && sync.round() > newest);
       if (!ahead.ok()) return ahead.status();
       if (!*ahead) break;
       ++newest;
     }
-    if (sync.round() < newest) {
+    if (sync.round() < newest || !sync.carried()) {
       auto caught = Retry(options_.retry, [&] { return sync.CatchUp(newest); });
       if (!caught.ok()) return caught.status();
       stats_.bytes_received += caught->bytes_received;
@@ -320,6 +323,7 @@ absl::Status OuterStepHook::Land(double alpha) {
   auto outcome = job.result.get();
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;
+  if (auto s = FollowFirstAnswer(outcome); !s.ok()) return s;
   const absl::Status& s = outcome.status();
   if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
     // The service no longer counts this island as a member (declared dead while it was silent),
@@ -359,12 +363,38 @@ absl::Status OuterStepHook::Land(double alpha) {
   return absl::OkStatus();
 }
 
-absl::Status OuterStepHook::AdoptTau(int tau) {
-  if (ranks_.size() > 1) {
-    auto first = ranks_.FromFirst(std::to_string(tau));
-    if (!first.ok()) return first.status();
-    if (!absl::SimpleAtoi(*first, &tau)) return absl::InternalError("rank 0's tau is not a number");
+// The service's answers that change what the island does next (tau; async: the island's H, the
+// run's progress and its end) are rank 0's: every rank takes them, whatever its own push got (a
+// rank that carries nothing of the fragment got none). Every rank lands the same fragments in the
+// same order, so every rank calls this as often.
+absl::Status OuterStepHook::FollowFirstAnswer(absl::StatusOr<RoundOutcome>& outcome) {
+  if (ranks_.size() == 1) return absl::OkStatus();
+  std::string mine = "!";
+  if (outcome.ok()) {
+    mine = absl::StrCat(outcome->tau, " ", outcome->sync_every, " ", outcome->tokens_committed,
+                        " ", outcome->budget_reached ? 1 : 0);
   }
+  auto first = ranks_.FromFirst(mine);
+  if (!first.ok()) return first.status();
+  if (!outcome.ok()) return absl::OkStatus();
+  RoundOutcome& o = *outcome;
+  o.tau = -1;
+  o.sync_every = 0;
+  o.tokens_committed = 0;
+  o.budget_reached = false;
+  if (*first == "!") return absl::OkStatus();  // rank 0's push failed: the island rejoins
+  const std::vector<std::string> parts = absl::StrSplit(*first, ' ');
+  int budget = 0;
+  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &o.tau) ||
+      !absl::SimpleAtoi(parts[1], &o.sync_every) ||
+      !absl::SimpleAtoi(parts[2], &o.tokens_committed) || !absl::SimpleAtoi(parts[3], &budget)) {
+    return absl::DataLossError("rank 0's answer of the service is garbled");
+  }
+  o.budget_reached = budget != 0;
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::AdoptTau(int tau) {
   if (tau < 0 || tau == policy_->Delay()) return absl::OkStatus();
   if (tau >= int64_t(options_.sync_every)) {
     return absl::InvalidArgumentError(absl::StrCat("the service chose tau = ", tau,

@@ -45,10 +45,12 @@ class IslandModel {
 };
 
 // What a rank carries of a fragment: the ranges [begin, end) of its `elements` it owns (empty: the
-// whole fragment).
+// whole fragment), or nothing (`carried` false: a replica of ranks that carry it; rank 0 carries
+// a part of every fragment, since it speaks for the island).
 struct FragmentShare {
   uint64_t elements = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  bool carried = true;
 };
 
 struct OuterStepOptions {
@@ -168,6 +170,7 @@ class OuterStepHook {
   // After each rank's fetch: every rank of the island at the same round of fragment f.
   absl::Status AgreeOnRound(uint32_t f);
   // Auto-tune: every rank adopts rank 0's answer.
+  absl::Status FollowFirstAnswer(absl::StatusOr<RoundOutcome>& outcome);
   absl::Status AdoptTau(int tau);
 
   Transport& transport_;

@@ -362,12 +362,6 @@ absl::Status IslandRun::Setup() {
   if (options_.rank.world_size > 1) {
     auto shape = inner::parallel::ResolveMesh(config_.parallelism, options_.rank.world_size);
     if (!shape.ok()) return shape.status();
-    if (shape->dp_replicate > 1) {
-      return absl::UnimplementedError(
-          "parallelism.data_parallel_replicate_degree must be 1 in an island: the outer sync of "
-          "replicated shards (one replica pushing, the others receiving) is not built yet; use "
-          "data_parallel_shard_degree");
-    }
     // Rank 0 may wait on the service for as long as a join retries (plus the call's own
     // deadline): the other ranks wait that long for its decisions.
     const auto control = std::chrono::milliseconds(int64_t(

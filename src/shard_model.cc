@@ -16,10 +16,12 @@ namespace atl {
 namespace pb = ::atollpb::v1;
 
 ShardModel::ShardModel(inner::Trainer& trainer, std::vector<std::vector<Piece>> pieces,
-                       std::vector<std::vector<size_t>> whole, std::vector<uint64_t> elements)
+                       std::vector<std::vector<size_t>> whole,
+                       std::vector<std::vector<size_t>> all, std::vector<uint64_t> elements)
     : trainer_(trainer),
       pieces_(std::move(pieces)),
       whole_(std::move(whole)),
+      all_(std::move(all)),
       elements_(std::move(elements)),
       merged_(pieces_.size(), false) {}
 
@@ -50,18 +52,27 @@ void ShardModel::Merge(uint32_t f, const std::vector<float>& global, double alph
 }
 
 absl::Status ShardModel::SyncReplicas() {
-  auto& tp = trainer_.mesh().group(inner::parallel::MeshDim::kTp);
-  if (tp.size() == 1) return absl::OkStatus();
-  auto mask = torch::zeros({int64_t(merged_.size())}, torch::kFloat);
-  for (size_t f = 0; f < merged_.size(); ++f) mask[int64_t(f)] = merged_[f] ? 1.0f : 0.0f;
+  using inner::parallel::MeshDim;
+  const std::vector<bool> merged = merged_;
   std::fill(merged_.begin(), merged_.end(), false);
+  // TP first: replica 0's TP ranks then hold what replica 0 merged, which goes to the replicas.
+  if (auto s = SyncFrom(MeshDim::kTp, merged, whole_); !s.ok()) return s;
+  return SyncFrom(MeshDim::kDpReplicate, merged, all_);
+}
+
+absl::Status ShardModel::SyncFrom(inner::parallel::MeshDim dim, const std::vector<bool>& merged,
+                                  const std::vector<std::vector<size_t>>& shards) {
+  auto& group = trainer_.mesh().group(dim);
+  if (group.size() == 1) return absl::OkStatus();
+  auto mask = torch::zeros({int64_t(merged.size())}, torch::kFloat);
+  for (size_t f = 0; f < merged.size(); ++f) mask[int64_t(f)] = merged[f] ? 1.0f : 0.0f;
   // On the parameters' device: NCCL groups take device tensors only.
   mask = mask.to(trainer_.sharded().shards().front().value.device());
-  if (auto s = tp.Broadcast(mask, 0); !s.ok()) return s;
+  if (auto s = group.Broadcast(mask, 0); !s.ok()) return s;
   mask = mask.to(torch::kCPU);
-  for (size_t f = 0; f < whole_.size(); ++f) {
+  for (size_t f = 0; f < shards.size(); ++f) {
     if (mask[int64_t(f)].item<float>() == 0) continue;
-    if (auto s = trainer_.sharded().BroadcastReplicas(whole_[f]); !s.ok()) return s;
+    if (auto s = trainer_.sharded().BroadcastShards(dim, shards[f]); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -71,6 +82,7 @@ std::vector<outer::FragmentShare> ShardModel::Shares() const {
   for (size_t f = 0; f < pieces_.size(); ++f) {
     outer::FragmentShare share;
     share.elements = elements_[f];
+    share.carried = !pieces_[f].empty();
     for (const Piece& p : pieces_[f]) {
       if (!share.ranges.empty() && share.ranges.back().second == p.begin) {
         share.ranges.back().second += p.count;
@@ -97,13 +109,15 @@ absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
     numel[name] = 1;
     for (int64_t d : count) numel[name] *= uint64_t(d);
   }
+  // A replica of the shards (HSDP) carries nothing: replica 0 pushes and receives for it.
+  const bool copy = trainer.mesh().coordinate(inner::parallel::MeshDim::kDpReplicate) > 0;
   std::vector<std::vector<ShardModel::Piece>> pieces;
-  std::vector<std::vector<size_t>> whole_parts;
+  std::vector<std::vector<size_t>> whole_parts, all_parts;
   std::vector<uint64_t> elements;
   size_t covered = 0;
   for (const auto& f : joined.fragments()) {
     std::vector<ShardModel::Piece> mine;
-    std::vector<size_t> whole;
+    std::vector<size_t> whole, all;
     uint64_t offset = 0;
     for (const auto& name : f.parameters()) {
       auto it = numel.find(name);
@@ -112,8 +126,9 @@ absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
             "the service's parameter ", outer::Printable(name), " is not in this model"));
       }
       for (size_t i : shards_of[name]) {
+        all.push_back(i);
         if (inner::TpReplicated(name)) whole.push_back(i);
-        if (shards[i].replica) continue;
+        if (shards[i].replica || copy) continue;
         uint64_t at = 0;
         for (const auto& [first, count] : shards[i].runs) {
           mine.push_back({i, at, offset + uint64_t(first), uint64_t(count)});
@@ -126,19 +141,21 @@ absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
     if (offset != f.num_elements()) {
       return absl::FailedPreconditionError("the service's fragment sizes differ from this model's");
     }
-    if (mine.empty()) {  // an empty share would mean the whole fragment
+    if (mine.empty() && !copy) {
       return absl::FailedPreconditionError(absl::StrCat(
           "this rank owns no part of fragment ", pieces.size(),
           ": the island's mesh splits the model too finely"));
     }
     pieces.push_back(std::move(mine));
     whole_parts.push_back(std::move(whole));
+    all_parts.push_back(std::move(all));
     elements.push_back(offset);
   }
   if (covered != numel.size() || pieces.size() != joined.schedule().num_fragments()) {
     return absl::FailedPreconditionError("the service's parameter layout differs from this model's");
   }
-  return ShardModel(trainer, std::move(pieces), std::move(whole_parts), std::move(elements));
+  return ShardModel(trainer, std::move(pieces), std::move(whole_parts), std::move(all_parts),
+                    std::move(elements));
 }
 
 

@@ -1,8 +1,10 @@
 // The trainer as the outer step sees it: of each fragment, the parts of its parameters this rank
-// owns (all of them with one rank), in the service's order. With tensor parallelism the
-// parameters that every TP rank holds whole are owned by TP rank 0, which alone pushes and
-// receives them; SyncReplicas hands what it merged to the other TP ranks (the ranks of an island
-// do not always merge the same fragments at the same step: a rank whose push failed rejoins).
+// owns (all of them with one rank), in the service's order. Replicated copies push once: with
+// tensor parallelism the parameters that every TP rank holds whole are owned by TP rank 0, which
+// alone pushes and receives them; with replicated shards (HSDP, dp_replicate > 1) replica 0 owns
+// them all and the other replicas carry nothing of any fragment. SyncReplicas hands what the
+// owners merged to their copies (the ranks of an island do not always merge the same fragments at
+// the same step: a rank whose push failed rejoins).
 #ifndef ATOLL_SRC_SHARD_MODEL_H_
 #define ATOLL_SRC_SHARD_MODEL_H_
 
@@ -11,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "inner/parallel/mesh.h"
 #include "inner/trainer.h"
 #include "outer/outer_step.h"
 #include "outer/transport.h"
@@ -27,15 +30,18 @@ class ShardModel : public outer::IslandModel {
   };
 
   // `whole`: per fragment, the shards of the parameters whole on every TP rank (owned by TP rank
-  // 0), at the same places on every TP rank.
+  // 0), at the same places on every TP rank; `all`: per fragment, every shard of its parameters
+  // (at the same places on every replica).
   ShardModel(inner::Trainer& trainer, std::vector<std::vector<Piece>> pieces,
-             std::vector<std::vector<size_t>> whole, std::vector<uint64_t> elements);
+             std::vector<std::vector<size_t>> whole, std::vector<std::vector<size_t>> all,
+             std::vector<uint64_t> elements);
 
   int64_t step() const override { return trainer_.step(); }
   std::vector<float> Snapshot(uint32_t f) override;
   void Merge(uint32_t f, const std::vector<float>& global, double alpha) override;
-  // Every TP rank calls it after each call of the outer step that can merge: TP rank 0 says which
-  // fragments it merged since the last call and sends their whole parameters to the other ranks.
+  // Every rank calls it after each call of the outer step that can merge: TP rank 0 says which
+  // fragments it merged since the last call and sends their whole parameters to the other TP
+  // ranks; then replica 0 sends the shards of the fragments it merged to the other replicas.
   absl::Status SyncReplicas();
   void JumpToStep(int64_t step) override { trainer_.SetStep(step); }
   void FollowRunProgress(int64_t position) override { trainer_.SetSchedulePosition(position); }
@@ -45,10 +51,15 @@ class ShardModel : public outer::IslandModel {
 
  private:
   at::Tensor Part(const Piece& p);
+  // Root 0 of the mesh group `dim` says which fragments it merged (`merged`) and sends the given
+  // shards of each (`shards`) to the group's other ranks.
+  absl::Status SyncFrom(inner::parallel::MeshDim dim, const std::vector<bool>& merged,
+                        const std::vector<std::vector<size_t>>& shards);
 
   inner::Trainer& trainer_;
   const std::vector<std::vector<Piece>> pieces_;
   const std::vector<std::vector<size_t>> whole_;
+  const std::vector<std::vector<size_t>> all_;
   const std::vector<uint64_t> elements_;
   std::vector<bool> merged_;  // since the last SyncReplicas
 };

@@ -143,15 +143,13 @@ TEST(MultiRankTest, TwoIslandsOfTwoPipelineStagesStayBitIdenticalAndMatchOneRank
       "pp 2 x dp_replicate 1 x dp_shard 1 x tp 1", 2 * 2 * 4, "");
 }
 
-// Replicas of the shards would push the same ranges twice: an island refuses HSDP up front.
-TEST(MultiRankTest, AnIslandRefusesReplicatedShards) {
-  testing::TempDir dir;
-  WriteRunConfig(dir);
-  auto run = Local(dir, "hsdp", "--nproc 2 --parallelism.data_parallel_replicate_degree=2 "
-                                "--parallelism.data_parallel_shard_degree=1");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_THAT(run.output, HasSubstr("parallelism.data_parallel_replicate_degree must be 1 in an "
-                                    "island"));
+// 2 islands x 2 replicas (HSDP): replica 0 alone pushes and receives, the other replica carries
+// nothing over the WAN and takes replica 0's merged parameters inside the island; the same global
+// batch as one rank.
+TEST(MultiRankTest, TwoIslandsOfReplicatedShardsPushOnceAndMatchOneRankIslands) {
+  ExpectTwoRankIslandsMatchOneRankIslands(
+      "--parallelism.data_parallel_replicate_degree=2 --parallelism.data_parallel_shard_degree=1",
+      "pp 1 x dp_replicate 2 x dp_shard 1 x tp 1", 2 * 1 * 4, "--train.batch_size=4");
 }
 
 // (e) A rank killed mid-run: the island's other rank fails its next collective at once and exits;

@@ -430,13 +430,13 @@ double FsdpGpt::GradSquaredNorm() const {
   return sum;
 }
 
-absl::Status FsdpGpt::BroadcastReplicas(const std::vector<size_t>& shards) {
-  if (tp_ == nullptr || shards.empty()) return absl::OkStatus();
+absl::Status FsdpGpt::BroadcastShards(MeshDim dim, const std::vector<size_t>& shards) {
+  if (mesh_.shape().degree(dim) == 1 || shards.empty()) return absl::OkStatus();
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> values;
   for (size_t i : shards) values.push_back(shards_[i].value);
   at::Tensor all = at::cat(values);  // one broadcast for all of them
-  if (auto s = mesh_.group(MeshDim::kTp).Broadcast(all, 0); !s.ok()) return s;
+  if (auto s = mesh_.group(dim).Broadcast(all, 0); !s.ok()) return s;
   int64_t at = 0;
   for (auto& v : values) {
     v.copy_(all.narrow(0, at, v.numel()));

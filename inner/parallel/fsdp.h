@@ -17,7 +17,7 @@
 // (inner/model.h) and the units hold those parts: the parameters every TP rank holds whole come
 // first in each unit, so that their shards sit at the same place on every TP rank. TP rank 0 owns
 // them; on the other TP ranks their shards are replicas (training keeps them equal by itself,
-// their gradients being equal; BroadcastReplicas after the outer sync wrote rank 0's).
+// their gradients being equal; BroadcastShards after the outer sync wrote rank 0's).
 //
 // With pipeline parallelism (mesh pp > 1) a rank holds the units of its stage only
 // (inner/parallel/pipeline.h) and a step's micro-batches run through the stages in the configured
@@ -93,10 +93,10 @@ class FsdpGpt {
   void ZeroGrad();
   // Sum of the squares of the gradient elements this rank owns (padding and replicas excluded).
   double GradSquaredNorm() const;
-  // Copies TP rank 0's values of the given shards (of parameters whole on every TP rank: the
-  // other ranks' are replicas of rank 0's) to the other TP ranks; every TP rank calls it with its
-  // shards of the same parameters. Nothing to do without TP.
-  absl::Status BroadcastReplicas(const std::vector<size_t>& shards);
+  // Copies the values of the given shards on rank 0 of the mesh group `dim` to its other ranks,
+  // which call it with their shards at the same places: TP rank 0's copies of the parameters
+  // whole on every TP rank, replica 0's shards (HSDP). Nothing to do in a group of one.
+  absl::Status BroadcastShards(MeshDim dim, const std::vector<size_t>& shards);
   void ScaleGrad(double factor);
 
   // The last ForwardBackward's time and the part this stage spent waiting for the others.
