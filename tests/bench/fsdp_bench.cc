@@ -46,6 +46,39 @@ int64_t StatusKb(const char* field) {
 
 double MiB(int64_t bytes) { return double(bytes) / (1 << 20); }
 
+struct Mesh {
+  std::string name;
+  int shard = 1, tp = 1, pp = 1;
+  std::string schedule = "1F1B";
+};
+
+// The model state one rank of `mesh` should hold, in bytes.
+double FormulaBytes(const atl::inner::ModelConfig& model, const Mesh& mesh_spec) {
+  // What one rank holds: of its stage, the TP-split parameters' part and the whole ones; the
+  // largest unit is the head (d x vocab) or a block (12 d^2 / T + 13 d).
+  std::vector<double> held(size_t(mesh_spec.pp), 0.0);
+  const int n_layer = model.n_layer;
+  for (const auto& [name, shape] : atl::inner::ParameterShapes(model)) {
+    double numel = 1;
+    for (int64_t dim : shape) numel *= double(dim);
+    int unit = n_layer + 1;
+    if (absl::StartsWith(name, "blocks.")) unit = 1 + std::atoi(name.c_str() + 7);
+    if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) unit = 0;
+    for (int st = 0; st < mesh_spec.pp; ++st) {
+      const auto range = atl::inner::parallel::PipelineStageUnits(n_layer, mesh_spec.pp, st);
+      if (unit < range.first || unit > range.last) continue;
+      held[size_t(st)] += atl::inner::TpReplicated(name) ? numel : numel / mesh_spec.tp;
+    }
+  }
+  const double stage = *std::max_element(held.begin(), held.end());
+  const double d = model.d_model, v = model.vocab;
+  const double unit = std::max({d * v + 2 * d, 12 * d * d / mesh_spec.tp + 13 * d,
+                                v * d + model.context * d});
+  // Parameters and gradients gathered: a unit's, twice at the peak; a pipelined stage's, all.
+  const double gathered = mesh_spec.shard == 1 ? 0 : mesh_spec.pp > 1 ? stage * 8 : 2 * unit * 4;
+  return stage * 16.0 / mesh_spec.shard + gathered;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,11 +86,6 @@ int main(int argc, char** argv) {
       argc > 1 ? argv[1] : ATOLL_SOURCE_DIR "/deploy/configs/small.toml";
   const int steps = argc > 2 ? std::atoi(argv[2]) : 4;
   const int batch = argc > 3 ? std::atoi(argv[3]) : 2;
-  struct Mesh {
-    std::string name;
-    int shard = 1, tp = 1, pp = 1;
-    std::string schedule = "1F1B";
-  };
   std::vector<Mesh> meshes = {{"1", 1, 1}, {"2", 2, 1}, {"4", 4, 1}};
   if (argc > 4) {
     meshes.clear();
@@ -160,29 +188,7 @@ int main(int argc, char** argv) {
       hwm = std::max(hwm, rhwm);
       base = std::max(base, rbase);
     }
-    // What one rank holds: of its stage, the TP-split parameters' part and the whole ones; the
-    // largest unit is the head (d x vocab) or a block (12 d^2 / T + 13 d).
-    std::vector<double> held(size_t(mesh_spec.pp), 0.0);
-    const int n_layer = config->model.n_layer;
-    for (const auto& [name, shape] : atl::inner::ParameterShapes(config->model)) {
-      double numel = 1;
-      for (int64_t dim : shape) numel *= double(dim);
-      int unit = n_layer + 1;
-      if (absl::StartsWith(name, "blocks.")) unit = 1 + std::atoi(name.c_str() + 7);
-      if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) unit = 0;
-      for (int st = 0; st < mesh_spec.pp; ++st) {
-        const auto range = atl::inner::parallel::PipelineStageUnits(n_layer, mesh_spec.pp, st);
-        if (unit < range.first || unit > range.last) continue;
-        held[size_t(st)] += atl::inner::TpReplicated(name) ? numel : numel / mesh_spec.tp;
-      }
-    }
-    const double stage = *std::max_element(held.begin(), held.end());
-    const double d = config->model.d_model, v = config->model.vocab;
-    const double unit = std::max({d * v + 2 * d, 12 * d * d / mesh_spec.tp + 13 * d,
-                                  v * d + config->model.context * d});
-    // Parameters and gradients gathered: a unit's, twice at the peak; a pipelined stage's, all.
-    const double gathered = mesh_spec.shard == 1 ? 0 : mesh_spec.pp > 1 ? stage * 8 : 2 * unit * 4;
-    const double formula = stage * 16.0 / mesh_spec.shard + gathered;
+    const double formula = FormulaBytes(config->model, mesh_spec);
     if (n == 1) state_one = double(state);
     std::printf("%12s %5d %10.0f %14.1f %12.1f %10.2f %13.1f %14.1f", mesh_spec.name.c_str(), n,
                 tps, MiB(state), formula / (1 << 20), double(state) / state_one,
