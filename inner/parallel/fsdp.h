@@ -105,9 +105,8 @@ class FsdpGpt {
   const std::vector<ParamShard>& shards() const { return shards_; }
   Gpt& module() { return model_; }
   DeviceMesh& mesh() { return mesh_; }
-  // This rank's units (its stage's): unit u here is the model's unit stage().first + u.
+  // This rank's units (its stage's, in model order).
   int num_units() const { return int(units_.size()); }
-  StageUnits stage() const { return stage_; }
   // The parameter names of unit u, in model order.
   std::vector<std::string> unit_parameters(int u) const;
   FsdpMemory memory() const;
