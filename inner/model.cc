@@ -140,7 +140,7 @@ int SizeOr1(TensorParallel* tp) { return tp == nullptr ? 1 : tp->size(); }
 
 }  // namespace
 
-absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
+absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
   if (tp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
   }
@@ -150,10 +150,20 @@ absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
         ") and model.d_model (", c.d_model, "): each rank holds n_head / ", tp,
         " heads and 4 d_model / ", tp, " MLP units"));
   }
+  if (sequence_parallel && c.context % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.enable_sequence_parallel needs model.context (", c.context,
+        ") to divide by parallelism.tensor_parallel_degree = ", tp,
+        ": each rank holds context / ", tp, " positions of every sequence"));
+  }
   return absl::OkStatus();
 }
 
 bool TpReplicated(const std::string& name) { return SplitOf(name).parts == 0; }
+
+bool SequencePartial(const std::string& name) {
+  return absl::StartsWith(name, "blocks.") && TpReplicated(name);
+}
 
 std::vector<int64_t> TpLocalShape(const std::string& name, const std::vector<int64_t>& shape,
                                   int size) {
@@ -191,6 +201,25 @@ torch::Tensor TpLocalPart(const std::string& name, const torch::Tensor& whole, i
       .clone();
 }
 
+namespace {
+
+// Dropout of the residual stream. Under sequence parallelism a rank holds a slice of the sequence
+// and applies that slice of the mask the whole sequence draws: the same draws as without it
+// (dropout's own: one Bernoulli per element of the whole shape, scaled by 1 / (1 - p)), and the
+// ranks' generators stay in step.
+torch::Tensor ResidualDropout(const torch::Tensor& x, double p, bool training,
+                              TensorParallel* tp) {
+  if (tp == nullptr || !tp->sequence_parallel() || !training || p == 0) {
+    return F::dropout(x, F::DropoutFuncOptions().p(p).training(training));
+  }
+  const int64_t slice = x.size(1);
+  auto noise = torch::empty({x.size(0), slice * tp->size(), x.size(2)}, x.options());
+  noise.bernoulli_(1 - p).div_(1 - p);
+  return x * noise.narrow(1, tp->rank() * slice, slice);
+}
+
+}  // namespace
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& c, TensorParallel* tp)
     : n_head_(c.n_head / SizeOr1(tp)), dropout_(c.dropout), tp_(tp) {
   const int64_t local = c.d_model / SizeOr1(tp);
@@ -199,15 +228,13 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& c, TensorPar
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), local = proj_->weight.size(1);
-  auto in = tp_ != nullptr ? tp_->Enter(x) : x;
-  auto qkv = qkv_->forward(in).view({b, t, 3, n_head_, local / n_head_}).permute({2, 0, 3, 1, 4});
+  auto qkv = tp_ != nullptr ? tp_->ColumnParallel(x, qkv_->weight, qkv_->bias) : qkv_->forward(x);
+  const int64_t b = qkv.size(0), t = qkv.size(1), local = proj_->weight.size(1);
+  qkv = qkv.view({b, t, 3, n_head_, local / n_head_}).permute({2, 0, 3, 1, 4});
   auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]);
   y = y.transpose(1, 2).contiguous().view({b, t, local});
-  // Row-parallel: the ranks' partial products are summed before the (whole) bias is added.
-  auto out = tp_ != nullptr ? tp_->Reduce(F::linear(y, proj_->weight)) + proj_->bias
-                            : proj_->forward(y);
-  return F::dropout(out, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  auto out = tp_ != nullptr ? tp_->RowParallel(y, proj_->weight, proj_->bias) : proj_->forward(y);
+  return ResidualDropout(out, dropout_, is_training(), tp_);
 }
 
 MlpImpl::MlpImpl(const ModelConfig& c, TensorParallel* tp) : tp_(tp) {
@@ -218,11 +245,11 @@ MlpImpl::MlpImpl(const ModelConfig& c, TensorParallel* tp) : tp_(tp) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   if (tp_ == nullptr) return proj_->forward(torch::gelu(fc_->forward(x), "tanh"));
-  auto h = torch::gelu(fc_->forward(tp_->Enter(x)), "tanh");
-  return tp_->Reduce(F::linear(h, proj_->weight)) + proj_->bias;
+  auto h = torch::gelu(tp_->ColumnParallel(x, fc_->weight, fc_->bias), "tanh");
+  return tp_->RowParallel(h, proj_->weight, proj_->bias);
 }
 
-BlockImpl::BlockImpl(const ModelConfig& c, TensorParallel* tp) : dropout_(c.dropout) {
+BlockImpl::BlockImpl(const ModelConfig& c, TensorParallel* tp) : dropout_(c.dropout), tp_(tp) {
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   attn_ = register_module("attn", CausalSelfAttention(c, tp));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
@@ -232,10 +259,10 @@ BlockImpl::BlockImpl(const ModelConfig& c, TensorParallel* tp) : dropout_(c.drop
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
   x = x + attn_->forward(ln1_->forward(x));
   auto m = mlp_->forward(ln2_->forward(x));
-  return x + F::dropout(m, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  return x + ResidualDropout(m, dropout_, is_training(), tp_);
 }
 
-GptImpl::GptImpl(const ModelConfig& c, TensorParallel* tp) : config_(c) {
+GptImpl::GptImpl(const ModelConfig& c, TensorParallel* tp) : config_(c), tp_(tp) {
   tok_emb_ = register_module("tok_emb", torch::nn::Embedding(c.vocab, c.d_model));
   pos_emb_ = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
@@ -272,14 +299,17 @@ torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   auto pos = torch::arange(t, tokens.options().dtype(torch::kLong));
   auto x = tok_emb_->forward(tokens) + pos_emb_->forward(pos);
-  return F::dropout(x, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+  x = F::dropout(x, F::DropoutFuncOptions().p(config_.dropout).training(is_training()));
+  return tp_ != nullptr ? tp_->Split(x) : x;
 }
 
 torch::Tensor GptImpl::RunBlock(int i, const torch::Tensor& x) {
   return blocks_[size_t(i)]->as<Block>()->forward(x);
 }
 
-torch::Tensor GptImpl::Logits(const torch::Tensor& x) { return head_->forward(ln_f_->forward(x)); }
+torch::Tensor GptImpl::Logits(const torch::Tensor& x) {
+  return head_->forward(ln_f_->forward(tp_ != nullptr ? tp_->Join(x) : x));
+}
 
 torch::Tensor GptImpl::forward(const torch::Tensor& tokens) {
   auto x = Embed(tokens);

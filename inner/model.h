@@ -64,22 +64,47 @@ double TrainFlopsPerToken(const ModelConfig& config);
 // columns) and 4 d_model / size hidden units of each MLP (column-parallel fc, row-parallel proj);
 // everything else (embeddings, LayerNorms, the biases of the row-parallel projections, the head)
 // is whole on every rank: the vocabulary is bytes (256 rows), too small to be worth splitting.
-// One all-reduce per attention and per MLP in forward (Reduce) and one each in backward (Enter).
-// The collectives come from inner/parallel/tensor_parallel; the model only calls them.
+// One all-reduce per attention and per MLP in forward (the row-parallel output) and one each in
+// backward (the column-parallel input's gradient). The collectives come from
+// inner/parallel/tensor_parallel; the model only calls them.
+//
+// Sequence parallelism (Korthikanti et al.) on top: between the blocks' tensor-parallel regions
+// each rank holds its 1/size slice of the sequence (dimension 1 of [B, T, d_model]), so the
+// LayerNorms, the dropouts and the residual stream compute and keep 1/size of the activations.
+// A column-parallel layer then all-gathers its input's sequence (reduce-scatters the gradient)
+// and keeps only the slice for backward, where it gathers it again; a row-parallel layer
+// reduce-scatters its output (gathers the gradient): the same bytes as the all-reduces, plus one
+// all-gather per column-parallel layer in backward. The embeddings run whole and Split keeps the
+// rank's slice; Join gathers it back before the final LayerNorm and the head, which run whole.
+// The LayerNorms and row-parallel biases of the blocks see a slice each: their gradients are
+// partial sums, added over the ranks once per step (inner/parallel/fsdp).
 class TensorParallel {
  public:
   virtual ~TensorParallel() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The input of a column-parallel layer: identity forward, gradient summed over the ranks.
-  virtual torch::Tensor Enter(const torch::Tensor& x) = 0;
-  // The output of a row-parallel layer: summed over the ranks forward, identity backward.
-  virtual torch::Tensor Reduce(const torch::Tensor& x) = 0;
+  virtual bool sequence_parallel() const = 0;
+  // x W^T + b with this rank's output rows of W and b, for an input every rank holds (its
+  // gradient summed over the ranks) or, sequence-parallel, the ranks' slices of it.
+  virtual torch::Tensor ColumnParallel(const torch::Tensor& x, const torch::Tensor& weight,
+                                       const torch::Tensor& bias) = 0;
+  // The ranks' partial products y W^T (this rank's input columns of W) summed, then b (whole)
+  // added; sequence-parallel, the rank's slice of the sum.
+  virtual torch::Tensor RowParallel(const torch::Tensor& y, const torch::Tensor& weight,
+                                    const torch::Tensor& bias) = 0;
+  // Sequence-parallel only (identity otherwise): the rank's slice of a tensor every rank holds
+  // whole (gathered backward), and the whole of a sliced one (sliced backward).
+  virtual torch::Tensor Split(const torch::Tensor& x) = 0;
+  virtual torch::Tensor Join(const torch::Tensor& x) = 0;
 };
 
 // Names what keeps the model from splitting over `tp` tensor-parallel ranks (n_head and d_model
-// must divide by it).
-absl::Status ValidateTensorParallel(const ModelConfig& config, int tp);
+// must divide by it; with sequence parallelism, model.context too).
+absl::Status ValidateTensorParallel(const ModelConfig& config, int tp,
+                                    bool sequence_parallel = false);
+// Whether the parameter is whole on every tensor-parallel rank but, under sequence parallelism,
+// sees the rank's slice of the sequence only (the blocks' LayerNorms and row-parallel biases).
+bool SequencePartial(const std::string& name);
 // Whether every tensor-parallel rank holds the whole parameter.
 bool TpReplicated(const std::string& name);
 // The shape of a parameter (whole: `shape`) on a rank of `size`.
@@ -124,6 +149,7 @@ class BlockImpl : public torch::nn::Module {
 
  private:
   double dropout_;
+  TensorParallel* tp_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   CausalSelfAttention attn_{nullptr};
   Mlp mlp_{nullptr};
@@ -141,7 +167,8 @@ class GptImpl : public torch::nn::Module {
   // tokens: [B, T] int64 with T <= context. Returns logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& tokens);
   // The pieces of forward, for training unit by unit (inner/parallel/fsdp): token + position
-  // embeddings (with dropout), block i, and the final norm with the head.
+  // embeddings (with dropout), block i, and the final norm with the head. Under sequence
+  // parallelism Embed returns, and blocks take and return, the rank's slice of the sequence.
   torch::Tensor Embed(const torch::Tensor& tokens);
   torch::Tensor RunBlock(int i, const torch::Tensor& x);
   torch::Tensor Logits(const torch::Tensor& x);
@@ -152,6 +179,7 @@ class GptImpl : public torch::nn::Module {
 
  private:
   ModelConfig config_;
+  TensorParallel* tp_;
   torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};

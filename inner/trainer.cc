@@ -124,6 +124,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   parallel::FsdpOptions fsdp;
   fsdp.checkpoint_activations = train.activation_checkpoint == "full";
   fsdp.schedule = *parallel::ParsePipelineSchedule(train.pipeline_schedule);
+  fsdp.sequence_parallel = train.sequence_parallel;
   auto sharded = parallel::FsdpGpt::Create(model, *mesh, train.device != "cpu", fsdp);
   if (!sharded.ok()) return sharded.status();
   t->fsdp_ = *std::move(sharded);
@@ -170,7 +171,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   }
   auto loss = fsdp_->ForwardBackward(micros, grad_scale);
   if (!loss.ok()) return loss.status();
-  if (auto s = fsdp_->ReduceReplicas(); !s.ok()) return s;
+  if (auto s = fsdp_->ReduceGradients(); !s.ok()) return s;
   // The global gradient norm over all shards, TP parts and stages, clipped as torch's
   // clip_grad_norm_ does.
   auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), torch::kDouble);

@@ -51,6 +51,9 @@ struct TrainConfig {
   // ("GPipe" or "1F1B"); a step's grad_accum x pipeline_microbatches of them form one pipeline.
   int pipeline_microbatches = 1;
   std::string pipeline_schedule = "1F1B";
+  // Tensor parallelism's sequence parallelism (inner/model.h): the blocks' LayerNorms, dropouts
+  // and residual stream hold 1/tp of each sequence. Nothing to do with tp = 1.
+  bool sequence_parallel = false;
 };
 
 absl::Status Validate(const OptimConfig& config, const TrainConfig& train);

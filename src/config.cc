@@ -53,6 +53,9 @@ std::vector<Field> Schema(Config& c) {
        &c.parallelism.data_parallel_replicate_degree, "replicated data-parallel groups (HSDP)"},
       {"parallelism.tensor_parallel_degree", &c.parallelism.tensor_parallel_degree,
        "tensor-parallel ranks"},
+      {"parallelism.enable_sequence_parallel", &c.train.sequence_parallel,
+       "tensor parallelism also splits the blocks' norms, dropouts and residual stream over the "
+       "sequence (1/tp of those activations per rank)"},
       {"parallelism.pipeline_parallel_degree", &c.parallelism.pipeline_parallel_degree,
        "pipeline stages"},
       {"parallelism.pipeline_parallel_microbatches", &c.train.pipeline_microbatches,
@@ -271,7 +274,8 @@ absl::Status ValidateMeshForModel(const Config& config) {
     }
   }
   if (p.tensor_parallel_degree > 1) {
-    return inner::ValidateTensorParallel(config.model, p.tensor_parallel_degree);
+    return inner::ValidateTensorParallel(config.model, p.tensor_parallel_degree,
+                                         config.train.sequence_parallel);
   }
   return absl::OkStatus();
 }

@@ -109,6 +109,11 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base + "[model]\nd_model = 96\nn_head = 6\n", {{"parallelism.tensor_parallel_degree", "4"}},
        absl::StatusCode::kInvalidArgument,
        "parallelism.tensor_parallel_degree = 4 must divide model.n_head (6)"},
+      {base + "[model]\ncontext = 30\n",
+       {{"parallelism.tensor_parallel_degree", "4"}, {"parallelism.enable_sequence_parallel", "true"}},
+       absl::StatusCode::kInvalidArgument,
+       "enable_sequence_parallel needs model.context (30) to divide by "
+       "parallelism.tensor_parallel_degree = 4"},
       {base + "[model]\nn_layer = 3\n", {{"parallelism.pipeline_parallel_degree", "4"}},
        absl::StatusCode::kInvalidArgument,
        "pipeline_parallel_degree = 4 needs at least one block per stage: model.n_layer = 3"},

@@ -7,7 +7,6 @@
 #include <stdexcept>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "inner/torch_compat.h"
 
@@ -18,6 +17,7 @@ struct FsdpGpt::Unit {
   std::vector<std::pair<std::string, at::Tensor>> params;  // the module's, in model order
   std::vector<int64_t> offsets;                            // of each within the unit's flat
   int64_t numel = 0, padded = 0, shard_numel = 0;
+  int64_t partial_numel = 0;  // the leading parameters that are SequencePartial
   at::Tensor shard, shard_grad;  // this rank's part (the whole unit with one rank)
   at::Tensor full, full_grad;    // the whole unit; storage empty while not in use (sharded)
   at::Tensor scatter;            // sharded: the reduce-scattered gradient of one micro-batch
@@ -54,7 +54,10 @@ class FsdpGpt::StageRun : public PipelineStage {
   }
   at::Tensor Boundary(int micro) override {
     const at::Tensor& tokens = micros_[size_t(micro)].inputs;
-    return at::empty({tokens.size(0), tokens.size(1), model_.model_->config().d_model},
+    // Between blocks: the rank's slice of the sequence under sequence parallelism.
+    const int64_t slices = model_.tp_ != nullptr && model_.tp_->sequence_parallel()
+                               ? model_.tp_->size() : 1;
+    return at::empty({tokens.size(0), tokens.size(1) / slices, model_.model_->config().d_model},
                      model_.units_.front()->shard.options());
   }
   double mean_loss() const {
@@ -71,18 +74,6 @@ class FsdpGpt::StageRun : public PipelineStage {
 };
 
 namespace {
-
-// "tok_emb.weight" -> 0, "blocks.3.x" -> 4, "ln_f.weight" -> n_layer + 1.
-int UnitOf(const std::string& name, int n_layer) {
-  if (absl::StartsWith(name, "blocks.")) {
-    int block = 0;
-    const std::string rest = name.substr(7);
-    (void)absl::SimpleAtoi(rest.substr(0, rest.find('.')), &block);
-    return 1 + block;
-  }
-  if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) return 0;
-  return n_layer + 1;
-}
 
 // Ranges (offset, count) of a parameter's canonical flat order for elements [a, b) of the part a
 // rank holds, given that part's ranges (TpRanges).
@@ -102,7 +93,9 @@ std::vector<std::pair<int64_t, int64_t>> Runs(const std::vector<std::pair<int64_
 
 FsdpGpt::FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options)
     : mesh_(mesh),
-      tp_(mesh.shape().tp > 1 ? std::make_unique<TpGroup>(mesh.group(MeshDim::kTp)) : nullptr),
+      tp_(mesh.shape().tp > 1 ? std::make_unique<TpGroup>(mesh.group(MeshDim::kTp),
+                                                           options.sequence_parallel)
+                              : nullptr),
       model_(config, tp_.get()),
       options_(options),
       stage_(PipelineStageUnits(config.n_layer, mesh.shape().pp,
@@ -121,7 +114,10 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
                                                          FsdpOptions options) {
   if (auto s = Validate(config); !s.ok()) return s;
   if (auto s = ValidatePipeline(config.n_layer, mesh.shape().pp); !s.ok()) return s;
-  if (auto s = ValidateTensorParallel(config, mesh.shape().tp); !s.ok()) return s;
+  if (auto s = ValidateTensorParallel(config, mesh.shape().tp, options.sequence_parallel);
+      !s.ok()) {
+    return s;
+  }
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
   std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
   if (cuda) f->model_->to(torch::Device(torch::kCUDA, 0));
@@ -146,7 +142,7 @@ absl::Status FsdpGpt::BuildUnits() {
   // Each unit's parameters: those whole on every TP rank first, then the TP-split ones. The other
   // stages' parameters are freed.
   for (auto& [name, p] : NamedParameters(*model_)) {
-    const int u = UnitOf(name, n_layer);
+    const int u = UnitOfParameter(name, n_layer);
     if (u < stage_.first || u > stage_.last) {
       p.set_data(at::empty({0}, p.options()));
       continue;
@@ -159,6 +155,9 @@ absl::Status FsdpGpt::BuildUnits() {
     for (const auto& [name, p] : u->params) {
       u->offsets.push_back(u->numel);
       u->numel += p.numel();
+      if (SequencePartial(name) && u->partial_numel + p.numel() == u->numel) {
+        u->partial_numel = u->numel;
+      }
     }
   }
   const int64_t ranks = mesh_.shape().dp_shard;
@@ -401,7 +400,27 @@ absl::StatusOr<double> FsdpGpt::ForwardBackward(const std::vector<MicroBatch>& m
   return Guarded<double>([&] { return RunStage(micros, actions, /*train=*/true, grad_scale); });
 }
 
-absl::Status FsdpGpt::ReduceReplicas() {
+absl::Status FsdpGpt::ReduceGradients() {
+  if (tp_ != nullptr && tp_->sequence_parallel()) {
+    // The partial parameters lead each unit, so their shards sit at the same place on every TP
+    // rank: one all-reduce of all of them.
+    const int64_t me = mesh_.coordinate(MeshDim::kDpShard);
+    std::vector<at::Tensor> partial;
+    for (auto& u : units_) {
+      const int64_t count =
+          std::clamp<int64_t>(u->partial_numel - me * u->shard_numel, 0, u->shard_numel);
+      if (count > 0) partial.push_back(u->shard_grad.narrow(0, 0, count));
+    }
+    if (!partial.empty()) {
+      at::Tensor sums = at::cat(partial);
+      if (auto s = mesh_.group(MeshDim::kTp).AllReduceSum(sums); !s.ok()) return s;
+      int64_t at = 0;
+      for (auto& g : partial) {
+        g.copy_(sums.narrow(0, at, g.numel()));
+        at += g.numel();
+      }
+    }
+  }
   if (mesh_.shape().dp_replicate == 1) return absl::OkStatus();
   for (auto& u : units_) {
     if (auto s = mesh_.group(MeshDim::kDpReplicate).AllReduceSum(u->shard_grad); !s.ok()) return s;

@@ -17,7 +17,9 @@
 // (inner/model.h) and the units hold those parts: the parameters every TP rank holds whole come
 // first in each unit, so that their shards sit at the same place on every TP rank. TP rank 0 owns
 // them; on the other TP ranks their shards are replicas (training keeps them equal by itself,
-// their gradients being equal; BroadcastShards after the outer sync wrote rank 0's).
+// their gradients being equal; BroadcastShards after the outer sync wrote rank 0's). With sequence
+// parallelism those of the blocks (LayerNorms, row-parallel biases) see a slice of the sequence on
+// each TP rank: ReduceGradients adds their gradients over tp once per step.
 //
 // With pipeline parallelism (mesh pp > 1) a rank holds the units of its stage only
 // (inner/parallel/pipeline.h) and a step's micro-batches run through the stages in the configured
@@ -47,6 +49,7 @@ struct FsdpOptions {
   bool checkpoint_activations = false;  // recompute each block's forward in backward
   bool prefetch = true;                 // gather the next unit while the current one computes
   PipelineSchedule schedule = PipelineSchedule::k1F1B;  // of a step's micro-batches
+  bool sequence_parallel = false;  // with tp > 1: the blocks' activations split over the sequence
 };
 
 // One micro-batch: token ids and next-token targets, [rows, T] int64 (every stage gets both).
@@ -86,8 +89,9 @@ class FsdpGpt {
   // this data-parallel rank's micro-batch losses (on every stage).
   absl::StatusOr<double> ForwardBackward(const std::vector<MicroBatch>& micros,
                                          double grad_scale);
-  // After the last micro-batch of a step: sums the shard gradients over dp_replicate.
-  absl::Status ReduceReplicas();
+  // After the last micro-batch of a step: sums over tp the gradients that sequence parallelism
+  // leaves partial (SequencePartial, inner/model.h), and the shard gradients over dp_replicate.
+  absl::Status ReduceGradients();
   // Mean loss of a batch, forward only.
   absl::StatusOr<double> Loss(const at::Tensor& inputs, const at::Tensor& targets);
   void ZeroGrad();

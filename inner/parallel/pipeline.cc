@@ -5,6 +5,8 @@
 #include <memory>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace atl::inner::parallel {
@@ -29,6 +31,17 @@ StageUnits PipelineStageUnits(int n_layer, int stages, int stage) {
   u.first = stage == 0 ? 0 : 1 + first_block;
   u.last = stage == stages - 1 ? n_layer + 1 : first_block + blocks;
   return u;
+}
+
+int UnitOfParameter(const std::string& name, int n_layer) {
+  if (absl::StartsWith(name, "blocks.")) {
+    int block = 0;
+    const std::string rest = name.substr(7);
+    (void)absl::SimpleAtoi(rest.substr(0, rest.find('.')), &block);
+    return 1 + block;
+  }
+  if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) return 0;
+  return n_layer + 1;
 }
 
 absl::Status ValidatePipeline(int n_layer, int stages) {

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "absl/strings/str_cat.h"
+
 namespace atl::inner::parallel {
 namespace {
 
@@ -27,31 +29,143 @@ struct EnterFunction : public torch::autograd::Function<EnterFunction> {
   }
 };
 
+// f and the column-parallel layer, sequence-parallel: the ranks' slices gathered and multiplied
+// by this rank's rows of the weight. Only the slice is kept for backward, which gathers it again
+// for the weight's gradient (Megatron's trade: activation memory for one more all-gather), and
+// the input's gradient is reduce-scattered back to the slices.
+struct GatherLinearFunction : public torch::autograd::Function<GatherLinearFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               int64_t group) {
+    ctx->saved_data["group"] = group;
+    ctx->save_for_backward({x, weight});
+    return torch::nn::functional::linear(
+        reinterpret_cast<TpGroup*>(group)->GatherSequenceOrThrow(x), weight, bias);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TpGroup* tp = GroupOf(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor whole = tp->GatherSequenceOrThrow(saved[0]);
+    const torch::Tensor& weight = saved[1];
+    const torch::Tensor g = grads[0].contiguous();
+    const auto rows = g.view({-1, g.size(-1)});
+    torch::Tensor grad_weight = rows.t().mm(whole.reshape({-1, whole.size(-1)}));
+    torch::Tensor grad_bias = rows.sum(0);
+    torch::Tensor grad_x = tp->ReduceScatterSequenceOrThrow(g.matmul(weight));
+    return {grad_x, grad_weight, grad_bias, torch::Tensor()};
+  }
+};
+
 // g: the ranks' partial outputs of a row-parallel layer summed forward; identity backward.
+// Sequence-parallel: the sum reduce-scattered forward, the slices' gradients gathered backward.
 struct ReduceFunction : public torch::autograd::Function<ReduceFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    auto* tp = reinterpret_cast<TpGroup*>(group);
+    if (tp->sequence_parallel()) return tp->ReduceScatterSequenceOrThrow(x);
     torch::Tensor y = x.contiguous().clone();
-    reinterpret_cast<TpGroup*>(group)->AllReduceOrThrow(y);
+    tp->AllReduceOrThrow(y);
     return y;
   }
-  static variable_list backward(AutogradContext*, variable_list grads) {
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TpGroup* tp = GroupOf(ctx);
+    if (tp->sequence_parallel()) return {tp->GatherSequenceOrThrow(grads[0]), torch::Tensor()};
     return {grads[0], torch::Tensor()};
+  }
+};
+
+// Sequence-parallel entry of the whole embeddings: the rank's slice, the slices' gradients
+// gathered backward (every rank then holds the embeddings' whole gradient).
+struct SplitFunction : public torch::autograd::Function<SplitFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return reinterpret_cast<TpGroup*>(group)->SliceSequence(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {GroupOf(ctx)->GatherSequenceOrThrow(grads[0]), torch::Tensor()};
+  }
+};
+
+// Sequence-parallel exit to the whole head: the slices gathered; every rank computes the same
+// loss from them, so the gradient of its slice is its slice of the (same) whole gradient.
+struct JoinFunction : public torch::autograd::Function<JoinFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return reinterpret_cast<TpGroup*>(group)->GatherSequenceOrThrow(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {GroupOf(ctx)->SliceSequence(grads[0]), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor TpGroup::Enter(const torch::Tensor& x) {
-  return EnterFunction::apply(x, reinterpret_cast<int64_t>(this));
+torch::Tensor TpGroup::ColumnParallel(const torch::Tensor& x, const torch::Tensor& weight,
+                                      const torch::Tensor& bias) {
+  const auto group = reinterpret_cast<int64_t>(this);
+  if (sequence_parallel_) return GatherLinearFunction::apply(x, weight, bias, group);
+  return torch::nn::functional::linear(EnterFunction::apply(x, group), weight, bias);
 }
 
-torch::Tensor TpGroup::Reduce(const torch::Tensor& x) {
-  return ReduceFunction::apply(x, reinterpret_cast<int64_t>(this));
+torch::Tensor TpGroup::RowParallel(const torch::Tensor& y, const torch::Tensor& weight,
+                                   const torch::Tensor& bias) {
+  // The partial products are summed before the (whole) bias is added once.
+  return ReduceFunction::apply(torch::nn::functional::linear(y, weight),
+                               reinterpret_cast<int64_t>(this)) +
+         bias;
+}
+
+torch::Tensor TpGroup::Split(const torch::Tensor& x) {
+  if (!sequence_parallel_) return x;
+  return SplitFunction::apply(x, reinterpret_cast<int64_t>(this));
+}
+
+torch::Tensor TpGroup::Join(const torch::Tensor& x) {
+  if (!sequence_parallel_) return x;
+  return JoinFunction::apply(x, reinterpret_cast<int64_t>(this));
 }
 
 void TpGroup::AllReduceOrThrow(torch::Tensor& t) {
-  absl::Status s = group_.AllReduceSum(t);
-  if (s.ok()) return;
+  if (auto s = group_.AllReduceSum(t); !s.ok()) Fail(s);
+}
+
+torch::Tensor TpGroup::GatherSequenceOrThrow(const torch::Tensor& slice) {
+  const int64_t n = size();
+  const torch::Tensor part = slice.contiguous();
+  auto flat = torch::empty({n * part.numel()}, part.options());
+  if (auto s = group_.AllGather(part.view({-1}), flat); !s.ok()) Fail(s);
+  // [n, B, T / n, ...] -> [B, n, T / n, ...] = [B, T, ...]
+  std::vector<int64_t> shape = part.sizes().vec();
+  shape.insert(shape.begin(), n);
+  std::vector<int64_t> whole = part.sizes().vec();
+  whole[1] *= n;
+  return flat.view(shape).transpose(0, 1).reshape(whole);
+}
+
+torch::Tensor TpGroup::ReduceScatterSequenceOrThrow(const torch::Tensor& whole) {
+  const int64_t n = size();
+  std::vector<int64_t> slice = SliceSequence(whole).sizes().vec();  // checks the length
+  // [B, T, ...] -> [B, n, T / n, ...] -> [n, B, T / n, ...]: rank r's part is the r-th block.
+  std::vector<int64_t> split = slice;
+  split.insert(split.begin() + 1, n);
+  auto arranged = whole.reshape(split).transpose(0, 1).clone(at::MemoryFormat::Contiguous)
+                      .view({-1});
+  auto mine = torch::empty({arranged.numel() / n}, whole.options());
+  if (auto s = group_.ReduceScatterSum(arranged, mine); !s.ok()) Fail(s);
+  return mine.view(slice);
+}
+
+torch::Tensor TpGroup::SliceSequence(const torch::Tensor& whole) {
+  const int64_t n = size(), t = whole.size(1);
+  if (t % n != 0) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "sequence parallelism: ", t, " positions do not split over ", n,
+        " tensor-parallel ranks")));
+  }
+  return whole.narrow(1, rank() * (t / n), t / n).clone(at::MemoryFormat::Contiguous);
+}
+
+void TpGroup::Fail(const absl::Status& s) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (status_.ok()) status_ = s;

@@ -1,8 +1,8 @@
 // Memory and speed of an island's ranks (FSDP, tensor and pipeline parallelism over Gloo on this
 // machine): for each mesh (N: dp_shard = N; tpT: tensor_parallel = T; ppP-gpipe / ppP-1f1b:
-// pipeline stages in that schedule; combined with x, e.g. 2xtp2, pp2-1f1bx2) of one config, each
-// rank's model-state bytes (parameter and gradient shards, AdamW moments, the full units gathered
-// at the peak) against the formula (split params / T + whole params, of the largest stage) x
+// pipeline stages in that schedule; tpT-sp: with sequence parallelism; combined with x, e.g.
+// 2xtp2, pp2-1f1bx2) of one config, each rank's model-state bytes (parameter and gradient shards,
+// AdamW moments, the full units gathered at the peak) against the formula (split params / T + whole params, of the largest stage) x
 // (4 + 4 + 8) B / N + two of the largest unit (a pipelined stage: all its units), its peak RSS and
 // the RSS the model adds, the island's tokens/s (the same `batch` sequences per data-parallel rank
 // and step; a pipeline splits them into `micro` micro-batches) and, for pipelines, the measured
@@ -50,6 +50,7 @@ struct Mesh {
   std::string name;
   int shard = 1, tp = 1, pp = 1;
   std::string schedule = "1F1B";
+  bool sequence_parallel = false;
 };
 
 // The model state one rank of `mesh` should hold, in bytes.
@@ -61,9 +62,7 @@ double FormulaBytes(const atl::inner::ModelConfig& model, const Mesh& mesh_spec)
   for (const auto& [name, shape] : atl::inner::ParameterShapes(model)) {
     double numel = 1;
     for (int64_t dim : shape) numel *= double(dim);
-    int unit = n_layer + 1;
-    if (absl::StartsWith(name, "blocks.")) unit = 1 + std::atoi(name.c_str() + 7);
-    if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) unit = 0;
+    const int unit = atl::inner::parallel::UnitOfParameter(name, n_layer);
     for (int st = 0; st < mesh_spec.pp; ++st) {
       const auto range = atl::inner::parallel::PipelineStageUnits(n_layer, mesh_spec.pp, st);
       if (unit < range.first || unit > range.last) continue;
@@ -94,8 +93,9 @@ int main(int argc, char** argv) {
       const std::vector<std::string> dims = absl::StrSplit(part, 'x');
       for (const auto& dim : dims) {
         int v = 0;
-        if (dim.rfind("tp", 0) == 0 && absl::SimpleAtoi(dim.substr(2), &v)) {
+        if (dim.rfind("tp", 0) == 0 && absl::SimpleAtoi(dim.substr(2, dim.find('-') - 2), &v)) {
           m.tp = v;
+          m.sequence_parallel = absl::EndsWith(dim, "-sp");
         } else if (dim.rfind("pp", 0) == 0 &&
                    absl::SimpleAtoi(dim.substr(2, dim.find('-') - 2), &v)) {
           m.pp = v;
@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
       p.tensor_parallel_degree = mesh_spec.tp;
       p.pipeline_parallel_degree = mesh_spec.pp;
       auto train = config->train;
+      train.sequence_parallel = mesh_spec.sequence_parallel;
       if (mesh_spec.pp > 1) {
         train.pipeline_microbatches = micro;
         train.pipeline_schedule = mesh_spec.schedule;

@@ -186,6 +186,30 @@ TEST_F(FsdpParityTest, TwoShardsOfTwoTensorParallelRanksEqualOneRank) {
                "fsdp 2 x tp 2 vs 1 rank");
 }
 
+// Sequence parallelism (the blocks' norms, dropouts and residual stream split over the sequence
+// between the tensor-parallel regions) trains as one rank does, alone and with FSDP and pipeline
+// stages (whose boundaries then carry the ranks' slices).
+TEST_F(FsdpParityTest, SequenceParallelRanksEqualOneRank) {
+  auto c = ParityConfig(dir_.Join("text.txt"));
+  c.train.sequence_parallel = true;
+  ExpectParity(TrainIsland(c, 2, Mesh(1, 2), dir_, "tp2-sp"), Reference(1),
+               "tp 2 + sequence parallel vs 1 rank");
+  ExpectParity(TrainIsland(Pipelined(c, 2, "1F1B"), 4, Mesh(1, 2, 1, 2), dir_, "pp2xtp2-sp"),
+               Reference(2), "pp 2 x tp 2 + sequence parallel vs 1 rank");
+}
+
+// With dropout, sequence parallelism draws the masks tensor parallelism alone draws (each rank
+// applies its slice of the whole sequence's mask), also when FSDP shards and blocks recompute.
+TEST_F(FsdpParityTest, SequenceParallelDropsWhatTensorParallelDrops) {
+  auto c = ParityConfig(dir_.Join("text.txt"));
+  c.model.dropout = 0.1;
+  c.train.activation_checkpoint = "full";
+  const auto tp_alone = TrainIsland(c, 4, Mesh(2, 2), dir_, "fsdp2xtp2-dropout");
+  c.train.sequence_parallel = true;
+  ExpectParity(TrainIsland(c, 4, Mesh(2, 2), dir_, "fsdp2xtp2-sp-dropout"), tp_alone,
+               "fsdp 2 x tp 2 + sequence parallel vs without, dropout 0.1");
+}
+
 // A checkpoint of tp 2 x fsdp 2 resumes on one rank and on tp 2 alone (another mesh, the same
 // global batch): both continue as the uninterrupted run does.
 TEST_F(FsdpParityTest, TensorParallelCheckpointsLoadOnAnotherMesh) {

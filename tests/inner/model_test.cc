@@ -132,8 +132,17 @@ class ConstructionOnly : public TensorParallel {
   ConstructionOnly(int rank, int size) : rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  torch::Tensor Enter(const torch::Tensor& x) override { return x; }
-  torch::Tensor Reduce(const torch::Tensor& x) override { return x; }
+  bool sequence_parallel() const override { return false; }
+  torch::Tensor ColumnParallel(const torch::Tensor& x, const torch::Tensor&,
+                               const torch::Tensor&) override {
+    return x;
+  }
+  torch::Tensor RowParallel(const torch::Tensor& y, const torch::Tensor&,
+                            const torch::Tensor&) override {
+    return y;
+  }
+  torch::Tensor Split(const torch::Tensor& x) override { return x; }
+  torch::Tensor Join(const torch::Tensor& x) override { return x; }
 
  private:
   int rank_, size_;
@@ -178,6 +187,13 @@ TEST(ModelTest, TensorParallelPartsTileTheWholeModel) {
     }
   }
   EXPECT_FALSE(ValidateTensorParallel(c, 3).ok());
+  EXPECT_TRUE(ValidateTensorParallel(c, 4).ok());
+  // Sequence parallelism splits each sequence's positions too.
+  c.context = 18;
+  EXPECT_TRUE(ValidateTensorParallel(c, 2, /*sequence_parallel=*/true).ok());
+  const auto uneven = ValidateTensorParallel(c, 4, /*sequence_parallel=*/true);
+  EXPECT_EQ(uneven.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(uneven.message()), ::testing::HasSubstr("model.context (18)"));
   EXPECT_TRUE(ValidateTensorParallel(c, 4).ok());
 }
 
