@@ -68,6 +68,9 @@ class OneRank : public IslandRanks {
   int size() const override { return 1; }
   absl::StatusOr<bool> Any(bool flag) override { return flag; }
   absl::StatusOr<std::string> FromFirst(const std::string& bytes) override { return bytes; }
+  absl::StatusOr<std::string> FromFirstWhere(bool, const std::string& bytes) override {
+    return bytes;
+  }
 };
 
 }  // namespace

@@ -84,6 +84,9 @@ class IslandRanks {
   virtual int size() const = 0;
   // Whether `flag` holds on any rank, on every rank.
   virtual absl::StatusOr<bool> Any(bool flag) = 0;
+  // The bytes of the lowest rank where `eligible` holds (rank 0's where it holds nowhere), on
+  // every rank: a fragment's news come from the first rank that carries it.
+  virtual absl::StatusOr<std::string> FromFirstWhere(bool eligible, const std::string& bytes) = 0;
   // Rank 0's bytes, on every rank.
   virtual absl::StatusOr<std::string> FromFirst(const std::string& bytes) = 0;
 };

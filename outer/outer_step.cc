@@ -197,12 +197,15 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
   if (ranks_.size() == 1) return absl::OkStatus();
   IslandSync& sync = *syncs_[f];
   for (int attempt = 0;; ++attempt) {
-    auto first = ranks_.FromFirst(std::to_string(sync.round()));
+    // From the first rank that carries the fragment (one that carries nothing has not fetched).
+    auto first = ranks_.FromFirstWhere(sync.carried(), std::to_string(sync.round()));
     if (!first.ok()) return first.status();
     uint64_t newest = 0;
-    if (!absl::SimpleAtoi(*first, &newest)) return absl::DataLossError("rank 0's round is garbled");
+    if (!absl::SimpleAtoi(*first, &newest)) {
+      return absl::DataLossError("the first carrying rank's round is garbled");
+    }
     // Rounds only move forward, seldom by more than one between the ranks' fetches. A rank that
-    // carries nothing of the fragment has not fetched: it takes the others' round.
+    // carries nothing of the fragment takes the others' round.
     while (true) {
       auto ahead = ranks_.Any(sync.carried() && sync.round() > newest);
       if (!ahead.ok()) return ahead.status();
@@ -323,7 +326,7 @@ absl::Status OuterStepHook::Land(double alpha) {
   auto outcome = job.result.get();
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;
-  if (auto s = FollowFirstAnswer(outcome); !s.ok()) return s;
+  if (auto s = FollowFirstCarrier(job.fragment, outcome); !s.ok()) return s;
   const absl::Status& s = outcome.status();
   if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
     // The service no longer counts this island as a member (declared dead while it was silent),
@@ -364,17 +367,18 @@ absl::Status OuterStepHook::Land(double alpha) {
 }
 
 // The service's answers that change what the island does next (tau; async: the island's H, the
-// run's progress and its end) are rank 0's: every rank takes them, whatever its own push got (a
-// rank that carries nothing of the fragment got none). Every rank lands the same fragments in the
-// same order, so every rank calls this as often.
-absl::Status OuterStepHook::FollowFirstAnswer(absl::StatusOr<RoundOutcome>& outcome) {
+// run's progress and its end) and the round's contributors are those of the first rank that
+// carries the fragment (rank 0, unless it is a pipeline stage holding none of it): every rank
+// takes them, whatever its own push got (a rank that carries nothing of the fragment got none).
+// Every rank lands the same fragments in the same order, so every rank calls this as often.
+absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome) {
   if (ranks_.size() == 1) return absl::OkStatus();
   std::string mine = "!";
   if (outcome.ok()) {
     mine = absl::StrCat(outcome->tau, " ", outcome->sync_every, " ", outcome->tokens_committed,
-                        " ", outcome->budget_reached ? 1 : 0);
+                        " ", outcome->budget_reached ? 1 : 0, " ", outcome->contributors);
   }
-  auto first = ranks_.FromFirst(mine);
+  auto first = ranks_.FromFirstWhere(syncs_[f]->carried(), mine);
   if (!first.ok()) return first.status();
   if (!outcome.ok()) return absl::OkStatus();
   RoundOutcome& o = *outcome;
@@ -382,13 +386,14 @@ absl::Status OuterStepHook::FollowFirstAnswer(absl::StatusOr<RoundOutcome>& outc
   o.sync_every = 0;
   o.tokens_committed = 0;
   o.budget_reached = false;
-  if (*first == "!") return absl::OkStatus();  // rank 0's push failed: the island rejoins
+  if (*first == "!") return absl::OkStatus();  // its push failed: the island rejoins
   const std::vector<std::string> parts = absl::StrSplit(*first, ' ');
   int budget = 0;
-  if (parts.size() != 4 || !absl::SimpleAtoi(parts[0], &o.tau) ||
+  if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &o.tau) ||
       !absl::SimpleAtoi(parts[1], &o.sync_every) ||
-      !absl::SimpleAtoi(parts[2], &o.tokens_committed) || !absl::SimpleAtoi(parts[3], &budget)) {
-    return absl::DataLossError("rank 0's answer of the service is garbled");
+      !absl::SimpleAtoi(parts[2], &o.tokens_committed) || !absl::SimpleAtoi(parts[3], &budget) ||
+      !absl::SimpleAtoi(parts[4], &o.contributors)) {
+    return absl::DataLossError("the first carrying rank's answer of the service is garbled");
   }
   o.budget_reached = budget != 0;
   return absl::OkStatus();

@@ -45,8 +45,8 @@ class IslandModel {
 };
 
 // What a rank carries of a fragment: the ranges [begin, end) of its `elements` it owns (empty: the
-// whole fragment), or nothing (`carried` false: a replica of ranks that carry it; rank 0 carries
-// a part of every fragment, since it speaks for the island).
+// whole fragment), or nothing (`carried` false: a replica of ranks that carry it, or a pipeline
+// stage that holds none of it; the first rank that carries it speaks for the island about it).
 struct FragmentShare {
   uint64_t elements = 0;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
@@ -169,8 +169,8 @@ class OuterStepHook {
   absl::Status Rejoin(const absl::Status& why);
   // After each rank's fetch: every rank of the island at the same round of fragment f.
   absl::Status AgreeOnRound(uint32_t f);
-  // Auto-tune: every rank adopts rank 0's answer.
-  absl::Status FollowFirstAnswer(absl::StatusOr<RoundOutcome>& outcome);
+  // Every rank adopts the answer of the first rank that carries fragment f.
+  absl::Status FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome);
   absl::Status AdoptTau(int tau);
 
   Transport& transport_;

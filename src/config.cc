@@ -12,7 +12,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/match.h"
 #include "inner/parallel/pipeline.h"
-#include "outer/fragments.h"
 
 namespace atl {
 namespace {
@@ -280,41 +279,6 @@ absl::Status ValidateMeshForModel(const Config& config) {
   return absl::OkStatus();
 }
 
-// Each rank of an island pushes its part of every fragment: a pipeline stage must carry a part of
-// each (the parameters of its blocks), which strided fragments give when a stage has at least P
-// blocks.
-absl::Status StagesCarryEveryFragment(const Config& config) {
-  const int pp = config.parallelism.pipeline_parallel_degree;
-  if (pp <= 1 || config.outer.num_fragments <= 1) return absl::OkStatus();
-  auto pattern = outer::ParseFragmentPattern(config.outer.fragment_pattern);
-  if (!pattern.ok()) return pattern.status();
-  std::vector<std::string> names;
-  for (const auto& [name, shape] : inner::ParameterShapes(config.model)) names.push_back(name);
-  auto plan = outer::PlanFragments(names, config.outer.num_fragments, *pattern);
-  if (!plan.ok()) return plan.status();
-  const int n_layer = config.model.n_layer;
-  for (int stage = 0; stage < pp; ++stage) {
-    const auto units = inner::parallel::PipelineStageUnits(n_layer, pp, stage);
-    std::vector<bool> carried(size_t(config.outer.num_fragments), false);
-    for (int block = std::max(units.first, 1) - 1; block < std::min(units.last, n_layer); ++block) {
-      const std::string prefix = absl::StrCat("blocks.", block, ".");
-      for (size_t i = 0; i < names.size(); ++i) {
-        if (absl::StartsWith(names[i], prefix)) carried[plan->fragment_of[i]] = true;
-      }
-    }
-    for (size_t f = 0; f < carried.size(); ++f) {
-      if (carried[f]) continue;
-      return absl::UnimplementedError(absl::StrCat(
-          "pipeline stage ", stage, " of ", pp, " holds no part of fragment ", f,
-          " (outer.num_fragments = ", config.outer.num_fragments, ", ",
-          config.outer.fragment_pattern, "): every stage must carry a part of every fragment; "
-          "use outer.fragment_pattern = \"strided\" with outer.num_fragments at most the blocks "
-          "of a stage (", n_layer / pp, "), or fewer stages"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<Override>> ParseOverrides(const std::vector<std::string>& args) {
@@ -358,7 +322,6 @@ absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& wher
   if (auto s = inner::parallel::Validate(config.parallelism); !s.ok()) return s;
   if (auto s = ValidateMeshForModel(config); !s.ok()) return s;
   if (auto s = outer::Validate(config.outer); !s.ok()) return s;
-  if (auto s = StagesCarryEveryFragment(config); !s.ok()) return s;
   return config;
 }
 

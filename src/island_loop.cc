@@ -52,6 +52,13 @@ class MeshRanks : public outer::IslandRanks {
   absl::StatusOr<std::string> FromFirst(const std::string& bytes) override {
     return world_.BroadcastBytes(bytes, 0);
   }
+  absl::StatusOr<std::string> FromFirstWhere(bool eligible, const std::string& bytes) override {
+    // The lowest eligible rank r as the largest size - r (0: none).
+    auto first = torch::full({1}, eligible ? float(size() - rank()) : 0.0f);
+    if (auto s = world_.AllReduceMax(first); !s.ok()) return s;
+    const int root = first.item<float>() > 0 ? size() - int(first.item<float>()) : 0;
+    return world_.BroadcastBytes(bytes, root);
+  }
 
  private:
   inner::parallel::Communicator& world_;

@@ -109,7 +109,9 @@ absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
     numel[name] = 1;
     for (int64_t d : count) numel[name] *= uint64_t(d);
   }
-  // A replica of the shards (HSDP) carries nothing: replica 0 pushes and receives for it.
+  // A replica of the shards (HSDP) carries nothing: replica 0 pushes and receives for it. A rank
+  // may also own no part of a fragment (a pipeline stage without its blocks): it carries nothing
+  // of that one, and the island's other ranks cover it.
   const bool copy = trainer.mesh().coordinate(inner::parallel::MeshDim::kDpReplicate) > 0;
   std::vector<std::vector<ShardModel::Piece>> pieces;
   std::vector<std::vector<size_t>> whole_parts, all_parts;
@@ -140,11 +142,6 @@ absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
     }
     if (offset != f.num_elements()) {
       return absl::FailedPreconditionError("the service's fragment sizes differ from this model's");
-    }
-    if (mine.empty() && !copy) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this rank owns no part of fragment ", pieces.size(),
-          ": the island's mesh splits the model too finely"));
     }
     pieces.push_back(std::move(mine));
     whole_parts.push_back(std::move(whole));
