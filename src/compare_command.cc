@@ -1,5 +1,6 @@
 #include "src/compare_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "compression/codec.h"
 #include "inner/model.h"
 #include "src/checkpoint.h"
@@ -256,6 +258,52 @@ nlohmann::json Manifest(const Config& config, const CompareOptions& o, const std
   return j;
 }
 
+// Across a sweep of one numeric key: each method's gap to the baseline run of the same setting
+// (the baseline's one run when the key is outer.*, which cannot change it), against the value or,
+// for train.steps, the tokens per parameter. Nothing when there is no baseline or a value is not a
+// number.
+struct GapTrend {
+  std::string x_label;
+  std::vector<GapSeries> series;
+};
+
+std::optional<GapTrend> GapsAcross(const Sweep& sweep, const std::vector<MethodResult>& runs,
+                                   const Config& config) {
+  std::map<std::string, double> baseline;  // setting -> val_loss
+  for (const auto& r : runs) {
+    if (r.method == "baseline") baseline[r.setting] = r.val_loss;
+  }
+  const bool per_parameter = sweep.key == "train.steps";
+  const double params = double(inner::ParameterCount(config.model));
+  GapTrend trend;
+  trend.x_label = per_parameter ? "tokens per parameter" : sweep.key;
+  for (const auto& r : runs) {
+    if (r.method == "baseline") continue;
+    auto base = baseline.find(absl::StartsWith(sweep.key, "outer.") ? "" : r.setting);
+    if (base == baseline.end()) return std::nullopt;
+    double x = double(r.tokens) / params;
+    if (!per_parameter && !absl::SimpleAtod(r.setting.substr(sweep.key.size() + 1), &x)) {
+      return std::nullopt;
+    }
+    auto series = std::find_if(trend.series.begin(), trend.series.end(),
+                               [&](const GapSeries& g) { return g.method == r.method; });
+    if (series == trend.series.end()) series = trend.series.insert(trend.series.end(), {r.method, {}});
+    series->points.emplace_back(x, 100.0 * (r.val_loss / base->second - 1.0));
+  }
+  if (trend.series.empty()) return std::nullopt;
+  for (auto& g : trend.series) std::sort(g.points.begin(), g.points.end());
+  return trend;
+}
+
+std::string GapTable(const GapTrend& trend) {
+  std::string out = absl::StrCat("\n## Gap to the baseline by ", trend.x_label, "\n\n| method | ",
+                                 trend.x_label, " | val_loss vs baseline |\n| --- | ---: | ---: |\n");
+  for (const auto& g : trend.series) {
+    for (auto [x, gap] : g.points) absl::StrAppend(&out, absl::StrFormat("| %s | %.4g | %+.2f%% |\n", g.method, x, gap));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
@@ -340,14 +388,23 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
                                       o.islands, config->train.steps, config->outer.sync_every,
                                       o.config_path);
   if (!sweeps->empty()) absl::StrAppend(&title, ", each method at its best setting");
-  const std::string report = ReportMarkdown(best, title, runs);
-  for (auto [name, text] : {std::pair<const char*, std::string>{"report.md", report},
-                            {"report.csv", ReportCsv(runs)},
-                            {"loss.svg", LossPlotSvg(best, title)}}) {
+  std::string report = ReportMarkdown(best, title, runs);
+  std::vector<std::pair<std::string, std::string>> files = {{"report.csv", ReportCsv(runs)},
+                                                            {"loss.svg", LossPlotSvg(best, title)}};
+  if (sweeps->size() == 1) {
+    if (auto trend = GapsAcross(sweeps->front(), runs, *config)) {
+      report += GapTable(*trend);
+      files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label, title));
+    }
+  }
+  files.emplace_back("report.md", report);
+  std::vector<std::string> written;
+  for (const auto& [name, text] : files) {
     if (auto s = WriteFileAtomic((dir / name).string(), text); !s.ok()) return s;
+    written.push_back(name);
   }
   std::printf("%s", report.c_str());
-  std::printf("\nwrote %s/report.md, report.csv, loss.svg\n", o.run_dir.c_str());
+  std::printf("\nwrote %s/%s\n", o.run_dir.c_str(), absl::StrJoin(written, ", ").c_str());
   return best;
 }
 

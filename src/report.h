@@ -1,4 +1,5 @@
-// Comparison reports: a Markdown table, a CSV and an SVG plot of validation loss against tokens.
+// Comparison reports: a Markdown table, a CSV, an SVG plot of validation loss against tokens and,
+// across a sweep, one of each method's gap to the baseline against the swept value.
 #ifndef ATOLL_SRC_REPORT_H_
 #define ATOLL_SRC_REPORT_H_
 
@@ -32,6 +33,15 @@ std::string ReportCsv(const std::vector<MethodResult>& runs);
 std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title,
                           const std::vector<MethodResult>& grid = {});
 std::string LossPlotSvg(const std::vector<MethodResult>& results, const std::string& title);
+
+// A method's gap to the baseline across a sweep: (x, 100 x (val_loss / baseline's - 1)).
+struct GapSeries {
+  std::string method;
+  std::vector<std::pair<double, double>> points;
+};
+// The gaps against x (one line and a dot per point per method; the baseline dashed at 0).
+std::string GapPlotSvg(const std::vector<GapSeries>& series, const std::string& x_label,
+                       const std::string& title);
 
 }  // namespace atl
 

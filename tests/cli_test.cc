@@ -245,6 +245,41 @@ TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {
   EXPECT_THAT(r.output, HasSubstr("--sweep optim.lr=fast"));
 }
 
+// A sweep of one numeric key also reports and plots each method's gap to the baseline against
+// the key's values (an outer.* key: against the baseline's one run).
+TEST_F(CliTest, CompareSweepOfOneKeyPlotsTheGapToTheBaseline) {
+  auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+                 dir_.Join("gap") + " --train.steps=4 --train.eval_every=4" +
+                 " --sweep outer.sync_every=2,4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("baseline x 1, diloco x 2 = 3 runs"));
+  std::istringstream lines(testing::ReadFile(dir_.Join("gap/report.csv")));
+  std::string line;
+  std::getline(lines, line);
+  std::map<std::string, double> loss;  // "method setting" -> val_loss
+  while (std::getline(lines, line)) {
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    ASSERT_EQ(f.size(), 7u) << line;
+    loss[f[0] + " " + f[1]] = std::stod(f[2]);
+  }
+  ASSERT_EQ(loss.size(), 3u);
+  const std::string report = testing::ReadFile(dir_.Join("gap/report.md"));
+  EXPECT_THAT(report, HasSubstr("## Gap to the baseline by outer.sync_every"));
+  for (const std::string h : {"2", "4"}) {
+    const double want = 100.0 * (loss.at("diloco outer.sync_every=" + h) / loss.at("baseline ") - 1);
+    const std::string row = "| diloco | " + h + " | ";
+    const size_t at = report.find(row);
+    ASSERT_NE(at, std::string::npos) << report;
+    EXPECT_NEAR(std::stod(report.substr(at + row.size())), want, 0.006) << "H = " << h;
+  }
+  const std::string svg = testing::ReadFile(dir_.Join("gap/gap.svg"));
+  EXPECT_THAT(svg, HasSubstr(">outer.sync_every</text>"));
+  int dots = 0;
+  for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) ++dots;
+  EXPECT_EQ(dots, 2);  // one per run of diloco
+  EXPECT_THAT(r.output, HasSubstr("report.csv, loss.svg, gap.svg, report.md"));
+}
+
 // The load test drives a real coordinator process with synthetic islands over gRPC and reports
 // what it measured: every round committed (the coordinator's own log agrees), commit times,
 // heartbeat latency, the coordinator's memory against the model's size.
