@@ -40,12 +40,13 @@ std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
 absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& o,
                                       const std::string& dir) {
   Config c = base;
-  c.train.grad_accum *= o.islands;  // global batch M x b: the same tokens per step as M islands
+  const int islands = base.outer.islands;  // M: --islands, or this run's outer.islands
+  c.train.grad_accum *= islands;  // global batch M x b: the same tokens per step as M islands
   TrainOptions t;
   t.run_dir = dir;
   t.stop = o.stop;
   std::fprintf(stderr, "atoll compare: baseline, one island with global batch %d x %d\n",
-               o.islands, base.train.batch_size * base.train.grad_accum);
+               islands, base.train.batch_size * base.train.grad_accum);
   auto summary = Train(c, t);
   if (!summary.ok()) return summary.status();
   if (summary->stopped) return absl::CancelledError("stopped by the user");
@@ -57,12 +58,12 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   // What data-parallel training across the islands would send: a ring all-reduce of the fp32
   // gradients every step moves 2 (M - 1) / M of the model out of and into each island.
   const double model_bytes = 4.0 * double(inner::ParameterCount(c.model));
-  r.wan_bytes = uint64_t(double(summary->step) * o.islands * 2.0 * 2.0 * (o.islands - 1) /
-                         o.islands * model_bytes);
+  r.wan_bytes = uint64_t(double(summary->step) * islands * 2.0 * 2.0 * (islands - 1) /
+                         islands * model_bytes);
   r.note = absl::StrFormat(
       "WAN bytes are what data-parallel training across %d islands would move (ring all-reduce of "
       "fp32 gradients every step, sent + received); the run itself is one process.",
-      o.islands);
+      islands);
   for (const auto& j : ReadJsonLines(t.run_dir + "/metrics.jsonl")) {
     if (j.contains("val_loss")) r.curve.emplace_back(j["tokens"].get<double>(), j["val_loss"].get<double>());
   }
@@ -77,7 +78,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
                                     const std::string& method, const std::vector<Override>& point,
                                     const std::string& dir) {
   LocalOptions l;
-  l.islands = o.islands;
+  l.islands = c.outer.islands;
   l.config_path = o.config_path;
   l.overrides = o.overrides;
   for (const auto& [key, value] : point) l.overrides.push_back(absl::StrCat("--", key, "=", value));
@@ -98,7 +99,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   for (size_t i = 0; i < o.throttle.size(); ++i) {
     if (o.throttle[i] > 1) absl::StrAppend(&throttled, ", island", i, " throttled ", o.throttle[i], "x");
   }
-  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.c_str(), o.islands,
+  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.c_str(), l.islands,
                c.outer.sync_every, throttled.c_str());
   auto local = RunLocal(l);
   if (!local.ok()) return local.status();
@@ -125,7 +126,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
     if (!j.contains("round") && j.contains("val_loss") && !j.contains("loss")) {
       // Async islands train at different rates: their records carry the run's tokens.
       const double tokens = j.contains("run_tokens") ? j["run_tokens"].get<double>()
-                                                     : j["tokens"].get<double>() * o.islands;
+                                                     : j["tokens"].get<double>() * l.islands;
       r.curve.emplace_back(tokens, j["val_loss"].get<double>());
     }
   }
@@ -179,12 +180,17 @@ absl::StatusOr<std::vector<Sweep>> ParseSweeps(const CompareOptions& o,
   return sweeps;
 }
 
-// The settings `method` runs: every combination of the sweeps that can change it (the baseline
-// has no outer loop, so outer.* sweeps do not multiply its runs).
+// The baseline has no outer loop: of the outer.* keys only the island count (its global batch is
+// M x b) changes it.
+bool ChangesBaseline(const std::string& key) {
+  return !absl::StartsWith(key, "outer.") || key == "outer.islands";
+}
+
+// The settings `method` runs: every combination of the sweeps that can change it.
 std::vector<std::vector<Override>> GridFor(const std::string& method, const std::vector<Sweep>& sweeps) {
   std::vector<std::vector<Override>> grid = {{}};
   for (const auto& sweep : sweeps) {
-    if (method == "baseline" && absl::StartsWith(sweep.key, "outer.")) continue;
+    if (method == "baseline" && !ChangesBaseline(sweep.key)) continue;
     std::vector<std::vector<Override>> next;
     for (const auto& point : grid) {
       for (const auto& value : sweep.values) {
@@ -259,7 +265,7 @@ nlohmann::json Manifest(const Config& config, const CompareOptions& o, const std
 }
 
 // Across a sweep of one numeric key: each method's gap to the baseline run of the same setting
-// (the baseline's one run when the key is outer.*, which cannot change it), against the value or,
+// (the baseline's one run when the key cannot change it), against the value or,
 // for train.steps, the tokens per parameter. Nothing when there is no baseline or a value is not a
 // number.
 struct GapTrend {
@@ -279,7 +285,7 @@ std::optional<GapTrend> GapsAcross(const Sweep& sweep, const std::vector<MethodR
   trend.x_label = per_parameter ? "tokens per parameter" : sweep.key;
   for (const auto& r : runs) {
     if (r.method == "baseline") continue;
-    auto base = baseline.find(absl::StartsWith(sweep.key, "outer.") ? "" : r.setting);
+    auto base = baseline.find(ChangesBaseline(sweep.key) ? r.setting : "");
     if (base == baseline.end()) return std::nullopt;
     double x = double(r.tokens) / params;
     if (!per_parameter && !absl::SimpleAtod(r.setting.substr(sweep.key.size() + 1), &x)) {
@@ -349,19 +355,26 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   std::vector<Run> plan;
   std::vector<std::string> counts;
   int reused = 0;
+  int64_t island_steps = 0;  // the cost: each run's inner steps x its islands
   for (const auto& m : methods) {
     const auto grid = GridFor(m, *sweeps);
     counts.push_back(absl::StrCat(m, " x ", grid.size()));
     for (const auto& point : grid) {
       plan.push_back({m, point, LoadResult(RunDirOf(o.run_dir, m, SettingOf(point)))});
       reused += plan.back().done.has_value();
+      int64_t steps = config->train.steps, islands = o.islands;
+      for (const auto& [key, value] : point) {
+        if (key == "train.steps") (void)absl::SimpleAtoi(value, &steps);
+        if (key == "outer.islands") (void)absl::SimpleAtoi(value, &islands);
+      }
+      island_steps += steps * islands;
     }
   }
   std::fprintf(stderr,
                "atoll compare: %s = %zu runs of %lld inner steps on %d islands (%lld island-steps); "
                "%d finished runs reused\n",
                absl::StrJoin(counts, ", ").c_str(), plan.size(), (long long)config->train.steps,
-               o.islands, (long long)(plan.size() * config->train.steps * o.islands), reused);
+               o.islands, (long long)island_steps, reused);
 
   std::vector<MethodResult> runs;
   for (auto& [method, point, done] : plan) {

@@ -2,10 +2,12 @@
 //   baseline: one island, global batch M x b (b x grad_accum M), T steps
 //   diloco:   M islands through a real coordinator, batch b each, T inner steps, outer round every H
 // With --sweep KEY=V1,V2 (repeatable) each method runs every combination of the values (the
-// baseline only those of non-outer keys) and is reported at its best: best-vs-best at equal
-// compute. Every finished run keeps its result (RUN_DIR/<method>/<setting>/result.json): the same
-// command again resumes where it stopped and reuses them.
-// Writes report.md, report.csv (every run) and loss.svg into the run directory and prints the table.
+// baseline only those of keys that can change it: not outer.*, except outer.islands, M) and is
+// reported at its best: best-vs-best at equal compute. Every finished run keeps its result
+// (RUN_DIR/<method>/<setting>/result.json): the same command again resumes where it stopped and
+// reuses them. Writes report.md, report.csv (every run) and loss.svg into the run directory and
+// prints the table; a sweep of one numeric key adds each method's gap to the baseline against it
+// (a table in report.md and gap.svg).
 #ifndef ATOLL_SRC_COMPARE_COMMAND_H_
 #define ATOLL_SRC_COMPARE_COMMAND_H_
 

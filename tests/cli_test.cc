@@ -245,6 +245,27 @@ TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {
   EXPECT_THAT(r.output, HasSubstr("--sweep optim.lr=fast"));
 }
 
+// A compare's report.csv as "method setting" -> (val_loss, tokens).
+std::map<std::string, std::pair<double, int64_t>> CompareRuns(const std::string& csv) {
+  std::map<std::string, std::pair<double, int64_t>> runs;
+  std::istringstream lines(csv);
+  std::string line;
+  std::getline(lines, line);
+  while (std::getline(lines, line)) {
+    const std::vector<std::string> f = absl::StrSplit(line, ',');
+    EXPECT_EQ(f.size(), 7u) << line;
+    if (f.size() == 7) runs[f[0] + " " + f[1]] = {std::stod(f[2]), std::stoll(f[3])};
+  }
+  return runs;
+}
+
+// The gap report.md's gap table gives `method` at `x` (NAN when the row is missing).
+double GapInReport(const std::string& report, const std::string& method, const std::string& x) {
+  const std::string row = "| " + method + " | " + x + " | ";
+  const size_t at = report.find(row);
+  return at == std::string::npos ? NAN : std::stod(report.substr(at + row.size()));
+}
+
 // A sweep of one numeric key also reports and plots each method's gap to the baseline against
 // the key's values (an outer.* key: against the baseline's one run).
 TEST_F(CliTest, CompareSweepOfOneKeyPlotsTheGapToTheBaseline) {
@@ -253,24 +274,14 @@ TEST_F(CliTest, CompareSweepOfOneKeyPlotsTheGapToTheBaseline) {
                  " --sweep outer.sync_every=2,4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("baseline x 1, diloco x 2 = 3 runs"));
-  std::istringstream lines(testing::ReadFile(dir_.Join("gap/report.csv")));
-  std::string line;
-  std::getline(lines, line);
-  std::map<std::string, double> loss;  // "method setting" -> val_loss
-  while (std::getline(lines, line)) {
-    const std::vector<std::string> f = absl::StrSplit(line, ',');
-    ASSERT_EQ(f.size(), 7u) << line;
-    loss[f[0] + " " + f[1]] = std::stod(f[2]);
-  }
-  ASSERT_EQ(loss.size(), 3u);
+  const auto runs = CompareRuns(testing::ReadFile(dir_.Join("gap/report.csv")));
+  ASSERT_EQ(runs.size(), 3u);
   const std::string report = testing::ReadFile(dir_.Join("gap/report.md"));
   EXPECT_THAT(report, HasSubstr("## Gap to the baseline by outer.sync_every"));
   for (const std::string h : {"2", "4"}) {
-    const double want = 100.0 * (loss.at("diloco outer.sync_every=" + h) / loss.at("baseline ") - 1);
-    const std::string row = "| diloco | " + h + " | ";
-    const size_t at = report.find(row);
-    ASSERT_NE(at, std::string::npos) << report;
-    EXPECT_NEAR(std::stod(report.substr(at + row.size())), want, 0.006) << "H = " << h;
+    const double want =
+        100.0 * (runs.at("diloco outer.sync_every=" + h).first / runs.at("baseline ").first - 1);
+    EXPECT_NEAR(GapInReport(report, "diloco", h), want, 0.006) << "H = " << h;
   }
   const std::string svg = testing::ReadFile(dir_.Join("gap/gap.svg"));
   EXPECT_THAT(svg, HasSubstr(">outer.sync_every</text>"));
@@ -278,6 +289,28 @@ TEST_F(CliTest, CompareSweepOfOneKeyPlotsTheGapToTheBaseline) {
   for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) ++dots;
   EXPECT_EQ(dots, 2);  // one per run of diloco
   EXPECT_THAT(r.output, HasSubstr("report.csv, loss.svg, gap.svg, report.md"));
+}
+
+// Sweeping the island count M runs the baseline once per M too (its global batch is M x b): each
+// M at equal tokens, each gap against the baseline of its own M.
+TEST_F(CliTest, CompareSweepOfTheIslandCountRunsABaselinePerCount) {
+  auto r = Atoll("compare --config " + dir_.Join("tiny.toml") + " --run-dir " + dir_.Join("m") +
+                 " --train.steps=4 --outer.sync_every=2 --train.eval_every=4" +
+                 " --sweep outer.islands=1,2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("baseline x 2, diloco x 2 = 4 runs of 4 inner steps on 2 islands "
+                                  "(24 island-steps)"));
+  const auto runs = CompareRuns(testing::ReadFile(dir_.Join("m/report.csv")));
+  const std::string report = testing::ReadFile(dir_.Join("m/report.md"));
+  for (int m : {1, 2}) {
+    const std::string setting = " outer.islands=" + std::to_string(m);
+    const auto& base = runs.at("baseline" + setting);
+    const auto& diloco = runs.at("diloco" + setting);
+    EXPECT_EQ(base.second, 256 * m);  // 4 steps x 2 sequences x 32 tokens x M
+    EXPECT_EQ(diloco.second, 256 * m);
+    EXPECT_NEAR(GapInReport(report, "diloco", std::to_string(m)),
+                100.0 * (diloco.first / base.first - 1), 0.006) << "M = " << m;
+  }
 }
 
 // The load test drives a real coordinator process with synthetic islands over gRPC and reports
