@@ -407,7 +407,9 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   if (sweeps->size() == 1) {
     if (auto trend = GapsAcross(sweeps->front(), runs, *config)) {
       report += GapTable(*trend);
-      files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label, title));
+      files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label,
+                                               absl::StrFormat("%s: gap to the baseline by %s",
+                                                               o.config_path, trend->x_label)));
     }
   }
   files.emplace_back("report.md", report);
