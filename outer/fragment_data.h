@@ -23,6 +23,7 @@ class FragmentData {
   size_t size() const { return params_.size(); }
   const OuterOptimizer& optimizer() const { return optimizer_; }
   void set_lr(double lr) { optimizer_.set_lr(lr); }
+  void set_averaging(bool averaging) { optimizer_.set_averaging(averaging); }
 
   // The outer update of the averaged outer gradient g, encoded with `codec` (the chunks every copy
   // of the parameters applies), without changing anything. INVALID_ARGUMENT when the update is not

@@ -34,27 +34,60 @@ struct FragmentPlan {
 absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<std::string>& names,
                                            int num_fragments, FragmentPattern pattern);
 
+// How often the islands sync before the run settles on its H (both off by default):
+//   warm start: the first `warm_start_steps` steps are rounds of one step each, every fragment,
+//     applied at once (tau 0, alpha 0) as a plain average: the synchronous data-parallel start of
+//     the original DiLoCo protocol (arXiv 2311.08105), counted in the run's steps;
+//   early H: then every fragment syncs every `early_sync_every` steps for `early_sync_steps` steps
+//     (small H while the loss falls fast and the islands drift apart fastest).
+struct SyncPhases {
+  int64_t warm_start_steps = 0;
+  int early_sync_every = 0;      // 0: no early phase (early_sync_steps ignored)
+  int64_t early_sync_steps = 0;  // a multiple of early_sync_every
+};
+
 // Fragment p syncs after inner steps t > 0 with t = t_p (mod H), t_p = floor(p * H / P): the
 // offsets spread the fragments evenly over H. With P = 1 this is plain DiLoCo (every H steps).
+// Steps of the early phases (SyncPhases) come first: there every fragment is due together, and
+// the schedule above runs from their end.
 class SyncSchedule {
  public:
-  SyncSchedule(int sync_every, int num_fragments);
+  SyncSchedule(int sync_every, int num_fragments, SyncPhases phases = {});
   int offset(int fragment) const;
   // Fragments due after `step` inner steps have completed, in increasing order.
   std::vector<uint32_t> DueAfter(int64_t step) const;
   // The step after which fragment f pushes its round `round` (0-based).
   int64_t DueStep(int fragment, uint64_t round) const;
+  // The first due step of fragment f after `step`.
+  int64_t NextDue(int fragment, int64_t step) const;
+  // How many rounds fragment f pushes after steps in (0, steps].
+  uint64_t RoundsUntil(int fragment, int64_t steps) const;
+  // Rounds of the warm start (plain averages), the same for every fragment.
+  uint64_t warm_start_rounds() const { return uint64_t(phases_.warm_start_steps); }
+  bool WarmStartRound(uint64_t round) const { return round < warm_start_rounds(); }
   // Where an island resumes when the service's fragments stand at `rounds` (a rejoin): a step
   // after which every fragment's next push is that round's, when there is one (the latest round
   // start); else, when the fragments disagree (a shard of a sharded service went back to its
   // durable state), the earliest round start, so that no fragment skips a round.
   int64_t ResumeStep(const std::vector<uint64_t>& rounds) const;
+  // The step round `round` of fragment f starts from (the island's step when it joins in it).
+  int64_t RoundStart(int fragment, uint64_t round) const;
   int sync_every() const { return h_; }
+  // The H of the round that the step after `step` belongs to.
+  int SyncEveryAt(int64_t step) const;
   int num_fragments() const { return p_; }
+  const SyncPhases& phases() const { return phases_; }
 
  private:
   int h_, p_;
+  SyncPhases phases_;
+  int64_t early_end_;      // the step the early phases end at
+  uint64_t early_rounds_;  // their rounds
 };
+
+// Refuses phases that do not fit: negative lengths, an early phase that is not a whole number of
+// its rounds, names the outer.* keys.
+absl::Status Validate(const SyncPhases& phases);
 
 }  // namespace atl::outer
 

@@ -146,6 +146,12 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "
         "not rounds) takes a constant outer.lr");
   }
+  if (auto s = Validate(c.phases); !s.ok()) return s;
+  if (c.async() && (c.phases.warm_start_steps > 0 || c.phases.early_sync_every > 0)) {
+    return absl::InvalidArgumentError(
+        "outer.warm_start_steps and outer.early_sync_every schedule sync rounds; async islands "
+        "choose their own H (outer.dynamic_local_steps)");
+  }
   return Validate(c.optimizer);
 }
 

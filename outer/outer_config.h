@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "outer/fragments.h"
 #include "outer/outer_optimizer.h"
 
 namespace atl::outer {
@@ -12,6 +13,7 @@ namespace atl::outer {
 struct OuterConfig {
   std::string run_id = "atoll";      // every RPC names it; a service refuses other runs
   int sync_every = 50;               // H: inner steps per outer round
+  SyncPhases phases;                 // sync: a warm start and an early H before H (fragments.h)
   OuterOptimizerConfig optimizer;    // outer.lr, outer.momentum, outer.nesterov
   int islands = 2;                   // islands of the run (its disjoint data streams)
   int min_islands = 1;               // contributions that commit a round at its deadline

@@ -63,7 +63,7 @@ void OuterOptimizer::Preview(const float* g, float* u) const { Preview(g, u, 0, 
 
 void OuterOptimizer::Preview(const float* g, float* u, size_t first, size_t n) const {
   const float lr = float(config_.lr), mu = float(config_.momentum);
-  if (momentum_.empty()) {
+  if (momentum_.empty() || averaging_) {
     for (size_t i = 0; i < n; ++i) u[i] = lr * g[i];
     return;
   }
@@ -97,7 +97,7 @@ void OuterOptimizer::Advance(const float* g) {
 }
 
 void OuterOptimizer::Advance(const float* g, size_t first, size_t n) {
-  if (momentum_.empty()) return;
+  if (momentum_.empty() || averaging_) return;
   const float mu = float(config_.momentum);
   float* m = momentum_.data() + first;
   if (!buffer_.empty()) {
@@ -117,7 +117,7 @@ void OuterOptimizer::Advance(const float* g, size_t first, size_t n) {
 }
 
 void OuterOptimizer::EndStep() {
-  if (buffer_.empty()) return;
+  if (buffer_.empty() || averaging_) return;
   if (++buffered_ >= config_.momentum_delay) buffered_ = 0;
 }
 

@@ -62,6 +62,9 @@ class OuterOptimizer {
 
   // The learning rate of the next steps (a schedule sets it before each round's step).
   void set_lr(double lr) { config_.lr = lr; }
+  // Plain averaging for the next steps (a warm start): u = lr * g, the momentum (and delayed
+  // Nesterov's buffer) untouched.
+  void set_averaging(bool averaging) { averaging_ = averaging; }
   double lr() const { return config_.lr; }
   const std::vector<float>& momentum() const { return momentum_; }
   std::vector<float>& mutable_momentum() { return momentum_; }
@@ -77,6 +80,7 @@ class OuterOptimizer {
   std::vector<float> momentum_;  // empty without momentum
   std::vector<float> buffer_;    // delayed Nesterov: outer gradients since the last momentum step
   int buffered_ = 0;
+  bool averaging_ = false;
 };
 
 // theta -= u, elementwise in fp32: the one way every copy applies an outer update.

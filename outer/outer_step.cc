@@ -1,6 +1,8 @@
 #include "outer/outer_step.h"
 
+#include <algorithm>
 #include <chrono>
+#include <climits>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -22,12 +24,18 @@ double Since(std::chrono::steady_clock::time_point t) {
 class SyncRounds : public RoundPolicy {
  public:
   SyncRounds(const OuterStepOptions& o, uint32_t fragments)
-      : options_(o), schedule_(int(o.sync_every), int(fragments)) {}
+      : options_(o), schedule_(int(o.sync_every), int(fragments), o.phases) {}
   int64_t max_steps() const override { return options_.total_steps; }
   bool IsLast(int64_t t) const override { return t == options_.total_steps; }
   std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
   int64_t Delay() const override { return tau_; }
   void SetDelay(int64_t tau) override { tau_ = tau; }
+  int64_t DelayAfter(uint32_t f, int64_t t) const override {
+    return std::min(tau_, schedule_.NextDue(int(f), t) - t - 1);
+  }
+  bool WarmStartAfter(int64_t t) const override {
+    return t <= schedule_.phases().warm_start_steps;
+  }
   uint32_t sync_every() const override { return options_.sync_every; }
   void Pushed(uint32_t, int64_t) override {}
   void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
@@ -117,6 +125,14 @@ class AsyncVersions : public RoundPolicy {
 };
 
 }  // namespace
+
+SyncPhases PhasesOf(const pb::OuterSchedule& schedule) {
+  SyncPhases p;
+  p.warm_start_steps = int64_t(std::min<uint64_t>(schedule.warm_start_steps(), INT32_MAX));
+  p.early_sync_every = int(std::min<uint32_t>(schedule.early_sync_every(), INT32_MAX));
+  p.early_sync_steps = int64_t(std::min<uint64_t>(schedule.early_sync_steps(), INT32_MAX));
+  return p;
+}
 
 OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, IslandRanks& ranks,
                              IslandModel& model, std::vector<FragmentShare> fragments,
@@ -273,7 +289,7 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   // Merge what is due (tau steps after its push), then push the fragments due now.
   if (auto s = LandDue(t, options_.alpha); !s.ok()) return s;
   if (!done_) {
-    for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->Delay(), steps_per_s);
+    for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->DelayAfter(f, t), steps_per_s);
     return LandDue(t, options_.alpha);  // tau = 0: blocking
   }
   // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
@@ -292,6 +308,7 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   job.pushed_at = t;
   job.apply_at = apply_at;
   job.bytes = compression::EncodedBytes(options_.sync.codec, syncs_[f]->global().size());
+  job.averaging = policy_->WarmStartAfter(t);
   const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
   last_push_[f] = t;
   policy_->Pushed(f, t);
@@ -339,7 +356,8 @@ absl::Status OuterStepHook::Land(double alpha) {
     return absl::Status(s.code(), absl::StrCat("outer round of fragment ", job.fragment, ": ",
                                                s.message()));
   }
-  model_.Merge(job.fragment, syncs_[job.fragment]->global(), outcome->resynced ? 0.0 : alpha);
+  model_.Merge(job.fragment, syncs_[job.fragment]->global(),
+               outcome->resynced || job.averaging ? 0.0 : alpha);
   policy_->Landed(*outcome, model_, stats_);
   if (options_.auto_tune) {
     if (auto s = AdoptTau(outcome->tau); !s.ok()) return s;

@@ -56,6 +56,7 @@ struct FragmentShare {
 struct OuterStepOptions {
   int64_t total_steps = 0;      // the run's inner steps (async: each island's share of the budget)
   uint32_t sync_every = 0;      // H
+  SyncPhases phases;            // sync: warm start and early H before H
   int tau = 0;                  // inner steps between a fragment's push and its merge
   double alpha = 0;             // merge factor
   bool async = false;
@@ -67,6 +68,9 @@ struct OuterStepOptions {
   RetryPolicy retry;
   IslandSyncOptions sync;       // codec, error feedback, rounding (fragment set per fragment)
 };
+
+// The phases a service's schedule announces.
+SyncPhases PhasesOf(const pb::OuterSchedule& schedule);
 
 // A fragment's round, merged.
 struct LandedRound {
@@ -104,6 +108,11 @@ class RoundPolicy {
   virtual std::vector<uint32_t> DueAfter(int64_t t) const = 0;
   virtual int64_t Delay() const = 0;  // inner steps between a push and its merge
   virtual void SetDelay(int64_t) {}   // sync with auto-tune: the service's choice
+  // The delay of fragment f's push after step t: Delay(), shortened where the fragment's next
+  // push comes sooner (the early phases of a sync schedule).
+  virtual int64_t DelayAfter(uint32_t, int64_t) const { return Delay(); }
+  // Whether the round pushed after step t is a warm-start round (a plain average, merged whole).
+  virtual bool WarmStartAfter(int64_t) const { return false; }
   virtual uint32_t sync_every() const = 0;
   virtual void Pushed(uint32_t fragment, int64_t t) = 0;
   // A merged round's answer; may move the model's schedule.
@@ -160,6 +169,7 @@ class OuterStepHook {
     uint32_t fragment = 0;
     int64_t pushed_at = 0, apply_at = 0;
     uint64_t bytes = 0;  // encoded payload, counted while in flight
+    bool averaging = false;  // a warm-start round: merged with alpha 0
     std::future<absl::StatusOr<RoundOutcome>> result;
   };
   void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);

@@ -110,6 +110,9 @@ void SyncServer::FillSchedule(pb::OuterSchedule* sched) const {
   sched->set_total_inner_steps(options_.total_inner_steps);
   sched->set_async(options_.async);
   sched->set_token_budget(options_.token_budget);
+  sched->set_warm_start_steps(uint64_t(options_.phases.warm_start_steps));
+  sched->set_early_sync_every(uint32_t(options_.phases.early_sync_every));
+  sched->set_early_sync_steps(uint64_t(options_.phases.early_sync_steps));
 }
 
 absl::Status SyncServer::CheckMembershipCall() const {

@@ -32,6 +32,7 @@
 #include "outer/aggregation.h"
 #include "outer/auto_tune.h"
 #include "outer/fragment_data.h"
+#include "outer/fragments.h"
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
@@ -47,6 +48,7 @@ struct SyncServerOptions {
   double round_timeout_s = 600;    // deadline, counted from a round's first contribution
   uint32_t sync_every = 100;       // H, told to islands at join
   uint64_t total_inner_steps = 0;  // told to islands at join
+  SyncPhases phases;               // sync: warm start (plain averages) and early H, told at join
   uint32_t num_data_streams = 1;   // the run's islands: disjoint data streams handed out at join
   uint64_t config_hash = 0;        // islands with another model config are refused
   double lease_s = 5;              // a member silent for this long is dead and dropped
@@ -337,6 +339,10 @@ class SyncServer {
   absl::Status AuthenticateMemberLocked(const std::string& island, const std::string& session) const;
   // The schedule islands are told at join and by GetState (one source for both).
   void FillSchedule(pb::OuterSchedule* schedule) const;
+  // The run's sync schedule (which step each round of each fragment is due after).
+  SyncSchedule Schedule() const {
+    return SyncSchedule(int(options_.sync_every), int(fragments_.size()), options_.phases);
+  }
   absl::StatusOr<uint32_t> CheckFragment(uint32_t fragment) const;
   bool ReadyLocked(const Fragment& f, absl::Time now) const;
   // What a committed round records besides its update.

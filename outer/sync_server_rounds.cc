@@ -129,11 +129,20 @@ absl::StatusOr<SyncServer::CommitResult> SyncServer::StepLocked(
   // service and the islands subtract exactly the same numbers. Nothing changes until the whole
   // update is known to keep every parameter finite.
   const PayloadId id{options_.run_id, "", round, fragment};
-  // The round's outer learning rate: a function of the round alone, so a resumed service and a
-  // replay step with the same one.
+  // The round's outer step, a function of the round alone, so a resumed service and a replay step
+  // the same way: a warm-start round is a plain average (the momentum untouched); the others
+  // follow the outer learning-rate schedule over the rounds after the warm start.
+  const SyncSchedule schedule = Schedule();
+  const uint64_t warm = schedule.warm_start_rounds();
+  const bool averaging = !options_.async && schedule.WarmStartRound(round);
   const uint64_t total_rounds =
-      options_.sync_every > 0 ? options_.total_inner_steps / options_.sync_every : 0;
-  f.data.set_lr(ScheduledLr(options_.optimizer, round, total_rounds));
+      options_.total_inner_steps > 0
+          ? schedule.RoundsUntil(int(fragment), int64_t(options_.total_inner_steps))
+          : 0;
+  f.data.set_averaging(averaging);
+  f.data.set_lr(averaging ? 1.0
+                          : ScheduledLr(options_.optimizer, round - std::min(round, warm),
+                                        total_rounds - std::min(total_rounds, warm)));
   auto update = f.data.PrepareUpdate(g, id, options_.codec, options_.chunk_bytes, pool_.get());
   if (!update.ok()) return update.status();
   f.data.Apply(g, *update, pool_.get());
@@ -209,7 +218,8 @@ void SyncServer::TrimCommittedLocked(Fragment& f, size_t keep, uint64_t extra_by
 bool SyncServer::AllDoneLocked() const {
   if (options_.async) return options_.token_budget > 0 && tokens_committed_ >= options_.token_budget;
   const uint64_t steps = options_.total_inner_steps;
-  return steps > 0 && fragments_[0].round * options_.sync_every >= steps;
+  const uint64_t rounds = fragments_[0].round;
+  return steps > 0 && rounds > 0 && uint64_t(Schedule().DueStep(0, rounds - 1)) >= steps;
 }
 
 size_t SyncServer::kept_versions() const {

@@ -41,6 +41,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   o.lease_s = config.outer.lease_s;
   o.sync_every = uint32_t(config.outer.sync_every);
   o.total_inner_steps = uint64_t(config.train.steps);
+  o.phases = config.outer.phases;
   o.num_data_streams = uint32_t(config.outer.islands);
   o.config_hash = ModelConfigHash(config.model);
   o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
@@ -58,7 +59,8 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   }
   // A contribution weighs the tokens of the steps since the island's last push: at most H steps
   // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
-  o.max_tokens = 2 * uint64_t(config.outer.sync_every) * uint64_t(config.train.batch_size) *
+  o.max_tokens = 2 * uint64_t(std::max(config.outer.sync_every, config.outer.phases.early_sync_every)) *
+                 uint64_t(config.train.batch_size) *
                  uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
   if (config.outer.async()) {
     o.async = true;
@@ -304,10 +306,21 @@ class ShardLink {
   std::thread thread_;
 };
 
+// ", warm start 50 steps, H = 10 for 200 steps" (empty without early phases).
+std::string PhasesText(const outer::SyncPhases& p) {
+  std::string text;
+  if (p.warm_start_steps > 0) text += absl::StrFormat(", warm start %d steps", p.warm_start_steps);
+  if (p.early_sync_every > 0) {
+    text += absl::StrFormat(", H = %d for %d steps", p.early_sync_every, p.early_sync_steps);
+  }
+  return text;
+}
+
 // The rounds the service commits (a shard: those of its fragments): one per due step of the
 // schedule, plus a final one at the last step for each fragment that is not due there.
 uint64_t TotalRounds(const Config& config, const outer::SyncServerOptions& o) {
-  const outer::SyncSchedule schedule(config.outer.sync_every, config.outer.num_fragments);
+  const outer::SyncSchedule schedule(config.outer.sync_every, config.outer.num_fragments,
+                                     config.outer.phases);
   // The coordinator of a sharded run counts every fragment's rounds (as the shards report them).
   auto count = [&](const std::vector<uint32_t>& due) {
     return uint64_t(std::count_if(due.begin(), due.end(), [&](uint32_t f) {
@@ -495,7 +508,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   const std::string plan =
       config.outer.async()
           ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
-          : absl::StrFormat("%d rounds", total_rounds);
+          : absl::StrFormat("%d rounds", total_rounds) + PhasesText(config.outer.phases);
   std::fprintf(options.out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)\n", who.c_str(),
                config.outer.run_id.c_str(), (*server)->address().c_str(), config.outer.islands,
                config.outer.sync_every, plan.c_str(),

@@ -119,7 +119,10 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
   if (!joined.schedule().async() && joined.round() > 0) {
     // A late joiner takes part from the run's current round: its step count (and so its
     // learning-rate schedule and its last step) line up with the other islands'.
-    (*trainer)->SetStep(int64_t(joined.round()) * int64_t(joined.schedule().sync_every()));
+    const outer::SyncSchedule schedule(int(joined.schedule().sync_every()),
+                                       int(joined.schedule().num_fragments()),
+                                       outer::PhasesOf(joined.schedule()));
+    (*trainer)->SetStep(schedule.RoundStart(0, joined.round()));
     if (!resumed && config.outer.join_warmup_steps > 0) {
       (*trainer)->RampLearningRate(config.outer.join_warmup_steps);
     }
@@ -133,6 +136,7 @@ outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinRespons
   outer::OuterStepOptions o;
   o.total_steps = int64_t(schedule.total_inner_steps());
   o.sync_every = schedule.sync_every();
+  o.phases = outer::PhasesOf(schedule);
   o.tau = config.outer.fragment_sync_delay;
   o.auto_tune = config.outer.auto_tune;
   o.alpha = config.outer.alpha();

@@ -180,6 +180,33 @@ TEST(StreamingTest, OneFragmentNoDelayNoAlphaIsPlainDiLoCo) {
   EXPECT_TRUE(server->params() == reference);
 }
 
+// A warm start is a plain average every step whatever the outer optimizer: a run that is all warm
+// start equals H = 1 with outer SGD of lr 1 and no momentum, bit for bit.
+TEST(DiLoCoTest, AWarmStartAveragesEveryStep) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(40000, 8));
+  auto run = [&](const Config& c, const std::string& name) {
+    auto server = *MakeSyncServer(c);
+    outer::InProcessTransport transport(server.get());
+    IslandOptions o;
+    o.name = "solo";
+    o.run_dir = dir.Join(name);
+    auto summary = RunIsland(c, transport, o);
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    if (summary.ok()) EXPECT_EQ(summary->rounds, 10u);
+    return server->params();
+  };
+  auto c = DiLoCoConfig(dir.Join("text.txt"));
+  c.train.steps = 10;
+  auto plain = c;
+  plain.outer.sync_every = 1;
+  plain.outer.optimizer = {1.0, 0.0, false};
+  auto warm = c;
+  warm.outer.sync_every = 5;  // Nesterov, lr 0.7, momentum 0.9 (defaults) after the warm start
+  warm.outer.phases.warm_start_steps = 10;
+  EXPECT_TRUE(run(warm, "warm") == run(plain, "plain"));
+}
+
 // 2 islands of a 4-layer model with 4 fragments, tau = 2, FP4, on generated text.
 Config StreamingConfig(const TempDir& dir) {
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
@@ -253,6 +280,31 @@ TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
     // At most one fragment's FP4 payload is in flight at a time with these offsets and tau < H/P.
     EXPECT_LT(r->peak_bytes_in_flight, compression::EncodedBytes(
                                            *compression::ParseCodec("fp4_e2m1"), all_size));
+  }
+}
+
+// A warm start and an early H before Streaming DiLoCo's staggered fragments (tau 2, FP4): every
+// fragment commits the rounds the schedule says and every copy ends bit-identical.
+TEST(StreamingTest, EarlyPhasesThenFragmentsStayBitIdentical) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.train.steps = 24;
+  c.outer.phases = {3, 2, 4};  // steps 1-3 averaged, then H = 2 until step 7, then H = 8
+  auto server = *MakeSyncServer(c);
+  const auto results = RunIslands(c, *server, dir);
+  const outer::SyncSchedule schedule(c.outer.sync_every, c.outer.num_fragments, c.outer.phases);
+  for (uint32_t f = 0; f < 4; ++f) {
+    // The schedule's rounds, plus the run's last one where the fragment is not due at its end.
+    const uint64_t due = schedule.RoundsUntil(int(f), c.train.steps);
+    const auto last = schedule.DueAfter(c.train.steps);
+    const bool due_at_end = std::find(last.begin(), last.end(), f) != last.end();
+    EXPECT_EQ(server->round(f), due + (due_at_end ? 0 : 1)) << "fragment " << f;
+  }
+  const uint64_t hash = ServiceHash(*server);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_hash, hash);
+    EXPECT_EQ(r->resyncs, 0u);
   }
 }
 

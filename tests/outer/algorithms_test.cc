@@ -122,6 +122,33 @@ TEST(OuterOptimizerTest, PreviewChangesNoStateAndMatchesTheUpdate) {
   }
 }
 
+// A warm-start round is a plain average: u = g, and the momentum (Nesterov's, delayed Nesterov's
+// buffer) is left as it was, so the rounds after it step as if it had not happened.
+TEST(OuterOptimizerTest, AveragingStepsLeaveTheMomentumAlone) {
+  OuterOptimizerConfig delayed{0.7, 0.9, true};
+  delayed.momentum_delay = 2;
+  for (const OuterOptimizerConfig& c : {OuterOptimizerConfig{0.7, 0.9, true}, delayed}) {
+    OuterOptimizer warmed(c, 8), fresh(c, 8);
+    std::vector<float> g(8), u(8), expected(8);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f * float(i) - 1.0f;
+    warmed.set_averaging(true);
+    warmed.set_lr(1.0);
+    for (int step = 0; step < 3; ++step) {
+      warmed.ComputeUpdate(g.data(), u.data());
+      EXPECT_EQ(u, g) << "step " << step;
+    }
+    EXPECT_EQ(warmed.momentum(), fresh.momentum());
+    EXPECT_EQ(warmed.buffered(), 0);
+    warmed.set_averaging(false);
+    warmed.set_lr(0.7);
+    for (int step = 0; step < 3; ++step) {
+      warmed.ComputeUpdate(g.data(), u.data());
+      fresh.ComputeUpdate(g.data(), expected.data());
+      EXPECT_EQ(u, expected) << "step " << step;
+    }
+  }
+}
+
 // Encodes values as the service keeps a contribution (fp32 chunks of 3 elements: windows and chunk
 // boundaries do not line up).
 EncodedPayload Encoded(const std::vector<float>& v) {

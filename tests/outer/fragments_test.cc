@@ -86,6 +86,57 @@ TEST(SyncScheduleTest, EachFragmentOncePerHStepsAtStaggeredOffsets) {
   EXPECT_EQ(SyncSchedule(100, 4).offset(3), 75);
 }
 
+// Warm start and early H: every fragment together, then the staggered schedule from their end;
+// DueStep, NextDue, RoundsUntil and RoundStart all tell the same schedule DueAfter does.
+TEST(SyncScheduleTest, EarlyPhasesComeFirstAndEveryQueryAgrees) {
+  // 3 one-step rounds, then H = 2 for 4 steps, then H = 8 with offsets 0 and 4.
+  const SyncSchedule s(8, 2, SyncPhases{3, 2, 4});
+  std::map<uint32_t, std::vector<int64_t>> when;
+  for (int64_t t = 1; t <= 40; ++t) {
+    for (uint32_t f : s.DueAfter(t)) when[f].push_back(t);
+  }
+  EXPECT_EQ(when[0], (std::vector<int64_t>{1, 2, 3, 5, 7, 15, 23, 31, 39}));
+  EXPECT_EQ(when[1], (std::vector<int64_t>{1, 2, 3, 5, 7, 11, 19, 27, 35}));
+  EXPECT_EQ(s.warm_start_rounds(), 3u);
+  EXPECT_TRUE(s.WarmStartRound(2));
+  EXPECT_FALSE(s.WarmStartRound(3));
+  EXPECT_EQ(s.SyncEveryAt(0), 1);
+  EXPECT_EQ(s.SyncEveryAt(3), 2);
+  EXPECT_EQ(s.SyncEveryAt(7), 8);
+  for (const SyncSchedule& x : {s, SyncSchedule(8, 2), SyncSchedule(10, 3, SyncPhases{5, 0, 0}),
+                                SyncSchedule(6, 1, SyncPhases{0, 3, 9})}) {
+    for (int f = 0; f < x.num_fragments(); ++f) {
+      std::vector<int64_t> due;
+      for (int64_t t = 1; t <= 60; ++t) {
+        const auto d = x.DueAfter(t);
+        if (std::find(d.begin(), d.end(), uint32_t(f)) != d.end()) due.push_back(t);
+      }
+      for (size_t r = 0; r < due.size(); ++r) {
+        EXPECT_EQ(x.DueStep(f, r), due[r]) << "fragment " << f << " round " << r;
+        EXPECT_EQ(x.RoundStart(f, r), r == 0 ? 0 : due[r - 1]);
+      }
+      for (int64_t t = 0; t < due.back(); ++t) {
+        const int64_t next = *std::upper_bound(due.begin(), due.end(), t);
+        EXPECT_EQ(x.NextDue(f, t), next) << "fragment " << f << " after " << t;
+        EXPECT_EQ(x.RoundsUntil(f, t),
+                  uint64_t(std::upper_bound(due.begin(), due.end(), t) - due.begin()));
+      }
+    }
+  }
+  // A rejoin in the early phase resumes at its round's start.
+  EXPECT_EQ(s.ResumeStep({4, 4}), 5);
+}
+
+TEST(SyncScheduleTest, PhasesThatDoNotFitAreRefusedByName) {
+  EXPECT_TRUE(Validate(SyncPhases{100, 5, 200}).ok());
+  EXPECT_THAT(std::string(Validate(SyncPhases{-1, 0, 0}).message()),
+              ::testing::HasSubstr("outer.warm_start_steps"));
+  EXPECT_THAT(std::string(Validate(SyncPhases{0, 5, 0}).message()),
+              ::testing::HasSubstr("needs outer.early_sync_steps"));
+  EXPECT_TRUE(Validate(SyncPhases{0, 0, 300}).ok());  // off: the length is ignored
+  EXPECT_THAT(std::string(Validate(SyncPhases{0, 5, 12}).message()),
+              ::testing::HasSubstr("multiple of outer.early_sync_every"));
+}
 
 // Where a rejoining island resumes: the latest round start when every fragment's next push can be
 // its open round; when the fragments disagree (a shard went back to its durable state) the
