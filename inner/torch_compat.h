@@ -10,7 +10,32 @@
 #include <cstdint>
 #include <limits>
 
+namespace c10d {
+class Backend;
+class ProcessGroup;
+}  // namespace c10d
+
 namespace atl::inner::compat {
+
+// The base class of c10d's process groups (Gloo, NCCL), with their collectives: ProcessGroup in
+// 1.x, Backend in 2.x (where ProcessGroup became a dispatcher over backends). Complete where a
+// process group's header is included.
+#if TORCH_VERSION_MAJOR >= 2
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
+
+// c10d::TCPStoreOptions: since 2.4 the store's server defaults to libuv, which Debian's libtorch
+// is built without; the classic server works in every build.
+template <typename TcpStoreOptions>
+void UseClassicTcpStore(TcpStoreOptions& options) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  options.useLibUV = false;
+#else
+  (void)options;
+#endif
+}
 
 inline constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
 

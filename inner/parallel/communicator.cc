@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "inner/torch_compat.h"
 
 namespace atl::inner::parallel {
 
@@ -117,7 +118,7 @@ class LocalCommunicator : public Communicator {
 
 class C10dCommunicator : public Communicator {
  public:
-  C10dCommunicator(c10::intrusive_ptr<c10d::ProcessGroup> pg, int rank, int size,
+  C10dCommunicator(c10::intrusive_ptr<compat::C10dBackend> pg, int rank, int size,
                    std::chrono::milliseconds timeout, bool native_reduce_scatter)
       : pg_(std::move(pg)),
         rank_(rank),
@@ -213,7 +214,7 @@ class C10dCommunicator : public Communicator {
     });
   }
 
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<compat::C10dBackend> pg_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
   bool native_reduce_scatter_;
@@ -257,6 +258,7 @@ absl::StatusOr<std::shared_ptr<Store>> Rendezvous(const RankInfo& info,
     o.numWorkers = info.world_size;
     o.waitWorkers = true;
     o.timeout = timeout;
+    compat::UseClassicTcpStore(o);
     return std::make_shared<Store>(c10::make_intrusive<c10d::TCPStore>(info.master_addr, o));
   } catch (const std::exception& e) {
     std::string message = e.what();

@@ -16,8 +16,12 @@ using std::chrono::milliseconds;
 
 std::unique_ptr<Communicator> Group(const RankInfo& info, milliseconds timeout) {
   auto store = Rendezvous(info, milliseconds(20000));
-  if (!store.ok()) return nullptr;
+  if (!store.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", info.rank, store.status().ToString().c_str());
+    return nullptr;
+  }
   auto comm = Communicator::Create(*store, "world", info.rank, info.world_size, false, timeout);
+  if (!comm.ok()) std::fprintf(stderr, "rank %d: %s\n", info.rank, comm.status().ToString().c_str());
   return comm.ok() ? *std::move(comm) : nullptr;
 }
 
