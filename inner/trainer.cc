@@ -11,7 +11,9 @@
 #include "inner/parallel/mesh.h"
 #include "inner/parallel/pipeline.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "inner/parallel/communicator.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner {
@@ -37,9 +39,9 @@ absl::Status Validate(const TrainConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("train.eval_batches must be positive, got ", c.eval_batches));
   }
   if (c.threads < 0) return absl::InvalidArgumentError(absl::StrCat("train.threads must be >= 0, got ", c.threads));
-  if (c.device != "cpu" && c.device.rfind("cuda", 0) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.device must be \"cpu\" or \"cuda[:N]\", got \"", c.device, "\""));
+  if (c.device != "cpu" && c.device != "auto" && c.device.rfind("cuda", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.device must be \"auto\", \"cpu\" or \"cuda[:N]\", got \"", c.device, "\""));
   }
   if (c.activation_checkpoint != "none" && c.activation_checkpoint != "full") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -52,11 +54,31 @@ absl::Status Validate(const TrainConfig& c) {
         c.batch_size, ", got ", c.pipeline_microbatches));
   }
   if (auto s = parallel::ParsePipelineSchedule(c.pipeline_schedule); !s.ok()) return s.status();
-  if (c.device != "cpu" && !torch::cuda::is_available()) {
+  if (c.device != "cpu" && c.device != "auto" && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(
         absl::StrCat("train.device = \"", c.device, "\" but no CUDA device is available"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
+                                          bool cuda_available) {
+  if (device == "cpu" || (device == "auto" && !cuda_available)) return std::string("cpu");
+  if (!cuda_available) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("train.device = \"", device, "\" but no CUDA device is available"));
+  }
+  if (device == "auto" || device == "cuda") return absl::StrCat("cuda:", local_rank);
+  int index = -1;
+  if (device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.device must be \"auto\", \"cpu\" or \"cuda[:N]\", got \"", device, "\""));
+  }
+  return device;
+}
+
+absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank) {
+  return ResolveDevice(device, local_rank, device != "cpu" && torch::cuda::is_available());
 }
 
 absl::Status Validate(const OptimConfig& c, const TrainConfig& train) {
@@ -114,8 +136,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
 
   if (train.threads > 0) torch::set_num_threads(train.threads);
   torch::manual_seed(train.seed);
+  TrainConfig resolved = train;
+  if (train.device != "cpu") {  // this rank's device: LOCAL_RANK as torchrun sets it
+    auto rank = parallel::RankInfoFromEnvironment();
+    if (!rank.ok()) return rank.status();
+    auto device = ResolveDevice(train.device, rank->local_rank);
+    if (!device.ok()) return device.status();
+    resolved.device = *device;
+  }
 
-  std::unique_ptr<Trainer> t(new Trainer(model, optim, train, data, *std::move(sampler)));
+  std::unique_ptr<Trainer> t(new Trainer(model, optim, resolved, data, *std::move(sampler)));
   if (mesh == nullptr) {
     t->own_mesh_ = parallel::DeviceMesh::Single();
     mesh = t->own_mesh_.get();
@@ -125,7 +155,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   fsdp.checkpoint_activations = train.activation_checkpoint == "full";
   fsdp.schedule = *parallel::ParsePipelineSchedule(train.pipeline_schedule);
   fsdp.sequence_parallel = train.sequence_parallel;
-  auto sharded = parallel::FsdpGpt::Create(model, *mesh, train.device != "cpu", fsdp);
+  auto sharded = parallel::FsdpGpt::Create(model, *mesh, resolved.device, fsdp);
   if (!sharded.ok()) return sharded.status();
   t->fsdp_ = *std::move(sharded);
   t->fsdp_->module()->train();

@@ -59,6 +59,13 @@ struct TrainConfig {
 absl::Status Validate(const OptimConfig& config, const TrainConfig& train);
 absl::Status Validate(const TrainConfig& config);
 
+// The device a rank trains on, from train.device: "cpu", "cuda:N", "cuda" (the rank's own GPU,
+// cuda:LOCAL_RANK) or "auto" (the rank's own GPU when there is one, else the CPU).
+absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
+                                          bool cuda_available);
+// The same with CUDA as libtorch sees it.
+absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank);
+
 // Linear warmup, then cosine decay to lr * min_lr_ratio at `total_steps`.
 double LearningRate(const OptimConfig& config, int64_t step, int64_t total_steps);
 

@@ -378,8 +378,11 @@ absl::Status IslandRun::Setup() {
     const auto control = std::chrono::milliseconds(int64_t(
         1000 * (config_.outer.reconnect_timeout_s + 2 * config_.outer.rpc_timeout_s +
                 config_.outer.round_timeout_s)));
-    auto mesh = inner::parallel::DeviceMesh::Create(*shape, options_.rank,
-                                                    config_.train.device != "cpu", timeout, control);
+    // NCCL inside an island on GPUs, Gloo on CPUs.
+    auto device = inner::ResolveDevice(config_.train.device, options_.rank.local_rank);
+    if (!device.ok()) return device.status();
+    auto mesh = inner::parallel::DeviceMesh::Create(*shape, options_.rank, *device != "cpu",
+                                                    timeout, control);
     if (!mesh.ok()) return mesh.status();
     mesh_ = *std::move(mesh);
   } else {

@@ -110,7 +110,8 @@ FsdpGpt::~FsdpGpt() {
 bool FsdpGpt::sharded() const { return mesh_.shape().dp_shard > 1; }
 
 absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& config,
-                                                         DeviceMesh& mesh, bool cuda,
+                                                         DeviceMesh& mesh,
+                                                         const std::string& device,
                                                          FsdpOptions options) {
   if (auto s = Validate(config); !s.ok()) return s;
   if (auto s = ValidatePipeline(config.n_layer, mesh.shape().pp); !s.ok()) return s;
@@ -120,7 +121,7 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
   }
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
   std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
-  if (cuda) f->model_->to(torch::Device(torch::kCUDA, 0));
+  if (device != "cpu") f->model_->to(torch::Device(device));  // "cuda:N", resolved
   if (auto s = f->BuildUnits(); !s.ok()) return s;
   return f;
 }

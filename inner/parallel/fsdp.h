@@ -80,7 +80,8 @@ struct FsdpMemory {
 class FsdpGpt {
  public:
   static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(const ModelConfig& config,
-                                                         DeviceMesh& mesh, bool cuda,
+                                                         DeviceMesh& mesh,
+                                                         const std::string& device,
                                                          FsdpOptions options);
   ~FsdpGpt();
 

@@ -37,6 +37,22 @@ TEST(ScheduleTest, WarmupThenCosineToTheFloor) {
   EXPECT_NEAR(LearningRate(o, 500, 110), 0.1, 1e-12);
 }
 
+// train.device: "auto" is the rank's own GPU where there is one, else the CPU; "cuda" is the
+// rank's own GPU; a GPU asked for where there is none is refused by name.
+TEST(TrainerTest, DevicesResolvePerRank) {
+  EXPECT_EQ(*ResolveDevice("auto", 3, true), "cuda:3");
+  EXPECT_EQ(*ResolveDevice("auto", 3, false), "cpu");
+  EXPECT_EQ(*ResolveDevice("cuda", 1, true), "cuda:1");
+  EXPECT_EQ(*ResolveDevice("cuda:0", 1, true), "cuda:0");
+  EXPECT_EQ(*ResolveDevice("cpu", 1, true), "cpu");
+  EXPECT_EQ(ResolveDevice("cuda", 0, false).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ResolveDevice("cuda:x", 0, true).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveDevice("tpu", 0, true).status().code(), absl::StatusCode::kInvalidArgument);
+  TrainConfig auto_device;
+  auto_device.device = "auto";
+  EXPECT_TRUE(Validate(auto_device).ok());  // loads anywhere; resolves where it trains
+}
+
 TEST(TrainerTest, JumpsAndRampsMoveTheScheduleAsAsked) {
   auto c = TinyConfig("");
   c.optim.warmup_steps = 0;
