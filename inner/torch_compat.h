@@ -53,6 +53,21 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, cons
 #endif
 }
 
+// While alive: autocast to bf16 on the CPU or CUDA (matrix products in bf16, reductions, norms and
+// the loss in fp32; parameters and their gradients stay fp32). The API moved from per-device
+// functions (1.x) to functions of the device type (2.4+). Nothing when not enabled.
+class AutocastBf16 {
+ public:
+  AutocastBf16(bool enabled, bool cuda);
+  ~AutocastBf16();
+  AutocastBf16(const AutocastBf16&) = delete;
+  AutocastBf16& operator=(const AutocastBf16&) = delete;
+
+ private:
+  bool enabled_, cuda_, was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
+
 // A fresh CPU generator seeded with `seed` (the API moved between 1.x and 2.x only in headers).
 at::Generator MakeCpuGenerator(uint64_t seed);
 

@@ -43,6 +43,10 @@ absl::Status Validate(const TrainConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.device must be \"auto\", \"cpu\" or \"cuda[:N]\", got \"", c.device, "\""));
   }
+  if (c.mixed_precision != "none" && c.mixed_precision != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.mixed_precision must be \"none\" or \"bf16\", got \"", c.mixed_precision, "\""));
+  }
   if (c.activation_checkpoint != "none" && c.activation_checkpoint != "full") {
     return absl::InvalidArgumentError(absl::StrCat(
         "activation_checkpoint.mode must be \"none\" or \"full\", got \"",
@@ -155,6 +159,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   fsdp.checkpoint_activations = train.activation_checkpoint == "full";
   fsdp.schedule = *parallel::ParsePipelineSchedule(train.pipeline_schedule);
   fsdp.sequence_parallel = train.sequence_parallel;
+  fsdp.bf16 = train.mixed_precision == "bf16";
   auto sharded = parallel::FsdpGpt::Create(model, *mesh, resolved.device, fsdp);
   if (!sharded.ok()) return sharded.status();
   t->fsdp_ = *std::move(sharded);

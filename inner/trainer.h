@@ -54,6 +54,9 @@ struct TrainConfig {
   // Tensor parallelism's sequence parallelism (inner/model.h): the blocks' LayerNorms, dropouts
   // and residual stream hold 1/tp of each sequence. Nothing to do with tp = 1.
   bool sequence_parallel = false;
+  // "none" (fp32) or "bf16": forward and backward under bf16 autocast, fp32 master weights,
+  // gradients, their reduction and AdamW state.
+  std::string mixed_precision = "none";
 };
 
 absl::Status Validate(const OptimConfig& config, const TrainConfig& train);

@@ -43,6 +43,8 @@ std::vector<Field> Schema(Config& c) {
       {"train.eval_batches", &c.train.eval_batches, "fixed validation micro-batches"},
       {"train.seed", &c.train.seed, "seed of runtime randomness (dropout)"},
       {"train.threads", &c.train.threads, "intra-op CPU threads (0: all cores)"},
+      {"train.mixed_precision", &c.train.mixed_precision,
+       "\"none\" (fp32) or \"bf16\" (bf16 autocast; fp32 weights, gradients and AdamW)"},
       {"train.device", &c.train.device,
        "\"auto\" (the rank's GPU if there is one), \"cpu\", \"cuda\" (cuda:LOCAL_RANK) or \"cuda:N\""},
       {"activation_checkpoint.mode", &c.train.activation_checkpoint,
@@ -272,6 +274,12 @@ absl::Status ValidateRun(const RunConfig& r) {
 // What the mesh asks of the model, checked before any rank starts.
 absl::Status ValidateMeshForModel(const Config& config) {
   const auto& p = config.parallelism;
+  if (auto s = inner::parallel::ValidateMixedPrecision(config.train.mixed_precision == "bf16",
+                                                       p.tensor_parallel_degree,
+                                                       p.pipeline_parallel_degree);
+      !s.ok()) {
+    return s;
+  }
   if (p.pipeline_parallel_degree > 1) {
     if (auto s = inner::parallel::ValidatePipeline(config.model.n_layer,
                                                    p.pipeline_parallel_degree);

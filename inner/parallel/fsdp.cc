@@ -107,6 +107,14 @@ FsdpGpt::~FsdpGpt() {
   }
 }
 
+absl::Status ValidateMixedPrecision(bool bf16, int tp, int pp) {
+  if (!bf16 || (tp == 1 && pp == 1)) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "train.mixed_precision = \"bf16\" runs with FSDP and data parallelism; with tensor (", tp,
+      ") or pipeline (", pp,
+      ") parallelism its activations would cross ranks in bf16, which is not built yet"));
+}
+
 bool FsdpGpt::sharded() const { return mesh_.shape().dp_shard > 1; }
 
 absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& config,
@@ -119,9 +127,13 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
       !s.ok()) {
     return s;
   }
+  if (auto s = ValidateMixedPrecision(options.bf16, mesh.shape().tp, mesh.shape().pp); !s.ok()) {
+    return s;
+  }
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
   std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
   if (device != "cpu") f->model_->to(torch::Device(device));  // "cuda:N", resolved
+  f->on_cuda_ = device != "cpu";
   if (auto s = f->BuildUnits(); !s.ok()) return s;
   return f;
 }
@@ -380,6 +392,7 @@ absl::StatusOr<double> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
                                          const std::vector<PipelineAction>& actions, bool train,
                                          double grad_scale) {
   StageRun run(*this, micros, train, grad_scale);
+  const compat::AutocastBf16 autocast(options_.bf16, on_cuda_);
   holding_ = train && mesh_.shape().pp > 1;
   auto timing = RunPipeline(mesh_.group(MeshDim::kPp), actions, run);
   absl::Status status = timing.status();

@@ -50,6 +50,9 @@ struct FsdpOptions {
   bool prefetch = true;                 // gather the next unit while the current one computes
   PipelineSchedule schedule = PipelineSchedule::k1F1B;  // of a step's micro-batches
   bool sequence_parallel = false;  // with tp > 1: the blocks' activations split over the sequence
+  // Forward and backward compute under bf16 autocast; parameters, gradients, their collectives
+  // and the optimizer stay fp32. With tp = pp = 1 (activations cross no rank boundary).
+  bool bf16 = false;
 };
 
 // One micro-batch: token ids and next-token targets, [rows, T] int64 (every stage gets both).
@@ -152,6 +155,7 @@ class FsdpGpt {
   std::unique_ptr<TpGroup> tp_;  // null without tensor parallelism; outlives the module
   Gpt model_;
   const FsdpOptions options_;
+  bool on_cuda_ = false;
   StageUnits stage_;
   bool holding_ = false;  // a pipelined step: units stay gathered, gradients whole, to its end
   PipelineTiming timing_;

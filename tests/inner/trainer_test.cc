@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "inner/parallel/fsdp.h"
 #include "tests/test_util.h"
 
 namespace atl::inner {
@@ -51,6 +52,33 @@ TEST(TrainerTest, DevicesResolvePerRank) {
   TrainConfig auto_device;
   auto_device.device = "auto";
   EXPECT_TRUE(Validate(auto_device).ok());  // loads anywhere; resolves where it trains
+}
+
+// bf16 autocast: the matrix products run in bf16 (the losses differ from fp32's from the first
+// step), the parameters, gradients and AdamW state stay fp32, and training follows fp32's closely.
+TEST(TrainerTest, Bf16AutocastTrainsLikeFp32) {
+  auto c = TinyConfig("");
+  c.train.steps = 60;
+  auto data = Data(c);
+  auto fp32 = Make(c, data);
+  c.train.mixed_precision = "bf16";
+  auto bf16 = Make(c, data);
+  double first32 = 0, first16 = 0, last32 = 0, last16 = 0;
+  for (int i = 0; i < 60; ++i) {
+    const auto a = *fp32->Step(), b = *bf16->Step();
+    if (i == 0) first32 = a.loss, first16 = b.loss;
+    last32 = a.loss, last16 = b.loss;
+  }
+  std::printf("loss fp32 %.4f -> %.4f, bf16 %.4f -> %.4f\n", first32, last32, first16, last16);
+  EXPECT_NE(first16, first32);                    // autocast is on
+  EXPECT_NEAR(first16, first32, 0.01 * first32);  // the same model
+  EXPECT_LT(last16, 0.8 * first16);               // it trains
+  EXPECT_NEAR(last16, last32, 0.02 * last32);     // as fp32 does, within 2%
+  EXPECT_NEAR(bf16->Evaluate()->loss, fp32->Evaluate()->loss, 0.02 * last32);
+  for (const auto& s : bf16->sharded().shards()) {
+    EXPECT_EQ(s.value.scalar_type(), at::kFloat) << s.name;
+    EXPECT_EQ(s.grad.scalar_type(), at::kFloat) << s.name;
+  }
 }
 
 TEST(TrainerTest, JumpsAndRampsMoveTheScheduleAsAsked) {
