@@ -191,9 +191,10 @@ PlanResult Simulate(const PlanInput& in) {
   Replay replay(in);
   const bool dp = in.method == PlanMethod::kDataParallel;
   const int h = dp ? 1 : in.sync_every;
-  const SyncSchedule schedule(h, int(in.fragment_elements.size()));
-  const int tau = in.method == PlanMethod::kStreaming ? in.tau : 0;
   const bool finite = in.steps > 0;
+  const SyncSchedule schedule(h, int(in.fragment_elements.size()),
+                              finite && !dp ? in.phases : SyncPhases{});
+  const int tau = in.method == PlanMethod::kStreaming ? in.tau : 0;
   const int64_t steps = finite ? in.steps : int64_t(kSteadyRounds) * h;
   const int64_t warmup = finite ? 0 : int64_t(kWarmupRounds) * h;
   double wall0 = 0, compute0 = 0;
@@ -210,7 +211,10 @@ PlanResult Simulate(const PlanInput& in) {
       }
       break;
     }
-    for (uint32_t f : schedule.DueAfter(t)) replay.Push(f, t + tau);
+    for (uint32_t f : schedule.DueAfter(t)) {
+      // As islands do: a fragment lands before its next push (the early phases' short rounds).
+      replay.Push(f, t + std::min<int64_t>(tau, schedule.NextDue(int(f), t) - t - 1));
+    }
     replay.LandDue(t);
     if (t == warmup) {
       wall0 = replay.now();

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "compression/codec_spec.h"
+#include "outer/fragments.h"
 
 namespace atl::outer {
 
@@ -59,6 +60,9 @@ struct PlanInput {
   // Inner steps of the run; the end of the run (every fragment pushed and merged in turn, as
   // atoll ends a run) is included. 0: the steady state (many rounds, no end).
   int64_t steps = 0;
+  // A run's warm start and early H (outer/fragments.h), before H: they count only in a run of
+  // `steps` (the steady state is the rounds after them).
+  SyncPhases phases;
   double backward_fraction = 2.0 / 3.0;  // of the step (kRing, data parallel)
   // The service's commit (kStar): seconds per parameter per contributing island (one thread).
   double commit_s_per_param = 2.1e-9;

@@ -31,6 +31,7 @@ struct Setting {
   outer::FragmentPattern pattern = outer::FragmentPattern::kStrided;
   int islands = 2, sync_every = 100, fragments = 8, tau = 1, connections = 1;
   std::string codec;
+  outer::SyncPhases phases;  // the config's warm start and early H (a run of --steps)
 };
 
 // Elements per fragment: by the placement rule of outer/fragments.h when the model is known,
@@ -119,6 +120,7 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.tau = c->outer.fragment_sync_delay;
     s.codec = c->outer.codec;
     s.connections = c->outer.connections;
+    s.phases = c->outer.phases;
     auto pattern = outer::ParseFragmentPattern(c->outer.fragment_pattern);
     if (!pattern.ok()) return pattern.status();
     s.pattern = *pattern;
@@ -149,6 +151,7 @@ absl::StatusOr<PlanInput> BaseInput(const PlanOptions& o, const Setting& s) {
   in.islands = s.islands;
   in.sync_every = s.sync_every;
   in.steps = o.steps;
+  in.phases = s.phases;
   in.commit_s_per_param = o.commit_ns_per_param * 1e-9;
   if (!o.service_bandwidth.empty()) {
     auto bw = outer::ParseBandwidth(o.service_bandwidth);

@@ -158,6 +158,28 @@ TEST(PlannerTest, AFiniteRunEndsWithEveryFragmentSyncedInTurn) {
   EXPECT_NEAR(r.utilization, 1.0 / 1.8, 1e-9);
 }
 
+// A warm start blocks on a round after every step (every fragment, tau 0): a run that is all warm
+// start is a run with H = 1; a streaming run with one first waits longer than without.
+TEST(PlannerTest, AWarmStartWaitsForARoundEveryStep) {
+  PlanInput in = OneFourMegabyteRound();
+  in.steps = 12;
+  in.sync_every = 4;
+  in.phases.warm_start_steps = 12;
+  PlanInput every_step = in;
+  every_step.sync_every = 1;
+  every_step.phases = {};
+  EXPECT_DOUBLE_EQ(Simulate(in).wall_s, Simulate(every_step).wall_s);
+  in.phases = {};
+  EXPECT_LT(Simulate(in).wall_s, Simulate(every_step).wall_s);
+
+  PlanInput streaming = FourFragments();
+  streaming.steps = 40;
+  const PlanResult plain = Simulate(streaming);
+  streaming.phases.warm_start_steps = 8;
+  EXPECT_LT(Simulate(streaming).utilization, plain.utilization);
+  EXPECT_EQ(Simulate(streaming).steps, 40);
+}
+
 TEST(PlannerTest, OneTcpStreamCarriesItsWindowPerRoundTrip) {
   PlanInput in;
   in.fragment_elements = {1'000'000'000};
