@@ -193,7 +193,9 @@ TEST(DiLoCoTest, AWarmStartAveragesEveryStep) {
     o.run_dir = dir.Join(name);
     auto summary = RunIsland(c, transport, o);
     EXPECT_TRUE(summary.ok()) << summary.status();
-    if (summary.ok()) EXPECT_EQ(summary->rounds, 10u);
+    if (summary.ok()) {
+      EXPECT_EQ(summary->rounds, 10u);
+    }
     return server->params();
   };
   auto c = DiLoCoConfig(dir.Join("text.txt"));
