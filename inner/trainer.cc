@@ -39,10 +39,6 @@ absl::Status Validate(const TrainConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat("train.eval_batches must be positive, got ", c.eval_batches));
   }
   if (c.threads < 0) return absl::InvalidArgumentError(absl::StrCat("train.threads must be >= 0, got ", c.threads));
-  if (c.device != "cpu" && c.device != "auto" && c.device.rfind("cuda", 0) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.device must be \"auto\", \"cpu\" or \"cuda[:N]\", got \"", c.device, "\""));
-  }
   if (c.mixed_precision != "none" && c.mixed_precision != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(
         "train.mixed_precision must be \"none\" or \"bf16\", got \"", c.mixed_precision, "\""));
@@ -58,27 +54,26 @@ absl::Status Validate(const TrainConfig& c) {
         c.batch_size, ", got ", c.pipeline_microbatches));
   }
   if (auto s = parallel::ParsePipelineSchedule(c.pipeline_schedule); !s.ok()) return s.status();
-  if (c.device != "cpu" && c.device != "auto" && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("train.device = \"", c.device, "\" but no CUDA device is available"));
-  }
+  // The device's name, and a GPU where one is asked for ("auto" loads anywhere).
+  if (auto device = ResolveDevice(c.device, 0); !device.ok()) return device.status();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
                                           bool cuda_available) {
+  int index = -1;
+  const bool cuda = device == "cuda" || (device.rfind("cuda:", 0) == 0 &&
+                                         absl::SimpleAtoi(device.substr(5), &index) && index >= 0);
+  if (device != "cpu" && device != "auto" && !cuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\""));
+  }
   if (device == "cpu" || (device == "auto" && !cuda_available)) return std::string("cpu");
   if (!cuda_available) {
     return absl::FailedPreconditionError(
         absl::StrCat("train.device = \"", device, "\" but no CUDA device is available"));
   }
-  if (device == "auto" || device == "cuda") return absl::StrCat("cuda:", local_rank);
-  int index = -1;
-  if (device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.device must be \"auto\", \"cpu\" or \"cuda[:N]\", got \"", device, "\""));
-  }
-  return device;
+  return index >= 0 ? device : absl::StrCat("cuda:", local_rank);
 }
 
 absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank) {

@@ -118,12 +118,6 @@ int64_t SyncSchedule::RoundStart(int fragment, uint64_t round) const {
   return round == 0 ? 0 : DueStep(fragment, round - 1);
 }
 
-int SyncSchedule::SyncEveryAt(int64_t step) const {
-  if (step < phases_.warm_start_steps) return 1;
-  if (step < early_end_) return phases_.early_sync_every;
-  return h_;
-}
-
 int64_t SyncSchedule::ResumeStep(const std::vector<uint64_t>& rounds) const {
   int64_t latest_start = 0, earliest_start = INT64_MAX, earliest_due = INT64_MAX;
   for (int f = 0; f < int(rounds.size()) && f < p_; ++f) {

@@ -73,8 +73,6 @@ class SyncSchedule {
   // The step round `round` of fragment f starts from (the island's step when it joins in it).
   int64_t RoundStart(int fragment, uint64_t round) const;
   int sync_every() const { return h_; }
-  // The H of the round that the step after `step` belongs to.
-  int SyncEveryAt(int64_t step) const;
   int num_fragments() const { return p_; }
   const SyncPhases& phases() const { return phases_; }
 

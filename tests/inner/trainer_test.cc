@@ -49,6 +49,7 @@ TEST(TrainerTest, DevicesResolvePerRank) {
   EXPECT_EQ(ResolveDevice("cuda", 0, false).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ResolveDevice("cuda:x", 0, true).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveDevice("tpu", 0, true).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveDevice("cuda7", 0, false).status().code(), absl::StatusCode::kInvalidArgument);
   TrainConfig auto_device;
   auto_device.device = "auto";
   EXPECT_TRUE(Validate(auto_device).ok());  // loads anywhere; resolves where it trains

@@ -100,9 +100,6 @@ TEST(SyncScheduleTest, EarlyPhasesComeFirstAndEveryQueryAgrees) {
   EXPECT_EQ(s.warm_start_rounds(), 3u);
   EXPECT_TRUE(s.WarmStartRound(2));
   EXPECT_FALSE(s.WarmStartRound(3));
-  EXPECT_EQ(s.SyncEveryAt(0), 1);
-  EXPECT_EQ(s.SyncEveryAt(3), 2);
-  EXPECT_EQ(s.SyncEveryAt(7), 8);
   for (const SyncSchedule& x : {s, SyncSchedule(8, 2), SyncSchedule(10, 3, SyncPhases{5, 0, 0}),
                                 SyncSchedule(6, 1, SyncPhases{0, 3, 9})}) {
     for (int f = 0; f < x.num_fragments(); ++f) {
