@@ -26,8 +26,8 @@ using C10dBackend = c10d::Backend;
 using C10dBackend = c10d::ProcessGroup;
 #endif
 
-// c10d::TCPStoreOptions: since 2.4 the store's server defaults to libuv, which Debian's libtorch
-// is built without; the classic server works in every build.
+// c10d::TCPStoreOptions: the libuv server is an option since 2.2 and the default since 2.4, and
+// Debian 13's libtorch is built without libuv; the classic server works in every build.
 template <typename TcpStoreOptions>
 void UseClassicTcpStore(TcpStoreOptions& options) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)

@@ -59,8 +59,8 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   }
   // A contribution weighs the tokens of the steps since the island's last push: at most H steps
   // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
-  o.max_tokens = 2 * uint64_t(std::max(config.outer.sync_every, config.outer.phases.early_sync_every)) *
-                 uint64_t(config.train.batch_size) *
+  const int longest_round = std::max(config.outer.sync_every, config.outer.phases.early_sync_every);
+  o.max_tokens = 2 * uint64_t(longest_round) * uint64_t(config.train.batch_size) *
                  uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
   if (config.outer.async()) {
     o.async = true;
