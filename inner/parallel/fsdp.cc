@@ -33,7 +33,7 @@ struct FsdpGpt::Micro {
   at::Tensor inputs, targets;
   std::vector<at::Tensor> unit_inputs, unit_outputs;  // per unit of the stage
   std::vector<at::Tensor> rng;  // checkpointed blocks: the CPU generator before their forward
-  double loss = 0;              // last stage
+  at::Tensor loss;              // last stage: the micro-batch's mean loss, on the device
 };
 
 // This rank's stage for one run of the pipeline (inner/parallel/pipeline.h).
@@ -60,9 +60,18 @@ class FsdpGpt::StageRun : public PipelineStage {
     return at::empty({tokens.size(0), tokens.size(1) / slices, model_.model_->config().d_model},
                      model_.units_.front()->shard.options());
   }
+  // One copy from the device for all the micro-batches (their losses stay there until then, so
+  // the step never waits for a forward to finish before queuing the next work).
   double mean_loss() const {
+    std::vector<at::Tensor> losses;
+    for (const auto& m : micros_) {
+      if (m.loss.defined()) losses.push_back(m.loss.detach().reshape({1}));
+    }
     double sum = 0;
-    for (const auto& m : micros_) sum += m.loss;
+    if (!losses.empty()) {
+      const at::Tensor host = at::cat(losses).to(at::kCPU, at::kDouble);
+      for (int64_t i = 0; i < host.numel(); ++i) sum += host.data_ptr<double>()[i];
+    }
     return sum / double(micros_.size());
   }
 
@@ -336,7 +345,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& inp
     if (u == n - 1 && last_stage()) {
       out = torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}),
                                                  m.targets.reshape({-1}));
-      m.loss = out.item<double>();
+      m.loss = out.detach();
     }
     if (train) m.unit_outputs[size_t(u)] = out;
     // The last unit's backward may come next: it stays gathered.
@@ -454,10 +463,17 @@ void FsdpGpt::ZeroGrad() {
 }
 
 double FsdpGpt::GradSquaredNorm() const {
-  double sum = 0;
+  // The shards' norms come over in one copy (one device sync a step, not one per shard), then
+  // add up in double in shard order.
+  std::vector<at::Tensor> norms;
   for (const auto& s : shards_) {
-    if (s.replica) continue;
-    const double n = s.grad.norm().item<double>();
+    if (!s.replica) norms.push_back(s.grad.norm().reshape({1}));
+  }
+  if (norms.empty()) return 0;
+  const at::Tensor host = at::cat(norms).to(at::kCPU, at::kDouble);
+  double sum = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const double n = host.data_ptr<double>()[i];
     sum += n * n;
   }
   return sum;
