@@ -1,6 +1,10 @@
 #include "compression/codec_cuda.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "compression/span_engine.h"
 
 #include "absl/strings/str_cat.h"
 
@@ -119,6 +123,127 @@ absl::Status DecodeViaDevice(const CodecSpec& spec, const uint8_t* in, size_t by
   return CudaError(int(cudaMemcpy(out, d_out.get(), n * 4, cudaMemcpyDeviceToHost)), "copy out");
 }
 
+}  // namespace atl::compression::cuda
+
+namespace atl::compression {
+namespace {
+
+using cuda::CudaError;
+
+// The CUDA engine: its own non-blocking stream (it never waits for the compute stream, nor the
+// compute stream for it, except through MarkCompute's event), pinned staging for host copies.
+class CudaEngine : public SpanEngine {
+ public:
+  static constexpr size_t kStagingBytes = size_t(16) << 20;
+
+  explicit CudaEngine(int device) : device_(device) {}
+  ~CudaEngine() override {
+    cudaSetDevice(device_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (compute_) cudaEventDestroy(compute_);
+    if (staging_) cudaFreeHost(staging_);
+  }
+  absl::Status Init() {
+    if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;
+    if (auto s = CudaError(int(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)), "stream");
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = CudaError(int(cudaEventCreateWithFlags(&compute_, cudaEventDisableTiming)), "event");
+        !s.ok()) {
+      return s;
+    }
+    return CudaError(int(cudaHostAlloc(&staging_, kStagingBytes, cudaHostAllocDefault)), "pinned memory");
+  }
+
+  bool on_device() const override { return true; }
+  absl::Status MarkCompute() override {
+    if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;
+    marked_ = true;
+    // The legacy default stream: libtorch's default (compute) stream.
+    return CudaError(int(cudaEventRecord(compute_, nullptr)), "record the compute stream");
+  }
+  absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
+                      const Rounding& rounding) override {
+    if (auto s = Begin(); !s.ok()) return s;
+    return cuda::EncodeOnDevice(spec, in, n, out, rounding, stream_);
+  }
+  absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                      float* out) override {
+    if (auto s = Begin(); !s.ok()) return s;
+    return cuda::DecodeOnDevice(spec, in, bytes, n, out, stream_);
+  }
+  absl::Status Subtract(const float* a, const float* b, float* out, size_t n) override {
+    if (auto s = Begin(); !s.ok()) return s;
+    if (auto s = CudaError(cuda::detail::LaunchSubtract(a, b, out, n, stream_), "subtract"); !s.ok()) {
+      return s;
+    }
+    return CudaError(int(cudaStreamSynchronize(stream_)), "subtract");
+  }
+  absl::Status ToHost(void* host, const void* dev, size_t bytes) override {
+    if (auto s = Begin(); !s.ok()) return s;
+    for (size_t at = 0; at < bytes; at += kStagingBytes) {
+      const size_t k = std::min(kStagingBytes, bytes - at);
+      if (auto s = CudaError(int(cudaMemcpyAsync(staging_, static_cast<const char*>(dev) + at, k,
+                                                 cudaMemcpyDeviceToHost, stream_)),
+                             "copy to the host");
+          !s.ok()) {
+        return s;
+      }
+      if (auto s = CudaError(int(cudaStreamSynchronize(stream_)), "copy to the host"); !s.ok()) return s;
+      std::memcpy(static_cast<char*>(host) + at, staging_, k);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status FromHost(void* dev, const void* host, size_t bytes) override {
+    if (auto s = Begin(); !s.ok()) return s;
+    for (size_t at = 0; at < bytes; at += kStagingBytes) {
+      const size_t k = std::min(kStagingBytes, bytes - at);
+      std::memcpy(staging_, static_cast<const char*>(host) + at, k);
+      if (auto s = CudaError(int(cudaMemcpyAsync(static_cast<char*>(dev) + at, staging_, k,
+                                                 cudaMemcpyHostToDevice, stream_)),
+                             "copy to the device");
+          !s.ok()) {
+        return s;
+      }
+      // The staging buffer is reused by the next piece.
+      if (auto s = CudaError(int(cudaStreamSynchronize(stream_)), "copy to the device"); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Every call: on the engine's device, after the compute stream's work as last marked.
+  absl::Status Begin() {
+    if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;
+    if (!marked_) return absl::OkStatus();
+    return CudaError(int(cudaStreamWaitEvent(stream_, compute_, 0)), "wait for the compute stream");
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t compute_ = nullptr;
+  bool marked_ = false;
+  void* staging_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SpanEngine>> SpanEngine::Cuda(int device) {
+  std::string why;
+  if (!cuda::Available(&why)) return absl::FailedPreconditionError(why);
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+    return absl::FailedPreconditionError("no current CUDA device");
+  }
+  auto engine = std::make_unique<CudaEngine>(device);
+  if (auto s = engine->Init(); !s.ok()) return s;
+  return std::unique_ptr<SpanEngine>(std::move(engine));
+}
+
+}  // namespace atl::compression
+
+namespace atl::compression::cuda {
+
 #else  // !ATOLL_HAVE_CUDA
 
 namespace {
@@ -145,6 +270,14 @@ absl::Status EncodeViaDevice(const CodecSpec&, const float*, size_t, uint8_t*, c
 absl::Status DecodeViaDevice(const CodecSpec&, const uint8_t*, size_t, size_t, float*) {
   return NotBuilt();
 }
+
+}  // namespace atl::compression::cuda
+
+namespace atl::compression {
+absl::StatusOr<std::unique_ptr<SpanEngine>> SpanEngine::Cuda(int) { return cuda::NotBuilt(); }
+}  // namespace atl::compression
+
+namespace atl::compression::cuda {
 
 #endif  // ATOLL_HAVE_CUDA
 

@@ -130,6 +130,10 @@ __global__ void DecodeBf16Kernel(const uint8_t* in, size_t n, float* out) {
   }
 }
 
+__global__ void SubtractKernel(const float* a, const float* b, float* out, size_t n) {
+  for (size_t i = GlobalThread(); i < n; i += GridThreads()) out[i] = a[i] - b[i];
+}
+
 template <class F>
 void LaunchFp4(bool stochastic, const float* in, size_t n, uint32_t block, size_t nblocks,
                uint8_t* out, uint64_t seed, uint64_t first_index, cudaStream_t s) {
@@ -211,6 +215,12 @@ int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out,
       DecodeFp4Kernel<m::E3M0><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out);
       break;
   }
+  return int(cudaGetLastError());
+}
+
+int LaunchSubtract(const float* a, const float* b, float* out, size_t n, void* stream) {
+  if (n == 0) return int(cudaSuccess);
+  SubtractKernel<<<GridFor(n, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, out, n);
   return int(cudaGetLastError());
 }
 

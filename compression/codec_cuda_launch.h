@@ -16,6 +16,8 @@ int FirstNonFinite(const float* in, size_t n, size_t* first, void* stream);
 int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                  const Rounding& rounding, void* stream);
 int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream);
+// out[i] = a[i] - b[i]; asynchronous.
+int LaunchSubtract(const float* a, const float* b, float* out, size_t n, void* stream);
 
 }  // namespace atl::compression::cuda::detail
 
