@@ -188,7 +188,7 @@ absl::Status IslandSync::FetchGlobal() {
     global_ = std::move(values);
     round_ = progress.round;
     fetched_bytes_ += progress.bytes;
-    return absl::OkStatus();
+    return device_ ? device_->Load(global_) : absl::OkStatus();
   }
   return last.ok() ? absl::AbortedError("the global state kept changing during the transfer") : last;
 }
@@ -228,7 +228,7 @@ std::vector<std::vector<IslandSync::Span>> IslandSync::PlanPush() const {
   return parts;
 }
 
-absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<float>& local,
+absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<float>* local,
                                                               uint64_t tokens, double steps_per_s,
                                                               RoundOutcome& out) {
   const PayloadId id{run_id_, island_id_, round_, options_.fragment};
@@ -262,18 +262,30 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
       if (next == part.size()) return false;
       const Span& c = part[next];
       const uint64_t n = c.end - c.begin;
-      delta.resize(n);
-      for (uint64_t i = 0; i < n; ++i) delta[i] = global_[c.at + i] - local[c.at + i];
-      if (options_.error_feedback) {
-        for (uint64_t i = 0; i < n; ++i) delta[i] += residual_[c.at + i];
+      absl::StatusOr<pb::Chunk> chunk;
+      if (device_) {
+        // Made and encoded on the device; `delta` receives the sample the error is measured on.
+        delta.resize(std::min(n, sample));
+        chunk = EncodeChunkWith(id, options_.codec, c.begin, n, fragment_elements_, uint32_t(next),
+                                uint32_t(part.size()), rounding,
+                                [&](uint8_t* out, const compression::Rounding& r) {
+                                  return device_->Encode(options_.codec, c.at, n, r, out,
+                                                         delta.data(), delta.size());
+                                });
+      } else {
+        delta.resize(n);
+        for (uint64_t i = 0; i < n; ++i) delta[i] = global_[c.at + i] - (*local)[c.at + i];
+        if (options_.error_feedback) {
+          for (uint64_t i = 0; i < n; ++i) delta[i] += residual_[c.at + i];
+        }
+        chunk = EncodeChunk(id, options_.codec, delta.data(), c.begin, n, fragment_elements_,
+                            uint32_t(next), uint32_t(part.size()), rounding);
       }
-      auto chunk = EncodeChunk(id, options_.codec, delta.data(), c.begin, n, fragment_elements_,
-                               uint32_t(next), uint32_t(part.size()), rounding);
       if (!chunk.ok()) return chunk.status();  // e.g. a non-finite pseudo-gradient
       if (auto s = SampleChunkError(*chunk, delta.data(), sample, &results[lane].error); !s.ok()) {
         return s;
       }
-      if (options_.error_feedback) {
+      if (options_.error_feedback && !device_) {
         // The residual is what the service will not see: delta minus its decoded encoding.
         decoded.resize(n);
         const std::string& data = chunk->data();
@@ -337,16 +349,39 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
     }
   }
   out.quantization_error = error.relative();
-  if (options_.error_feedback) residual_.swap(next_residual_);
+  if (options_.error_feedback) {
+    if (device_) {
+      device_->KeepResidual();
+    } else {
+      residual_.swap(next_residual_);
+    }
+  }
   return answer;
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
                                                    uint64_t tokens, double steps_per_s) {
+  if (device_) {
+    return absl::FailedPreconditionError("this fragment's pseudo-gradient is made on the device");
+  }
   if (local.size() != n_) {
     return absl::InvalidArgumentError(
         absl::StrCat("local parameters have ", local.size(), " elements, expected ", n_));
   }
+  return Round(&local, tokens, steps_per_s);
+}
+
+absl::StatusOr<RoundOutcome> IslandSync::SyncRoundOnDevice(uint64_t tokens, double steps_per_s) {
+  if (!device_ && carried()) {
+    return absl::FailedPreconditionError("this fragment has no device copy");
+  }
+  return Round(nullptr, tokens, steps_per_s);
+}
+
+void IslandSync::set_device_copy(DeviceCopy* copy) { device_ = copy && carried() ? copy : nullptr; }
+
+absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, uint64_t tokens,
+                                               double steps_per_s) {
   RoundOutcome out;
   out.round = round_;
   if (!carried()) {
@@ -356,6 +391,7 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
   }
   auto resync = [&](std::string reason) -> absl::StatusOr<RoundOutcome> {
     std::fill(residual_.begin(), residual_.end(), 0.0f);
+    if (device_) device_->ResetResidual();
     if (auto s = FetchGlobal(); !s.ok()) return s;
     out.resynced = true;
     out.resync_reason = std::move(reason);
@@ -451,6 +487,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
     absl::Status status;
     uint64_t bytes = 0, params_hash = 0;
     uint32_t contributors = 0;
+    std::vector<EncodedChunk> chunks;  // accepted, for the device copy (owned offsets)
   };
   std::vector<Received> received(parts.size());
   const int n_lanes = int(std::min<size_t>(size_t(lanes()), parts.size()));
@@ -472,6 +509,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
         std::copy(global_.begin() + int64_t(p.at), global_.begin() + int64_t(p.at + p.end - p.begin),
                   next.begin() + int64_t(p.at));
         got.bytes = 0;
+        got.chunks.clear();
         Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, p.begin,
                             p.end - p.begin, options_.codec,
                             [&](uint64_t first, const float* u, uint64_t k) {
@@ -484,7 +522,13 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
               range_hash = c.range_hash();
               got.params_hash = c.params_hash();
               got.contributors = c.contributors();
-              return assembler.Add(c.chunk());
+              absl::Status added = assembler.Add(c.chunk());
+              if (added.ok() && device_) {
+                const auto& h = c.chunk().header();
+                got.chunks.push_back({p.at + (h.offset() - p.begin), h.num_elements(),
+                                      std::move(*c.mutable_chunk()->mutable_data())});
+              }
+              return added;
             },
             lane);
         return s.ok() ? assembler.CheckComplete() : s;
@@ -528,6 +572,18 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   if (!options_.async) out.contributors = received[0].contributors;
   global_ = std::move(next);
   round_ = round + 1;
+  if (device_) {
+    // The same chunks, decoded on the device: its copy stays equal to the one just checked. Should
+    // it fail there, the full state reloads both.
+    for (const auto& r : received) {
+      for (const auto& c : r.chunks) {
+        if (auto s = device_->Apply(options_.codec, c.offset, c.count, c.data); !s.ok()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("the device copy could not apply round ", round, ": ", s.message()));
+        }
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "outer/device_copy.h"
 #include "outer/payload.h"
 #include "outer/transport.h"
 
@@ -123,6 +124,12 @@ class IslandSync {
   // ranges, concatenated. `steps_per_s` reports the island's inner throughput (async DyLU).
   absl::StatusOr<RoundOutcome> SyncRound(const std::vector<float>& local, uint64_t tokens,
                                          double steps_per_s = 0);
+  // The same with a device copy: the pseudo-gradient it captured (DeviceCopy::Capture) is encoded
+  // there, and each committed update is applied to it as to the host copy.
+  absl::StatusOr<RoundOutcome> SyncRoundOnDevice(uint64_t tokens, double steps_per_s = 0);
+  // The device copy this fragment's rounds keep equal to global() (outer/device_copy.h); set before
+  // the first fetch, owned by the model, outliving this IslandSync. nullptr: none.
+  void set_device_copy(DeviceCopy* copy);
 
   // Applies the committed rounds (versions) up to `version`, in order, checking every hash; fetches
   // the full state when the service no longer has them. For async islands at the end of a run.
@@ -148,7 +155,10 @@ class IslandSync {
   absl::Status ApplyRound(uint64_t round, RoundOutcome& out);
   // Encodes and pushes global - local on every lane at once (each retried on transient failures);
   // the service's answer, or the first lane's error.
-  absl::StatusOr<pb::PushResponse> PushContribution(const std::vector<float>& local,
+  absl::StatusOr<RoundOutcome> Round(const std::vector<float>* local, uint64_t tokens,
+                                     double steps_per_s);
+  // `local` null: the device copy makes the pseudo-gradient.
+  absl::StatusOr<pb::PushResponse> PushContribution(const std::vector<float>* local,
                                                     uint64_t tokens, double steps_per_s,
                                                     RoundOutcome& out);
   // One element range [begin, end) of the fragment held at owned offset `at`.
@@ -180,6 +190,7 @@ class IslandSync {
   std::vector<float> residual_;  // error feedback
   std::vector<float> next_residual_;  // written by a push, kept when it is accepted
   std::vector<float> global_;
+  DeviceCopy* device_ = nullptr;
   uint64_t round_ = 0;
   double link_bps_ = 0;
   uint64_t fetched_bytes_ = 0;

@@ -141,6 +141,10 @@ absl::Status Validate(const OuterConfig& c) {
   if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));
   }
+  if (c.global_copy != "auto" && c.global_copy != "device" && c.global_copy != "host") {
+    return absl::InvalidArgumentError(absl::StrCat("outer.global_copy must be auto, device or host, got \"",
+                                                   c.global_copy, "\""));
+  }
   if (c.async() && (c.optimizer.warmup_rounds > 0 || c.optimizer.decay != "constant")) {
     return absl::InvalidArgumentError(
         "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "

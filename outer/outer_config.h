@@ -28,6 +28,10 @@ struct OuterConfig {
   double spike_factor = 8;           // ... robust standard deviations above their median
   std::string codec = "fp32";        // pseudo-gradients and outer updates on the wire
   bool error_feedback = false;       // islands carry what the codec dropped into the next round
+  // Where an island's rank keeps its copy of the global parameters for making pseudo-gradients:
+  // "device" (beside the parameters: made, encoded and merged there), "host" (made and encoded on
+  // the host from a copy of the parameters), "auto" (device when the rank trains on a GPU).
+  std::string global_copy = "auto";
   bool stochastic_rounding = false;  // islands round pseudo-gradients stochastically
   // Streaming DiLoCo.
   int num_fragments = 1;                  // P

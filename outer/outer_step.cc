@@ -156,6 +156,7 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
     sync.carried = fragments[f].carried;
     syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
                                                   session_.identity(), fragments[f].elements, sync));
+    syncs_.back()->set_device_copy(model_.device_copy(f));
   }
   stats_.tau = policy_->Delay();
 }
@@ -312,10 +313,20 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
   last_push_[f] = t;
   policy_->Pushed(f, t);
-  job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = model_.Snapshot(f),
-                                               tokens, steps_per_s] {
-    return sync->SyncRound(local, tokens, steps_per_s);
-  });
+  if (DeviceCopy* copy = model_.device_copy(f)) {
+    // The pseudo-gradient is made on the device, in the compute stream's order; the task encodes it.
+    const absl::Status captured = copy->Capture(options_.sync.error_feedback);
+    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), captured, tokens,
+                                                 steps_per_s]() -> absl::StatusOr<RoundOutcome> {
+      if (!captured.ok()) return captured;
+      return sync->SyncRoundOnDevice(tokens, steps_per_s);
+    });
+  } else {
+    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = model_.Snapshot(f),
+                                                 tokens, steps_per_s] {
+      return sync->SyncRound(local, tokens, steps_per_s);
+    });
+  }
   bytes_in_flight_ += job.bytes;
   stats_.peak_bytes_in_flight = std::max(stats_.peak_bytes_in_flight, bytes_in_flight_);
   in_flight_.push_back(std::move(job));

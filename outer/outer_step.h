@@ -36,8 +36,12 @@ class IslandModel {
   virtual int64_t step() const = 0;
   // The local values of a fragment's parameters, flat, in the service's order.
   virtual std::vector<float> Snapshot(uint32_t fragment) = 0;
-  // theta = alpha * theta + (1 - alpha) * global (alpha 0: load the global parameters).
+  // theta = alpha * theta + (1 - alpha) * global (alpha 0: load the global parameters). A model
+  // with a device copy of the fragment merges from that copy, equal to `global`.
   virtual void Merge(uint32_t fragment, const std::vector<float>& global, double alpha) = 0;
+  // The copy of fragment f's global parameters the model keeps on its device (outer/device_copy.h),
+  // or nullptr: its pseudo-gradients are then made on the host from Snapshot.
+  virtual DeviceCopy* device_copy(uint32_t) { return nullptr; }
   // Sync: back in step with the run after a rejoin (the service may have lost rounds).
   virtual void JumpToStep(int64_t step) = 0;
   // Async: the learning-rate schedule follows the run's progress, not this island's steps.

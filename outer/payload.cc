@@ -25,6 +25,17 @@ absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::Co
                                       const float* values, uint64_t offset, uint64_t count,
                                       uint64_t fragment_elements, uint32_t index,
                                       uint32_t num_chunks, compression::Rounding rounding) {
+  return EncodeChunkWith(id, spec, offset, count, fragment_elements, index, num_chunks, rounding,
+                         [&](uint8_t* out, const compression::Rounding& r) {
+                           return compression::Encode(spec, values, count, out, r);
+                         });
+}
+
+absl::StatusOr<pb::Chunk> EncodeChunkWith(const PayloadId& id, const compression::CodecSpec& spec,
+                                          uint64_t offset, uint64_t count,
+                                          uint64_t fragment_elements, uint32_t index,
+                                          uint32_t num_chunks, compression::Rounding rounding,
+                                          const ChunkEncoder& encode) {
   pb::Chunk chunk;
   auto* h = chunk.mutable_header();
   h->set_run_id(id.run_id);
@@ -41,9 +52,7 @@ absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::Co
   std::string* data = chunk.mutable_data();
   data->resize(compression::EncodedBytes(spec, count));
   rounding.first_index = offset;
-  if (auto s = compression::Encode(spec, values, count, reinterpret_cast<uint8_t*>(data->data()),
-                                   rounding);
-      !s.ok()) {
+  if (auto s = encode(reinterpret_cast<uint8_t*>(data->data()), rounding); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("element ", offset, "+: ", s.message()));
   }
   chunk.set_xxh64(compression::Checksum(data->data(), data->size()));

@@ -46,6 +46,16 @@ absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::Co
                                       uint64_t fragment_elements, uint32_t index,
                                       uint32_t num_chunks, compression::Rounding rounding = {});
 
+// The same, with the encoding done by `encode`: it writes EncodedBytes(spec, count) bytes to out,
+// with the rounding given (first_index set to `offset`); a device copy encodes on its device.
+using ChunkEncoder =
+    std::function<absl::Status(uint8_t* out, const compression::Rounding& rounding)>;
+absl::StatusOr<pb::Chunk> EncodeChunkWith(const PayloadId& id, const compression::CodecSpec& spec,
+                                          uint64_t offset, uint64_t count,
+                                          uint64_t fragment_elements, uint32_t index,
+                                          uint32_t num_chunks, compression::Rounding rounding,
+                                          const ChunkEncoder& encode);
+
 // Encodes values[0, n) as elements [offset, offset + n) of a fragment of `fragment_elements`.
 // With stochastic rounding, element k of the fragment draws from (rounding.seed, k), so the bytes
 // do not depend on how the payload is cut into chunks.

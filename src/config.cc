@@ -114,6 +114,8 @@ std::vector<Field> Schema(Config& c) {
        "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)"},
       {"outer.codec", &c.outer.codec, "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"},
       {"outer.error_feedback", &c.outer.error_feedback, "carry codec error into the next round"},
+      {"outer.global_copy", &c.outer.global_copy,
+       "where pseudo-gradients are made: device (beside the parameters), host, or auto"},
       {"outer.stochastic_rounding", &c.outer.stochastic_rounding,
        "round pseudo-gradients stochastically (unbiased) instead of to nearest"},
       {"outer.num_fragments", &c.outer.num_fragments, "P: Streaming DiLoCo fragments"},

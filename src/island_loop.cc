@@ -295,7 +295,8 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"throttle", options.throttle},
                       {"ranks", ranks},
                       // With several ranks: of rank 0's part (each rank logs its ranges' hashes).
-                      {"global_hash", absl::StrFormat("%016x", summary.global_hash)}};
+                      {"global_hash", absl::StrFormat("%016x", summary.global_hash)},
+                      {"global_copy", summary.global_copy}};
   if (summary.last_eval) s["val_loss"] = summary.last_eval->loss;
   if (async) {
     s["staleness"] = summary.staleness;
@@ -419,6 +420,10 @@ absl::Status IslandRun::JoinAndBuild() {
   auto model = MapFragments(joined_, *trainer_);
   if (!model.ok()) return Fail(model.status());
   model_.emplace(*std::move(model));
+  if (auto s = model_->PlaceGlobalCopy(config_.outer.global_copy); !s.ok()) return Fail(s);
+  for (uint32_t f = 0; f < uint32_t(joined_.fragments_size()); ++f) {
+    if (model_->device_copy(f) != nullptr) summary_.global_copy = "device";
+  }
   outer_ = std::make_unique<outer::OuterStepHook>(transport_, *session_, *ranks_, *model_,
                                                   model_->Shares(),
                                                   OuterOptions(config_, joined_, *trainer_));

@@ -60,6 +60,7 @@ struct IslandSummary {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds
+  std::string global_copy = "host";  // where its pseudo-gradients were made (outer.global_copy)
   std::optional<inner::EvalStats> last_eval;
   std::vector<uint32_t> staleness;  // async: of each contribution, in order
   uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer

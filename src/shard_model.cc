@@ -15,6 +15,15 @@ namespace atl {
 
 namespace pb = ::atollpb::v1;
 
+namespace {
+
+// The elements of a parameter shard that a piece is.
+at::Tensor PartOf(inner::Trainer& trainer, const ShardModel::Piece& p) {
+  return trainer.sharded().shards()[p.shard].value.narrow(0, int64_t(p.at), int64_t(p.count));
+}
+
+}  // namespace
+
 ShardModel::ShardModel(inner::Trainer& trainer, std::vector<std::vector<Piece>> pieces,
                        std::vector<std::vector<size_t>> whole,
                        std::vector<std::vector<size_t>> all, std::vector<uint64_t> elements)
@@ -35,6 +44,11 @@ std::vector<float> ShardModel::Snapshot(uint32_t f) {
 }
 
 void ShardModel::Merge(uint32_t f, const std::vector<float>& global, double alpha) {
+  if (TensorDeviceCopy* copy = f < device_.size() ? device_[f].get() : nullptr) {
+    copy->MergeInto(alpha);
+    merged_[f] = true;
+    return;
+  }
   torch::NoGradGuard no_grad;
   size_t at = 0;
   for (const Piece& p : pieces_[f]) {
@@ -49,6 +63,30 @@ void ShardModel::Merge(uint32_t f, const std::vector<float>& global, double alph
     at += p.count;
   }
   merged_[f] = true;
+}
+
+absl::Status ShardModel::PlaceGlobalCopy(const std::string& where) {
+  device_.clear();
+  device_.resize(pieces_.size());
+  const bool on_gpu = !trainer_.sharded().shards().empty() &&
+                      trainer_.sharded().shards().front().value.device().is_cuda();
+  if (where == "host" || (where == "auto" && !on_gpu)) return absl::OkStatus();
+  for (size_t f = 0; f < pieces_.size(); ++f) {
+    if (pieces_[f].empty()) continue;  // carried by other ranks
+    uint64_t n = 0;
+    for (const Piece& p : pieces_[f]) n += p.count;
+    // The views are taken anew at each use, from the trainer (this object may move).
+    auto parts = [&trainer = trainer_, pieces = pieces_[f]] {
+      std::vector<at::Tensor> out;
+      for (const Piece& p : pieces) out.push_back(PartOf(trainer, p));
+      return out;
+    };
+    const at::Device device = Part(pieces_[f].front()).device();
+    auto copy = TensorDeviceCopy::Create(std::move(parts), n, device);
+    if (!copy.ok()) return copy.status();
+    device_[f] = *std::move(copy);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ShardModel::SyncReplicas() {
@@ -95,9 +133,7 @@ std::vector<outer::FragmentShare> ShardModel::Shares() const {
   return out;
 }
 
-at::Tensor ShardModel::Part(const Piece& p) {
-  return trainer_.sharded().shards()[p.shard].value.narrow(0, int64_t(p.at), int64_t(p.count));
-}
+at::Tensor ShardModel::Part(const Piece& p) { return PartOf(trainer_, p); }
 
 absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
                                         inner::Trainer& trainer) {

@@ -9,6 +9,8 @@
 #define ATOLL_SRC_SHARD_MODEL_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +19,7 @@
 #include "inner/trainer.h"
 #include "outer/outer_step.h"
 #include "outer/transport.h"
+#include "src/tensor_device_copy.h"
 
 namespace atl {
 
@@ -39,6 +42,13 @@ class ShardModel : public outer::IslandModel {
   int64_t step() const override { return trainer_.step(); }
   std::vector<float> Snapshot(uint32_t f) override;
   void Merge(uint32_t f, const std::vector<float>& global, double alpha) override;
+  outer::DeviceCopy* device_copy(uint32_t f) override {
+    return f < device_.size() ? device_[f].get() : nullptr;
+  }
+  // outer.global_copy: "device" keeps a copy of each carried fragment's global parameters on the
+  // parameters' device, where pseudo-gradients are then made and encoded; "auto" does so when that
+  // device is a GPU; "host" keeps none. Before the outer step is made.
+  absl::Status PlaceGlobalCopy(const std::string& where);
   // Every rank calls it after each call of the outer step that can merge: TP rank 0 says which
   // fragments it merged since the last call and sends their whole parameters to the other TP
   // ranks; then replica 0 sends the shards of the fragments it merged to the other replicas.
@@ -62,6 +72,7 @@ class ShardModel : public outer::IslandModel {
   const std::vector<std::vector<size_t>> all_;
   const std::vector<uint64_t> elements_;
   std::vector<bool> merged_;  // since the last SyncReplicas
+  std::vector<std::unique_ptr<TensorDeviceCopy>> device_;  // per fragment; null: none
 };
 
 // The service's fragments mapped onto this rank's parameter shards: which part of which fragment
