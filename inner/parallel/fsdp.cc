@@ -21,6 +21,10 @@ struct FsdpGpt::Unit {
   at::Tensor shard, shard_grad;  // this rank's part (the whole unit with one rank)
   at::Tensor full, full_grad;    // the whole unit; storage empty while not in use (sharded)
   at::Tensor scatter;            // sharded: the reduce-scattered gradient of one micro-batch
+  // Sharded bf16: the module computes with the gathered parameters in bf16 (full and full_grad
+  // are bf16), the all-gather sends the shard rounded to bf16 (this buffer), the gradient is
+  // reduce-scattered in fp32; shard, shard_grad and AdamW stay fp32.
+  at::Tensor shard_low;
   std::unique_ptr<Work> pending;  // an all-gather in flight
   bool gathered = false;
   bool grad_live = false;  // full_grad holds storage (sharded)
@@ -196,11 +200,13 @@ absl::Status FsdpGpt::BuildUnits() {
       flat.narrow(0, u.offsets[i], p.numel()).copy_(CanonicalFlat(name, p));
     }
     if (sharded()) {
+      const auto gathered = options_.bf16 ? options.dtype(at::kBFloat16) : options;
       u.shard = flat.narrow(0, me * u.shard_numel, u.shard_numel).clone();
       u.shard_grad = at::zeros({u.shard_numel}, options);
       u.scatter = at::empty({u.shard_numel}, options);
-      u.full = at::empty({u.padded}, options);
-      u.full_grad = at::empty({u.padded}, options);
+      u.full = at::empty({u.padded}, gathered);
+      u.full_grad = at::empty({u.padded}, gathered);
+      if (options_.bf16) u.shard_low = at::empty({u.shard_numel}, gathered);
     } else {
       u.full = u.shard = flat;
       u.full_grad = u.shard_grad = at::zeros({u.padded}, options);
@@ -245,6 +251,7 @@ std::vector<std::string> FsdpGpt::unit_parameters(int u) const {
 FsdpMemory FsdpGpt::memory() const {
   FsdpMemory m;
   for (const auto& u : units_) m.shard_bytes += 2 * u->shard_numel * int64_t(sizeof(float));
+  m.gathered_element_bytes = units_.empty() ? 4 : int(units_.front()->full.element_size());
   m.peak_gathered_bytes = peak_live_bytes_;
   return m;
 }
@@ -252,10 +259,19 @@ FsdpMemory FsdpGpt::memory() const {
 void FsdpGpt::Prefetch(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || unit.gathered || unit.pending) return;
-  compat::ResizeStorage(unit.full, size_t(unit.padded) * sizeof(float));
-  live_bytes_ += unit.padded * int64_t(sizeof(float));
+  const int64_t bytes = unit.padded * int64_t(unit.full.element_size());
+  compat::ResizeStorage(unit.full, size_t(bytes));
+  live_bytes_ += bytes;
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
-  unit.pending = mesh_.group(MeshDim::kDpShard).AllGatherAsync(unit.shard, unit.full);
+  if (!unit.shard_low.defined()) {
+    unit.pending = mesh_.group(MeshDim::kDpShard).AllGatherAsync(unit.shard, unit.full);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  unit.shard_low.copy_(unit.shard);  // rounded to the nearest bf16
+  // Gathered as 16-bit words (a copy: every backend moves them; Gloo 1.13 has no bf16 type).
+  at::Tensor words = unit.full.view(at::kHalf);
+  unit.pending = mesh_.group(MeshDim::kDpShard).AllGatherAsync(unit.shard_low.view(at::kHalf), words);
 }
 
 absl::Status FsdpGpt::Gather(int u) {
@@ -272,15 +288,16 @@ void FsdpGpt::Release(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || !unit.gathered) return;
   compat::ResizeStorage(unit.full, 0);
-  live_bytes_ -= unit.padded * int64_t(sizeof(float));
+  live_bytes_ -= unit.padded * int64_t(unit.full.element_size());
   unit.gathered = false;
 }
 
 void FsdpGpt::PrepareGrad(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || unit.grad_live) return;  // a held unit's gradient accumulates
-  compat::ResizeStorage(unit.full_grad, size_t(unit.padded) * sizeof(float));
-  live_bytes_ += unit.padded * int64_t(sizeof(float));
+  const int64_t bytes = unit.padded * int64_t(unit.full_grad.element_size());
+  compat::ResizeStorage(unit.full_grad, size_t(bytes));
+  live_bytes_ += bytes;
   peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   unit.full_grad.zero_();
   unit.grad_live = true;
@@ -289,9 +306,16 @@ void FsdpGpt::PrepareGrad(int u) {
 absl::Status FsdpGpt::ScatterGrad(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || !unit.grad_live) return absl::OkStatus();
-  auto s = mesh_.group(MeshDim::kDpShard).ReduceScatterSum(unit.full_grad, unit.scatter);
+  absl::Status s;
+  if (unit.full_grad.scalar_type() == at::kFloat) {
+    s = mesh_.group(MeshDim::kDpShard).ReduceScatterSum(unit.full_grad, unit.scatter);
+  } else {
+    // bf16 gradients are summed over the ranks in fp32.
+    at::Tensor wide = unit.full_grad.to(at::kFloat);
+    s = mesh_.group(MeshDim::kDpShard).ReduceScatterSum(wide, unit.scatter);
+  }
   compat::ResizeStorage(unit.full_grad, 0);
-  live_bytes_ -= unit.padded * int64_t(sizeof(float));
+  live_bytes_ -= unit.padded * int64_t(unit.full_grad.element_size());
   unit.grad_live = false;
   if (!s.ok()) return s;
   unit.shard_grad.add_(unit.scatter);

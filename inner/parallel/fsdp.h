@@ -50,8 +50,10 @@ struct FsdpOptions {
   bool prefetch = true;                 // gather the next unit while the current one computes
   PipelineSchedule schedule = PipelineSchedule::k1F1B;  // of a step's micro-batches
   bool sequence_parallel = false;  // with tp > 1: the blocks' activations split over the sequence
-  // Forward and backward compute under bf16 autocast; parameters, gradients, their collectives
-  // and the optimizer stay fp32. With tp = pp = 1 (activations cross no rank boundary).
+  // Forward and backward compute under bf16 autocast; the parameter shards, their gradients, the
+  // gradient reduction and the optimizer stay fp32. Sharded (dp_shard > 1), the units are
+  // all-gathered in bf16 (half the bytes) and computed with in bf16, their gradients reduced in
+  // fp32. With tp = pp = 1 (activations cross no rank boundary).
   bool bf16 = false;
 };
 
@@ -78,6 +80,7 @@ struct ParamShard {
 struct FsdpMemory {
   int64_t shard_bytes = 0;        // parameters + gradients (the shards)
   int64_t peak_gathered_bytes = 0;  // full units (parameters and gradients) alive at once, at most
+  int gathered_element_bytes = 4;   // of the gathered parameters: 2 when sharded in bf16
 };
 
 class FsdpGpt {
