@@ -204,7 +204,9 @@ absl::StatusOr<StepStats> Trainer::Step() {
   if (auto s = fsdp_->ReduceGradients(); !s.ok()) return s;
   // The global gradient norm over all shards, TP parts and stages, clipped as torch's
   // clip_grad_norm_ does.
-  auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), torch::kDouble);
+  // The scalars the island reduces live on the parameters' device (NCCL groups take no others).
+  const auto scalar = torch::TensorOptions().dtype(torch::kDouble).device(device);
+  auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), scalar);
   for (auto dim : {parallel::MeshDim::kDpShard, parallel::MeshDim::kTp, parallel::MeshDim::kPp}) {
     if (auto s = mesh_->group(dim).AllReduceSum(norm); !s.ok()) return s;
   }
@@ -214,7 +216,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
     if (coef < 1) fsdp_->ScaleGrad(coef);
   }
   adamw_->Step(stats.lr);
-  auto losses = torch::full({1}, *loss, torch::kDouble);
+  auto losses = torch::full({1}, *loss, scalar);
   if (auto s = mesh_->dp().AllReduceSum(losses); !s.ok()) return s;
   step_ += 1;
   stats.step = step_;
@@ -256,7 +258,7 @@ absl::StatusOr<EvalStats> Trainer::Evaluate() {
     if (n > 0) weighted += *loss * double(n);
   }
   fsdp_->module()->train();
-  auto sum = torch::full({1}, weighted, torch::kDouble);
+  auto sum = torch::full({1}, weighted, torch::TensorOptions().dtype(torch::kDouble).device(device));
   if (auto s = mesh_->dp().AllReduceSum(sum); !s.ok()) return s;
   EvalStats out;
   out.loss = sum.item<double>() / double(total);

@@ -11,7 +11,12 @@
 namespace atl {
 
 absl::StatusOr<std::unique_ptr<TensorDeviceCopy>> TensorDeviceCopy::Create(
-    Parts parts, uint64_t elements, const at::Device& device) {
+    Parts parts, uint64_t elements, const at::Device& where) {
+  // "cuda" without an index: the device the parameters are on.
+  const std::vector<at::Tensor> pieces = parts();
+  const bool any_index = !where.has_index() && !pieces.empty() &&
+                        pieces.front().device().type() == where.type();
+  const at::Device device = any_index ? pieces.front().device() : where;
   std::unique_ptr<compression::SpanEngine> engine;
   if (device.is_cuda()) {
     auto cuda = compression::SpanEngine::Cuda(device.has_index() ? device.index() : -1);
@@ -28,7 +33,7 @@ absl::StatusOr<std::unique_ptr<TensorDeviceCopy>> TensorDeviceCopy::Create(
         absl::StrCat("outer.global_copy = \"device\" does not support ", device.str()));
   }
   uint64_t total = 0;
-  for (const auto& p : parts()) {
+  for (const auto& p : pieces) {
     if (p.dim() != 1 || !p.is_contiguous() || p.scalar_type() != at::kFloat || p.device() != device) {
       return absl::InvalidArgumentError("a device copy needs 1-D contiguous fp32 parameter pieces");
     }

@@ -28,7 +28,7 @@ class TensorDeviceCopy : public outer::DeviceCopy {
  public:
   // The model's pieces of the fragment this rank owns, in owned order: 1-D contiguous fp32 views
   // of its parameter shards, on one device. Asked for at every use (the views are cheap and the
-  // trainer's storage may change between rounds).
+  // trainer's storage may change between rounds). `device` may name no index ("cuda"): the pieces'.
   using Parts = std::function<std::vector<at::Tensor>()>;
   static absl::StatusOr<std::unique_ptr<TensorDeviceCopy>> Create(Parts parts, uint64_t elements,
                                                                   const at::Device& device);

@@ -91,7 +91,8 @@ configure() {
   local args=(-S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release -DATOLL_CUDA=ON
     -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" "-DCMAKE_PREFIX_PATH=$prefix/usr;$torch_prefix"
     -DProtobuf_PROTOC_EXECUTABLE="$prefix/usr/bin/protoc" -DOPENSSL_ROOT_DIR="$prefix/usr"
-    -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" -DATOLL_LINK_SYSTEM_GLOO=OFF)
+    -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" -DATOLL_LINK_SYSTEM_GLOO=OFF
+    -DCMAKE_POLICY_VERSION_MINIMUM=3.5)  # CMake 4 (pip's) with packages' configs of older CMakes
   [[ -n "$nccl_include" ]] && args+=(-DATOLL_NCCL_INCLUDE="$nccl_include")
   command -v ninja >/dev/null && args+=(-G Ninja)
   cmake "${args[@]}"

@@ -435,7 +435,8 @@ absl::StatusOr<double> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
   if (train) timing_ = *timing;
   if (mesh_.shape().pp == 1) return run.mean_loss();
   // The last stage's loss, on every stage.
-  auto loss = at::full({1}, last_stage() ? run.mean_loss() : 0.0, at::kDouble);
+  auto loss = at::full({1}, last_stage() ? run.mean_loss() : 0.0,
+                       at::TensorOptions().dtype(at::kDouble).device(units_.front()->shard.device()));
   if (auto s = mesh_.group(MeshDim::kPp).AllReduceSum(loss); !s.ok()) return s;
   return loss.item<double>();
 }

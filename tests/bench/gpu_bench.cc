@@ -128,7 +128,8 @@ absl::StatusOr<RoundCost> MeasureRound(inner::Trainer& trainer, const Options& o
       for (size_t i : members) out.push_back(shards[i].value);
       return out;
     };
-    auto copy = atl::TensorDeviceCopy::Create(parts, n, device);
+    // The parameters' own device ("cuda" resolves to the rank's, cuda:0 here).
+    auto copy = atl::TensorDeviceCopy::Create(parts, n, shards[members.front()].value.device());
     if (!copy.ok()) return copy.status();
     // The global copy: the parameters as they are, moved a little (a round's worth of drift).
     std::vector<float> global;
