@@ -11,35 +11,8 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 root="${ATOLL_TRIXIE_ROOT:-/var/tmp/atoll-trixie}"
 mirror="${ATOLL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-[[ $(id -u) -eq 0 ]] || { echo "debian13.sh: needs root (debootstrap, chroot)" >&2; exit 1; }
-
-if [[ ! -x "$root/usr/bin/apt-get" ]]; then
-  command -v debootstrap >/dev/null || {
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-  }
-  echo "debian13: making a Debian 13 root in $root"
-  debootstrap --variant=minbase trixie "$root" "$mirror" >/dev/null
-fi
-
-# /proc (tests re-execute /proc/self/exe), /dev (Gloo and gRPC use /dev/shm, /dev/urandom), the
-# repository; all unmounted on the way out.
-mounted=()
-cleanup() {
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-bind() {  # SRC DST
-  mkdir -p "$2"
-  mountpoint -q "$2" || { mount --bind "$1" "$2"; mounted+=("$2"); }
-}
-mkdir -p "$root/proc"
-mountpoint -q "$root/proc" || { mount -t proc proc "$root/proc"; mounted+=("$root/proc"); }
-bind /dev "$root/dev"
-bind /dev/pts "$root/dev/pts"
-bind "$repo" "$root/atoll"
-cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
-
-in_root() { chroot "$root" env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
+source "$repo/deploy/compat/root.sh"
+make_root trixie "$root" "$mirror"
 
 # The build's packages, from the same list as Debian 12's set-up.
 in_root env ATOLL_SETUP=packages bash /atoll/deploy/setup.sh

@@ -20,6 +20,10 @@ build_deps=(
   libxxhash-dev prometheus-cpp-dev libcpp-httplib-dev libre2-dev libc-ares-dev libssl-dev
   zlib1g-dev libbrotli-dev libcivetweb-dev libcurl4-openssl-dev pkgconf pkgconf-bin libpkgconf3
 )
+# Taken alone, without what they depend on: gloo's headers, which c10d's ProcessGroupGloo.hpp
+# includes where a libtorch does not ship them (Debian's; a wheel's own come first), and its
+# library for a libtorch that links gloo separately (Debian's; check.sh links it only when asked).
+alone=(libgloo-dev libgloo0)
 # The base system, present on any machine that can compile: never carried.
 base='^(libc6|libc6-dev|libc-dev-bin|libgcc-s1|gcc-[0-9]+-base|libstdc\+\+6|libcrypt1|libcrypt-dev|linux-libc-dev|libnsl-dev|libnsl2|libtirpc-common|libtirpc-dev|libtirpc3|rpcsvc-proto|zlib1g|libzstd1|libffi8|libselinux1|libpcre2-8-0|debconf|dpkg|perl-base|tar)$'
 # The libraries that only curl loads (atoll never links prometheus-cpp's push client): its CMake
@@ -32,8 +36,8 @@ mapfile -t closure < <(apt-cache depends --recurse --no-recommends --no-suggests
   --no-breaks --no-replaces --no-enhances "${build_deps[@]}" 2>/dev/null |
   grep -v '^[ <]' | sort -u | grep -Ev "$base" | grep -Ev "$curl_only")
 ((${#closure[@]} > 0)) || { echo "bundle: apt-cache knows none of the packages (run apt-get update)" >&2; exit 1; }
-(cd "$out/debs" && rm -f ./*.deb && apt-get download -qq "${closure[@]}")
-echo "bundle: ${#closure[@]} packages, $(du -sh "$out/debs" | cut -f1) in $out/debs"
+(cd "$out/debs" && rm -f ./*.deb && apt-get download -qq "${closure[@]}" "${alone[@]}")
+echo "bundle: $((${#closure[@]} + ${#alone[@]})) packages, $(du -sh "$out/debs" | cut -f1) in $out/debs"
 
 "$root/deploy/fetch_brown.sh" "$out/data/brown"
 total=$(du -sb "$out" | cut -f1)

@@ -6,6 +6,7 @@
 #   ATOLL_CHECK_STEPS="build codec train bench local"   the steps to run (default all, in order;
 #                                         "configure" alone: unpack and configure only)
 #   ATOLL_TORCH_PREFIX=DIR                a libtorch's CMake prefix instead of python3's torch
+#   ATOLL_CMAKE_ARGS="..."                more CMake arguments
 # Steps: unpack the bundle's .debs into build-gpu/prefix (dpkg -x, never into /); configure against
 # the local libtorch with CUDA kernels for the local GPU and NCCL; build the targets the checks
 # need with every core; run the CUDA tests (codecs bit for bit against the CPU; training on the
@@ -72,6 +73,9 @@ unpack() {
 lib="$prefix/usr/lib/x86_64-linux-gnu"
 export PATH="$prefix/usr/bin:$PATH"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Debian's multiarch headers (OpenSSL's opensslconf.h) sit beside the prefix's include dir, where
+# the compiler only looks for the system's.
+export CPATH="$prefix/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
 # pkg-config (xxhash, cpp-httplib and what they require) from the prefix only, its paths rebased.
 export PKG_CONFIG_LIBDIR="$lib/pkgconfig:$prefix/usr/share/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$prefix"
@@ -95,6 +99,9 @@ configure() {
     -DCMAKE_POLICY_VERSION_MINIMUM=3.5)  # CMake 4 (pip's) with packages' configs of older CMakes
   [[ -n "$nccl_include" ]] && args+=(-DATOLL_NCCL_INCLUDE="$nccl_include")
   command -v ninja >/dev/null && args+=(-G Ninja)
+  # More from the caller, e.g. -DATOLL_LINK_SYSTEM_GLOO=ON for a libtorch without gloo inside.
+  read -r -a more <<< "${ATOLL_CMAKE_ARGS:-}"
+  args+=("${more[@]}")
   cmake "${args[@]}"
 }
 targets=(atoll compression_test trainer_test diloco_test gpu_bench)
