@@ -181,38 +181,33 @@ class CudaEngine : public SpanEngine {
     return CudaError(int(cudaStreamSynchronize(stream_)), "subtract");
   }
   absl::Status ToHost(void* host, const void* dev, size_t bytes) override {
-    if (auto s = Begin(); !s.ok()) return s;
-    for (size_t at = 0; at < bytes; at += kStagingBytes) {
-      const size_t k = std::min(kStagingBytes, bytes - at);
-      if (auto s = CudaError(int(cudaMemcpyAsync(staging_, static_cast<const char*>(dev) + at, k,
-                                                 cudaMemcpyDeviceToHost, stream_)),
-                             "copy to the host");
-          !s.ok()) {
-        return s;
-      }
-      if (auto s = CudaError(int(cudaStreamSynchronize(stream_)), "copy to the host"); !s.ok()) return s;
-      std::memcpy(static_cast<char*>(host) + at, staging_, k);
-    }
-    return absl::OkStatus();
+    return Staged(bytes, "copy to the host", [&](size_t at, size_t k) {
+      return cudaMemcpyAsync(staging_, static_cast<const char*>(dev) + at, k,
+                             cudaMemcpyDeviceToHost, stream_);
+    }, [&](size_t at, size_t k) { std::memcpy(static_cast<char*>(host) + at, staging_, k); });
   }
   absl::Status FromHost(void* dev, const void* host, size_t bytes) override {
-    if (auto s = Begin(); !s.ok()) return s;
-    for (size_t at = 0; at < bytes; at += kStagingBytes) {
-      const size_t k = std::min(kStagingBytes, bytes - at);
+    return Staged(bytes, "copy to the device", [&](size_t at, size_t k) {
       std::memcpy(staging_, static_cast<const char*>(host) + at, k);
-      if (auto s = CudaError(int(cudaMemcpyAsync(static_cast<char*>(dev) + at, staging_, k,
-                                                 cudaMemcpyHostToDevice, stream_)),
-                             "copy to the device");
-          !s.ok()) {
-        return s;
-      }
-      // The staging buffer is reused by the next piece.
-      if (auto s = CudaError(int(cudaStreamSynchronize(stream_)), "copy to the device"); !s.ok()) return s;
-    }
-    return absl::OkStatus();
+      return cudaMemcpyAsync(static_cast<char*>(dev) + at, staging_, k, cudaMemcpyHostToDevice,
+                             stream_);
+    }, [](size_t, size_t) {});
   }
 
  private:
+  // A copy through the pinned staging buffer, piece by piece: `copy` queues piece [at, at + k) on
+  // the stream, which is then waited for (the buffer is reused) before `after` runs.
+  template <typename Copy, typename After>
+  absl::Status Staged(size_t bytes, const char* what, Copy copy, After after) {
+    if (auto s = Begin(); !s.ok()) return s;
+    for (size_t at = 0; at < bytes; at += kStagingBytes) {
+      const size_t k = std::min(kStagingBytes, bytes - at);
+      if (auto s = CudaError(int(copy(at, k)), what); !s.ok()) return s;
+      if (auto s = CudaError(int(cudaStreamSynchronize(stream_)), what); !s.ok()) return s;
+      after(at, k);
+    }
+    return absl::OkStatus();
+  }
   // Every call: on the engine's device, after the compute stream's work as last marked.
   absl::Status Begin() {
     if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;

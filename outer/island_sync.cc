@@ -487,7 +487,13 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
     absl::Status status;
     uint64_t bytes = 0, params_hash = 0;
     uint32_t contributors = 0;
-    std::vector<EncodedChunk> chunks;  // accepted, for the device copy (owned offsets)
+    // Accepted chunks as they arrived (encoded), for the device copy: owned elements
+    // [at, at + count).
+    struct Owned {
+      uint64_t at = 0, count = 0;
+      std::string data;
+    };
+    std::vector<Owned> chunks;
   };
   std::vector<Received> received(parts.size());
   const int n_lanes = int(std::min<size_t>(size_t(lanes()), parts.size()));
@@ -577,7 +583,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
     // it fail there, the full state reloads both.
     for (const auto& r : received) {
       for (const auto& c : r.chunks) {
-        if (auto s = device_->Apply(options_.codec, c.offset, c.count, c.data); !s.ok()) {
+        if (auto s = device_->Apply(options_.codec, c.at, c.count, c.data); !s.ok()) {
           return absl::FailedPreconditionError(
               absl::StrCat("the device copy could not apply round ", round, ": ", s.message()));
         }

@@ -175,8 +175,10 @@ absl::StatusOr<RoundCost> MeasureRound(inner::Trainer& trainer, const Options& o
     Sync(device);
     cost.merge_s += Since(t0);
 
-    // The host path: a copy of the parameters to the host, global - local and the encoding there
-    // (one thread, as one fragment's push task), the merge from a host copy.
+    // The host path, as ShardModel::Snapshot, IslandSync's push and ShardModel::Merge do it (the
+    // same operations written out here, without a service): a copy of the parameters to the host,
+    // global - local and the encoding there (one thread, as one fragment's push task), the merge
+    // from a host copy.
     t0 = Clock::now();
     std::vector<float> local;
     local.reserve(n);
