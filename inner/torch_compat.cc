@@ -2,10 +2,29 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
+#ifdef ATOLL_TORCH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace atl::inner::compat {
 
 at::Generator MakeCpuGenerator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+#ifdef ATOLL_TORCH_CUDA
+ThrowOnDeviceSync::ThrowOnDeviceSync() {
+  auto& state = c10::cuda::warning_state();
+  was_ = int(state.get_sync_debug_mode());
+  state.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+}
+ThrowOnDeviceSync::~ThrowOnDeviceSync() {
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode(was_));
+}
+bool ThrowOnDeviceSync::active() { return true; }
+#else
+ThrowOnDeviceSync::ThrowOnDeviceSync() = default;
+ThrowOnDeviceSync::~ThrowOnDeviceSync() = default;
+bool ThrowOnDeviceSync::active() { return false; }
+#endif
 
 at::Tensor GetDefaultCpuRngState() {
   at::Generator gen = at::detail::getDefaultCPUGenerator();

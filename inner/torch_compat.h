@@ -68,6 +68,22 @@ class AutocastBf16 {
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
+// While alive: a CUDA operation that makes the host wait for the device (an item(), a blocking
+// copy, a stream synchronize) throws, as libtorch's sync debug mode "error" does. Needs a CUDA
+// libtorch (ATOLL_TORCH_CUDA); with a CPU-only one nothing ever waits for a device and it does
+// nothing (`active()` says which).
+class ThrowOnDeviceSync {
+ public:
+  ThrowOnDeviceSync();
+  ~ThrowOnDeviceSync();
+  ThrowOnDeviceSync(const ThrowOnDeviceSync&) = delete;
+  ThrowOnDeviceSync& operator=(const ThrowOnDeviceSync&) = delete;
+  static bool active();
+
+ private:
+  int was_ = 0;
+};
+
 // A fresh CPU generator seeded with `seed` (the API moved between 1.x and 2.x only in headers).
 at::Generator MakeCpuGenerator(uint64_t seed);
 

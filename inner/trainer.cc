@@ -172,7 +172,7 @@ int64_t Trainer::tokens_per_step() const {
          mesh_->shape().dp();
 }
 
-absl::StatusOr<StepStats> Trainer::Step() {
+absl::Status Trainer::QueueStep() {
   const auto start = std::chrono::steady_clock::now();
   StepStats stats;
   stats.lr = LearningRate(optim_, step_ + schedule_shift_, train_.steps);
@@ -188,13 +188,16 @@ absl::StatusOr<StepStats> Trainer::Step() {
   const int pieces = train_.pipeline_microbatches, rows = b / pieces;
   const double grad_scale = 1.0 / (double(train_.grad_accum) * pieces * double(dp));
   std::vector<parallel::MicroBatch> micros;
+  // The tokens go to a GPU from pinned memory, asynchronously (libtorch keeps each buffer until
+  // its copy has run): a copy from pageable memory would wait for the device.
+  const auto host = torch::TensorOptions().dtype(torch::kLong).pinned_memory(device.is_cuda());
   for (int micro = 0; micro < train_.grad_accum; ++micro) {
-    auto inputs = torch::empty({b, model_config_.context}, torch::kLong);
-    auto targets = torch::empty({b, model_config_.context}, torch::kLong);
+    auto inputs = torch::empty({b, model_config_.context}, host);
+    auto targets = torch::empty({b, model_config_.context}, host);
     sampler_.NextSlice(b * dp, mesh_->dp_rank() * b, b, inputs.data_ptr<int64_t>(),
                        targets.data_ptr<int64_t>());
-    inputs = inputs.to(device);
-    targets = targets.to(device);
+    inputs = inputs.to(device, /*non_blocking=*/true);
+    targets = targets.to(device, /*non_blocking=*/true);
     for (int k = 0; k < pieces; ++k) {
       micros.push_back({inputs.narrow(0, k * rows, rows), targets.narrow(0, k * rows, rows)});
     }
@@ -202,29 +205,68 @@ absl::StatusOr<StepStats> Trainer::Step() {
   auto loss = fsdp_->ForwardBackward(micros, grad_scale);
   if (!loss.ok()) return loss.status();
   if (auto s = fsdp_->ReduceGradients(); !s.ok()) return s;
-  // The global gradient norm over all shards, TP parts and stages, clipped as torch's
-  // clip_grad_norm_ does.
-  // The scalars the island reduces live on the parameters' device (NCCL groups take no others).
-  const auto scalar = torch::TensorOptions().dtype(torch::kDouble).device(device);
-  auto norm = torch::full({1}, fsdp_->GradSquaredNorm(), scalar);
+  // The global gradient norm over all shards, TP parts and stages, and the clipping of torch's
+  // clip_grad_norm_ (coefficient clip / (norm + 1e-6) where below 1), all on the device: the
+  // scalars the island reduces live on the parameters' device (NCCL groups take no others).
+  at::Tensor norm = fsdp_->GradSquaredNorm();
   for (auto dim : {parallel::MeshDim::kDpShard, parallel::MeshDim::kTp, parallel::MeshDim::kPp}) {
     if (auto s = mesh_->group(dim).AllReduceSum(norm); !s.ok()) return s;
   }
-  stats.grad_norm = std::sqrt(norm.item<double>());
+  norm.sqrt_();
   if (optim_.grad_clip > 0) {
-    const double coef = optim_.grad_clip / (stats.grad_norm + 1e-6);
-    if (coef < 1) fsdp_->ScaleGrad(coef);
+    const at::Tensor coef = optim_.grad_clip / (norm + 1e-6);
+    fsdp_->ScaleGrad(at::where(coef < 1, coef, at::ones_like(coef)));  // NaN: left as it is
   }
   adamw_->Step(stats.lr);
-  auto losses = torch::full({1}, *loss, scalar);
+  at::Tensor losses = *std::move(loss);
   if (auto s = mesh_->dp().AllReduceSum(losses); !s.ok()) return s;
   step_ += 1;
   stats.step = step_;
-  stats.loss = losses.item<double>() / double(dp);
   stats.tokens = tokens();
   stats.compute_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return stats;
+  pending_.push_back({stats, at::cat({losses.div_(double(dp)), norm})});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepStats>> Trainer::TakeStats() {
+  std::vector<StepStats> out;
+  if (pending_.empty()) return out;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<at::Tensor> values;
+  for (const auto& p : pending_) values.push_back(p.values);
+  at::Tensor host;
+  try {
+    host = at::cat(values).to(at::kCPU);  // waits for the device: the steps' work is done
+  } catch (const std::exception& e) {
+    pending_.clear();
+    return absl::InternalError(absl::StrCat("training steps failed on the device: ", e.what()));
+  }
+  // The wait counts as the steps' compute time, in equal parts.
+  const double wait_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      double(pending_.size());
+  const double* v = host.data_ptr<double>();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    StepStats s = pending_[i].stats;
+    s.loss = v[2 * i];
+    s.grad_norm = v[2 * i + 1];
+    s.compute_s += wait_s;
+    out.push_back(s);
+  }
+  pending_.clear();
+  return out;
+}
+
+absl::StatusOr<StepStats> Trainer::Step() {
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Step with ", pending_.size(), " queued steps' stats not taken"));
+  }
+  if (auto s = QueueStep(); !s.ok()) return s;
+  auto stats = TakeStats();
+  if (!stats.ok()) return stats.status();
+  return stats->back();
 }
 
 absl::StatusOr<EvalStats> Trainer::Evaluate() {
@@ -395,16 +437,23 @@ absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observe
                      bool evaluate) {
   const auto& cfg = trainer.train_config();
   while (trainer.step() < until_step) {
-    auto stats = trainer.Step();
-    if (!stats.ok()) return stats.status();
+    if (auto s = trainer.QueueStep(); !s.ok()) return s;
+    const int64_t t = trainer.step();
+    const bool eval_now =
+        evaluate && ((cfg.eval_every > 0 && t % cfg.eval_every == 0) || t == cfg.steps);
+    if (!eval_now && t < until_step && !observer.NeedsStats(t)) continue;
+    auto steps = trainer.TakeStats();
+    if (!steps.ok()) return steps.status();
     std::optional<EvalStats> eval;
-    if (evaluate &&
-        ((cfg.eval_every > 0 && stats->step % cfg.eval_every == 0) || stats->step == cfg.steps)) {
+    if (eval_now) {
       auto e = trainer.Evaluate();
       if (!e.ok()) return e.status();
       eval = *e;
     }
-    if (auto s = observer.OnStep(*stats, eval ? &*eval : nullptr); !s.ok()) return s;
+    for (const auto& step : *steps) {
+      const bool last = &step == &steps->back();
+      if (auto s = observer.OnStep(step, last && eval ? &*eval : nullptr); !s.ok()) return s;
+    }
   }
   return absl::OkStatus();
 }

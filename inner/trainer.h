@@ -1,5 +1,7 @@
-// One island's inner training: model, data stream, AdamW, schedule. `Trainer::Step()` is one
-// optimizer step (micro-batch accumulation, clipping, update); `RunLoop` is the loop around it.
+// One island's inner training: model, data stream, AdamW, schedule. `Trainer::QueueStep()` is one
+// optimizer step (micro-batch accumulation, clipping, update) that never waits for the device:
+// its loss and gradient norm stay there until `TakeStats()` brings those of all the steps queued
+// since over in one copy. `RunLoop` is the loop around it.
 // Nothing here knows about the network: the outer sync plugs in through LoopObserver.
 //
 // The same trainer runs one rank or many: the model is an FsdpGpt over the island's mesh (one rank
@@ -123,7 +125,16 @@ class Trainer {
                                                          parallel::DeviceMesh* mesh = nullptr);
   ~Trainer();
 
-  // Errors come from the island's collectives (a rank gone): the island cannot go on.
+  // One optimizer step, queued on the device without waiting for it (no host sync): its stats
+  // pend until TakeStats. Errors come from the island's collectives (a rank gone): the island
+  // cannot go on.
+  absl::Status QueueStep();
+  // The stats of the steps queued since the last TakeStats, in order, their losses and gradient
+  // norms in one copy from the device (the step's only wait for it); the wait counts in their
+  // compute_s, in equal parts. An error is the device's (a kernel that failed).
+  absl::StatusOr<std::vector<StepStats>> TakeStats();
+  int pending_steps() const { return int(pending_.size()); }
+  // QueueStep and TakeStats: one step whose stats are wanted at once. No stats may be pending.
   absl::StatusOr<StepStats> Step();
   absl::StatusOr<EvalStats> Evaluate();
 
@@ -172,21 +183,32 @@ class Trainer {
   parallel::DeviceMesh* mesh_ = nullptr;
   std::unique_ptr<parallel::FsdpGpt> fsdp_;
   std::unique_ptr<AdamW> adamw_;
+  struct Pending {
+    StepStats stats;    // all but loss and grad_norm
+    at::Tensor values;  // [loss, grad_norm] in double, on the device
+  };
+  std::vector<Pending> pending_;
   int64_t step_ = 0;
   int64_t schedule_shift_ = 0;
   int64_t ramp_steps_ = 0, ramp_done_ = 0;
 };
 
-// Called after every step; returning an error stops the loop with it.
+// Sees every step, in order; returning an error stops the loop with it. Steps are queued ahead
+// and their stats taken in batches: OnStep sees a step once NeedsStats has asked for it or a
+// later one (or an evaluation or the end came), before the next step is queued.
 class LoopObserver {
  public:
   virtual ~LoopObserver() = default;
   virtual absl::Status OnStep(const StepStats& step, const EvalStats* eval) = 0;
+  // Whether OnStep must see step `step` before the next one runs (a checkpoint, a stop, a log
+  // line is due). Every step by default: one host sync a step.
+  virtual bool NeedsStats(int64_t /*step*/) const { return true; }
 };
 
 // Steps `trainer` until it has completed `until_step` steps, evaluating every train.eval_every
 // steps and at the last one (unless `evaluate` is false: DiLoCo islands evaluate the global
-// parameters after their outer round instead).
+// parameters after their outer round instead). The stats of the steps come over when the
+// observer needs them, for an evaluation and at the end.
 absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer,
                      bool evaluate = true);
 

@@ -303,6 +303,10 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   return absl::OkStatus();
 }
 
+bool OuterStepHook::PushesAfter(int64_t t) const {
+  return policy_->IsLast(t) || !policy_->DueAfter(t).empty();
+}
+
 void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_per_s) {
   InFlight job;
   job.fragment = f;

@@ -139,6 +139,9 @@ class OuterStepHook {
   // After an inner step: lands what is due, rejoins if the service dropped the island, pushes
   // what is due. `steps_per_s`: the island's measured inner throughput (async DyLU).
   absl::Status AfterStep(double steps_per_s);
+  // Whether AfterStep at step t pushes local progress (a fragment due, or the run's end): what
+  // the island has trained must be judged (the loss-spike guard) before.
+  bool PushesAfter(int64_t t) const;
   // The island has done its last step (sync: the run's last; async: the budget is spent).
   bool done() const { return done_; }
   // Async islands train until the budget is spent, bounded by the whole budget.

@@ -210,20 +210,6 @@ class CheckpointHook {
   double stall_max_s_ = 0;
 };
 
-// Passes every step on and remembers the last loss, for the spike guard.
-class LossWatch : public inner::LoopObserver {
- public:
-  explicit LossWatch(inner::LoopObserver& next) : next_(next) {}
-  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
-    loss = step.loss;
-    return next_.OnStep(step, eval);
-  }
-  double loss = 0;
-
- private:
-  inner::LoopObserver& next_;
-};
-
 nlohmann::json RangeHashesJson(const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& ranges) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [b, e, h] : ranges) j[absl::StrCat(b, "-", e)] = absl::StrFormat("%016x", h);
@@ -324,6 +310,8 @@ class IslandRun {
   absl::Status JoinAndBuild();
   absl::Status OpenOutputs();
   absl::Status Train();
+  bool StatsDueAfter(int64_t t) const;
+  absl::Status ReportSteps(inner::LoopObserver& reporter, inner::LossSpikeGuard& guard);
   absl::StatusOr<IslandSummary> Finish();
   absl::Status Evaluate(int64_t t);
   // What the heartbeats tell the service of this island's training (clamped to what it accepts).
@@ -542,7 +530,53 @@ absl::Status IslandRun::Evaluate(int64_t t) {
   return absl::OkStatus();
 }
 
-// The inner loop: one step, the spike guard, the outer step, evaluation and checkpoints.
+// Whether the steps' stats must come over from the device after step t: a progress line is due,
+// or something that must follow every step judged (a push, an evaluation, a checkpoint, the end).
+bool IslandRun::StatsDueAfter(int64_t t) const {
+  const int64_t eval_every = train_.eval_every, ckpt_every = config_.run.checkpoint_every;
+  return t % config_.run.log_every == 0 || outer_->PushesAfter(t) ||
+         (eval_every > 0 && t % eval_every == 0) || (ckpt_every > 0 && t % ckpt_every == 0) ||
+         t >= outer_->max_steps();
+}
+
+// The stats of the steps trained since the last report, in one copy from the device: rank 0
+// reports each, the spike guard judges their losses in order, the monitor and the service see
+// them. A spike drops the local progress since the last sync, the steps after it included (they
+// went on from the spiked parameters; their losses stay unjudged).
+absl::Status IslandRun::ReportSteps(inner::LoopObserver& reporter, inner::LossSpikeGuard& guard) {
+  const auto t0 = Clock::now();
+  auto steps = trainer_->TakeStats();
+  if (!steps.ok()) return steps.status();
+  summary_.compute_s += Since(t0);  // the wait for the device is the steps' compute
+  std::optional<std::string> spike;
+  int64_t spike_step = 0;
+  bool finite = true;
+  for (const auto& step : *steps) {
+    if (auto s = reporter.OnStep(step, nullptr); !s.ok()) return s;
+    // The losses are the island's (reduced over its ranks): every rank takes the same decision.
+    if (!spike && (spike = guard.Check(step.loss))) spike_step = step.step;
+    finite = finite && std::isfinite(step.loss);
+  }
+  if (steps->empty()) return absl::OkStatus();
+  const inner::StepStats& last = steps->back();
+  monitor_->OnSteps(int64_t(steps->size()), last.loss, last.tokens, summary_.compute_s,
+                    Since(start_));
+  if (lead()) session_->set_telemetry(Telemetry(last.loss));
+  if (!spike) return absl::OkStatus();
+  // The local parameters since the last sync are not to be trusted: drop them (and, after a
+  // non-finite loss, the AdamW moments it poisoned) and go on from the global parameters. The
+  // next push carries only the steps after this report.
+  outer_->ReloadGlobal();
+  if (auto s = model_->SyncReplicas(); !s.ok()) return s;
+  if (!finite) trainer_->optimizer().Reset();
+  summary_.spikes += 1;
+  progress_->Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label_,
+                                     spike_step, *spike));
+  return absl::OkStatus();
+}
+
+// The inner loop: steps queued on the device, their stats reported and judged where due, the
+// outer step, evaluation and checkpoints.
 absl::Status IslandRun::Train() {
   // Rank 0 reports the island's steps (their losses are the island's, reduced over its ranks).
   struct Quiet : inner::LoopObserver {
@@ -551,26 +585,11 @@ absl::Status IslandRun::Train() {
     }
   } quiet;
   StepReporter reporter(*metrics_, *progress_);
-  LossWatch watch(lead() ? static_cast<inner::LoopObserver&>(reporter) : quiet);
+  inner::LoopObserver& report = lead() ? static_cast<inner::LoopObserver&>(reporter) : quiet;
   inner::LossSpikeGuard guard(config_.outer.spike_window, config_.outer.spike_factor);
   while (trainer_->step() < outer_->max_steps()) {
     const auto t0 = Clock::now();
-    if (auto s = inner::RunLoop(*trainer_, trainer_->step() + 1, watch, /*evaluate=*/false);
-        !s.ok()) {
-      return s;
-    }
-    // The loss is the island's (reduced over its ranks): every rank takes the same decision.
-    if (auto spike = guard.Check(watch.loss)) {
-      // The local parameters since the last sync are not to be trusted: drop them (and, for a
-      // non-finite loss, the AdamW moments they poisoned) and go on from the global parameters.
-      // The next push carries only the steps after this one.
-      outer_->ReloadGlobal();
-      if (auto s = model_->SyncReplicas(); !s.ok()) return s;
-      if (!std::isfinite(watch.loss)) trainer_->optimizer().Reset();
-      summary_.spikes += 1;
-      progress_->Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label_,
-                                         trainer_->step(), *spike));
-    }
+    if (auto s = trainer_->QueueStep(); !s.ok()) return s;
     if (options_.throttle > 1) {
       // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
       std::this_thread::sleep_for(
@@ -578,13 +597,15 @@ absl::Status IslandRun::Train() {
     }
     summary_.compute_s += Since(t0);
     summary_.steps_trained += 1;
-    session_->set_step(trainer_->step());
-    monitor_->OnStep(watch.loss, trainer_->tokens(), summary_.compute_s, Since(start_));
-    if (lead()) session_->set_telemetry(Telemetry(watch.loss));
-    const double steps_per_s = double(trainer_->step()) / std::max(1e-9, summary_.compute_s);
+    int64_t t = trainer_->step();
+    session_->set_step(t);
+    if (StatsDueAfter(t)) {
+      if (auto s = ReportSteps(report, guard); !s.ok()) return s;
+    }
+    const double steps_per_s = double(t) / std::max(1e-9, summary_.compute_s);
     if (auto s = outer_->AfterStep(steps_per_s); !s.ok()) return s;
     if (auto s = model_->SyncReplicas(); !s.ok()) return s;
-    const int64_t t = trainer_->step();
+    t = trainer_->step();  // a rejoin moves it to the run's
     const bool last = outer_->done();
     // Async islands evaluate the run's final parameters once every island has finished.
     const int64_t every = train_.eval_every;
@@ -601,7 +622,7 @@ absl::Status IslandRun::Train() {
     stopped_ = *stop;
     if (stopped_ || last) break;
   }
-  return absl::OkStatus();
+  return ReportSteps(report, guard);  // a stop's steps
 }
 
 absl::StatusOr<IslandSummary> IslandRun::Finish() {

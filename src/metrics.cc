@@ -82,12 +82,16 @@ Progress::Progress(FILE* out, bool tty, int64_t total_steps, int64_t log_every, 
     : out_(out), tty_(tty), total_(total_steps), log_every_(log_every), label_(std::move(label)) {}
 
 void Progress::OnStep(const inner::StepStats& s, const inner::EvalStats* eval, double wall_s) {
-  if (last_tokens_ >= 0 && wall_s > last_wall_) {
-    const double inst = double(s.tokens - last_tokens_) / (wall_s - last_wall_);
-    rate_ = rate_ == 0 ? inst : 0.9 * rate_ + 0.1 * inst;
+  // The rate is taken between log steps: the steps between arrive together (their stats come
+  // over from the device in one copy at each log step), the log steps a compute interval apart.
+  if (s.step % log_every_ == 0) {
+    if (last_tokens_ >= 0 && wall_s > last_wall_) {
+      const double inst = double(s.tokens - last_tokens_) / (wall_s - last_wall_);
+      rate_ = rate_ == 0 ? inst : 0.9 * rate_ + 0.1 * inst;
+    }
+    last_tokens_ = s.tokens;
+    last_wall_ = wall_s;
   }
-  last_tokens_ = s.tokens;
-  last_wall_ = wall_s;
   const double tokens_per_step = s.step > 0 ? double(s.tokens) / double(s.step) : 0;
   const double eta = rate_ > 0 ? double(total_ - s.step) * tokens_per_step / rate_ : NAN;
   const std::string line =

@@ -418,9 +418,10 @@ IslandMonitor::IslandMonitor(const std::string& island, int rank, bool async)
     : state_(std::make_unique<State>(island, rank, async)) {}
 IslandMonitor::~IslandMonitor() = default;
 
-void IslandMonitor::OnStep(double loss, int64_t tokens, double compute_s, double wall_s) {
+void IslandMonitor::OnSteps(int64_t steps, double loss, int64_t tokens, double compute_s,
+                            double wall_s) {
   State& s = *state_;
-  s.steps.Increment();
+  s.steps.Increment(double(steps));
   s.tokens.Set(double(tokens));
   if (std::isfinite(loss)) s.loss.Set(loss);
   std::lock_guard<std::mutex> lock(s.mu);

@@ -54,9 +54,10 @@ class IslandMonitor {
   IslandMonitor(const std::string& island, int rank, bool async);
   ~IslandMonitor();
 
-  // After each inner step: its loss, the island's tokens so far, this process's compute time and
-  // wall time since the island started.
-  void OnStep(double loss, int64_t tokens, double compute_s, double wall_s);
+  // After inner steps whose stats came over from the device together: how many, the last one's
+  // loss, the island's tokens so far, this process's compute time and wall time since the island
+  // started.
+  void OnSteps(int64_t steps, double loss, int64_t tokens, double compute_s, double wall_s);
   void OnEval(double val_loss);
   // A merged outer round of `fragment`: bytes, goodput, quantization error, staleness, idle time.
   void OnRound(uint32_t fragment, const outer::RoundOutcome& outcome, double idle_s);

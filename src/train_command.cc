@@ -14,7 +14,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Reports every step, checkpoints every run.checkpoint_every steps, stops on request.
+// Reports every step, checkpoints every run.checkpoint_every steps, stops on request. The steps'
+// stats come over from the device every train.log_every steps, at checkpoints and at a stop.
 class TrainObserver : public inner::LoopObserver {
  public:
   TrainObserver(const Config& config, const TrainOptions& options, inner::Trainer& trainer,
@@ -31,10 +32,16 @@ class TrainObserver : public inner::LoopObserver {
     if (every > 0 && step.step % every == 0 && step.step < config_.train.steps) {
       if (auto s = SaveCheckpoint(); !s.ok()) return s;
     }
-    if (options_.stop != nullptr && options_.stop->load()) {
+    // The trainer's last step (the last of those reported together) is where a stop ends.
+    if (step.step == trainer_.step() && options_.stop != nullptr && options_.stop->load()) {
       return absl::CancelledError("stop requested");
     }
     return absl::OkStatus();
+  }
+  bool NeedsStats(int64_t step) const override {
+    const int64_t every = config_.run.checkpoint_every;
+    return step % config_.run.log_every == 0 || (every > 0 && step % every == 0) ||
+           (options_.stop != nullptr && options_.stop->load());
   }
 
   absl::Status SaveCheckpoint() {

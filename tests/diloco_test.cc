@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
 #include "compression/checksum.h"
+#include <nlohmann/json.hpp>
 #include "compression/codec.h"
 #include "outer/faulty_transport.h"
 #include "outer/in_process_transport.h"
@@ -503,6 +505,81 @@ TEST(StreamingTest, SpikeGuardReloadsTheGlobalParametersAndTheRunGoesOn) {
     EXPECT_GT(r->spikes, 0u);
     EXPECT_EQ(r->global_hash, ServiceHash(*server));
   }
+}
+
+// 20 steps, one fragment, tau 0: a push every 10 steps (and so batches of up to 10 steps' stats).
+Config PushEveryTenSteps(const TempDir& dir) {
+  auto c = StreamingConfig(dir);
+  c.train.steps = 20;
+  c.outer.sync_every = 10;
+  c.outer.num_fragments = 1;
+  c.outer.fragment_sync_delay = 0;
+  return c;
+}
+
+// The steps' stats come over from the device in batches (at log steps, before each push): with a
+// log step every step or none, the runs are the same bit for bit, and every step is in
+// metrics.jsonl with the same loss and gradient norm.
+TEST(StreamingTest, StatsTakenInBatchesChangeNothing) {
+  TempDir dir;
+  const auto c = PushEveryTenSteps(dir);
+  auto run = [&](int64_t log_every) {
+    auto d = c;
+    d.run.log_every = log_every;
+    auto server = *MakeSyncServer(d);
+    TempDir runs;
+    const auto results = RunIslands(d, *server, runs);
+    std::vector<std::vector<std::pair<double, double>>> steps;  // (loss, grad_norm) per island
+    for (int i = 0; i < d.outer.islands; ++i) {
+      EXPECT_TRUE(results[size_t(i)].ok()) << results[size_t(i)].status();
+      std::ifstream in(runs.Join("island" + std::to_string(i)) + "/metrics.jsonl");
+      std::vector<std::pair<double, double>> mine;
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (!j.contains("loss") || j.contains("round")) continue;
+        EXPECT_EQ(j["step"].get<int64_t>(), int64_t(mine.size()) + 1);
+        mine.emplace_back(j["loss"].get<double>(), j["grad_norm"].get<double>());
+      }
+      EXPECT_EQ(mine.size(), 20u);
+      steps.push_back(mine);
+    }
+    std::sort(steps.begin(), steps.end());  // which island joins first (takes stream 0) varies
+    return std::make_pair(steps, ServiceHash(*server));
+  };
+  const auto every = run(1), batched = run(1000);
+  EXPECT_EQ(every.first, batched.first);
+  EXPECT_EQ(every.second, batched.second);
+}
+
+// With its stats taken in batches, every loss is still judged before the push that would carry
+// its step: one island, a push every 10 steps, no log steps, a hair-trigger guard that flags a
+// step in every batch. Each push then carries nothing (the island went back to the global
+// parameters first) and the service's parameters end as they began; with the guard off, they
+// move.
+TEST(StreamingTest, ALossIsJudgedBeforeThePushThatWouldCarryIt) {
+  TempDir dir;
+  auto c = PushEveryTenSteps(dir);
+  c.outer.islands = 1;
+  c.run.log_every = 1000;
+  c.optim.lr = 1e-9;  // a flat, noisy loss: about every other step is above the median
+  c.outer.spike_window = 4;
+  auto run = [&](double factor, std::vector<float>* before) {
+    auto d = c;
+    d.outer.spike_factor = factor;
+    auto server = *MakeSyncServer(d);
+    *before = server->params(0);
+    TempDir runs;
+    const auto results = RunIslands(d, *server, runs);
+    EXPECT_TRUE(results[0].ok()) << results[0].status();
+    return std::make_pair(server->params(0), results[0].ok() ? results[0]->spikes : 0);
+  };
+  std::vector<float> start_guarded, start_free;
+  const auto [guarded, spikes] = run(1e-6, &start_guarded);
+  const auto [free, no_spikes] = run(1e9, &start_free);
+  EXPECT_EQ(spikes, 2u);  // one a batch: the first spike drops the rest of its batch
+  EXPECT_EQ(no_spikes, 0u);
+  EXPECT_TRUE(guarded == start_guarded);
+  EXPECT_FALSE(free == start_free);
 }
 
 // Robust aggregation: 4 islands, one of which pushes sign-flipped, tripled pseudo-gradients (valid

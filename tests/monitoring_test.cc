@@ -384,7 +384,7 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
 TEST(IslandMonitorTest, ExpositionFollowsTheFormat) {
   testing::TempDir dir;
   IslandMonitor monitor("a", 0, /*async=*/true);
-  for (int step = 1; step <= 10; ++step) monitor.OnStep(3.0 - 0.1 * step, step * 512, 0.1 * step, 0.125 * step);
+  for (int step = 1; step <= 10; ++step) monitor.OnSteps(1, 3.0 - 0.1 * step, step * 512, 0.1 * step, 0.125 * step);
   monitor.OnEval(2.25);
   outer::RoundOutcome o;
   o.bytes_sent = 1000;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Compiles atoll's CUDA-only code paths (NCCL process groups in inner/parallel/communicator.cc)
-# against a libtorch's headers without building or linking anything: `g++ -fsyntax-only` with
-# USE_C10D_NCCL, the CUDA toolkit's headers (cuda_runtime.h, nccl.h) and the libtorch's.
+# Compiles atoll's CUDA-only code paths (NCCL process groups in inner/parallel/communicator.cc,
+# the sync debug mode in inner/torch_compat.cc) against a libtorch's headers without building or
+# linking anything: `g++ -fsyntax-only` with USE_C10D_NCCL and ATOLL_TORCH_CUDA, the CUDA
+# toolkit's headers (cuda_runtime.h, nccl.h) and the libtorch's.
 #   deploy/compat/cuda_paths.sh [TORCH_INCLUDE]   (default /usr/include: the installed libtorch-dev)
 #   deploy/compat/cuda_paths.sh --trixie          Debian 13's CUDA libtorch (libtorch-cuda-dev 2.6,
 #                                                 contrib), its .deb unpacked into build-cuda-headers/
@@ -43,12 +44,12 @@ version="$(awk '/define TORCH_VERSION_(MAJOR|MINOR|PATCH)/ {v = v (v ? "." : "")
 # /usr/include is searched anyway (naming it again would break libstdc++'s #include_next).
 extra=()
 [[ "$torch_include" != /usr/include ]] && extra=(-isystem "$torch_include")
-files=(inner/parallel/communicator.cc)
+files=(inner/parallel/communicator.cc inner/torch_compat.cc)
 for f in "${files[@]}"; do
   t0=$(date +%s)
-  g++ -fsyntax-only -std=c++"$std" -DUSE_C10D_GLOO -DUSE_C10D_NCCL -DUSE_DISTRIBUTED -DNOMINMAX \
+  g++ -fsyntax-only -std=c++"$std" -DUSE_C10D_GLOO -DUSE_C10D_NCCL -DATOLL_TORCH_CUDA -DUSE_DISTRIBUTED -DNOMINMAX \
     -D_GLIBCXX_USE_CXX11_ABI=1 -pthread -Wall -Wextra -Wno-sign-compare -Wno-unused-parameter \
     -Wno-missing-field-initializers -I"$repo" -isystem "$torch_include/torch/csrc/api/include" \
     "${extra[@]}" -isystem "$shim" -isystem "$cuda_include" "$repo/$f"
-  echo "cuda_paths: $f compiles with NCCL against libtorch $version ($torch_include), C++$std ($(($(date +%s) - t0)) s)"
+  echo "cuda_paths: $f compiles with CUDA and NCCL against libtorch $version ($torch_include), C++$std ($(($(date +%s) - t0)) s)"
 done

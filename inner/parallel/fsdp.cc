@@ -64,19 +64,14 @@ class FsdpGpt::StageRun : public PipelineStage {
     return at::empty({tokens.size(0), tokens.size(1) / slices, model_.model_->config().d_model},
                      model_.units_.front()->shard.options());
   }
-  // One copy from the device for all the micro-batches (their losses stay there until then, so
-  // the step never waits for a forward to finish before queuing the next work).
-  double mean_loss() const {
-    std::vector<at::Tensor> losses;
+  // The mean of the micro-batches' losses, on the device (added in double in micro-batch order):
+  // the step never waits for a forward to finish before queuing the next work.
+  at::Tensor mean_loss() const {
+    at::Tensor sum = at::zeros({1}, model_.units_.front()->shard.options().dtype(at::kDouble));
     for (const auto& m : micros_) {
-      if (m.loss.defined()) losses.push_back(m.loss.detach().reshape({1}));
+      if (m.loss.defined()) sum.add_(m.loss.detach().to(at::kDouble).reshape({1}));
     }
-    double sum = 0;
-    if (!losses.empty()) {
-      const at::Tensor host = at::cat(losses).to(at::kCPU, at::kDouble);
-      for (int64_t i = 0; i < host.numel(); ++i) sum += host.data_ptr<double>()[i];
-    }
-    return sum / double(micros_.size());
+    return sum.div_(double(micros_.size()));
   }
 
  private:
@@ -421,9 +416,9 @@ absl::StatusOr<T> FsdpGpt::Guarded(const std::function<absl::StatusOr<T>()>& run
   }
 }
 
-absl::StatusOr<double> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
-                                         const std::vector<PipelineAction>& actions, bool train,
-                                         double grad_scale) {
+absl::StatusOr<at::Tensor> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
+                                             const std::vector<PipelineAction>& actions,
+                                             bool train, double grad_scale) {
   StageRun run(*this, micros, train, grad_scale);
   const compat::AutocastBf16 autocast(options_.bf16, on_cuda_);
   holding_ = train && mesh_.shape().pp > 1;
@@ -435,17 +430,18 @@ absl::StatusOr<double> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
   if (train) timing_ = *timing;
   if (mesh_.shape().pp == 1) return run.mean_loss();
   // The last stage's loss, on every stage.
-  auto loss = at::full({1}, last_stage() ? run.mean_loss() : 0.0,
-                       at::TensorOptions().dtype(at::kDouble).device(units_.front()->shard.device()));
+  at::Tensor loss = run.mean_loss();
+  if (!last_stage()) loss.zero_();
   if (auto s = mesh_.group(MeshDim::kPp).AllReduceSum(loss); !s.ok()) return s;
-  return loss.item<double>();
+  return loss;
 }
 
-absl::StatusOr<double> FsdpGpt::ForwardBackward(const std::vector<MicroBatch>& micros,
-                                                double grad_scale) {
+absl::StatusOr<at::Tensor> FsdpGpt::ForwardBackward(const std::vector<MicroBatch>& micros,
+                                                    double grad_scale) {
   const auto actions = ScheduleActions(options_.schedule, mesh_.coordinate(MeshDim::kPp),
                                        mesh_.shape().pp, int(micros.size()));
-  return Guarded<double>([&] { return RunStage(micros, actions, /*train=*/true, grad_scale); });
+  return Guarded<at::Tensor>(
+      [&] { return RunStage(micros, actions, /*train=*/true, grad_scale); });
 }
 
 absl::Status FsdpGpt::ReduceGradients() {
@@ -479,7 +475,9 @@ absl::Status FsdpGpt::ReduceGradients() {
 absl::StatusOr<double> FsdpGpt::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
   return Guarded<double>([&]() -> absl::StatusOr<double> {
     torch::NoGradGuard no_grad;
-    return RunStage({{inputs, targets}}, ForwardActions(1), /*train=*/false, 0.0);
+    auto loss = RunStage({{inputs, targets}}, ForwardActions(1), /*train=*/false, 0.0);
+    if (!loss.ok()) return loss.status();
+    return loss->item<double>();
   });
 }
 
@@ -487,21 +485,16 @@ void FsdpGpt::ZeroGrad() {
   for (auto& u : units_) u->shard_grad.zero_();
 }
 
-double FsdpGpt::GradSquaredNorm() const {
-  // The shards' norms come over in one copy (one device sync a step, not one per shard), then
-  // add up in double in shard order.
+at::Tensor FsdpGpt::GradSquaredNorm() const {
+  // The shards' norms, squared and added in double, on the device.
   std::vector<at::Tensor> norms;
   for (const auto& s : shards_) {
     if (!s.replica) norms.push_back(s.grad.norm().reshape({1}));
   }
-  if (norms.empty()) return 0;
-  const at::Tensor host = at::cat(norms).to(at::kCPU, at::kDouble);
-  double sum = 0;
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    const double n = host.data_ptr<double>()[i];
-    sum += n * n;
-  }
-  return sum;
+  const auto options = units_.front()->shard_grad.options().dtype(at::kDouble);
+  if (norms.empty()) return at::zeros({1}, options);
+  const at::Tensor n = at::cat(norms).to(at::kDouble);
+  return n.mul(n).sum().reshape({1});
 }
 
 absl::Status FsdpGpt::BroadcastShards(MeshDim dim, const std::vector<size_t>& shards) {
@@ -519,8 +512,10 @@ absl::Status FsdpGpt::BroadcastShards(MeshDim dim, const std::vector<size_t>& sh
   return absl::OkStatus();
 }
 
-void FsdpGpt::ScaleGrad(double factor) {
-  for (auto& u : units_) u->shard_grad.mul_(factor);
+void FsdpGpt::ScaleGrad(const at::Tensor& factor) {
+  // A 0-d fp32 factor: the gradients are multiplied in fp32, as by a scalar.
+  const at::Tensor f = factor.to(at::kFloat).reshape({});
+  for (auto& u : units_) u->shard_grad.mul_(f);
 }
 
 }  // namespace atl::inner::parallel

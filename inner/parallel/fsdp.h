@@ -93,22 +93,25 @@ class FsdpGpt {
 
   // A step's micro-batches: forward and backward of each (through the pipeline's stages, in the
   // schedule's order), gradients added to the shards scaled by `grad_scale`. Returns the mean of
-  // this data-parallel rank's micro-batch losses (on every stage).
-  absl::StatusOr<double> ForwardBackward(const std::vector<MicroBatch>& micros,
-                                         double grad_scale);
+  // this data-parallel rank's micro-batch losses (on every stage), a double on the device: nothing
+  // here waits for the device.
+  absl::StatusOr<at::Tensor> ForwardBackward(const std::vector<MicroBatch>& micros,
+                                             double grad_scale);
   // After the last micro-batch of a step: sums over tp the gradients that sequence parallelism
   // leaves partial (SequencePartial, inner/model.h), and the shard gradients over dp_replicate.
   absl::Status ReduceGradients();
   // Mean loss of a batch, forward only.
   absl::StatusOr<double> Loss(const at::Tensor& inputs, const at::Tensor& targets);
   void ZeroGrad();
-  // Sum of the squares of the gradient elements this rank owns (padding and replicas excluded).
-  double GradSquaredNorm() const;
+  // Sum of the squares of the gradient elements this rank owns (padding and replicas excluded),
+  // a 1-element double tensor on the device.
+  at::Tensor GradSquaredNorm() const;
   // Copies the values of the given shards on rank 0 of the mesh group `dim` to its other ranks,
   // which call it with their shards at the same places: TP rank 0's copies of the parameters
   // whole on every TP rank, replica 0's shards (HSDP). Nothing to do in a group of one.
   absl::Status BroadcastShards(MeshDim dim, const std::vector<size_t>& shards);
-  void ScaleGrad(double factor);
+  // Multiplies the gradients by a 1-element tensor on their device (no host sync).
+  void ScaleGrad(const at::Tensor& factor);
 
   // The last ForwardBackward's time and the part this stage spent waiting for the others.
   const PipelineTiming& pipeline_timing() const { return timing_; }
@@ -147,9 +150,9 @@ class FsdpGpt {
   // returns the gradient of its input (undefined on the first stage).
   absl::StatusOr<at::Tensor> BackwardMicro(Micro& m, const at::Tensor& grad, double grad_scale);
   // Runs `actions` over the pp group; returns the micro-batches' mean loss, on every stage.
-  absl::StatusOr<double> RunStage(const std::vector<MicroBatch>& micros,
-                                  const std::vector<PipelineAction>& actions, bool train,
-                                  double grad_scale);
+  absl::StatusOr<at::Tensor> RunStage(const std::vector<MicroBatch>& micros,
+                                      const std::vector<PipelineAction>& actions, bool train,
+                                      double grad_scale);
 
   template <typename T>
   absl::StatusOr<T> Guarded(const std::function<absl::StatusOr<T>()>& run);

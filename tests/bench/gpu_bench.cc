@@ -243,8 +243,17 @@ int RunModel(const std::string& name, const Preset& preset, const Options& o, do
   }
   Sync(device);
   const auto t0 = Clock::now();
-  double loss = 0;
-  for (int i = 0; i < o.steps; ++i) loss = (*trainer)->Step()->loss;
+  // The steps queue without waiting for the device, as in an island: their stats come over at
+  // the end, in one copy.
+  for (int i = 0; i < o.steps; ++i) {
+    if (auto s = (*trainer)->QueueStep(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  auto stats = (*trainer)->TakeStats();
+  if (!stats.ok() || stats->empty()) return 1;
+  const double loss = stats->back().loss;
   Sync(device);
   const double step_s = Since(t0) / o.steps;
   const double tokens_per_step = double(preset.batch) * preset.model.context;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "inner/parallel/fsdp.h"
+#include "inner/torch_compat.h"
 #include "tests/test_util.h"
 
 namespace atl::inner {
@@ -112,6 +113,90 @@ TEST(TrainerTest, GpuTrainsLikeTheCpu) {
     EXPECT_TRUE(s.value.is_cuda()) << s.name;
     EXPECT_EQ(s.value.scalar_type(), at::kFloat) << s.name;
     EXPECT_EQ(s.grad.scalar_type(), at::kFloat) << s.name;
+  }
+}
+
+// Steps queued without waiting for the device report, when their stats are taken in batches,
+// exactly what steps taken one at a time report; Step refuses to run over stats not yet taken.
+TEST(TrainerTest, QueuedStepsReportWhatSingleStepsDo) {
+  auto c = TinyConfig("");
+  c.optim.grad_clip = 0.5;  // clipped on some steps
+  auto data = Data(c);
+  auto single = Make(c, data), queued = Make(c, data);
+  std::vector<StepStats> want;
+  for (int i = 0; i < 7; ++i) want.push_back(*single->Step());
+  std::vector<StepStats> got;
+  for (int batch : {3, 1, 3}) {
+    for (int i = 0; i < batch; ++i) ASSERT_TRUE(queued->QueueStep().ok());
+    EXPECT_EQ(queued->pending_steps(), batch);
+    if (batch == 3) {
+      EXPECT_EQ(queued->Step().status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_EQ(queued->step(), int64_t(got.size()) + batch);  // refused before it ran
+    }
+    auto stats = queued->TakeStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    got.insert(got.end(), stats->begin(), stats->end());
+    EXPECT_EQ(queued->pending_steps(), 0);
+  }
+  EXPECT_TRUE(queued->TakeStats()->empty());
+  ASSERT_EQ(got.size(), want.size());
+  bool clipped = false;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].step, int64_t(i) + 1);
+    EXPECT_EQ(got[i].step, want[i].step);
+    EXPECT_EQ(got[i].loss, want[i].loss) << i;
+    EXPECT_EQ(got[i].grad_norm, want[i].grad_norm) << i;
+    EXPECT_EQ(got[i].lr, want[i].lr) << i;
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+    EXPECT_GT(got[i].compute_s, 0) << i;
+    clipped = clipped || want[i].grad_norm > c.optim.grad_clip;
+  }
+  EXPECT_TRUE(clipped);
+  EXPECT_TRUE(torch::equal(single->sharded().shards()[0].value, queued->sharded().shards()[0].value));
+}
+
+// Clipping on the device: a bound the norm never reaches leaves every bit as no clipping does; a
+// bound it passes scales the gradients (seen through AdamW with a large eps, where the update is
+// not scale-invariant).
+TEST(TrainerTest, ClippingActsOnlyAboveTheBound) {
+  auto c = TinyConfig("");
+  c.optim.adamw.eps = 1.0;
+  auto data = Data(c);
+  auto run = [&](double clip) {
+    auto d = c;
+    d.optim.grad_clip = clip;
+    auto t = Make(d, data);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(t->Step().ok());
+    return t->sharded().shards()[0].value.clone();
+  };
+  const auto none = run(0), loose = run(1e9), tight = run(1e-3);
+  EXPECT_TRUE(torch::equal(loose, none));
+  EXPECT_FALSE(torch::allclose(tight, none));
+}
+
+// On a GPU, nothing in a step makes the host wait for the device (libtorch's sync debug mode
+// throws on any operation that would), fp32 and bf16, clipping active; the stats come over after.
+TEST(TrainerTest, GpuStepsQueueWithoutHostSyncs) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(compat::ThrowOnDeviceSync::active()) << "a GPU but no CUDA libtorch build";
+  for (const std::string precision : {"none", "bf16"}) {
+    auto c = TinyConfig("");
+    c.train.device = "cuda";
+    c.train.mixed_precision = precision;
+    c.optim.grad_clip = 0.5;
+    auto t = Make(c, Data(c));
+    ASSERT_TRUE(t->Step().ok());  // first allocations
+    {
+      const compat::ThrowOnDeviceSync strict;
+      for (int i = 0; i < 3; ++i) {
+        const auto s = t->QueueStep();
+        ASSERT_TRUE(s.ok()) << precision << ": " << s;
+      }
+    }
+    const auto stats = t->TakeStats();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    ASSERT_EQ(stats->size(), 3u);
+    for (const auto& s : *stats) EXPECT_TRUE(std::isfinite(s.loss) && s.grad_norm > 0) << precision;
   }
 }
 
