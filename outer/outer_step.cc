@@ -244,8 +244,11 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
   }
 }
 
-void OuterStepHook::ReloadGlobal() {
+absl::Status OuterStepHook::ReloadGlobal() {
+  // The rounds in flight land first, merged with alpha 0: their tasks write the global copies.
+  if (auto s = LandAll(0.0); !s.ok()) return s;
   for (uint32_t f = 0; f < syncs_.size(); ++f) model_.Merge(f, syncs_[f]->global(), 0.0);
+  return absl::OkStatus();
 }
 
 uint64_t OuterStepHook::fetched_bytes() const {

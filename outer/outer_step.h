@@ -149,8 +149,9 @@ class OuterStepHook {
   // Ends the run: lands what is in flight; async islands then wait for the others and apply the
   // versions committed since, so every island ends on the service's final parameters.
   absl::Status Finish(bool stopped);
-  // Drops the local progress since the last sync (the loss-spike guard).
-  void ReloadGlobal();
+  // Drops the local progress since the last sync (the loss-spike guard): what is in flight lands
+  // first (waiting for it), then every fragment goes back to its global parameters.
+  absl::Status ReloadGlobal();
 
   void set_observer(std::function<void(const LandedRound&)> observer) {
     observer_ = std::move(observer);

@@ -566,7 +566,7 @@ absl::Status IslandRun::ReportSteps(inner::LoopObserver& reporter, inner::LossSp
   // The local parameters since the last sync are not to be trusted: drop them (and, after a
   // non-finite loss, the AdamW moments it poisoned) and go on from the global parameters. The
   // next push carries only the steps after this report.
-  outer_->ReloadGlobal();
+  if (auto s = outer_->ReloadGlobal(); !s.ok()) return s;
   if (auto s = model_->SyncReplicas(); !s.ok()) return s;
   if (!finite) trainer_->optimizer().Reset();
   summary_.spikes += 1;
