@@ -276,12 +276,6 @@ absl::Status ValidateRun(const RunConfig& r) {
 // What the mesh asks of the model, checked before any rank starts.
 absl::Status ValidateMeshForModel(const Config& config) {
   const auto& p = config.parallelism;
-  if (auto s = inner::parallel::ValidateMixedPrecision(config.train.mixed_precision == "bf16",
-                                                       p.tensor_parallel_degree,
-                                                       p.pipeline_parallel_degree);
-      !s.ok()) {
-    return s;
-  }
   if (p.pipeline_parallel_degree > 1) {
     if (auto s = inner::parallel::ValidatePipeline(config.model.n_layer,
                                                    p.pipeline_parallel_degree);

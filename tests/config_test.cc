@@ -125,8 +125,6 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        "pipeline_parallel_schedule must be \"GPipe\" or \"1F1B\", got \"interleaved\""},
       {base, {{"train.mixed_precision", "fp16"}}, absl::StatusCode::kInvalidArgument,
        "train.mixed_precision must be \"none\" or \"bf16\", got \"fp16\""},
-      {base, {{"train.mixed_precision", "bf16"}, {"parallelism.tensor_parallel_degree", "2"}},
-       absl::StatusCode::kUnimplemented, "with tensor (2) or pipeline (1) parallelism"},
       {base, {{"outer.warm_start_steps", "-5"}}, absl::StatusCode::kInvalidArgument,
        "outer.warm_start_steps must be >= 0, got -5"},
       {base, {{"outer.mode", "async"}, {"outer.warm_start_steps", "10"}},

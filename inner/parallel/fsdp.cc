@@ -115,14 +115,6 @@ FsdpGpt::~FsdpGpt() {
   }
 }
 
-absl::Status ValidateMixedPrecision(bool bf16, int tp, int pp) {
-  if (!bf16 || (tp == 1 && pp == 1)) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "train.mixed_precision = \"bf16\" runs with FSDP and data parallelism; with tensor (", tp,
-      ") or pipeline (", pp,
-      ") parallelism its activations would cross ranks in bf16, which is not built yet"));
-}
-
 bool FsdpGpt::sharded() const { return mesh_.shape().dp_shard > 1; }
 
 absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& config,
@@ -133,9 +125,6 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
   if (auto s = ValidatePipeline(config.n_layer, mesh.shape().pp); !s.ok()) return s;
   if (auto s = ValidateTensorParallel(config, mesh.shape().tp, options.sequence_parallel);
       !s.ok()) {
-    return s;
-  }
-  if (auto s = ValidateMixedPrecision(options.bf16, mesh.shape().tp, mesh.shape().pp); !s.ok()) {
     return s;
   }
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
@@ -329,8 +318,12 @@ at::Tensor FsdpGpt::RunUnit(int u, const at::Tensor& x) {
   const int n_layer = model_->config().n_layer;
   const int unit = units_[size_t(u)]->index;
   if (unit == 0) return model_->Embed(x);
-  if (unit <= n_layer) return model_->RunBlock(unit - 1, x);
-  return model_->Logits(x);
+  // Activations in the unit's precision: a stage's input comes in fp32 (bf16 FSDP computes in
+  // bf16); the cast is in the graph, so the input's gradient goes back in fp32.
+  const auto dtype = units_[size_t(u)]->full.scalar_type();
+  const at::Tensor in = x.scalar_type() == dtype ? x : x.to(dtype);
+  if (unit <= n_layer) return model_->RunBlock(unit - 1, in);
+  return model_->Logits(in);
 }
 
 // A micro-batch's forward through the stage's units. Training: each unit's input is a leaf (its
@@ -366,6 +359,9 @@ absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& inp
                                                  m.targets.reshape({-1}));
       m.loss = out.detach();
     }
+    // Between stages in fp32, the buffers' type (bf16 parameters, gathered by bf16 FSDP, make
+    // bf16 activations); the cast is in the graph, so its gradient comes back in bf16.
+    if (u == n - 1 && !last_stage()) out = out.to(at::kFloat);
     if (train) m.unit_outputs[size_t(u)] = out;
     // The last unit's backward may come next: it stays gathered.
     if (!holding_ && (u < n - 1 || !train)) Release(u);

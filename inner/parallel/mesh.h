@@ -72,10 +72,6 @@ class DeviceMesh {
   std::unique_ptr<Communicator> dp_, world_, control_;
 };
 
-// bf16 autocast (FsdpOptions::bf16) with tp = pp = 1 only: refused by name otherwise (defined
-// with FSDP, inner/parallel/fsdp.cc).
-absl::Status ValidateMixedPrecision(bool bf16, int tp, int pp);
-
 }  // namespace atl::inner::parallel
 
 #endif  // ATOLL_INNER_PARALLEL_MESH_H_

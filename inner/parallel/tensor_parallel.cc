@@ -48,11 +48,14 @@ struct GatherLinearFunction : public torch::autograd::Function<GatherLinearFunct
     const torch::Tensor whole = tp->GatherSequenceOrThrow(saved[0]);
     const torch::Tensor& weight = saved[1];
     const torch::Tensor g = grads[0].contiguous();
+    // In the output gradient's precision (bf16 under autocast), each gradient in its input's.
+    const auto dtype = g.scalar_type();
     const auto rows = g.view({-1, g.size(-1)});
-    torch::Tensor grad_weight = rows.t().mm(whole.reshape({-1, whole.size(-1)}));
+    torch::Tensor grad_weight = rows.t().mm(whole.reshape({-1, whole.size(-1)}).to(dtype));
     torch::Tensor grad_bias = rows.sum(0);
-    torch::Tensor grad_x = tp->ReduceScatterSequenceOrThrow(g.matmul(weight));
-    return {grad_x, grad_weight, grad_bias, torch::Tensor()};
+    torch::Tensor grad_x = tp->ReduceScatterSequenceOrThrow(g.matmul(weight.to(dtype)));
+    return {grad_x.to(saved[0].scalar_type()), grad_weight.to(weight.scalar_type()),
+            grad_bias.to(weight.scalar_type()), torch::Tensor()};
   }
 };
 
@@ -125,15 +128,31 @@ torch::Tensor TpGroup::Join(const torch::Tensor& x) {
   return JoinFunction::apply(x, reinterpret_cast<int64_t>(this));
 }
 
+namespace {
+
+// bf16 activations and gradients (autocast): summed over the ranks in fp32, gathered as 16-bit
+// words (a copy: every backend moves them; Gloo 1.13 has no bf16 type).
+bool Bf16(const torch::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
+}  // namespace
+
 void TpGroup::AllReduceOrThrow(torch::Tensor& t) {
-  if (auto s = group_.AllReduceSum(t); !s.ok()) Fail(s);
+  if (!Bf16(t)) {
+    if (auto s = group_.AllReduceSum(t); !s.ok()) Fail(s);
+    return;
+  }
+  torch::Tensor wide = t.to(at::kFloat);
+  if (auto s = group_.AllReduceSum(wide); !s.ok()) Fail(s);
+  t.copy_(wide);
 }
 
 torch::Tensor TpGroup::GatherSequenceOrThrow(const torch::Tensor& slice) {
   const int64_t n = size();
   const torch::Tensor part = slice.contiguous();
   auto flat = torch::empty({n * part.numel()}, part.options());
-  if (auto s = group_.AllGather(part.view({-1}), flat); !s.ok()) Fail(s);
+  const auto words = [&](const torch::Tensor& t) { return Bf16(t) ? t.view(at::kHalf) : t; };
+  torch::Tensor into = words(flat);
+  if (auto s = group_.AllGather(words(part.view({-1})), into); !s.ok()) Fail(s);
   // [n, B, T / n, ...] -> [B, n, T / n, ...] = [B, T, ...]
   std::vector<int64_t> shape = part.sizes().vec();
   shape.insert(shape.begin(), n);
@@ -150,9 +169,10 @@ torch::Tensor TpGroup::ReduceScatterSequenceOrThrow(const torch::Tensor& whole) 
   split.insert(split.begin() + 1, n);
   auto arranged = whole.reshape(split).transpose(0, 1).clone(at::MemoryFormat::Contiguous)
                       .view({-1});
-  auto mine = torch::empty({arranged.numel() / n}, whole.options());
+  if (Bf16(arranged)) arranged = arranged.to(at::kFloat);
+  auto mine = torch::empty({arranged.numel() / n}, arranged.options());
   if (auto s = group_.ReduceScatterSum(arranged, mine); !s.ok()) Fail(s);
-  return mine.view(slice);
+  return mine.to(whole.scalar_type()).view(slice);
 }
 
 torch::Tensor TpGroup::SliceSequence(const torch::Tensor& whole) {
