@@ -359,8 +359,8 @@ absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& inp
                                                  m.targets.reshape({-1}));
       m.loss = out.detach();
     }
-    // Between stages in fp32, the buffers' type (bf16 parameters, gathered by bf16 FSDP, make
-    // bf16 activations); the cast is in the graph, so its gradient comes back in bf16.
+    // Stages exchange fp32 (the receive buffers' type): bf16 FSDP's bf16 activations are cast in
+    // the graph, so their gradient comes back to them in bf16.
     if (u == n - 1 && !last_stage()) out = out.to(at::kFloat);
     if (train) m.unit_outputs[size_t(u)] = out;
     // The last unit's backward may come next: it stays gathered.
