@@ -133,6 +133,10 @@ class C10dCommunicator : public Communicator {
   absl::Status AllReduceMax(at::Tensor& t) override { return AllReduce(t, c10d::ReduceOp::MAX); }
 
   std::unique_ptr<Work> AllGatherAsync(const at::Tensor& shard, at::Tensor& full) override {
+    if (Bf16(shard) && Bf16(full)) {
+      at::Tensor words = full.view(at::kHalf);  // a copy: 16-bit words move on every backend
+      return AllGatherAsync(shard.view(at::kHalf), words);
+    }
     if (full.numel() != shard.numel() * size_) {
       return std::make_unique<DoneWork>(absl::InvalidArgumentError(absl::StrCat(
           "all-gather of ", shard.numel(), " elements per rank into ", full.numel())));
@@ -157,6 +161,14 @@ class C10dCommunicator : public Communicator {
     if (full.numel() != n * size_) {
       return absl::InvalidArgumentError(
           absl::StrCat("reduce-scatter of ", full.numel(), " elements into shards of ", n));
+    }
+    if (Bf16(full)) {  // summed in fp32, into a shard of either type
+      at::Tensor wide = full.to(at::kFloat);
+      if (!Bf16(shard)) return ReduceScatterSum(wide, shard);
+      at::Tensor wide_shard = shard.to(at::kFloat);
+      if (auto s = ReduceScatterSum(wide, wide_shard); !s.ok()) return s;
+      shard.copy_(wide_shard);
+      return absl::OkStatus();
     }
     if (!native_reduce_scatter_) {
       // Gloo: the sum everywhere, each rank keeps its part.
@@ -205,7 +217,15 @@ class C10dCommunicator : public Communicator {
   }
 
  private:
+  static bool Bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
   absl::Status AllReduce(at::Tensor& t, c10d::ReduceOp op) {
+    if (Bf16(t)) {  // reduced in fp32
+      at::Tensor wide = t.to(at::kFloat);
+      if (auto s = AllReduce(wide, op); !s.ok()) return s;
+      t.copy_(wide);
+      return absl::OkStatus();
+    }
     return Guarded("all-reduce", [&] {
       std::vector<at::Tensor> v = {t};
       c10d::AllreduceOptions o;

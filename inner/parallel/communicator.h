@@ -5,6 +5,8 @@
 //
 // Gloo (Debian's libtorch 1.13) has no reduce-scatter and no flat all-gather: ReduceScatter is an
 // all-reduce whose caller keeps its shard, and AllGather gathers into views of the flat output.
+// Nor has it bf16: bf16 tensors are summed in fp32 and gathered as 16-bit words, on every backend
+// (a bf16 reduce-scatter may write an fp32 shard).
 #ifndef ATOLL_INNER_PARALLEL_COMMUNICATOR_H_
 #define ATOLL_INNER_PARALLEL_COMMUNICATOR_H_
 

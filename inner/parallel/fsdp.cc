@@ -253,9 +253,7 @@ void FsdpGpt::Prefetch(int u) {
   }
   torch::NoGradGuard no_grad;
   unit.shard_low.copy_(unit.shard);  // rounded to the nearest bf16
-  // Gathered as 16-bit words (a copy: every backend moves them; Gloo 1.13 has no bf16 type).
-  at::Tensor words = unit.full.view(at::kHalf);
-  unit.pending = mesh_.group(MeshDim::kDpShard).AllGatherAsync(unit.shard_low.view(at::kHalf), words);
+  unit.pending = mesh_.group(MeshDim::kDpShard).AllGatherAsync(unit.shard_low, unit.full);
 }
 
 absl::Status FsdpGpt::Gather(int u) {
@@ -290,14 +288,9 @@ void FsdpGpt::PrepareGrad(int u) {
 absl::Status FsdpGpt::ScatterGrad(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || !unit.grad_live) return absl::OkStatus();
-  absl::Status s;
-  if (unit.full_grad.scalar_type() == at::kFloat) {
-    s = mesh_.group(MeshDim::kDpShard).ReduceScatterSum(unit.full_grad, unit.scatter);
-  } else {
-    // bf16 gradients are summed over the ranks in fp32.
-    at::Tensor wide = unit.full_grad.to(at::kFloat);
-    s = mesh_.group(MeshDim::kDpShard).ReduceScatterSum(wide, unit.scatter);
-  }
+  // bf16 gradients are summed over the ranks in fp32 (by the communicator).
+  const absl::Status s =
+      mesh_.group(MeshDim::kDpShard).ReduceScatterSum(unit.full_grad, unit.scatter);
   compat::ResizeStorage(unit.full_grad, 0);
   live_bytes_ -= unit.padded * int64_t(unit.full_grad.element_size());
   unit.grad_live = false;

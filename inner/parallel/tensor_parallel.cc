@@ -128,31 +128,17 @@ torch::Tensor TpGroup::Join(const torch::Tensor& x) {
   return JoinFunction::apply(x, reinterpret_cast<int64_t>(this));
 }
 
-namespace {
-
-// bf16 activations and gradients (autocast): summed over the ranks in fp32, gathered as 16-bit
-// words (a copy: every backend moves them; Gloo 1.13 has no bf16 type).
-bool Bf16(const torch::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
-
-}  // namespace
-
+// bf16 activations and gradients (autocast) are summed in fp32 and gathered as 16-bit words by
+// the communicator.
 void TpGroup::AllReduceOrThrow(torch::Tensor& t) {
-  if (!Bf16(t)) {
-    if (auto s = group_.AllReduceSum(t); !s.ok()) Fail(s);
-    return;
-  }
-  torch::Tensor wide = t.to(at::kFloat);
-  if (auto s = group_.AllReduceSum(wide); !s.ok()) Fail(s);
-  t.copy_(wide);
+  if (auto s = group_.AllReduceSum(t); !s.ok()) Fail(s);
 }
 
 torch::Tensor TpGroup::GatherSequenceOrThrow(const torch::Tensor& slice) {
   const int64_t n = size();
   const torch::Tensor part = slice.contiguous();
   auto flat = torch::empty({n * part.numel()}, part.options());
-  const auto words = [&](const torch::Tensor& t) { return Bf16(t) ? t.view(at::kHalf) : t; };
-  torch::Tensor into = words(flat);
-  if (auto s = group_.AllGather(words(part.view({-1})), into); !s.ok()) Fail(s);
+  if (auto s = group_.AllGather(part.view({-1}), flat); !s.ok()) Fail(s);
   // [n, B, T / n, ...] -> [B, n, T / n, ...] = [B, T, ...]
   std::vector<int64_t> shape = part.sizes().vec();
   shape.insert(shape.begin(), n);
@@ -169,10 +155,9 @@ torch::Tensor TpGroup::ReduceScatterSequenceOrThrow(const torch::Tensor& whole) 
   split.insert(split.begin() + 1, n);
   auto arranged = whole.reshape(split).transpose(0, 1).clone(at::MemoryFormat::Contiguous)
                       .view({-1});
-  if (Bf16(arranged)) arranged = arranged.to(at::kFloat);
-  auto mine = torch::empty({arranged.numel() / n}, arranged.options());
+  auto mine = torch::empty({arranged.numel() / n}, whole.options());
   if (auto s = group_.ReduceScatterSum(arranged, mine); !s.ok()) Fail(s);
-  return mine.to(whole.scalar_type()).view(slice);
+  return mine.view(slice);
 }
 
 torch::Tensor TpGroup::SliceSequence(const torch::Tensor& whole) {

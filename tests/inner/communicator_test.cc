@@ -60,6 +60,34 @@ TEST(CommunicatorTest, CollectivesOnThreeRanks) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
 }
 
+// bf16 (which Gloo 1.13 lacks): sums in fp32 (256 + 1 + 1 is 258, which a bf16 accumulator,
+// spacing 2 at 256, would round back to 256), gathers bit for bit, a reduce-scatter into an fp32
+// shard or a bf16 one.
+TEST(CommunicatorTest, Bf16SumsInFp32AndGathersBitForBit) {
+  const auto codes = testing::RunRanks(3, [](const RankInfo& info) {
+    auto c = Group(info, milliseconds(10000));
+    if (!c) return 10;
+    const int r = info.rank;
+    const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+    auto t = torch::full({4}, r == 0 ? 256.0f : 1.0f, bf16);
+    if (!c->AllReduceSum(t).ok() || t.scalar_type() != torch::kBFloat16) return 11;
+    if (!torch::equal(t, torch::full({4}, 258.0f, bf16))) return 12;
+    auto shard = torch::full({2}, 1.5f + float(r), bf16), full = torch::empty({6}, bf16);
+    if (!c->AllGather(shard, full).ok()) return 13;
+    for (int k = 0; k < 3; ++k) {
+      if (full[2 * k].item<float>() != 1.5f + float(k)) return 14;
+    }
+    for (const auto shard_type : {torch::kFloat, torch::kBFloat16}) {
+      auto big = torch::full({6}, r == 0 ? 256.0f : 1.0f, bf16);
+      auto part = torch::empty({2}, torch::TensorOptions().dtype(shard_type));
+      if (!c->ReduceScatterSum(big, part).ok()) return 15;
+      if (part[0].item<float>() != 258.0f || part[1].item<float>() != 258.0f) return 16;
+    }
+    return 0;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+}
+
 // A rank that dies makes its peers' next collective fail within the timeout: no hang.
 TEST(CommunicatorTest, ADeadPeerFailsTheCollectiveWithinTheTimeout) {
   const auto codes = testing::RunRanks(2, [](const RankInfo& info) {
