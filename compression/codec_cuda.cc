@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "compression/codec_cuda_launch.h"
+#include "compression/status_macros.h"
 #endif
 
 namespace atl::compression::cuda {
@@ -61,17 +62,13 @@ bool Available(std::string* why) {
 absl::Status EncodeOnDevice(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                             const Rounding& rounding, void* stream) {
   size_t bad = n;
-  if (auto s = CudaError(detail::FirstNonFinite(in, n, &bad, stream), "finite check"); !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(CudaError(detail::FirstNonFinite(in, n, &bad, stream), "finite check"));
   if (bad < n) {
     return absl::InvalidArgumentError(
         absl::StrCat("non-finite value at element ", bad, " refused before encoding"));
   }
-  if (auto s = CudaError(detail::LaunchEncode(spec, in, n, out, rounding, stream), "encode");
-      !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(
+      CudaError(detail::LaunchEncode(spec, in, n, out, rounding, stream), "encode"));
   return CudaError(int(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))), "encode");
 }
 
@@ -82,13 +79,9 @@ absl::Status DecodeOnDevice(const CodecSpec& spec, const uint8_t* in, size_t byt
                                                    " elements must be ", EncodedBytes(spec, n),
                                                    " bytes, got ", bytes));
   }
-  if (auto s = CudaError(detail::LaunchDecode(spec, in, n, out, stream), "decode"); !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(CudaError(detail::LaunchDecode(spec, in, n, out, stream), "decode"));
   size_t bad = n;
-  if (auto s = CudaError(detail::FirstNonFinite(out, n, &bad, stream), "finite check"); !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(CudaError(detail::FirstNonFinite(out, n, &bad, stream), "finite check"));
   if (bad < n) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload decodes to a non-finite value at element ", bad));
@@ -102,11 +95,9 @@ absl::Status EncodeViaDevice(const CodecSpec& spec, const float* in, size_t n, u
   DeviceBuffer<float> d_in(n);
   DeviceBuffer<uint8_t> d_out(bytes);
   if (!d_in.get() || !d_out.get()) return absl::ResourceExhaustedError("cudaMalloc failed");
-  if (auto s = CudaError(int(cudaMemcpy(d_in.get(), in, n * 4, cudaMemcpyHostToDevice)), "copy in");
-      !s.ok()) {
-    return s;
-  }
-  if (auto s = EncodeOnDevice(spec, d_in.get(), n, d_out.get(), rounding); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(
+      CudaError(int(cudaMemcpy(d_in.get(), in, n * 4, cudaMemcpyHostToDevice)), "copy in"));
+  ATL_RETURN_IF_ERROR(EncodeOnDevice(spec, d_in.get(), n, d_out.get(), rounding));
   return CudaError(int(cudaMemcpy(out, d_out.get(), bytes, cudaMemcpyDeviceToHost)), "copy out");
 }
 
@@ -115,11 +106,9 @@ absl::Status DecodeViaDevice(const CodecSpec& spec, const uint8_t* in, size_t by
   DeviceBuffer<uint8_t> d_in(bytes);
   DeviceBuffer<float> d_out(n);
   if (!d_in.get() || !d_out.get()) return absl::ResourceExhaustedError("cudaMalloc failed");
-  if (auto s = CudaError(int(cudaMemcpy(d_in.get(), in, bytes, cudaMemcpyHostToDevice)), "copy in");
-      !s.ok()) {
-    return s;
-  }
-  if (auto s = DecodeOnDevice(spec, d_in.get(), bytes, n, d_out.get()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(
+      CudaError(int(cudaMemcpy(d_in.get(), in, bytes, cudaMemcpyHostToDevice)), "copy in"));
+  ATL_RETURN_IF_ERROR(DecodeOnDevice(spec, d_in.get(), bytes, n, d_out.get()));
   return CudaError(int(cudaMemcpy(out, d_out.get(), n * 4, cudaMemcpyDeviceToHost)), "copy out");
 }
 
@@ -144,40 +133,34 @@ class CudaEngine : public SpanEngine {
     if (staging_) cudaFreeHost(staging_);
   }
   absl::Status Init() {
-    if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;
-    if (auto s = CudaError(int(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)), "stream");
-        !s.ok()) {
-      return s;
-    }
-    if (auto s = CudaError(int(cudaEventCreateWithFlags(&compute_, cudaEventDisableTiming)), "event");
-        !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(CudaError(int(cudaSetDevice(device_)), "set device"));
+    ATL_RETURN_IF_ERROR(
+        CudaError(int(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)), "stream"));
+    ATL_RETURN_IF_ERROR(
+        CudaError(int(cudaEventCreateWithFlags(&compute_, cudaEventDisableTiming)), "event"));
     return CudaError(int(cudaHostAlloc(&staging_, kStagingBytes, cudaHostAllocDefault)), "pinned memory");
   }
 
   bool on_device() const override { return true; }
   absl::Status MarkCompute() override {
-    if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(CudaError(int(cudaSetDevice(device_)), "set device"));
     marked_ = true;
     // The legacy default stream: libtorch's default (compute) stream.
     return CudaError(int(cudaEventRecord(compute_, nullptr)), "record the compute stream");
   }
   absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                       const Rounding& rounding) override {
-    if (auto s = Begin(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Begin());
     return cuda::EncodeOnDevice(spec, in, n, out, rounding, stream_);
   }
   absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
                       float* out) override {
-    if (auto s = Begin(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Begin());
     return cuda::DecodeOnDevice(spec, in, bytes, n, out, stream_);
   }
   absl::Status Subtract(const float* a, const float* b, float* out, size_t n) override {
-    if (auto s = Begin(); !s.ok()) return s;
-    if (auto s = CudaError(cuda::detail::LaunchSubtract(a, b, out, n, stream_), "subtract"); !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(Begin());
+    ATL_RETURN_IF_ERROR(CudaError(cuda::detail::LaunchSubtract(a, b, out, n, stream_), "subtract"));
     return CudaError(int(cudaStreamSynchronize(stream_)), "subtract");
   }
   absl::Status ToHost(void* host, const void* dev, size_t bytes) override {
@@ -199,18 +182,18 @@ class CudaEngine : public SpanEngine {
   // the stream, which is then waited for (the buffer is reused) before `after` runs.
   template <typename Copy, typename After>
   absl::Status Staged(size_t bytes, const char* what, Copy copy, After after) {
-    if (auto s = Begin(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Begin());
     for (size_t at = 0; at < bytes; at += kStagingBytes) {
       const size_t k = std::min(kStagingBytes, bytes - at);
-      if (auto s = CudaError(int(copy(at, k)), what); !s.ok()) return s;
-      if (auto s = CudaError(int(cudaStreamSynchronize(stream_)), what); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(CudaError(int(copy(at, k)), what));
+      ATL_RETURN_IF_ERROR(CudaError(int(cudaStreamSynchronize(stream_)), what));
       after(at, k);
     }
     return absl::OkStatus();
   }
   // Every call: on the engine's device, after the compute stream's work as last marked.
   absl::Status Begin() {
-    if (auto s = CudaError(int(cudaSetDevice(device_)), "set device"); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(CudaError(int(cudaSetDevice(device_)), "set device"));
     if (!marked_) return absl::OkStatus();
     return CudaError(int(cudaStreamWaitEvent(stream_, compute_, 0)), "wait for the compute stream");
   }
@@ -231,7 +214,7 @@ absl::StatusOr<std::unique_ptr<SpanEngine>> SpanEngine::Cuda(int device) {
     return absl::FailedPreconditionError("no current CUDA device");
   }
   auto engine = std::make_unique<CudaEngine>(device);
-  if (auto s = engine->Init(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<SpanEngine>(std::move(engine));
 }
 

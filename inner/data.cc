@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 namespace atl::inner {
 namespace {
@@ -159,12 +160,11 @@ absl::Status WriteShard(const std::string& path, const std::vector<uint16_t>& to
 
 absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Load(const std::string& spec,
                                                                      int vocab) {
-  auto files = ResolveSpec(spec);
-  if (!files.ok()) return files.status();
+  ATL_ASSIGN_OR_RETURN(auto files, ResolveSpec(spec));
   auto corpus = std::make_shared<TokenCorpus>();
-  const bool any_bin = std::any_of(files->begin(), files->end(),
+  const bool any_bin = std::any_of(files.begin(), files.end(),
                                    [](const auto& f) { return absl::EndsWith(f, ".bin"); });
-  const bool all_bin = std::all_of(files->begin(), files->end(),
+  const bool all_bin = std::all_of(files.begin(), files.end(),
                                    [](const auto& f) { return absl::EndsWith(f, ".bin"); });
   if (any_bin && !all_bin) {
     return absl::InvalidArgumentError(
@@ -172,10 +172,9 @@ absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Load(const std::
   }
   corpus->is_text_ = !all_bin;
   if (all_bin) {
-    for (const auto& f : *files) {
-      auto segment = MapShard(f, vocab);
-      if (!segment.ok()) return segment.status();
-      corpus->segments_.push_back(*std::move(segment));
+    for (const auto& f : files) {
+      ATL_ASSIGN_OR_RETURN(auto segment, MapShard(f, vocab));
+      corpus->segments_.push_back(std::move(segment));
     }
   } else {
     if (vocab < 256) {
@@ -183,8 +182,8 @@ absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Load(const std::
           absl::StrCat("text data is byte-level and needs model.vocab >= 256, got ", vocab));
     }
     std::vector<uint16_t> tokens;
-    for (const auto& f : *files) {
-      if (auto s = AppendText(f, &tokens); !s.ok()) return s;
+    for (const auto& f : files) {
+      ATL_RETURN_IF_ERROR(AppendText(f, &tokens));
     }
     corpus->segments_.push_back(std::make_unique<OwnedSegment>(std::move(tokens), spec));
   }
@@ -268,7 +267,7 @@ absl::StatusOr<std::shared_ptr<const Dataset>> MakeDataset(std::shared_ptr<const
 
 absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& c, int context,
                                                            int vocab) {
-  if (auto s = Validate(c); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Validate(c));
   auto train = TokenCorpus::Load(c.path, vocab);
   if (!train.ok()) {
     return absl::Status(train.status().code(), absl::StrCat("data.path: ", train.status().message()));

@@ -7,8 +7,9 @@
 
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner {
@@ -29,7 +30,7 @@ absl::Status Validate(const ModelConfig& c) {
                             {"model.n_head", c.n_head},
                             {"model.context", c.context},
                             {"model.vocab", c.vocab}}) {
-    if (auto s = Positive(key, value); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Positive(key, value));
   }
   if (c.d_model % c.n_head != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model.d_model (", c.d_model,

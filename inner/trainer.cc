@@ -7,13 +7,13 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
+#include "inner/parallel/communicator.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
 #include "inner/parallel/pipeline.h"
-
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "inner/parallel/communicator.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner {
@@ -53,9 +53,9 @@ absl::Status Validate(const TrainConfig& c) {
         "parallelism.pipeline_parallel_microbatches must be positive and divide train.batch_size = ",
         c.batch_size, ", got ", c.pipeline_microbatches));
   }
-  if (auto s = parallel::ParsePipelineSchedule(c.pipeline_schedule); !s.ok()) return s.status();
+  ATL_RETURN_IF_ERROR(parallel::ParsePipelineSchedule(c.pipeline_schedule));
   // The device's name, and a GPU where one is asked for ("auto" loads anywhere).
-  if (auto device = ResolveDevice(c.device, 0); !device.ok()) return device.status();
+  ATL_RETURN_IF_ERROR(ResolveDevice(c.device, 0));
   return absl::OkStatus();
 }
 
@@ -122,29 +122,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
                                                          std::shared_ptr<const Dataset> data,
                                                          int stream, int num_streams,
                                                          parallel::DeviceMesh* mesh) {
-  if (auto s = Validate(model); !s.ok()) return s;
-  if (auto s = Validate(train); !s.ok()) return s;
-  if (auto s = Validate(optim, train); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Validate(model));
+  ATL_RETURN_IF_ERROR(Validate(train));
+  ATL_RETURN_IF_ERROR(Validate(optim, train));
   if (data->train.context() != model.context) {
     return absl::InvalidArgumentError(absl::StrCat("data windows of ", data->train.context(),
                                                    " tokens do not match model.context ",
                                                    model.context));
   }
-  auto sampler = BatchSampler::Create(&data->train, data->order_seed, stream, num_streams);
-  if (!sampler.ok()) return sampler.status();
+  ATL_ASSIGN_OR_RETURN(auto sampler,
+                       BatchSampler::Create(&data->train, data->order_seed, stream, num_streams));
 
   if (train.threads > 0) torch::set_num_threads(train.threads);
   torch::manual_seed(train.seed);
   TrainConfig resolved = train;
   if (train.device != "cpu") {  // this rank's device: LOCAL_RANK as torchrun sets it
-    auto rank = parallel::RankInfoFromEnvironment();
-    if (!rank.ok()) return rank.status();
-    auto device = ResolveDevice(train.device, rank->local_rank);
-    if (!device.ok()) return device.status();
-    resolved.device = *device;
+    ATL_ASSIGN_OR_RETURN(auto rank, parallel::RankInfoFromEnvironment());
+    ATL_ASSIGN_OR_RETURN(auto device, ResolveDevice(train.device, rank.local_rank));
+    resolved.device = device;
   }
 
-  std::unique_ptr<Trainer> t(new Trainer(model, optim, resolved, data, *std::move(sampler)));
+  std::unique_ptr<Trainer> t(new Trainer(model, optim, resolved, data, std::move(sampler)));
   if (mesh == nullptr) {
     t->own_mesh_ = parallel::DeviceMesh::Single();
     mesh = t->own_mesh_.get();
@@ -155,9 +153,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
   fsdp.schedule = *parallel::ParsePipelineSchedule(train.pipeline_schedule);
   fsdp.sequence_parallel = train.sequence_parallel;
   fsdp.bf16 = train.mixed_precision == "bf16";
-  auto sharded = parallel::FsdpGpt::Create(model, *mesh, resolved.device, fsdp);
-  if (!sharded.ok()) return sharded.status();
-  t->fsdp_ = *std::move(sharded);
+  ATL_ASSIGN_OR_RETURN(auto sharded,
+                       parallel::FsdpGpt::Create(model, *mesh, resolved.device, fsdp));
+  t->fsdp_ = std::move(sharded);
   t->fsdp_->module()->train();
   std::vector<AdamWParam> params;
   for (auto& s : t->fsdp_->shards()) params.push_back({s.name, s.value, s.grad, s.decay});
@@ -202,15 +200,14 @@ absl::Status Trainer::QueueStep() {
       micros.push_back({inputs.narrow(0, k * rows, rows), targets.narrow(0, k * rows, rows)});
     }
   }
-  auto loss = fsdp_->ForwardBackward(micros, grad_scale);
-  if (!loss.ok()) return loss.status();
-  if (auto s = fsdp_->ReduceGradients(); !s.ok()) return s;
+  ATL_ASSIGN_OR_RETURN(auto loss, fsdp_->ForwardBackward(micros, grad_scale));
+  ATL_RETURN_IF_ERROR(fsdp_->ReduceGradients());
   // The global gradient norm over all shards, TP parts and stages, and the clipping of torch's
   // clip_grad_norm_ (coefficient clip / (norm + 1e-6) where below 1), all on the device: the
   // scalars the island reduces live on the parameters' device (NCCL groups take no others).
   at::Tensor norm = fsdp_->GradSquaredNorm();
   for (auto dim : {parallel::MeshDim::kDpShard, parallel::MeshDim::kTp, parallel::MeshDim::kPp}) {
-    if (auto s = mesh_->group(dim).AllReduceSum(norm); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(mesh_->group(dim).AllReduceSum(norm));
   }
   norm.sqrt_();
   if (optim_.grad_clip > 0) {
@@ -218,8 +215,8 @@ absl::Status Trainer::QueueStep() {
     fsdp_->ScaleGrad(at::where(coef < 1, coef, at::ones_like(coef)));  // NaN: left as it is
   }
   adamw_->Step(stats.lr);
-  at::Tensor losses = *std::move(loss);
-  if (auto s = mesh_->dp().AllReduceSum(losses); !s.ok()) return s;
+  at::Tensor losses = std::move(loss);
+  ATL_RETURN_IF_ERROR(mesh_->dp().AllReduceSum(losses));
   step_ += 1;
   stats.step = step_;
   stats.tokens = tokens();
@@ -263,10 +260,9 @@ absl::StatusOr<StepStats> Trainer::Step() {
     return absl::FailedPreconditionError(
         absl::StrCat("Step with ", pending_.size(), " queued steps' stats not taken"));
   }
-  if (auto s = QueueStep(); !s.ok()) return s;
-  auto stats = TakeStats();
-  if (!stats.ok()) return stats.status();
-  return stats->back();
+  ATL_RETURN_IF_ERROR(QueueStep());
+  ATL_ASSIGN_OR_RETURN(auto stats, TakeStats());
+  return stats.back();
 }
 
 absl::StatusOr<EvalStats> Trainer::Evaluate() {
@@ -301,7 +297,7 @@ absl::StatusOr<EvalStats> Trainer::Evaluate() {
   }
   fsdp_->module()->train();
   auto sum = torch::full({1}, weighted, torch::TensorOptions().dtype(torch::kDouble).device(device));
-  if (auto s = mesh_->dp().AllReduceSum(sum); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(mesh_->dp().AllReduceSum(sum));
   EvalStats out;
   out.loss = sum.item<double>() / double(total);
   out.bits = out.loss / std::log(2.0);
@@ -396,7 +392,7 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
       int64_t at = 0;
       for (const auto& [offset, count] : p.runs) {
         at::Tensor part = target->narrow(0, at, count);
-        if (auto s = Gather(slices, name, p.shape, offset, part, &copies); !s.ok()) return s;
+        ATL_RETURN_IF_ERROR(Gather(slices, name, p.shape, offset, part, &copies));
         at += count;
       }
     }
@@ -437,22 +433,20 @@ absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observe
                      bool evaluate) {
   const auto& cfg = trainer.train_config();
   while (trainer.step() < until_step) {
-    if (auto s = trainer.QueueStep(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(trainer.QueueStep());
     const int64_t t = trainer.step();
     const bool eval_now =
         evaluate && ((cfg.eval_every > 0 && t % cfg.eval_every == 0) || t == cfg.steps);
     if (!eval_now && t < until_step && !observer.NeedsStats(t)) continue;
-    auto steps = trainer.TakeStats();
-    if (!steps.ok()) return steps.status();
+    ATL_ASSIGN_OR_RETURN(auto steps, trainer.TakeStats());
     std::optional<EvalStats> eval;
     if (eval_now) {
-      auto e = trainer.Evaluate();
-      if (!e.ok()) return e.status();
-      eval = *e;
+      ATL_ASSIGN_OR_RETURN(auto e, trainer.Evaluate());
+      eval = e;
     }
-    for (const auto& step : *steps) {
-      const bool last = &step == &steps->back();
-      if (auto s = observer.OnStep(step, last && eval ? &*eval : nullptr); !s.ok()) return s;
+    for (const auto& step : steps) {
+      const bool last = &step == &steps.back();
+      ATL_RETURN_IF_ERROR(observer.OnStep(step, last && eval ? &*eval : nullptr));
     }
   }
   return absl::OkStatus();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/span_math.h"
+#include "compression/status_macros.h"
 
 namespace atl::outer {
 namespace {
@@ -61,7 +62,7 @@ absl::Status WeightedMean(const std::vector<ContributionRef>& in, const std::vec
       const uint64_t len = std::min(kWindow, first + count - a);
       std::fill(sum.begin(), sum.end(), 0.0);
       for (size_t i = 0; i < in.size(); ++i) {
-        if (auto s = ReadContribution(in[i], a, len, x.data()); !s.ok()) return s;
+        ATL_RETURN_IF_ERROR(ReadContribution(in[i], a, len, x.data()));
         compression::FoldWeighted(x.data(), double(in[i].tokens), scale[i], sum.data(), len);
       }
       compression::StoreQuotient(sum.data(), total, out + a, len);
@@ -83,7 +84,7 @@ absl::Status TrimmedMean(const std::vector<ContributionRef>& in, size_t k, uint6
     for (uint64_t a = first; a < first + count; a += kWindow) {
       const uint64_t len = std::min(kWindow, first + count - a);
       for (size_t i = 0; i < m; ++i) {
-        if (auto s = ReadContribution(in[i], a, len, values.data() + i * kWindow); !s.ok()) return s;
+        ATL_RETURN_IF_ERROR(ReadContribution(in[i], a, len, values.data() + i * kWindow));
       }
       for (uint64_t j = 0; j < len; ++j) {
         for (size_t i = 0; i < m; ++i) column[i] = {values[i * kWindow + j], uint32_t(i)};

@@ -1,5 +1,6 @@
 #include "outer/in_process_transport.h"
 
+#include "compression/status_macros.h"
 #include "outer/payload.h"
 
 namespace atl::outer {
@@ -7,9 +8,8 @@ namespace atl::outer {
 absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
                           absl::Time deadline, const std::function<bool()>& cancelled,
                           const std::function<bool(pb::UpdateChunk&&)>& write) {
-  auto committed = server.AwaitUpdate(request, deadline, cancelled);
-  if (!committed.ok()) return committed.status();
-  const CommittedRound& r = **committed;  // held alive by the pointer while it is streamed
+  ATL_ASSIGN_OR_RETURN(auto committed, server.AwaitUpdate(request, deadline, cancelled));
+  const CommittedRound& r = *committed;  // held alive by the pointer while it is streamed
   const uint64_t begin = request.offset();
   const uint64_t end = request.num_elements() == 0 ? UINT64_MAX : begin + request.num_elements();
   // The hash of the range asked for, when the service knew the range at the commit.
@@ -45,15 +45,14 @@ absl::StatusOr<pb::PushResponse> InProcessTransport::Push(const PushSource& sour
   auto more = source(&r);
   if (!more.ok()) return more.status();
   if (!*more) return absl::InvalidArgumentError("empty push: no chunks");
-  auto stream = server_->OpenPush(r);
-  if (!stream.ok()) return stream.status();
+  ATL_ASSIGN_OR_RETURN(auto stream, server_->OpenPush(r));
   do {
-    if (auto s = (*stream)->Add(std::move(r)); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(stream->Add(std::move(r)));
     r.Clear();
     more = source(&r);
     if (!more.ok()) return more.status();
   } while (*more);
-  return server_->FinishPush(*std::move(stream));
+  return server_->FinishPush(std::move(stream));
 }
 
 absl::Status InProcessTransport::AwaitUpdate(const pb::UpdateRequest& r,

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 namespace atl::outer {
 
@@ -97,14 +98,14 @@ absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::JoinAsIsland(Trans
                          : std::string("!") + std::string(joined.status().message());
     if (joined.ok()) session = *std::move(joined);
   }
-  auto answer = ranks.FromFirst(shared);
-  if (!answer.ok()) return answer.status();
-  if (!answer->empty() && (*answer)[0] == '!') {
-    return absl::UnavailableError(absl::StrCat("rank 0 could not join: ", answer->substr(1)));
+  ATL_ASSIGN_OR_RETURN(auto answer, ranks.FromFirst(shared));
+  if (!answer.empty() && (answer)[0] == '!') {
+    return absl::UnavailableError(absl::StrCat("rank 0 could not join: ", answer.substr(1)));
   }
   if (ranks.rank() == 0) return session;
   pb::JoinResponse joined;
-  if (!joined.ParseFromString(*answer)) return absl::DataLossError("rank 0's join answer is garbled");
+  if (!joined.ParseFromString(answer))
+    return absl::DataLossError("rank 0's join answer is garbled");
   return Follow(transport, std::move(options), std::move(joined));
 }
 
@@ -145,9 +146,8 @@ absl::Status IslandSession::WaitForPeers() {
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::duration<double>(options_.retry.timeout_s);
   while (true) {
-    auto state = Heartbeat(false);
-    if (!state.ok()) return state.status();
-    if (state->training_members() >= joined_.schedule().num_data_streams() || state->round() > 0 ||
+    ATL_ASSIGN_OR_RETURN(auto state, Heartbeat(false));
+    if (state.training_members() >= joined_.schedule().num_data_streams() || state.round() > 0 ||
         std::chrono::steady_clock::now() > until) {
       return absl::OkStatus();
     }
@@ -199,13 +199,13 @@ absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
       shared = again->SerializeAsString();
     }
   }
-  auto answer = ranks.FromFirst(shared);
-  if (!answer.ok()) return answer.status();
-  if (!answer->empty() && (*answer)[0] == '!') {
-    return absl::UnavailableError(absl::StrCat("rejoining: ", answer->substr(1)));
+  ATL_ASSIGN_OR_RETURN(auto answer, ranks.FromFirst(shared));
+  if (!answer.empty() && (answer)[0] == '!') {
+    return absl::UnavailableError(absl::StrCat("rejoining: ", answer.substr(1)));
   }
   pb::JoinResponse joined;
-  if (!joined.ParseFromString(*answer)) return absl::DataLossError("rank 0's join answer is garbled");
+  if (!joined.ParseFromString(answer))
+    return absl::DataLossError("rank 0's join answer is garbled");
   identity_->set_session(joined.session());
   joined_ = std::move(joined);
   transport_.Route(joined_);

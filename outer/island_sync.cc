@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
 #include "compression/codec_math.h"
+#include "compression/status_macros.h"
 #include "outer/outer_optimizer.h"
 
 namespace atl::outer {
@@ -179,7 +180,7 @@ absl::Status IslandSync::FetchGlobal() {
         if (!statuses[size_t(lane)].ok()) return;
       }
     });
-    if (auto s = FirstError(statuses); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(FirstError(statuses));
     if (progress.changed) continue;
     if (whole() && compression::Checksum(values.data(), n_ * sizeof(float)) != progress.hash) {
       last = absl::DataLossError("fetched state does not match its hash");
@@ -282,19 +283,14 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
                             uint32_t(next), uint32_t(part.size()), rounding);
       }
       if (!chunk.ok()) return chunk.status();  // e.g. a non-finite pseudo-gradient
-      if (auto s = SampleChunkError(*chunk, delta.data(), sample, &results[lane].error); !s.ok()) {
-        return s;
-      }
+      ATL_RETURN_IF_ERROR(SampleChunkError(*chunk, delta.data(), sample, &results[lane].error));
       if (options_.error_feedback && !device_) {
         // The residual is what the service will not see: delta minus its decoded encoding.
         decoded.resize(n);
         const std::string& data = chunk->data();
-        if (auto s = compression::Decode(options_.codec,
-                                         reinterpret_cast<const uint8_t*>(data.data()),
-                                         data.size(), n, decoded.data());
-            !s.ok()) {
-          return s;
-        }
+        ATL_RETURN_IF_ERROR(compression::Decode(options_.codec,
+                                                reinterpret_cast<const uint8_t*>(data.data()),
+                                                data.size(), n, decoded.data()));
         for (uint64_t i = 0; i < n; ++i) next_residual_[c.at + i] = delta[i] - decoded[i];
       }
       *m->mutable_chunk() = *std::move(chunk);
@@ -392,7 +388,7 @@ absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, 
   auto resync = [&](std::string reason) -> absl::StatusOr<RoundOutcome> {
     std::fill(residual_.begin(), residual_.end(), 0.0f);
     if (device_) device_->ResetResidual();
-    if (auto s = FetchGlobal(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(FetchGlobal());
     out.resynced = true;
     out.resync_reason = std::move(reason);
     out.version = round_;
@@ -454,7 +450,7 @@ absl::StatusOr<RoundOutcome> IslandSync::CatchUp(uint64_t version) {
   while (round_ < version) {
     if (auto s = ApplyRound(round_, out); !s.ok()) {
       if (!absl::IsFailedPrecondition(s) && !absl::IsDataLoss(s)) return s;
-      if (auto f = FetchGlobal(); !f.ok()) return f;
+      ATL_RETURN_IF_ERROR(FetchGlobal());
       out.resynced = true;
       out.resync_reason = std::string(s.message());
     }
@@ -563,7 +559,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
     statuses.push_back(r.status);
     out.bytes_received += r.bytes;
   }
-  if (auto s = FirstError(statuses); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FirstError(statuses));
   if (split) {
     for (const auto& r : received) {
       if (r.params_hash != received[0].params_hash) {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "outer/credentials.h"
 #include "outer/names.h"
 
@@ -142,7 +143,7 @@ absl::Status Membership::Move(Member& m, MemberState to) {
 absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_stream,
                                         const std::vector<uint64_t>& rounds, absl::Time now,
                                         const std::vector<uint64_t>& first_rounds) {
-  if (auto s = ValidateName(name, "island name"); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(ValidateName(name, "island name"));
   if (members_.count(name)) {
     return absl::AlreadyExistsError(absl::StrCat("an island named '", name,
                                                  "' is already a member"));
@@ -240,7 +241,7 @@ absl::Status Membership::Leave(const std::string& name) {
   if (it == members_.end()) {
     return absl::NotFoundError(absl::StrCat("island ", Printable(name), " is not a member"));
   }
-  if (auto s = Move(it->second, MemberState::kLeaving); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Move(it->second, MemberState::kLeaving));
   Depart(name, MemberState::kLeaving);
   members_.erase(it);
   ++epoch_;

@@ -4,13 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
+#include "compression/status_macros.h"
 #include "outer/aggregation.h"
 #include "outer/names.h"
 
 namespace atl::outer {
 
 absl::Status Validate(const OuterConfig& c) {
-  if (auto s = ValidateName(c.run_id, "outer.run_id"); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(ValidateName(c.run_id, "outer.run_id"));
   if (c.sync_every < 1) {
     return absl::InvalidArgumentError(absl::StrCat("outer.sync_every must be >= 1, got ", c.sync_every));
   }
@@ -150,7 +151,7 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "
         "not rounds) takes a constant outer.lr");
   }
-  if (auto s = Validate(c.phases); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Validate(c.phases));
   if (c.async() && (c.phases.warm_start_steps > 0 || c.phases.early_sync_every > 0)) {
     return absl::InvalidArgumentError(
         "outer.warm_start_steps and outer.early_sync_every schedule sync rounds; async islands "

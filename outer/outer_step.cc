@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "compression/checksum.h"
 #include "compression/codec.h"
+#include "compression/status_macros.h"
 
 namespace atl::outer {
 namespace {
@@ -109,11 +110,10 @@ class AsyncVersions : public RoundPolicy {
       versions = state.ok() ? state->SerializeAsString()
                             : std::string("!") + std::string(state.status().message());
     }
-    auto shared = hook.ranks().FromFirst(versions);
-    if (!shared.ok()) return shared.status();
-    if (!shared->empty() && (*shared)[0] == '!') return absl::UnavailableError(shared->substr(1));
+    ATL_ASSIGN_OR_RETURN(auto shared, hook.ranks().FromFirst(versions));
+    if (!shared.empty() && (shared)[0] == '!') return absl::UnavailableError(shared.substr(1));
     pb::HeartbeatResponse state;
-    if (!state.ParseFromString(*shared)) return absl::DataLossError("rank 0's answer is garbled");
+    if (!state.ParseFromString(shared)) return absl::DataLossError("rank 0's answer is garbled");
     return hook.CatchUp({state.versions().begin(), state.versions().end()});
   }
 
@@ -184,7 +184,7 @@ absl::Status OuterStepHook::FetchGlobal() {
     for (auto& sync : syncs_) sync->set_link_bps(stats_.link_bps);
   }
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
-    if (auto s = AgreeOnRound(f); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(AgreeOnRound(f));
     model_.Merge(f, syncs_[f]->global(), 0.0);
   }
   // Sync: a round may have committed between the join's answer and the fetch (the round an island
@@ -215,18 +215,17 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
   IslandSync& sync = *syncs_[f];
   for (int attempt = 0;; ++attempt) {
     // From the first rank that carries the fragment (one that carries nothing has not fetched).
-    auto first = ranks_.FromFirstWhere(sync.carried(), std::to_string(sync.round()));
-    if (!first.ok()) return first.status();
+    ATL_ASSIGN_OR_RETURN(auto first,
+                         ranks_.FromFirstWhere(sync.carried(), std::to_string(sync.round())));
     uint64_t newest = 0;
-    if (!absl::SimpleAtoi(*first, &newest)) {
+    if (!absl::SimpleAtoi(first, &newest)) {
       return absl::DataLossError("the first carrying rank's round is garbled");
     }
     // Rounds only move forward, seldom by more than one between the ranks' fetches. A rank that
     // carries nothing of the fragment takes the others' round.
     while (true) {
-      auto ahead = ranks_.Any(sync.carried() && sync.round() > newest);
-      if (!ahead.ok()) return ahead.status();
-      if (!*ahead) break;
+      ATL_ASSIGN_OR_RETURN(auto ahead, ranks_.Any(sync.carried() && sync.round() > newest));
+      if (!ahead) break;
       ++newest;
     }
     if (sync.round() < newest || !sync.carried()) {
@@ -234,9 +233,8 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
       if (!caught.ok()) return caught.status();
       stats_.bytes_received += caught->bytes_received;
     }
-    auto apart = ranks_.Any(sync.round() != newest);
-    if (!apart.ok()) return apart.status();
-    if (!*apart) return absl::OkStatus();
+    ATL_ASSIGN_OR_RETURN(auto apart, ranks_.Any(sync.round() != newest));
+    if (!apart) return absl::OkStatus();
     if (attempt >= options_.sync.retries) {
       return absl::AbortedError(absl::StrCat("the island's ranks hold different rounds of fragment ",
                                              f, ": the global state kept changing"));
@@ -246,7 +244,7 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
 
 absl::Status OuterStepHook::ReloadGlobal() {
   // The rounds in flight land first, merged with alpha 0: their tasks write the global copies.
-  if (auto s = LandAll(0.0); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(LandAll(0.0));
   for (uint32_t f = 0; f < syncs_.size(); ++f) model_.Merge(f, syncs_[f]->global(), 0.0);
   return absl::OkStatus();
 }
@@ -278,30 +276,29 @@ uint64_t OuterStepHook::global_hash() const {
 absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   if (!pending_rejoin_) pending_rejoin_ = session_.TakeRefusal();
   // A rejoin changes what every rank does next: the island rejoins when any rank needs to.
-  auto rejoin = ranks_.Any(pending_rejoin_.has_value());
-  if (!rejoin.ok()) return rejoin.status();
-  if (*rejoin && !pending_rejoin_) pending_rejoin_ = absl::UnavailableError("another rank rejoins");
+  ATL_ASSIGN_OR_RETURN(auto rejoin, ranks_.Any(pending_rejoin_.has_value()));
+  if (rejoin && !pending_rejoin_) pending_rejoin_ = absl::UnavailableError("another rank rejoins");
   if (pending_rejoin_) {
     // Back on the global parameters (and, sync, at the run's step): the next push is a round away.
-    if (auto s = LandAll(0.0); !s.ok()) return s;
-    if (auto s = Rejoin(*pending_rejoin_); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(LandAll(0.0));
+    ATL_RETURN_IF_ERROR(Rejoin(*pending_rejoin_));
     done_ = policy_->IsLast(model_.step());
     return absl::OkStatus();
   }
   const int64_t t = model_.step();
   done_ = policy_->IsLast(t);
   // Merge what is due (tau steps after its push), then push the fragments due now.
-  if (auto s = LandDue(t, options_.alpha); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(LandDue(t, options_.alpha));
   if (!done_) {
     for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->DelayAfter(f, t), steps_per_s);
     return LandDue(t, options_.alpha);  // tau = 0: blocking
   }
   // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
   // turn (alpha 0: the island ends on the global parameters).
-  if (auto s = LandAll(0.0); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(LandAll(0.0));
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
     Push(f, t, t, steps_per_s);
-    if (auto s = Land(0.0); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Land(0.0));
   }
   return absl::OkStatus();
 }
@@ -341,14 +338,14 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
 
 absl::Status OuterStepHook::LandDue(int64_t t, double alpha) {
   while (!in_flight_.empty() && in_flight_.front().apply_at <= t) {
-    if (auto s = Land(alpha); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Land(alpha));
   }
   return absl::OkStatus();
 }
 
 absl::Status OuterStepHook::LandAll(double alpha) {
   while (!in_flight_.empty()) {
-    if (auto s = Land(alpha); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Land(alpha));
   }
   return absl::OkStatus();
 }
@@ -361,7 +358,7 @@ absl::Status OuterStepHook::Land(double alpha) {
   auto outcome = job.result.get();
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;
-  if (auto s = FollowFirstCarrier(job.fragment, outcome); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FollowFirstCarrier(job.fragment, outcome));
   const absl::Status& s = outcome.status();
   if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
     // The service no longer counts this island as a member (declared dead while it was silent),
@@ -378,7 +375,7 @@ absl::Status OuterStepHook::Land(double alpha) {
                outcome->resynced || job.averaging ? 0.0 : alpha);
   policy_->Landed(*outcome, model_, stats_);
   if (options_.auto_tune) {
-    if (auto s = AdoptTau(outcome->tau); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(AdoptTau(outcome->tau));
   }
   stats_.tau = policy_->Delay();
   stats_.rounds += 1;
@@ -414,16 +411,15 @@ absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundO
     mine = absl::StrCat(outcome->tau, " ", outcome->sync_every, " ", outcome->tokens_committed,
                         " ", outcome->budget_reached ? 1 : 0, " ", outcome->contributors);
   }
-  auto first = ranks_.FromFirstWhere(syncs_[f]->carried(), mine);
-  if (!first.ok()) return first.status();
+  ATL_ASSIGN_OR_RETURN(auto first, ranks_.FromFirstWhere(syncs_[f]->carried(), mine));
   if (!outcome.ok()) return absl::OkStatus();
   RoundOutcome& o = *outcome;
   o.tau = -1;
   o.sync_every = 0;
   o.tokens_committed = 0;
   o.budget_reached = false;
-  if (*first == "!") return absl::OkStatus();  // its push failed: the island rejoins
-  const std::vector<std::string> parts = absl::StrSplit(*first, ' ');
+  if (first == "!") return absl::OkStatus();  // its push failed: the island rejoins
+  const std::vector<std::string> parts = absl::StrSplit(first, ' ');
   int budget = 0;
   if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &o.tau) ||
       !absl::SimpleAtoi(parts[1], &o.sync_every) ||
@@ -451,14 +447,14 @@ absl::Status OuterStepHook::AdoptTau(int tau) {
 
 absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
   if (on_message) on_message(absl::StrCat("rejoining the run: ", why.message()));
-  if (auto s = session_.Rejoin(ranks_); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(session_.Rejoin(ranks_));
   if (session_.joined().data_stream() != session_.data_stream() && on_message) {
     on_message(absl::StrCat("warning: its data stream ", session_.data_stream(),
                             " was taken meanwhile (the service assigned ",
                             session_.joined().data_stream(), "); this island goes on reading stream ",
                             session_.data_stream()));
   }
-  if (auto s = FetchGlobal(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FetchGlobal());
   pending_rejoin_.reset();
   stats_.rejoins += 1;
   // Every rank continues at the same rounds (FetchGlobal has the ranks agree on them).
@@ -470,7 +466,7 @@ absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
 
 absl::Status OuterStepHook::Finish(bool stopped) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (auto s = policy_->Finish(*this, stopped); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(policy_->Finish(*this, stopped));
   stats_.idle_s += Since(t0);  // waiting for the other islands counts as idle
   return LandAll(0.0);
 }
@@ -480,10 +476,9 @@ absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {
     return absl::DataLossError("the service's heartbeat names the wrong fragments");
   }
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
-    auto caught = syncs_[f]->CatchUp(versions[f]);
-    if (!caught.ok()) return caught.status();
-    stats_.bytes_received += caught->bytes_received;
-    stats_.resyncs += caught->resynced ? 1 : 0;
+    ATL_ASSIGN_OR_RETURN(auto caught, syncs_[f]->CatchUp(versions[f]));
+    stats_.bytes_received += caught.bytes_received;
+    stats_.resyncs += caught.resynced ? 1 : 0;
     model_.Merge(f, syncs_[f]->global(), 0.0);
   }
   if (on_message) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
 #include "compression/span_math.h"
+#include "compression/status_macros.h"
 #include "outer/names.h"
 
 namespace atl::outer {
@@ -75,11 +76,10 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
   out.reserve(plan.num_chunks);
   for (uint32_t c = 0; c < plan.num_chunks; ++c) {
     const uint64_t first = uint64_t(c) * plan.per_chunk;
-    auto chunk = EncodeChunk(id, spec, values + first, offset + first,
-                             std::min<uint64_t>(plan.per_chunk, n - first), fragment_elements, c,
-                             plan.num_chunks, rounding);
-    if (!chunk.ok()) return chunk.status();
-    out.push_back(*std::move(chunk));
+    ATL_ASSIGN_OR_RETURN(auto chunk, EncodeChunk(id, spec, values + first, offset + first,
+                                                 std::min<uint64_t>(plan.per_chunk, n - first),
+                                                 fragment_elements, c, plan.num_chunks, rounding));
+    out.push_back(std::move(chunk));
   }
   return out;
 }
@@ -208,11 +208,9 @@ absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) co
     }
     const uint64_t within = first - it->offset;
     const uint64_t take = std::min(count, it->count - within);
-    if (auto s = compression::DecodeSlice(codec, reinterpret_cast<const uint8_t*>(it->data.data()),
-                                          it->data.size(), it->count, within, take, out);
-        !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(compression::DecodeSlice(codec,
+                                                 reinterpret_cast<const uint8_t*>(it->data.data()),
+                                                 it->data.size(), it->count, within, take, out));
     first += take;
     count -= take;
     out += take;
@@ -259,7 +257,7 @@ absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload) {
   for (const auto& [begin, end] : payload.Ranges()) {
     for (uint64_t a = begin; a < end; a += kWindow) {
       const uint64_t len = std::min(kWindow, end - a);
-      if (auto s = payload.Read(a, len, window.data()); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(payload.Read(a, len, window.data()));
       stats.sum_squares += compression::SumSquares(window.data(), len);
       max_abs = std::max(max_abs, compression::MaxAbs(window.data(), len));
     }
@@ -288,10 +286,8 @@ absl::Status ChunkStream::Add(pb::Chunk&& chunk) {
         "chunk ", h.chunk_index(), " of ", h.num_chunks(), " arrived where chunk ", index, " of ",
         index > 0 ? num_chunks_ : h.num_chunks(), " was expected (chunks travel in order)"));
   }
-  if (auto s = CheckChunk(id_, payload_.codec, fragment_elements_, 0, fragment_elements_, chunk);
-      !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(
+      CheckChunk(id_, payload_.codec, fragment_elements_, 0, fragment_elements_, chunk));
   // Ascending and never overlapping: the chunk continues the previous one or starts a new range.
   bool new_range = index == 0;
   if (index > 0) {
@@ -343,9 +339,7 @@ Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, u
 }
 
 absl::Status Assembler::Add(const pb::Chunk& chunk) {
-  if (auto s = CheckChunk(id_, codec_, fragment_elements_, 0, fragment_elements_, chunk); !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(CheckChunk(id_, codec_, fragment_elements_, 0, fragment_elements_, chunk));
   const auto& h = chunk.header();
   const std::string where = absl::StrCat("chunk ", h.chunk_index(), " of round ", h.round(),
                                          ", fragment ", h.fragment());
@@ -403,16 +397,12 @@ double EncodingError::relative() const {
 absl::Status SampleChunkError(const pb::Chunk& chunk, const float* exact, uint64_t max_elements,
                               EncodingError* error) {
   const auto& h = chunk.header();
-  auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
-  if (!spec.ok()) return spec.status();
+  ATL_ASSIGN_OR_RETURN(auto spec, compression::MakeSpec(int(h.codec()), h.block_size()));
   const uint64_t count = std::min<uint64_t>(max_elements, h.num_elements());
   std::vector<float> decoded(count);
   const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());
-  if (auto s = compression::DecodeSlice(*spec, bytes, chunk.data().size(), h.num_elements(), 0,
-                                        count, decoded.data());
-      !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(compression::DecodeSlice(spec, bytes, chunk.data().size(), h.num_elements(),
+                                               0, count, decoded.data()));
   for (uint64_t i = 0; i < count; ++i) {
     const double d = double(decoded[i]) - double(exact[i]);
     error->error_squares += d * d;
@@ -428,10 +418,8 @@ absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const flo
   if (chunks.empty()) return absl::OkStatus();
   const uint64_t per_chunk = std::max<uint64_t>(1, max_elements / chunks.size());
   for (const auto& c : chunks) {
-    if (auto s = SampleChunkError(c, exact + (c.header().offset() - exact_offset), per_chunk, error);
-        !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(
+        SampleChunkError(c, exact + (c.header().offset() - exact_offset), per_chunk, error));
   }
   return absl::OkStatus();
 }

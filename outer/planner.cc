@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compression/codec.h"
+#include "compression/status_macros.h"
 #include "outer/fragments.h"
 
 namespace atl::outer {
@@ -246,7 +247,7 @@ absl::StatusOr<double> RequiredBandwidth(PlanInput in, double target) {
                                                    target));
   }
   in.link.bandwidth_bps = 1e15;
-  if (auto s = ValidatePlanInput(in); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(ValidatePlanInput(in));
   const double best = Simulate(in).utilization;
   if (best < target) {
     // What bounds it when bandwidth does not.

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 namespace atl::outer {
 
@@ -32,12 +33,10 @@ absl::StatusOr<Transport*> ShardRouter::For(uint32_t fragment) {
 absl::StatusOr<pb::PushResponse> ShardRouter::Push(const PushSource& source, int lane) {
   // The first message names the fragment; it is handed on as the first of the routed push.
   std::optional<pb::PushRequest> first(std::in_place);
-  auto more = source(&*first);
-  if (!more.ok()) return more.status();
-  if (!*more) first.reset();
-  auto to = For(first ? first->chunk().header().fragment() : 0);
-  if (!to.ok()) return to.status();
-  return (*to)->Push(
+  ATL_ASSIGN_OR_RETURN(auto more, source(&*first));
+  if (!more) first.reset();
+  ATL_ASSIGN_OR_RETURN(auto to, For(first ? first->chunk().header().fragment() : 0));
+  return to->Push(
       [&](pb::PushRequest* next) -> absl::StatusOr<bool> {
         if (!first) return source(next);
         *next = *std::move(first);
@@ -49,16 +48,14 @@ absl::StatusOr<pb::PushResponse> ShardRouter::Push(const PushSource& source, int
 
 absl::Status ShardRouter::AwaitUpdate(const pb::UpdateRequest& r,
                                       const ChunkSink<pb::UpdateChunk>& sink, int lane) {
-  auto to = For(r.fragment());
-  if (!to.ok()) return to.status();
-  return (*to)->AwaitUpdate(r, sink, lane);
+  ATL_ASSIGN_OR_RETURN(auto to, For(r.fragment()));
+  return to->AwaitUpdate(r, sink, lane);
 }
 
 absl::Status ShardRouter::FetchState(const pb::FetchStateRequest& r,
                                      const ChunkSink<pb::StateChunk>& sink, int lane) {
-  auto to = For(r.fragment());
-  if (!to.ok()) return to.status();
-  return (*to)->FetchState(r, sink, lane);
+  ATL_ASSIGN_OR_RETURN(auto to, For(r.fragment()));
+  return to->FetchState(r, sink, lane);
 }
 
 }  // namespace atl::outer

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 #include "outer/aggregation.h"
 #include "outer/names.h"
 #include "outer/sync_server_internal.h"
@@ -123,8 +124,8 @@ absl::Status SyncServer::CheckMembershipCall() const {
 }
 
 absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request) {
-  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  if (auto s = CheckMembershipCall(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
+  ATL_RETURN_IF_ERROR(CheckMembershipCall());
   if (request.config_hash() != options_.config_hash) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the island's [model] config differs from the run's (hash %016x, the run's %016x): both "
@@ -142,10 +143,10 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   std::vector<uint64_t> rounds;
   for (const auto& f : fragments_) rounds.push_back(f.round);
   // A proto3 int without presence: streams are numbered from 1 on the wire, 0 is "no preference".
-  auto joined = membership_.Join(request.name(), int(request.preferred_data_stream()) - 1, rounds,
-                                 absl::Now(), first_rounds_);
-  if (!joined.ok()) return joined.status();
-  const Member& m = *joined;
+  ATL_ASSIGN_OR_RETURN(auto joined,
+                       membership_.Join(request.name(), int(request.preferred_data_stream()) - 1,
+                                        rounds, absl::Now(), first_rounds_));
+  const Member& m = joined;
   complement_reached_ |= membership_.size() >= options_.num_data_streams;
   membership_cv_.notify_all();
   if (on_event_ && fragments_[0].round > 0) {
@@ -172,15 +173,13 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
 }
 
 absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
-  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  if (auto s = CheckMembershipCall(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
+  ATL_RETURN_IF_ERROR(CheckMembershipCall());
   std::vector<CommitJob> jobs;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) {
-      return s;
-    }
-    if (auto s = membership_.Leave(request.island_id()); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(AuthenticateMemberLocked(request.island_id(), request.session()));
+    ATL_RETURN_IF_ERROR(membership_.Leave(request.island_id()));
     membership_cv_.notify_all();
     ForgetIslandLocked(request.island_id());
     if (on_event_ && !AllDoneLocked()) {
@@ -195,12 +194,12 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
 }
 
 absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatRequest& request) {
-  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  if (auto s = CheckMembershipCall(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
+  ATL_RETURN_IF_ERROR(CheckMembershipCall());
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto s = AuthenticateMemberLocked(request.island_id(), request.session()); !s.ok()) return s;
-  if (auto s = ValidateTelemetry(request.telemetry()); !s.ok()) return s;
-  if (auto s = membership_.Heartbeat(request.island_id(), absl::Now()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(AuthenticateMemberLocked(request.island_id(), request.session()));
+  ATL_RETURN_IF_ERROR(ValidateTelemetry(request.telemetry()));
+  ATL_RETURN_IF_ERROR(membership_.Heartbeat(request.island_id(), absl::Now()));
   Member* member = membership_.FindMutable(request.island_id());
   if (request.finished()) member->finished = true;
   member->inner_step = request.inner_step();
@@ -371,7 +370,7 @@ uint64_t SyncServer::committed_rounds() const {
 
 absl::StatusOr<pb::ShardSyncResponse> SyncServer::ShardSync(const pb::ShardSyncRequest& request,
                                                              absl::Time deadline) {
-  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
   if (!is_control_plane()) {
     return absl::FailedPreconditionError(
         is_shard() ? absl::StrCat("this is ", ShardName(options_), ", not the run's coordinator")

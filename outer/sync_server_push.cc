@@ -1,7 +1,5 @@
 // The service side of a push: a stream checked message by message, a contribution recorded
 // (sync) or applied (async) once verified.
-#include "outer/sync_server.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,8 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 #include "outer/aggregation.h"
 #include "outer/names.h"
+#include "outer/sync_server.h"
 #include "outer/sync_server_internal.h"
 
 namespace atl::outer {
@@ -27,7 +27,7 @@ PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_of
 PushStream::~PushStream() { server_->ClosePush(chunks_.id(), first_offset_); }
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
-  if (auto s = chunks_.Add(std::move(*request.mutable_chunk())); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(chunks_.Add(std::move(*request.mutable_chunk())));
   // Data arriving from the island shows it alive, though its heartbeats may queue behind it.
   server_->Renew(chunks_.id().island_id);
   return absl::OkStatus();
@@ -36,7 +36,7 @@ absl::Status PushStream::Add(pb::PushRequest&& request) {
 absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
   const Fragment& frag = fragments_[id.fragment];
   if (options_.async) return CheckAsyncLocked(frag, id.fragment, id.island_id, id.round);
-  if (auto s = membership_.CheckMember(id.island_id); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(membership_.CheckMember(id.island_id));
   if (id.round != frag.round) {
     return absl::FailedPreconditionError(absl::StrCat(
         "round ", id.round, " of fragment ", id.fragment,
@@ -57,14 +57,13 @@ absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
 
 absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushRequest& first) {
   const auto& h = first.chunk().header();
-  if (auto s = CheckRun(h.run_id()); !s.ok()) return s;
-  auto fid = CheckFragment(h.fragment());
-  if (!fid.ok()) return fid.status();
-  const PayloadId id{options_.run_id, h.island_id(), h.round(), *fid};
+  ATL_RETURN_IF_ERROR(CheckRun(h.run_id()));
+  ATL_ASSIGN_OR_RETURN(auto fid, CheckFragment(h.fragment()));
+  const PayloadId id{options_.run_id, h.island_id(), h.round(), fid};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto s = membership_.Authenticate(id.island_id, first.session()); !s.ok()) return s;
-    if (auto s = CheckPushLocked(id); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(membership_.Authenticate(id.island_id, first.session()));
+    ATL_RETURN_IF_ERROR(CheckPushLocked(id));
     // One push at a time per island, fragment and first element (a rank retrying its push while
     // the first attempt is still being read is told to wait).
     if (!open_pushes_.emplace(id.island_id, id.fragment, h.offset()).second) {
@@ -74,7 +73,7 @@ absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushR
                                                  "it has ended"));
     }
   }
-  const FragmentLayout& layout = fragments_[*fid].layout;
+  const FragmentLayout& layout = fragments_[fid].layout;
   // A rank owns a range per unit (block) of the fragment it shards, and its tensor-parallel part of
   // a parameter is at most three ranges: at most four per parameter. The cap bounds what a peer
   // can make the stream keep per range (one scale block each).
@@ -156,7 +155,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::AwaitAppliedLocked(std::unique_lock
 }
 
 absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStream> stream) {
-  if (auto s = stream->chunks_.CheckComplete(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(stream->chunks_.CheckComplete());
   const uint64_t tokens = stream->tokens_;
   if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
   const PayloadId id = stream->chunks_.id();
@@ -165,7 +164,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
         "contribution of island '", id.island_id, "' claims ", tokens,
         " tokens; a round of this run trains at most ", options_.max_tokens));
   }
-  if (auto s = ValidateFigures(stream->figures_); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(ValidateFigures(stream->figures_));
   const double steps_per_s = stream->figures_.steps_per_s;
   EncodedPayload payload = std::move(stream->chunks_).Take();
   // Decoding the part once (window by window) checks that every value is finite.
@@ -186,12 +185,12 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
     std::unique_lock<std::mutex> lock(mu_);
     // Other contributions may have landed, rounds committed and the island rejoined (with a new
     // session) while this one arrived.
-    if (auto s = membership_.Authenticate(id.island_id, stream->session_); !s.ok()) return s;
-    if (auto s = CheckPushLocked(id); !s.ok()) return s;
-    auto complete = AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares);
-    if (!complete.ok()) return complete.status();
+    ATL_RETURN_IF_ERROR(membership_.Authenticate(id.island_id, stream->session_));
+    ATL_RETURN_IF_ERROR(CheckPushLocked(id));
+    ATL_ASSIGN_OR_RETURN(auto complete,
+                         AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares));
     Fragment& frag = fragments_[id.fragment];
-    if (!complete->has_value()) {
+    if (!complete.has_value()) {
       // A part of the island's contribution: the rank that completes it is answered as a whole
       // push.
       if (options_.async) return AwaitAppliedLocked(lock, id);
@@ -202,7 +201,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
       if (tuner_) TuneLocked(id.island_id, stream->figures_, part);
       return part;
     }
-    Contribution c = std::move(**complete);
+    Contribution c = std::move(*complete);
     if (const double params_norm = frag.params_norm;
         options_.max_update_norm > 0 && params_norm > 0 &&
         c.norm > options_.max_update_norm * params_norm) {
@@ -225,12 +224,11 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
 
 absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequest>& requests) {
   if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
-  auto stream = OpenPush(requests.front());
-  if (!stream.ok()) return stream.status();
+  ATL_ASSIGN_OR_RETURN(auto stream, OpenPush(requests.front()));
   for (const auto& r : requests) {
-    if (auto s = (*stream)->Add(pb::PushRequest(r)); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(stream->Add(pb::PushRequest(r)));
   }
-  return FinishPush(*std::move(stream));
+  return FinishPush(std::move(stream));
 }
 
 void SyncServer::TuneLocked(const std::string& island, const IslandFigures& figures,
@@ -270,7 +268,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
 
 absl::Status SyncServer::CheckAsyncLocked(const Fragment& f, uint32_t fragment,
                                           const std::string& island, uint64_t base) const {
-  if (auto s = membership_.CheckMember(island); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(membership_.CheckMember(island));
   if (base > f.round) {
     return absl::FailedPreconditionError(absl::StrCat(
         "version ", base, " of fragment ", fragment, " is unknown; the current version is ",
@@ -310,14 +308,14 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The island may have left, or others' contributions made this one too stale, while it waited.
-    if (auto s = CheckAsyncLocked(frag, id.fragment, id.island_id, id.round); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(CheckAsyncLocked(frag, id.fragment, id.island_id, id.round));
     staleness = frag.round - id.round;
     params_norm = frag.params_norm;
     ranges = frag.known_ranges;
   }
   const absl::Time started = absl::Now();
   std::vector<float> g(frag.data.size());
-  if (auto s = c.payload.Read(0, g.size(), g.data()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(c.payload.Read(0, g.size(), g.data()));
   if (options_.staleness_scaling && staleness > 0) {
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;

@@ -1,7 +1,5 @@
 // Rounds: when one is ready, how its contributions become the outer update every copy applies,
 // and how islands receive it (or the whole state).
-#include "outer/sync_server.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,8 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 #include "outer/aggregation.h"
 #include "outer/names.h"
+#include "outer/sync_server.h"
 #include "outer/sync_server_internal.h"
 
 namespace atl::outer {
@@ -143,11 +143,11 @@ absl::StatusOr<SyncServer::CommitResult> SyncServer::StepLocked(
   f.data.set_lr(averaging ? 1.0
                           : ScheduledLr(options_.optimizer, round - std::min(round, warm),
                                         total_rounds - std::min(total_rounds, warm)));
-  auto update = f.data.PrepareUpdate(g, id, options_.codec, options_.chunk_bytes, pool_.get());
-  if (!update.ok()) return update.status();
-  f.data.Apply(g, *update, pool_.get());
+  ATL_ASSIGN_OR_RETURN(
+      auto update, f.data.PrepareUpdate(g, id, options_.codec, options_.chunk_bytes, pool_.get()));
+  f.data.Apply(g, update, pool_.get());
   CommitResult result;
-  result.update = *std::move(update);
+  result.update = std::move(update);
   MeasureLocked(f, ranges, result);
   return result;
 }
@@ -232,12 +232,10 @@ size_t SyncServer::kept_versions() const {
 
 absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
     const pb::UpdateRequest& request, absl::Time deadline, const std::function<bool()>& cancelled) {
-  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(membership_.Authenticate(request.island_id(), request.session()));
   }
   return AwaitRound(request.round(), deadline, request.fragment(), cancelled);
 }
@@ -245,21 +243,20 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
 absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(
     uint64_t round, absl::Time deadline, uint32_t fragment,
     const std::function<bool()>& cancelled) {
-  auto fid = CheckFragment(fragment);
-  if (!fid.ok()) return fid.status();
+  ATL_ASSIGN_OR_RETURN(auto fid, CheckFragment(fragment));
   std::unique_lock<std::mutex> lock(mu_);
-  Fragment& f = fragments_[*fid];
+  Fragment& f = fragments_[fid];
   if (round > f.round) {
-    return absl::FailedPreconditionError(absl::StrCat("round ", round, " of fragment ", *fid,
-                                                      " is unknown; the current round is ", f.round));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", round, " of fragment ", fid, " is unknown; the current round is ", f.round));
   }
   auto released = [&] { return f.round > round && (!durability_gate_ || f.durable_round > round); };
   while (!released()) {
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "round ", round, " of fragment ", *fid,
-          f.round > round ? " is not durable yet" : " has not committed yet"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("round ", round, " of fragment ", fid,
+                       f.round > round ? " is not durable yet" : " has not committed yet"));
     }
     if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
     const absl::Time wake = cancelled ? std::min(deadline, now + kCancelPoll) : deadline;
@@ -274,18 +271,15 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(
 
 absl::Status SyncServer::FetchState(const pb::FetchStateRequest& request,
                                     const std::function<bool(pb::StateChunk&&)>& write) {
-  if (auto s = CheckRun(request.run_id()); !s.ok()) return s;
-  auto fid = CheckFragment(request.fragment());
-  if (!fid.ok()) return fid.status();
-  const Fragment& f = fragments_[*fid];
+  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
+  ATL_ASSIGN_OR_RETURN(auto fid, CheckFragment(request.fragment()));
+  const Fragment& f = fragments_[fid];
   const compression::CodecSpec fp32{compression::Codec::kFp32, 0};
   uint64_t round, hash, range_hash, total, n;
   {
     std::lock_guard<std::mutex> data(*f.data_mu);  // the parameters of a published round
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto s = membership_.Authenticate(request.island_id(), request.session()); !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(membership_.Authenticate(request.island_id(), request.session()));
     total = f.data.params().size();
     if (request.offset() > total) {
       return absl::OutOfRangeError(absl::StrCat("offset ", request.offset(),
@@ -314,14 +308,14 @@ absl::Status SyncServer::FetchState(const pb::FetchStateRequest& request,
         membership_.Heartbeat(request.island_id(), absl::Now()).IgnoreError();
       }
       if (now != round) {
-        return absl::AbortedError(absl::StrCat("fragment ", *fid, " committed round ", now,
+        return absl::AbortedError(absl::StrCat("fragment ", fid, " committed round ", now,
                                                " while its state was sent; fetch it again"));
       }
-      auto chunk = EncodeChunk({options_.run_id, "", round, *fid}, fp32,
-                               f.data.params().data() + request.offset() + first,
-                               request.offset() + first, count, total, c, plan.num_chunks);
-      if (!chunk.ok()) return chunk.status();
-      *out.mutable_chunk() = *std::move(chunk);
+      ATL_ASSIGN_OR_RETURN(auto chunk,
+                           EncodeChunk({options_.run_id, "", round, fid}, fp32,
+                                       f.data.params().data() + request.offset() + first,
+                                       request.offset() + first, count, total, c, plan.num_chunks));
+      *out.mutable_chunk() = std::move(chunk);
     }
     out.set_params_hash(hash);
     out.set_range_hash(range_hash);

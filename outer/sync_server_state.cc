@@ -1,7 +1,5 @@
 // The durable state of the service: snapshots for the writer, restoring one (all or nothing),
 // and the gate that releases a round only once it is durable.
-#include "outer/sync_server.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,8 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 #include "outer/aggregation.h"
 #include "outer/names.h"
+#include "outer/sync_server.h"
 #include "outer/sync_server_internal.h"
 
 namespace atl::outer {
@@ -56,7 +56,7 @@ absl::StatusOr<pb::ServiceState> SyncServer::Snapshot(const StateWrite& write) c
         {StateTensor::kMomentum, &opt.momentum()},
         {StateTensor::kBuffer, &opt.buffer()}};
     for (const auto& [tensor, values] : tensors) {
-      if (auto st = write(i, tensor, values->data(), values->size()); !st.ok()) return st;
+      ATL_RETURN_IF_ERROR(write(i, tensor, values->data(), values->size()));
     }
   }
   s.set_written_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
@@ -120,7 +120,7 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead&
                                                 " elements, this run ", sizes[t]));
       }
       tensors[t].resize(sizes[t]);
-      if (auto s = read(uint32_t(j), tensor, tensors[t].data(), sizes[t]); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(read(uint32_t(j), tensor, tensors[t].data(), sizes[t]));
       if (HashParams(tensors[t]) != claimed.second) {
         return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
                                                 StateTensorName(tensor),

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 namespace atl {
 
@@ -57,10 +58,9 @@ absl::Status AtomicFile::Commit() {
 }
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& contents) {
-  auto file = AtomicFile::Create(path);
-  if (!file.ok()) return file.status();
-  if (auto s = (*file)->Append(contents.data(), contents.size()); !s.ok()) return s;
-  return (*file)->Commit();
+  ATL_ASSIGN_OR_RETURN(auto file, AtomicFile::Create(path));
+  ATL_RETURN_IF_ERROR(file->Append(contents.data(), contents.size()));
+  return file->Commit();
 }
 
 }  // namespace atl

@@ -1,6 +1,5 @@
 #include "src/checkpoint.h"
 
-
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -8,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
@@ -17,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "atoll/v1/checkpoint.pb.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 
 namespace atl {
 namespace {
@@ -56,12 +55,11 @@ absl::StatusOr<torch::ScalarType> FromProto(pb::DType t) {
 // Writes the pieces to `path` atomically.
 absl::Status WritePiecesAtomic(const std::string& path,
                                const std::vector<std::pair<const void*, size_t>>& pieces) {
-  auto file = AtomicFile::Create(path);
-  if (!file.ok()) return file.status();
+  ATL_ASSIGN_OR_RETURN(auto file, AtomicFile::Create(path));
   for (const auto& [data, size] : pieces) {
-    if (auto s = (*file)->Append(data, size); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(file->Append(data, size));
   }
-  return (*file)->Commit();
+  return file->Commit();
 }
 
 constexpr char kManifest[] = "manifest.json";
@@ -139,12 +137,11 @@ absl::Status WriteCheckpoint(const std::string& path, const inner::TrainerState&
   std::vector<torch::Tensor> contiguous;
   uint64_t offset = 0;
   for (const auto& t : state.tensors) {
-    auto dtype = ToProto(t.values.scalar_type());
-    if (!dtype.ok()) return dtype.status();
+    ATL_ASSIGN_OR_RETURN(auto dtype, ToProto(t.values.scalar_type()));
     auto c = t.values.to(torch::kCPU).contiguous().reshape({-1});
     auto* rec = header.add_tensors();
     rec->set_name(t.name);
-    rec->set_dtype(*dtype);
+    rec->set_dtype(dtype);
     for (auto d : t.shape) rec->add_shape(d);
     rec->set_slice_offset(uint64_t(t.offset));
     rec->set_slice_numel(uint64_t(c.numel()));
@@ -253,10 +250,8 @@ absl::Status WriteCheckpointShard(const std::string& dir, int rank, int world,
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dir, ": ", ec.message()));
-  if (auto s = WriteCheckpoint((fs::path(dir) / RankFileName(rank, world)).string(), state, meta);
-      !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(
+      WriteCheckpoint((fs::path(dir) / RankFileName(rank, world)).string(), state, meta));
   if (rank != 0) return absl::OkStatus();
   nlohmann::json manifest = {{"format", "atoll-checkpoint"}, {"step", state.step},
                              {"world_size", world}, {"wall_s", meta.wall_s}};
@@ -266,22 +261,20 @@ absl::Status WriteCheckpointShard(const std::string& dir, int rank, int world,
 
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   if (!fs::is_directory(path)) return ReadCheckpointFile(path);
-  auto files = CompleteRankFiles(path);
-  if (!files.ok()) return files.status();
+  ATL_ASSIGN_OR_RETURN(auto files, CompleteRankFiles(path));
   Checkpoint merged;
-  for (size_t i = 0; i < files->size(); ++i) {
-    auto part = ReadCheckpointFile((*files)[i]);
-    if (!part.ok()) return part.status();
+  for (size_t i = 0; i < files.size(); ++i) {
+    ATL_ASSIGN_OR_RETURN(auto part, ReadCheckpointFile((files)[i]));
     if (i == 0) {
-      merged.meta = part->meta;
-      merged.state.step = part->state.step;
-      merged.state.adam_step = part->state.adam_step;
-      merged.state.cursor = part->state.cursor;
-      merged.state.rng_state = part->state.rng_state;
-    } else if (part->state.step != merged.state.step) {
+      merged.meta = part.meta;
+      merged.state.step = part.state.step;
+      merged.state.adam_step = part.state.adam_step;
+      merged.state.cursor = part.state.cursor;
+      merged.state.rng_state = part.state.rng_state;
+    } else if (part.state.step != merged.state.step) {
       return absl::DataLossError(absl::StrCat(path, ": its rank files are of different steps"));
     }
-    for (auto& t : part->state.tensors) merged.state.tensors.push_back(std::move(t));
+    for (auto& t : part.state.tensors) merged.state.tensors.push_back(std::move(t));
   }
   return merged;
 }

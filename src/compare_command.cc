@@ -5,17 +5,17 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 
-#include <nlohmann/json.hpp>
-
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "compression/codec.h"
+#include "compression/status_macros.h"
 #include "inner/model.h"
 #include "src/checkpoint.h"
 #include "src/config.h"
@@ -47,19 +47,18 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   t.stop = o.stop;
   std::fprintf(stderr, "atoll compare: baseline, one island with global batch %d x %d\n",
                islands, base.train.batch_size * base.train.grad_accum);
-  auto summary = Train(c, t);
-  if (!summary.ok()) return summary.status();
-  if (summary->stopped) return absl::CancelledError("stopped by the user");
+  ATL_ASSIGN_OR_RETURN(auto summary, Train(c, t));
+  if (summary.stopped) return absl::CancelledError("stopped by the user");
   MethodResult r;
   r.method = "baseline";
-  r.val_loss = summary->last_eval ? summary->last_eval->loss : NAN;
-  r.tokens = summary->tokens;
-  r.wall_s = summary->wall_s;
+  r.val_loss = summary.last_eval ? summary.last_eval->loss : NAN;
+  r.tokens = summary.tokens;
+  r.wall_s = summary.wall_s;
   // What data-parallel training across the islands would send: a ring all-reduce of the fp32
   // gradients every step moves 2 (M - 1) / M of the model out of and into each island.
   const double model_bytes = 4.0 * double(inner::ParameterCount(c.model));
-  r.wan_bytes = uint64_t(double(summary->step) * islands * 2.0 * 2.0 * (islands - 1) /
-                         islands * model_bytes);
+  r.wan_bytes =
+      uint64_t(double(summary.step) * islands * 2.0 * 2.0 * (islands - 1) / islands * model_bytes);
   r.note = absl::StrFormat(
       "WAN bytes are what data-parallel training across %d islands would move (ring all-reduce of "
       "fp32 gradients every step, sent + received); the run itself is one process.",
@@ -101,18 +100,18 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   }
   std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.c_str(), l.islands,
                c.outer.sync_every, throttled.c_str());
-  auto local = RunLocal(l);
-  if (!local.ok()) return local.status();
+  ATL_ASSIGN_OR_RETURN(auto local, RunLocal(l));
   MethodResult r;
   r.method = method;
-  r.wall_s = local->wall_s;
+  r.wall_s = local.wall_s;
   uint64_t peak = 0;
   double utilization = 0;
   std::map<uint32_t, int> staleness;  // async: contributions by staleness
-  for (size_t i = 0; i < local->island_dirs.size(); ++i) {
-    std::ifstream in(local->island_dirs[i] + "/summary.json");
+  for (size_t i = 0; i < local.island_dirs.size(); ++i) {
+    std::ifstream in(local.island_dirs[i] + "/summary.json");
     auto s = nlohmann::json::parse(in, nullptr, false);
-    if (s.is_discarded()) return absl::DataLossError("missing island summary in " + local->island_dirs[i]);
+    if (s.is_discarded())
+      return absl::DataLossError("missing island summary in " + local.island_dirs[i]);
     r.tokens += s["tokens"].get<int64_t>();
     peak = std::max<uint64_t>(peak, s.value("peak_bytes_in_flight", uint64_t(0)));
     utilization += s.value("utilization", 0.0);
@@ -122,7 +121,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
     }
     if (i == 0) r.val_loss = s.value("val_loss", NAN);
   }
-  for (const auto& j : ReadJsonLines(local->island_dirs[0] + "/metrics.jsonl")) {
+  for (const auto& j : ReadJsonLines(local.island_dirs[0] + "/metrics.jsonl")) {
     if (!j.contains("round") && j.contains("val_loss") && !j.contains("loss")) {
       // Async islands train at different rates: their records carry the run's tokens.
       const double tokens = j.contains("run_tokens") ? j["run_tokens"].get<double>()
@@ -134,7 +133,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
       "WAN bytes measured: payload bytes pushed and received by all islands over gRPC; val_loss "
       "of the global parameters after the last round; peak bytes in flight per island %d; "
       "compute utilization %.1f%%%s.",
-      peak, 100.0 * utilization / double(local->island_dirs.size()), throttled);
+      peak, 100.0 * utilization / double(local.island_dirs.size()), throttled);
   if (!staleness.empty()) {
     std::vector<std::string> parts;
     for (const auto& [s, n] : staleness) parts.push_back(absl::StrCat(s, ": ", n));
@@ -315,24 +314,19 @@ std::string GapTable(const GapTrend& trend) {
 absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   if (o.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   if (o.islands < 1) return absl::InvalidArgumentError("--islands must be >= 1");
-  auto overrides = ParseOverrides(o.overrides);
-  if (!overrides.ok()) return overrides.status();
-  overrides->emplace_back("outer.islands", std::to_string(o.islands));
-  auto config = LoadConfig(o.config_path, *overrides);
-  if (!config.ok()) return config.status();
+  ATL_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(o.overrides));
+  overrides.emplace_back("outer.islands", std::to_string(o.islands));
+  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides));
   // Check the data before starting anything.
-  if (auto d = inner::LoadDataset(config->data, config->model.context, config->model.vocab); !d.ok()) {
-    return d.status();
-  }
-  auto sweeps = ParseSweeps(o, *overrides);
-  if (!sweeps.ok()) return sweeps.status();
-  std::vector<std::string> methods = absl::StrSplit(config->compare.methods, ',', absl::SkipEmpty());
+  ATL_RETURN_IF_ERROR(inner::LoadDataset(config.data, config.model.context, config.model.vocab));
+  ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
+  std::vector<std::string> methods = absl::StrSplit(config.compare.methods, ',', absl::SkipEmpty());
   for (const auto& m : methods) {
     if (!KnownMethod(m)) return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
   }
   // A directory holding this same compare resumes; anything else is refused.
   const fs::path dir(o.run_dir);
-  const auto manifest = Manifest(*config, o, *sweeps);
+  const auto manifest = Manifest(config, o, sweeps);
   const std::string manifest_path = (dir / "compare.json").string();
   if (fs::exists(dir) && !fs::is_empty(dir)) {
     std::ifstream in(manifest_path);
@@ -344,7 +338,7 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (auto s = WriteFileAtomic(manifest_path, manifest.dump(2) + "\n"); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(manifest_path, manifest.dump(2) + "\n"));
 
   // The plan and its cost, before anything runs.
   struct Run {
@@ -357,12 +351,12 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   int reused = 0;
   int64_t island_steps = 0;  // the cost: each run's inner steps x its islands
   for (const auto& m : methods) {
-    const auto grid = GridFor(m, *sweeps);
+    const auto grid = GridFor(m, sweeps);
     counts.push_back(absl::StrCat(m, " x ", grid.size()));
     for (const auto& point : grid) {
       plan.push_back({m, point, LoadResult(RunDirOf(o.run_dir, m, SettingOf(point)))});
       reused += plan.back().done.has_value();
-      int64_t steps = config->train.steps, islands = o.islands;
+      int64_t steps = config.train.steps, islands = o.islands;
       for (const auto& [key, value] : point) {
         if (key == "train.steps") (void)absl::SimpleAtoi(value, &steps);
         if (key == "outer.islands") (void)absl::SimpleAtoi(value, &islands);
@@ -370,11 +364,12 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
       island_steps += steps * islands;
     }
   }
-  std::fprintf(stderr,
-               "atoll compare: %s = %zu runs of %lld inner steps on %d islands (%lld island-steps); "
-               "%d finished runs reused\n",
-               absl::StrJoin(counts, ", ").c_str(), plan.size(), (long long)config->train.steps,
-               o.islands, (long long)island_steps, reused);
+  std::fprintf(
+      stderr,
+      "atoll compare: %s = %zu runs of %lld inner steps on %d islands (%lld island-steps); "
+      "%d finished runs reused\n",
+      absl::StrJoin(counts, ", ").c_str(), plan.size(), (long long)config.train.steps, o.islands,
+      (long long)island_steps, reused);
 
   std::vector<MethodResult> runs;
   for (auto& [method, point, done] : plan) {
@@ -385,27 +380,26 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
     const std::string setting = SettingOf(point);
     const std::string run_dir = RunDirOf(o.run_dir, method, setting);
     fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
-    auto with = *overrides;
+    auto with = overrides;
     with.insert(with.end(), point.begin(), point.end());
-    auto c = LoadConfig(o.config_path, with);
-    if (!c.ok()) return c.status();
-    auto r = method == "baseline" ? Baseline(*c, o, run_dir) : DiLoCo(*c, o, method, point, run_dir);
-    if (!r.ok()) return r.status();
-    r->setting = setting;
-    if (auto s = SaveResult(run_dir, *r); !s.ok()) return s;
-    runs.push_back(*std::move(r));
+    ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, with));
+    ATL_ASSIGN_OR_RETURN(auto r, method == "baseline" ? Baseline(c, o, run_dir)
+                                                      : DiLoCo(c, o, method, point, run_dir));
+    r.setting = setting;
+    ATL_RETURN_IF_ERROR(SaveResult(run_dir, r));
+    runs.push_back(std::move(r));
   }
 
   const auto best = BestPerMethod(runs);
-  std::string title = absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)",
-                                      o.islands, config->train.steps, config->outer.sync_every,
-                                      o.config_path);
-  if (!sweeps->empty()) absl::StrAppend(&title, ", each method at its best setting");
+  std::string title =
+      absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)", o.islands,
+                      config.train.steps, config.outer.sync_every, o.config_path);
+  if (!sweeps.empty()) absl::StrAppend(&title, ", each method at its best setting");
   std::string report = ReportMarkdown(best, title, runs);
   std::vector<std::pair<std::string, std::string>> files = {{"report.csv", ReportCsv(runs)},
                                                             {"loss.svg", LossPlotSvg(best, title)}};
-  if (sweeps->size() == 1) {
-    if (auto trend = GapsAcross(sweeps->front(), runs, *config)) {
+  if (sweeps.size() == 1) {
+    if (auto trend = GapsAcross(sweeps.front(), runs, config)) {
       report += GapTable(*trend);
       files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label,
                                                absl::StrFormat("%s: gap to the baseline by %s",
@@ -415,7 +409,7 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   files.emplace_back("report.md", report);
   std::vector<std::string> written;
   for (const auto& [name, text] : files) {
-    if (auto s = WriteFileAtomic((dir / name).string(), text); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(WriteFileAtomic((dir / name).string(), text));
     written.push_back(name);
   }
   std::printf("%s", report.c_str());

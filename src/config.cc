@@ -1,16 +1,17 @@
 #include "src/config.h"
 
+#include <toml++/toml.h>
+
 #include <cinttypes>
 #include <limits>
 #include <sstream>
 #include <variant>
 
-#include <toml++/toml.h>
-
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
+#include "compression/status_macros.h"
 #include "inner/parallel/pipeline.h"
 
 namespace atl {
@@ -248,12 +249,12 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, std::vect
   for (const auto& [k, node] : table) {
     const std::string key = prefix.empty() ? std::string(k.str()) : absl::StrCat(prefix, ".", std::string(k.str()));
     if (const auto* sub = node.as_table()) {
-      if (auto s = Walk(*sub, key, schema, where); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(Walk(*sub, key, schema, where));
       continue;
     }
     Field* f = Find(schema, key);
     if (f == nullptr) return Unknown(key, where);
-    if (auto s = SetFromToml(*f, node, where); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(SetFromToml(*f, node, where));
   }
   return absl::OkStatus();
 }
@@ -277,11 +278,8 @@ absl::Status ValidateRun(const RunConfig& r) {
 absl::Status ValidateMeshForModel(const Config& config) {
   const auto& p = config.parallelism;
   if (p.pipeline_parallel_degree > 1) {
-    if (auto s = inner::parallel::ValidatePipeline(config.model.n_layer,
-                                                   p.pipeline_parallel_degree);
-        !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(
+        inner::parallel::ValidatePipeline(config.model.n_layer, p.pipeline_parallel_degree));
   }
   if (p.tensor_parallel_degree > 1) {
     return inner::ValidateTensorParallel(config.model, p.tensor_parallel_degree,
@@ -319,20 +317,20 @@ absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& wher
                                const std::vector<Override>& overrides) {
   Config config;
   auto schema = Schema(config);
-  if (auto s = Walk(table, "", schema, where); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Walk(table, "", schema, where));
   for (const auto& [key, value] : overrides) {
     Field* f = Find(schema, key);
     if (f == nullptr) return Unknown(key, " (command line)");
-    if (auto s = SetFromString(*f, value); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(SetFromString(*f, value));
   }
-  if (auto s = inner::Validate(config.model); !s.ok()) return s;
-  if (auto s = inner::Validate(config.data); !s.ok()) return s;
-  if (auto s = inner::Validate(config.train); !s.ok()) return s;
-  if (auto s = inner::Validate(config.optim, config.train); !s.ok()) return s;
-  if (auto s = ValidateRun(config.run); !s.ok()) return s;
-  if (auto s = inner::parallel::Validate(config.parallelism); !s.ok()) return s;
-  if (auto s = ValidateMeshForModel(config); !s.ok()) return s;
-  if (auto s = outer::Validate(config.outer); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(inner::Validate(config.model));
+  ATL_RETURN_IF_ERROR(inner::Validate(config.data));
+  ATL_RETURN_IF_ERROR(inner::Validate(config.train));
+  ATL_RETURN_IF_ERROR(inner::Validate(config.optim, config.train));
+  ATL_RETURN_IF_ERROR(ValidateRun(config.run));
+  ATL_RETURN_IF_ERROR(inner::parallel::Validate(config.parallelism));
+  ATL_RETURN_IF_ERROR(ValidateMeshForModel(config));
+  ATL_RETURN_IF_ERROR(outer::Validate(config.outer));
   return config;
 }
 

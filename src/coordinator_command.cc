@@ -1,6 +1,7 @@
 #include "src/coordinator_command.h"
 
 #include <malloc.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -8,19 +9,19 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compression/checksum.h"
 #include "compression/codec.h"
-#include "src/checkpoint.h"
+#include "compression/status_macros.h"
 #include "inner/model.h"
 #include "outer/fragments.h"
+#include "src/checkpoint.h"
 #include "src/flat_params.h"
 #include "src/grpc_transport.h"
 #include "src/http_server.h"
@@ -82,15 +83,15 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     inner::Gpt model(config.model);
     const NamedParams params = inner::NamedParameters(*model);
     if (!config.run.init_from.empty()) {
-      auto weights = InitialWeights(config);
-      if (!weights.ok()) return weights.status();
-      if (auto s = CopyInto(*weights, params); !s.ok()) return s;
+      ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
+      ATL_RETURN_IF_ERROR(CopyInto(weights, params));
     }
     const auto layout = LayoutOf(params);
-    auto plan = outer::PlanFragments(layout.names, config.outer.num_fragments,
-                                     *outer::ParseFragmentPattern(config.outer.fragment_pattern));
-    if (!plan.ok()) return plan.status();
-    for (const auto& indices : plan->parameters) {
+    ATL_ASSIGN_OR_RETURN(
+        auto plan,
+        outer::PlanFragments(layout.names, config.outer.num_fragments,
+                             *outer::ParseFragmentPattern(config.outer.fragment_pattern)));
+    for (const auto& indices : plan.parameters) {
       outer::FragmentLayout l;
       for (size_t i : indices) {
         l.names.push_back(layout.names[i]);
@@ -205,11 +206,11 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const Coordin
     return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", monitor.PrometheusText()};
   };
   if (!options.metrics_listen.empty()) {
-    auto server = HttpServer::Start(options.metrics_listen, {{"/metrics", metrics}});
-    if (!server.ok()) return server.status();
+    ATL_ASSIGN_OR_RETURN(auto server,
+                         HttpServer::Start(options.metrics_listen, {{"/metrics", metrics}}));
     std::fprintf(options.out, "atoll coordinator: metrics on http://%s/metrics\n",
-                 (*server)->address().c_str());
-    servers.push_back(*std::move(server));
+                 server->address().c_str());
+    servers.push_back(std::move(server));
   }
   if (!options.http_listen.empty()) {
     auto ok = [] { return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; };
@@ -425,21 +426,21 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
       shard ? absl::StrCat("atoll sync-server (shard ", options.shard, "/", config.outer.shards, ")")
             : std::string("atoll coordinator");
   // Flags are checked before anything is built or bound.
-  if (auto s = CheckOptions(config, options); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckOptions(config, options));
   Config initial = config;
   if (options.resume) initial.run.init_from.clear();  // the state file holds the parameters
-  auto made = MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane);
-  if (!made.ok()) return made.status();
-  auto sync = *std::move(made);
+  ATL_ASSIGN_OR_RETURN(
+      auto made,
+      MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane));
+  auto sync = std::move(made);
   // The coordinator of a sharded run holds no outer state: nothing of it is durable (islands
   // rejoin a restarted one); each shard writes its own.
   const bool durable = !options.run_dir.empty() && !sync->is_control_plane();
   const std::string state_path =
       durable ? (std::filesystem::path(options.run_dir) / kStateFile).string() : "";
   if (options.resume && durable) {
-    auto state = RestoreServiceState(state_path, *sync);
-    if (!state.ok()) return state.status();
-    if (auto s = TrimRoundsLog(options.run_dir, *state); !s.ok()) return s;
+    ATL_ASSIGN_OR_RETURN(auto state, RestoreServiceState(state_path, *sync));
+    ATL_RETURN_IF_ERROR(TrimRoundsLog(options.run_dir, state));
     std::fprintf(options.out, "%s: resumed run '%s' at round %llu from %s\n", who.c_str(),
                  config.outer.run_id.c_str(), (unsigned long long)sync->committed_rounds(),
                  state_path.c_str());
@@ -450,12 +451,11 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::error_code ec;
     std::filesystem::create_directories(options.run_dir, ec);
     // The resolved config beside the state: tools read the state with it (atoll export).
-    if (auto s = WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)));
   }
   if (durable) {
-    auto log = MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1);
-    if (!log.ok()) return log.status();
-    rounds_log = *std::move(log);
+    ATL_ASSIGN_OR_RETURN(auto log, MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1));
+    rounds_log = std::move(log);
     // Writing every round, a round is handed out only once durable: a crash loses nothing any
     // island has applied. Writing less often, up to durable_every - 1 rounds can be redone.
     sync->SetDurabilityGate(config.outer.durable_every == 1);
@@ -490,8 +490,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   server_options.max_pending_calls = config.outer.max_pending_calls;
   server_options.max_calls_per_island = config.outer.max_calls_per_island;
   server_options.traffic = &traffic;
-  auto server = GrpcServer::Start(sync.get(), server_options);
-  if (!server.ok()) return server.status();
+  ATL_ASSIGN_OR_RETURN(auto server, GrpcServer::Start(sync.get(), server_options));
   std::unique_ptr<ShardLink> link;
   if (shard) {
     GrpcTransportOptions t;
@@ -499,28 +498,26 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     t.token = options.shard_token;
     t.tls = options.server.tls;
     t.rpc_timeout_s = 4;  // a long poll answers within a second
-    auto coordinator = GrpcTransport::Create(t);
-    if (!coordinator.ok()) return coordinator.status();
+    ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
     link = std::make_unique<ShardLink>(
-        sync.get(), *std::move(coordinator),
-        options.advertise.empty() ? (*server)->address() : options.advertise, who, options.out);
+        sync.get(), std::move(coordinator),
+        options.advertise.empty() ? server->address() : options.advertise, who, options.out);
   }
   const std::string plan =
       config.outer.async()
           ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
           : absl::StrFormat("%d rounds", total_rounds) + PhasesText(config.outer.phases);
-  std::fprintf(options.out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)\n", who.c_str(),
-               config.outer.run_id.c_str(), (*server)->address().c_str(), config.outer.islands,
-               config.outer.sync_every, plan.c_str(),
-               config.outer.shards > 1 ? absl::StrFormat(", %d shards", config.outer.shards).c_str()
-                                       : "");
+  std::fprintf(
+      options.out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)\n", who.c_str(),
+      config.outer.run_id.c_str(), server->address().c_str(), config.outer.islands,
+      config.outer.sync_every, plan.c_str(),
+      config.outer.shards > 1 ? absl::StrFormat(", %d shards", config.outer.shards).c_str() : "");
   std::fflush(options.out);
-  auto http = StartHttp(options, monitor);
-  if (!http.ok()) return http.status();
+  ATL_ASSIGN_OR_RETURN(auto http, StartHttp(options, monitor));
   const absl::Status ended = ServeUntilDone(config, options, total_rounds, *sync, link.get(), monitor);
   link.reset();
-  http->clear();
-  (*server)->Shutdown();
+  http.clear();
+  server->Shutdown();
   if (writer) {
     const int writes = writer->writes();
     const double slowest = writer->max_write_s();

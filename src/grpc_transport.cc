@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "atoll/v1/outer.grpc.pb.h"
+#include "compression/status_macros.h"
 
 namespace atl {
 namespace {
@@ -38,8 +39,7 @@ GrpcTransport::~GrpcTransport() = default;
 
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     const GrpcTransportOptions& options) {
-  auto creds = ChannelCredentials(options.tls);
-  if (!creds.ok()) return creds.status();
+  ATL_ASSIGN_OR_RETURN(auto creds, ChannelCredentials(options.tls));
   if (options.connections < 1 || options.connections > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("connections must be in 1..256, got ", options.connections));
@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     args.SetMaxReceiveMessageSize(16 << 20);
     // Each channel its own subchannel pool: its own TCP connection, shared with no other channel.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto channel = grpc::CreateCustomChannel(options.target, *creds, args);
+    auto channel = grpc::CreateCustomChannel(options.target, creds, args);
     auto stubs = std::make_unique<Stubs>();
     stubs->coordinator = pb::Coordinator::NewStub(channel);
     stubs->outer_sync = pb::OuterSync::NewStub(channel);
@@ -75,7 +75,7 @@ absl::StatusOr<pb::JoinResponse> GrpcTransport::Join(const pb::JoinRequest& requ
   // Wait for a coordinator that is still starting, within the deadline.
   ctx.set_wait_for_ready(true);
   pb::JoinResponse response;
-  if (auto s = FromGrpc(stubs_[0]->coordinator->Join(&ctx, request, &response)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->Join(&ctx, request, &response)));
   return response;
 }
 
@@ -90,7 +90,7 @@ absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::Heartbe
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::HeartbeatResponse response;
-  if (auto s = FromGrpc(stubs_[0]->coordinator->Heartbeat(&ctx, request, &response)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->Heartbeat(&ctx, request, &response)));
   return response;
 }
 
@@ -100,9 +100,7 @@ absl::StatusOr<pb::ShardSyncResponse> GrpcTransport::ShardSync(
   Prepare(&ctx, options_.rpc_timeout_s + 1);
   ctx.set_wait_for_ready(true);  // a coordinator that is (re)starting
   pb::ShardSyncResponse response;
-  if (auto s = FromGrpc(stubs_[0]->coordinator->ShardSync(&ctx, request, &response)); !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->ShardSync(&ctx, request, &response)));
   return response;
 }
 
@@ -110,7 +108,7 @@ absl::StatusOr<pb::GetStateResponse> GrpcTransport::GetState(const pb::GetStateR
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::GetStateResponse response;
-  if (auto s = FromGrpc(stubs_[0]->coordinator->GetState(&ctx, request, &response)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->GetState(&ctx, request, &response)));
   return response;
 }
 
@@ -131,7 +129,7 @@ absl::StatusOr<pb::PushResponse> GrpcTransport::Push(const outer::PushSource& so
     if (!*more || !writer->Write(r)) break;  // a failed write: the server ended the call
   }
   writer->WritesDone();
-  if (auto s = FromGrpc(writer->Finish()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
   return response;
 }
 

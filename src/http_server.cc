@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "outer/names.h"
 #include "src/rpc_security.h"
 
@@ -19,9 +20,8 @@ HttpServer::~HttpServer() {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const std::string& address, std::map<std::string, HttpHandler> routes) {
-  auto split = SplitAddress(address);
-  if (!split.ok()) return split.status();
-  const auto& [host, port] = *split;
+  ATL_ASSIGN_OR_RETURN(auto split, SplitAddress(address));
+  const auto& [host, port] = split;
   std::unique_ptr<HttpServer> self(new HttpServer());
   httplib::Server& server = *self->server_;
   // Requests are GETs: nothing of a body is kept, slow clients are dropped.
@@ -66,9 +66,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
 }
 
 absl::StatusOr<std::string> OffsetAddress(const std::string& address, int offset) {
-  auto split = SplitAddress(address);
-  if (!split.ok()) return split.status();
-  const auto& [host, port] = *split;
+  ATL_ASSIGN_OR_RETURN(auto split, SplitAddress(address));
+  const auto& [host, port] = split;
   if (port == 0 || offset == 0) return address;
   if (port + offset > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("address ", outer::Printable(address), " + ",

@@ -1,5 +1,7 @@
 #include "src/island_loop.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,24 +11,23 @@
 #include <thread>
 #include <tuple>
 
-#include <torch/torch.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/codec.h"
 #include "compression/codec_math.h"
+#include "compression/status_macros.h"
 #include "inner/loss_guard.h"
+#include "inner/parallel/fsdp.h"
+#include "inner/parallel/mesh.h"
 #include "outer/island_session.h"
 #include "outer/names.h"
 #include "outer/outer_step.h"
 #include "src/checkpoint.h"
 #include "src/flat_params.h"
-#include "inner/parallel/fsdp.h"
-#include "inner/parallel/mesh.h"
 #include "src/http_server.h"
 #include "src/metrics.h"
-#include "src/shard_model.h"
 #include "src/monitoring.h"
+#include "src/shard_model.h"
 
 namespace atl {
 namespace {
@@ -46,7 +47,7 @@ class MeshRanks : public outer::IslandRanks {
   int size() const override { return world_.size(); }
   absl::StatusOr<bool> Any(bool flag) override {
     auto t = torch::full({1}, flag ? 1.0f : 0.0f);
-    if (auto s = world_.AllReduceMax(t); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(world_.AllReduceMax(t));
     return t.item<float>() > 0;
   }
   absl::StatusOr<std::string> FromFirst(const std::string& bytes) override {
@@ -55,7 +56,7 @@ class MeshRanks : public outer::IslandRanks {
   absl::StatusOr<std::string> FromFirstWhere(bool eligible, const std::string& bytes) override {
     // The lowest eligible rank r as the largest size - r (0: none).
     auto first = torch::full({1}, eligible ? float(size() - rank()) : 0.0f);
-    if (auto s = world_.AllReduceMax(first); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(world_.AllReduceMax(first));
     const int root = first.item<float>() > 0 ? size() - int(first.item<float>()) : 0;
     return world_.BroadcastBytes(bytes, root);
   }
@@ -92,9 +93,8 @@ absl::StatusOr<std::optional<Checkpoint>> LoadResumeState(const IslandOptions& o
     // An island restarted before its first checkpoint starts afresh from the service's state.
     if (absl::IsNotFound(latest.status())) return std::optional<Checkpoint>();
     if (!latest.ok()) return latest.status();
-    auto ckpt = ReadCheckpoint(*latest);
-    if (!ckpt.ok()) return ckpt.status();
-    return std::optional<Checkpoint>(*std::move(ckpt));
+    ATL_ASSIGN_OR_RETURN(auto ckpt, ReadCheckpoint(*latest));
+    return std::optional<Checkpoint>(std::move(ckpt));
   }
   if (fs::exists(fs::path(options.run_dir) / "metrics.jsonl")) {
     return absl::AlreadyExistsError(absl::StrCat("run directory ", options.run_dir,
@@ -109,12 +109,12 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
     const Config& config, const inner::TrainConfig& train, const pb::JoinResponse& joined,
     std::shared_ptr<const inner::Dataset> data, const std::optional<Checkpoint>& resumed,
     inner::parallel::DeviceMesh* mesh) {
-  auto trainer = inner::Trainer::Create(config.model, config.optim, train, std::move(data),
-                                        int(joined.data_stream()),
-                                        int(joined.schedule().num_data_streams()), mesh);
-  if (!trainer.ok()) return trainer.status();
+  ATL_ASSIGN_OR_RETURN(auto trainer,
+                       inner::Trainer::Create(config.model, config.optim, train, std::move(data),
+                                              int(joined.data_stream()),
+                                              int(joined.schedule().num_data_streams()), mesh));
   if (resumed) {
-    if (auto s = (*trainer)->ImportState(resumed->state); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(trainer->ImportState(resumed->state));
   }
   if (!joined.schedule().async() && joined.round() > 0) {
     // A late joiner takes part from the run's current round: its step count (and so its
@@ -122,9 +122,9 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
     const outer::SyncSchedule schedule(int(joined.schedule().sync_every()),
                                        int(joined.schedule().num_fragments()),
                                        outer::PhasesOf(joined.schedule()));
-    (*trainer)->SetStep(schedule.RoundStart(0, joined.round()));
+    trainer->SetStep(schedule.RoundStart(0, joined.round()));
     if (!resumed && config.outer.join_warmup_steps > 0) {
-      (*trainer)->RampLearningRate(config.outer.join_warmup_steps);
+      trainer->RampLearningRate(config.outer.join_warmup_steps);
     }
   }
   return trainer;
@@ -299,7 +299,7 @@ class IslandRun {
       : config_(config), transport_(transport), options_(options) {}
 
   absl::StatusOr<IslandSummary> Run() {
-    if (auto s = Setup(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Setup());
     if (auto s = Train(); !s.ok()) return Fail(s);
     return Finish();
   }
@@ -350,37 +350,35 @@ class IslandRun {
 
 absl::Status IslandRun::Setup() {
   // Everything that can be checked locally is checked before joining.
-  if (auto s = outer::ValidateName(options_.name, "island name (--name)"); !s.ok()) return s;
-  auto data = inner::LoadDataset(config_.data, config_.model.context, config_.model.vocab);
-  if (!data.ok()) return data.status();
-  data_ = *data;
+  ATL_RETURN_IF_ERROR(outer::ValidateName(options_.name, "island name (--name)"));
+  ATL_ASSIGN_OR_RETURN(
+      auto data, inner::LoadDataset(config_.data, config_.model.context, config_.model.vocab));
+  data_ = data;
   if (options_.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
-  auto resumed = LoadResumeState(options_);
-  if (!resumed.ok()) return resumed.status();
-  resumed_ = *std::move(resumed);
+  ATL_ASSIGN_OR_RETURN(auto resumed, LoadResumeState(options_));
+  resumed_ = std::move(resumed);
   const auto timeout = std::chrono::milliseconds(int64_t(options_.collective_timeout_s * 1000));
   if (options_.rank.world_size > 1) {
-    auto shape = inner::parallel::ResolveMesh(config_.parallelism, options_.rank.world_size);
-    if (!shape.ok()) return shape.status();
+    ATL_ASSIGN_OR_RETURN(
+        auto shape, inner::parallel::ResolveMesh(config_.parallelism, options_.rank.world_size));
     // Rank 0 may wait on the service for as long as a join retries (plus the call's own
     // deadline): the other ranks wait that long for its decisions.
     const auto control = std::chrono::milliseconds(int64_t(
         1000 * (config_.outer.reconnect_timeout_s + 2 * config_.outer.rpc_timeout_s +
                 config_.outer.round_timeout_s)));
     // NCCL inside an island on GPUs, Gloo on CPUs.
-    auto device = inner::ResolveDevice(config_.train.device, options_.rank.local_rank);
-    if (!device.ok()) return device.status();
-    auto mesh = inner::parallel::DeviceMesh::Create(*shape, options_.rank, *device != "cpu",
-                                                    timeout, control);
-    if (!mesh.ok()) return mesh.status();
-    mesh_ = *std::move(mesh);
+    ATL_ASSIGN_OR_RETURN(auto device,
+                         inner::ResolveDevice(config_.train.device, options_.rank.local_rank));
+    ATL_ASSIGN_OR_RETURN(auto mesh, inner::parallel::DeviceMesh::Create(
+                                        shape, options_.rank, device != "cpu", timeout, control));
+    mesh_ = std::move(mesh);
   } else {
     mesh_ = inner::parallel::DeviceMesh::Single();
   }
   ranks_ = std::make_unique<MeshRanks>(mesh_->control());
   std::error_code ec;
   fs::create_directories(options_.run_dir, ec);
-  if (auto s = JoinAndBuild(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(JoinAndBuild());
   return OpenOutputs();
 }
 
@@ -394,9 +392,8 @@ absl::Status IslandRun::JoinAndBuild() {
   so.heartbeat_s = config_.outer.heartbeat_s;
   so.retry.timeout_s = config_.outer.reconnect_timeout_s;
   so.credential_file = (fs::path(options_.run_dir) / "session.credential").string();
-  auto session = outer::IslandSession::JoinAsIsland(transport_, so, *ranks_);
-  if (!session.ok()) return session.status();
-  session_ = *std::move(session);
+  ATL_ASSIGN_OR_RETURN(auto session, outer::IslandSession::JoinAsIsland(transport_, so, *ranks_));
+  session_ = std::move(session);
   joined_ = session_->joined();
   if (auto s = CheckRunMatches(config_, joined_, options_); !s.ok()) return Fail(s);
   async_ = joined_.schedule().async();
@@ -517,16 +514,17 @@ pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
 }
 
 absl::Status IslandRun::Evaluate(int64_t t) {
-  auto eval = trainer_->Evaluate();
-  if (!eval.ok()) return eval.status();
-  summary_.last_eval = *eval;
-  monitor_->OnEval(eval->loss);
-  nlohmann::json record = {{"step", t}, {"tokens", trainer_->tokens()},
-                           {"wall_s", Since(start_)}, {"val_loss", eval->loss},
-                           {eval->per_byte ? "val_bpb" : "val_bits_per_token", eval->bits}};
+  ATL_ASSIGN_OR_RETURN(auto eval, trainer_->Evaluate());
+  summary_.last_eval = eval;
+  monitor_->OnEval(eval.loss);
+  nlohmann::json record = {{"step", t},
+                           {"tokens", trainer_->tokens()},
+                           {"wall_s", Since(start_)},
+                           {"val_loss", eval.loss},
+                           {eval.per_byte ? "val_bpb" : "val_bits_per_token", eval.bits}};
   if (async_) record["run_tokens"] = outer_->stats().run_tokens;
   if (lead()) metrics_->Write(record);
-  progress_->Message(absl::StrFormat("%sstep %d | val_loss %.4f", label_, t, eval->loss));
+  progress_->Message(absl::StrFormat("%sstep %d | val_loss %.4f", label_, t, eval.loss));
   return absl::OkStatus();
 }
 
@@ -545,29 +543,28 @@ bool IslandRun::StatsDueAfter(int64_t t) const {
 // went on from the spiked parameters; their losses stay unjudged).
 absl::Status IslandRun::ReportSteps(inner::LoopObserver& reporter, inner::LossSpikeGuard& guard) {
   const auto t0 = Clock::now();
-  auto steps = trainer_->TakeStats();
-  if (!steps.ok()) return steps.status();
+  ATL_ASSIGN_OR_RETURN(auto steps, trainer_->TakeStats());
   summary_.compute_s += Since(t0);  // the wait for the device is the steps' compute
   std::optional<std::string> spike;
   int64_t spike_step = 0;
   bool finite = true;
-  for (const auto& step : *steps) {
-    if (auto s = reporter.OnStep(step, nullptr); !s.ok()) return s;
+  for (const auto& step : steps) {
+    ATL_RETURN_IF_ERROR(reporter.OnStep(step, nullptr));
     // The losses are the island's (reduced over its ranks): every rank takes the same decision.
     if (!spike && (spike = guard.Check(step.loss))) spike_step = step.step;
     finite = finite && std::isfinite(step.loss);
   }
-  if (steps->empty()) return absl::OkStatus();
-  const inner::StepStats& last = steps->back();
-  monitor_->OnSteps(int64_t(steps->size()), last.loss, last.tokens, summary_.compute_s,
+  if (steps.empty()) return absl::OkStatus();
+  const inner::StepStats& last = steps.back();
+  monitor_->OnSteps(int64_t(steps.size()), last.loss, last.tokens, summary_.compute_s,
                     Since(start_));
   if (lead()) session_->set_telemetry(Telemetry(last.loss));
   if (!spike) return absl::OkStatus();
   // The local parameters since the last sync are not to be trusted: drop them (and, after a
   // non-finite loss, the AdamW moments it poisoned) and go on from the global parameters. The
   // next push carries only the steps after this report.
-  if (auto s = outer_->ReloadGlobal(); !s.ok()) return s;
-  if (auto s = model_->SyncReplicas(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(outer_->ReloadGlobal());
+  ATL_RETURN_IF_ERROR(model_->SyncReplicas());
   if (!finite) trainer_->optimizer().Reset();
   summary_.spikes += 1;
   progress_->Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label_,
@@ -589,7 +586,7 @@ absl::Status IslandRun::Train() {
   inner::LossSpikeGuard guard(config_.outer.spike_window, config_.outer.spike_factor);
   while (trainer_->step() < outer_->max_steps()) {
     const auto t0 = Clock::now();
-    if (auto s = trainer_->QueueStep(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(trainer_->QueueStep());
     if (options_.throttle > 1) {
       // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
       std::this_thread::sleep_for(
@@ -600,26 +597,25 @@ absl::Status IslandRun::Train() {
     int64_t t = trainer_->step();
     session_->set_step(t);
     if (StatsDueAfter(t)) {
-      if (auto s = ReportSteps(report, guard); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(ReportSteps(report, guard));
     }
     const double steps_per_s = double(t) / std::max(1e-9, summary_.compute_s);
-    if (auto s = outer_->AfterStep(steps_per_s); !s.ok()) return s;
-    if (auto s = model_->SyncReplicas(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(outer_->AfterStep(steps_per_s));
+    ATL_RETURN_IF_ERROR(model_->SyncReplicas());
     t = trainer_->step();  // a rejoin moves it to the run's
     const bool last = outer_->done();
     // Async islands evaluate the run's final parameters once every island has finished.
     const int64_t every = train_.eval_every;
     if ((every > 0 && t % every == 0 && !last) || (last && !async_)) {
-      if (auto s = Evaluate(t); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(Evaluate(t));
     }
     const int64_t ckpt_every = config_.run.checkpoint_every;
     if (ckpt_every > 0 && t % ckpt_every == 0 && !last) {
-      if (auto s = checkpoints_->Save(/*background=*/true, Since(start_)); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(checkpoints_->Save(/*background=*/true, Since(start_)));
     }
     // A stop (SIGTERM on any rank) ends the island on every rank at the same step.
-    auto stop = ranks_->Any(options_.stop != nullptr && options_.stop->load());
-    if (!stop.ok()) return stop.status();
-    stopped_ = *stop;
+    ATL_ASSIGN_OR_RETURN(auto stop, ranks_->Any(options_.stop != nullptr && options_.stop->load()));
+    stopped_ = stop;
     if (stopped_ || last) break;
   }
   return ReportSteps(report, guard);  // a stop's steps

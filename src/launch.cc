@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 extern char** environ;
 
@@ -125,7 +126,7 @@ absl::Status LaunchIsland(const LaunchOptions& o) {
   if (o.max_restarts < 0) return absl::InvalidArgumentError("--max-restarts must be >= 0");
   std::vector<Rank> ranks;
   for (int attempt = 0; attempt <= o.max_restarts; ++attempt) {
-    if (auto s = Start(o, attempt > 0, ranks); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Start(o, attempt > 0, ranks));
     bool forwarded = false;
     int failed = -1;
     while (!Reap(ranks)) {

@@ -1,20 +1,21 @@
 #include "src/loadtest_command.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
-#include <thread>
-
-#include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "atoll/v1/outer.grpc.pb.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 #include "inner/model.h"
 #include "outer/credentials.h"
 #include "outer/outer_config.h"
@@ -96,9 +97,8 @@ class SyntheticIsland {
       }
     }
     for (const auto& f : join_.fragments()) {
-      auto made = MakeChunks(f.fragment(), f.num_elements());
-      if (!made.ok()) return made.status();
-      fragments_.push_back(*std::move(made));
+      ATL_ASSIGN_OR_RETURN(auto made, MakeChunks(f.fragment(), f.num_elements()));
+      fragments_.push_back(std::move(made));
     }
     return absl::OkStatus();
   }
@@ -233,11 +233,8 @@ class SyntheticIsland {
       }
       writer->WritesDone();
       t.sent = Clock::now();
-      if (auto s = FromGrpc(writer->Finish(), absl::StrCat("push of round ", round, " of fragment ",
-                                                           f.index));
-          !s.ok()) {
-        return s;
-      }
+      ATL_RETURN_IF_ERROR(FromGrpc(
+          writer->Finish(), absl::StrCat("push of round ", round, " of fragment ", f.index)));
     }
     grpc::ClientContext ctx;
     Prepare(&ctx, 2 * config_.outer.round_timeout_s);
@@ -260,9 +257,7 @@ class SyntheticIsland {
       covered += chunk.chunk().header().num_elements();
       t.bytes_received += chunk.ByteSizeLong();
     }
-    if (auto s = FromGrpc(reader->Finish(), absl::StrCat("update of round ", round)); !s.ok()) {
-      return s;
-    }
+    ATL_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("update of round ", round)));
     if (covered != f.elements) {
       return absl::DataLossError(absl::StrCat("the update of round ", round, " covers ", covered,
                                               " of ", f.elements, " elements"));
@@ -297,14 +292,12 @@ class SyntheticIsland {
     };
     const uint32_t distinct = std::min<uint32_t>(3, std::max<uint32_t>(1, f.plan.num_chunks - 1));
     for (uint32_t i = 0; i < distinct; ++i) {
-      auto c = encode(std::min<uint64_t>(f.plan.per_chunk, elements), 0);
-      if (!c.ok()) return c.status();
-      f.pool.push_back(*std::move(c));
+      ATL_ASSIGN_OR_RETURN(auto c, encode(std::min<uint64_t>(f.plan.per_chunk, elements), 0));
+      f.pool.push_back(std::move(c));
     }
     const uint64_t last = elements - uint64_t(f.plan.num_chunks - 1) * f.plan.per_chunk;
-    auto c = encode(last, f.plan.num_chunks - 1);
-    if (!c.ok()) return c.status();
-    f.tail = *std::move(c);
+    ATL_ASSIGN_OR_RETURN(auto c, encode(last, f.plan.num_chunks - 1));
+    f.tail = std::move(c);
     return f;
   }
 
@@ -335,9 +328,8 @@ absl::StatusOr<Config> LoadtestConfig(const LoadtestOptions& o) {
   // The coordinator reads no data; a run's config names some all the same.
   std::vector<Override> overrides = {{"data.path", "none (load test: nothing is trained)"}};
   overrides.insert(overrides.end(), o.overrides.begin(), o.overrides.end());
-  auto loaded = LoadConfig(o.config_path, overrides);
-  if (!loaded.ok()) return loaded.status();
-  Config c = *loaded;
+  ATL_ASSIGN_OR_RETURN(auto loaded, LoadConfig(o.config_path, overrides));
+  Config c = loaded;
   const inner::ModelConfig sized = ModelForParams(o.params);
   c.model.n_layer = sized.n_layer;
   c.model.d_model = sized.d_model;
@@ -356,8 +348,8 @@ absl::StatusOr<Config> LoadtestConfig(const LoadtestOptions& o) {
   if (!Overridden(o.overrides, "outer.num_fragments")) {
     c.outer.num_fragments = std::max(c.outer.num_fragments, o.shards);
   }
-  if (auto s = inner::Validate(c.model); !s.ok()) return s;
-  if (auto s = outer::Validate(c.outer); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(inner::Validate(c.model));
+  ATL_RETURN_IF_ERROR(outer::Validate(c.outer));
   return c;
 }
 
@@ -502,9 +494,8 @@ class ServiceProcesses {
     start({o.binary, "coordinator", "--config", config_path, "--listen", "127.0.0.1:0", "--run-dir",
            (fs::path(o.run_dir) / "coordinator").string()},
           "coordinator");
-    auto address = Address(0, o.run_dir);
-    if (!address.ok()) return address.status();
-    address_ = *address;
+    ATL_ASSIGN_OR_RETURN(auto address, Address(0, o.run_dir));
+    address_ = address;
     for (int k = 0; o.shards > 1 && k < o.shards; ++k) {
       const std::string name = absl::StrCat("shard-", k);
       start({o.binary, "sync-server", "--shard", absl::StrCat(k, "/", o.shards), "--coordinator",
@@ -568,15 +559,14 @@ class ServiceProcesses {
 };
 
 absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
-  if (auto s = CheckOptions(o); !s.ok()) return s;
-  auto loaded = LoadtestConfig(o);
-  if (!loaded.ok()) return loaded.status();
-  const Config config = *loaded;
+  ATL_RETURN_IF_ERROR(CheckOptions(o));
+  ATL_ASSIGN_OR_RETURN(auto loaded, LoadtestConfig(o));
+  const Config config = loaded;
   std::error_code ec;
   fs::create_directories(o.run_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", o.run_dir, ": ", ec.message()));
   const std::string config_path = (fs::path(o.run_dir) / "config.toml").string();
-  if (auto s = WriteFileAtomic(config_path, ToToml(config)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(config_path, ToToml(config)));
 
   LoadtestReport report;
   report.params = inner::ParameterCount(config.model);
@@ -597,7 +587,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
 
   const std::string token = outer::NewCredential();
   ServiceProcesses service;
-  if (auto s = service.Start(o, config_path, token); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(service.Start(o, config_path, token));
   const auto holders = service.holders();
   report.rss_start = holders.front()->RssBytes();
   std::fprintf(o.out, "coordinator at %s (pid %d)", service.address().c_str(),
@@ -613,7 +603,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   std::vector<std::unique_ptr<SyntheticIsland>> islands;
   for (int i = 0; i < o.islands; ++i) {
     islands.push_back(std::make_unique<SyntheticIsland>(i, config, service.address(), token));
-    if (auto s = islands.back()->Join(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(islands.back()->Join());
     islands.back()->StartHeartbeats(o.heartbeat_every_s);
   }
   report.contribution_bytes = double(islands.front()->contribution_bytes());
@@ -663,7 +653,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   for (auto& island : islands) island->StopHeartbeats();
   report.wall_s = Seconds(start, Clock::now());
   for (auto& island : islands) {
-    if (auto s = island->Leave(); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(island->Leave());
     if (const int failed = island->failed_beats(); failed > 0) {
       return absl::InternalError(absl::StrCat(failed, " heartbeats failed; see ", o.run_dir,
                                               "/coordinator.log"));
@@ -672,13 +662,10 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
   SummarizeHeartbeats(islands, commits, report);
   report.push_goodput = push_time > 0 ? pushed / push_time : 0;
   report.round_goodput = round_time > 0 ? moved / round_time : 0;
-  if (auto s = service.Stop(o.run_dir); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(service.Stop(o.run_dir));
   PrintReport(report, o.out);
-  if (auto s = WriteFileAtomic((fs::path(o.run_dir) / "loadtest.json").string(),
-                               ToJson(report).dump(2) + "\n");
-      !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(WriteFileAtomic((fs::path(o.run_dir) / "loadtest.json").string(),
+                                      ToJson(report).dump(2) + "\n"));
   return report;
 }
 

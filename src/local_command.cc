@@ -15,11 +15,12 @@
 #include <map>
 #include <memory>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "compression/status_macros.h"
 #include "outer/credentials.h"
 #include "src/checkpoint.h"
 #include "src/http_server.h"
@@ -212,9 +213,9 @@ class LocalRun {
 };
 
 absl::StatusOr<LocalSummary> LocalRun::Run() {
-  if (auto s = Prepare(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Prepare());
   start_ = Clock::now();
-  if (auto s = StartCoordinator(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(StartCoordinator());
   for (int k = 0; options_.shards > 1 && k < options_.shards; ++k) {
     if (auto s = StartShard(k); !s.ok()) {
       StopAll(SIGTERM);
@@ -278,7 +279,7 @@ absl::Status LocalRun::StartCoordinator() {
                                    RunPath("coordinator")};
   AddCoordinatorMonitoring(argv);
   argv.insert(argv.end(), common_.begin(), common_.end());
-  if (auto s = Spawn(*coord, argv); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Spawn(*coord, argv));
   Child& c0 = *coord;
   children_.push_back(std::move(coord));
   while (address_.empty()) {
@@ -308,7 +309,7 @@ absl::Status LocalRun::StartShard(int shard, const std::string& listen, bool res
                                    address_, "--listen", listen,
                                    resume ? "--resume" : "--run-dir", RunPath(child->name)};
   argv.insert(argv.end(), common_.begin(), common_.end());
-  if (auto s = Spawn(*child, argv); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Spawn(*child, argv));
   children_.push_back(std::move(child));
   return absl::OkStatus();
 }
@@ -336,9 +337,8 @@ absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {
     if (!absl::StartsWith(name, "island") || !absl::SimpleAtoi(name.substr(6), &index) || index < 0) {
       index = options_.islands + other_islands_++;
     }
-    auto address = OffsetAddress(options_.metrics_listen, 1 + index);
-    if (!address.ok()) return address.status();
-    a.insert(a.end(), {"--metrics-listen", *address});
+    ATL_ASSIGN_OR_RETURN(auto address, OffsetAddress(options_.metrics_listen, 1 + index));
+    a.insert(a.end(), {"--metrics-listen", address});
   }
   if (throttle > 1) {
     a.push_back("--throttle");
@@ -349,7 +349,7 @@ absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {
                        absl::StrCat(options_.max_restarts)});
   }
   a.insert(a.end(), common_.begin(), common_.end());
-  if (auto s = Spawn(*island, a); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Spawn(*island, a));
   if (std::find(summary_.island_dirs.begin(), summary_.island_dirs.end(), dir) ==
       summary_.island_dirs.end()) {
     summary_.island_dirs.push_back(dir);
@@ -367,7 +367,7 @@ absl::Status LocalRun::RestartCoordinator() {
                                 RunPath("coordinator")};
   AddCoordinatorMonitoring(a);
   a.insert(a.end(), common_.begin(), common_.end());
-  if (auto s = Spawn(*again, a); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Spawn(*again, a));
   children_.push_back(std::move(again));
   return absl::OkStatus();
 }
@@ -376,7 +376,7 @@ absl::Status LocalRun::FireEvents() {
   for (size_t e = 0; e < options_.events.size(); ++e) {
     if (fired_[e] || committed_ < options_.events[e].round) continue;
     fired_[e] = true;
-    if (auto s = Fire(options_.events[e]); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Fire(options_.events[e]));
   }
   return absl::OkStatus();
 }

@@ -1,23 +1,23 @@
 // atoll: train one language model across islands joined by slow links.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/status_macros.h"
 #include "outer/shard_router.h"
-#include "src/config.h"
 #include "src/compare_command.h"
+#include "src/config.h"
 #include "src/coordinator_command.h"
 #include "src/grpc_transport.h"
 #include "src/island_loop.h"
@@ -283,9 +283,8 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
       [t](const std::string& address) -> absl::StatusOr<std::unique_ptr<atl::outer::Transport>> {
         atl::GrpcTransportOptions to_shard = t;
         to_shard.target = address;
-        auto opened = atl::GrpcTransport::Create(to_shard);
-        if (!opened.ok()) return opened.status();
-        return std::unique_ptr<atl::outer::Transport>(*std::move(opened));
+        ATL_ASSIGN_OR_RETURN(auto opened, atl::GrpcTransport::Create(to_shard));
+        return std::unique_ptr<atl::outer::Transport>(std::move(opened));
       });
   atl::IslandOptions options;
   options.name = f.name;

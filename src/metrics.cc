@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/status_macros.h"
 #include "src/checkpoint.h"
 
 namespace atl {
@@ -26,7 +27,7 @@ absl::StatusOr<std::unique_ptr<MetricsLog>> MetricsLog::Open(const std::string& 
     }
     in.close();
     if (dropped) {
-      if (auto s = WriteFileAtomic(path, kept); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(WriteFileAtomic(path, kept));
     }
   }
   FILE* f = std::fopen(path.c_str(), "a");

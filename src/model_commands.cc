@@ -3,13 +3,14 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <limits>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/status_macros.h"
 #include "inner/torch_compat.h"
 #include "src/atomic_file.h"
 #include "src/model_io.h"
@@ -23,9 +24,8 @@ namespace fs = std::filesystem;
 absl::StatusOr<std::optional<Config>> OptionalConfig(const std::string& path,
                                                      const std::vector<Override>& overrides = {}) {
   if (path.empty() && overrides.empty()) return std::optional<Config>();
-  auto config = LoadConfig(path, overrides);
-  if (!config.ok()) return config.status();
-  return std::optional<Config>(*std::move(config));
+  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(path, overrides));
+  return std::optional<Config>(std::move(config));
 }
 
 absl::StatusOr<ModelWeights> Load(const std::string& source, const std::optional<Config>& config) {
@@ -58,16 +58,13 @@ absl::Status RunExport(const ExportOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--format must be safetensors (the only format), got '", o.format, "'"));
   }
-  auto style = ParseNameStyle(o.names);
-  if (!style.ok()) return style.status();
+  ATL_ASSIGN_OR_RETURN(auto style, ParseNameStyle(o.names));
   if (o.out.empty()) return absl::InvalidArgumentError("--out is required");
-  auto config = OptionalConfig(o.config_path);
-  if (!config.ok()) return config.status();
-  auto weights = Load(o.source, *config);
-  if (!weights.ok()) return weights.status();
-  if (auto s = WriteSafetensors(*weights, o.out, *style); !s.ok()) return s;
+  ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
+  ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
+  ATL_RETURN_IF_ERROR(WriteSafetensors(weights, o.out, style));
   std::fprintf(o.out_stream, "atoll export: %s\n  from %s\n  to %s (%s names, %s bytes)\n",
-               Describe(*weights).c_str(), o.source.c_str(), o.out.c_str(), o.names.c_str(),
+               Describe(weights).c_str(), o.source.c_str(), o.out.c_str(), o.names.c_str(),
                std::to_string(fs::file_size(o.out)).c_str());
   return absl::OkStatus();
 }
@@ -77,20 +74,18 @@ absl::Status RunImport(const ImportOptions& o) {
   if (fs::exists(o.out)) {
     return absl::AlreadyExistsError(absl::StrCat("--out ", o.out, " exists; choose a new file"));
   }
-  auto base = LoadConfig(o.config_path, o.overrides);
-  if (!base.ok()) return base.status();
-  auto weights = LoadWeights(o.file, &*base);
-  if (!weights.ok()) return weights.status();
-  Config config = *base;  // its dropout and init seed stay; the shapes are the file's (validated)
-  for (const auto& [key, field] : ArchitectureFields()) config.model.*field = weights->model.*field;
+  ATL_ASSIGN_OR_RETURN(auto base, LoadConfig(o.config_path, o.overrides));
+  ATL_ASSIGN_OR_RETURN(auto weights, LoadWeights(o.file, &base));
+  Config config = base;  // its dropout and init seed stay; the shapes are the file's (validated)
+  for (const auto& [key, field] : ArchitectureFields()) config.model.*field = weights.model.*field;
   config.run.init_from = fs::absolute(o.file).lexically_normal().string();
-  if (auto s = WriteFileAtomic(o.out, ToToml(config)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(o.out, ToToml(config)));
   std::fprintf(o.out_stream,
                "atoll import: %s: %s; every tensor checked\n"
                "  wrote %s ([model] from the file, train.init_from = %s)\n"
                "  start a run from it: atoll local --config %s --run-dir DIR (or train, "
                "coordinator, compare)\n",
-               o.file.c_str(), Describe(*weights).c_str(), o.out.c_str(),
+               o.file.c_str(), Describe(weights).c_str(), o.out.c_str(),
                config.run.init_from.c_str(), o.out.c_str());
   return absl::OkStatus();
 }
@@ -104,11 +99,9 @@ absl::Status RunGenerate(const GenerateOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--temperature must be in [0, 100] (0: greedy), got ", o.temperature));
   }
-  auto config = OptionalConfig(o.config_path);
-  if (!config.ok()) return config.status();
-  auto weights = Load(o.source, *config);
-  if (!weights.ok()) return weights.status();
-  const auto& m = weights->model;
+  ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
+  ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
+  const auto& m = weights.model;
   if (m.vocab != 256) {
     return absl::FailedPreconditionError(absl::StrCat(
         "atoll generate reads and writes byte-level text (model.vocab = 256); this model has vocab ",
@@ -121,7 +114,7 @@ absl::Status RunGenerate(const GenerateOptions& o) {
   inner::ModelConfig eval_config = m;
   eval_config.dropout = 0;
   inner::Gpt model(eval_config);
-  if (auto s = CopyInto(*weights, inner::NamedParameters(*model)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CopyInto(weights, inner::NamedParameters(*model)));
   model->eval();
   torch::NoGradGuard no_grad;
   auto generator = inner::compat::MakeCpuGenerator(o.seed);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "outer/fragments.h"
 #include "src/checkpoint.h"
@@ -124,28 +125,26 @@ absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, Name
 }
 
 absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Config* config) {
-  auto file = safetensors::File::Open(path);
-  if (!file.ok()) return file.status();
+  ATL_ASSIGN_OR_RETURN(auto file, safetensors::File::Open(path));
   const NameStyle style =
-      file->Find("transformer.wte.weight") != nullptr ? NameStyle::kGpt2 : NameStyle::kAtoll;
-  auto model = FileModel(*file, style, config);
-  if (!model.ok()) return model.status();
+      file.Find("transformer.wte.weight") != nullptr ? NameStyle::kGpt2 : NameStyle::kAtoll;
+  ATL_ASSIGN_OR_RETURN(auto model, FileModel(file, style, config));
   ModelWeights w;
-  w.model = *model;
+  w.model = model;
   w.facts = {{"kind", "file"}, {"source", path}};
   for (const char* key : {"kind", "run_id", "round", "step"}) {  // what the weights are
-    auto it = file->metadata().find(absl::StrCat("atoll.", key));
-    if (it != file->metadata().end()) w.facts[key] = it->second;
+    auto it = file.metadata().find(absl::StrCat("atoll.", key));
+    if (it != file.metadata().end()) w.facts[key] = it->second;
   }
   std::set<std::string> expected;
   for (const auto& [name, shape] : inner::ParameterShapes(w.model)) {
     bool transposed = false;
     std::string stored = style == NameStyle::kGpt2 ? Gpt2Name(name, &transposed) : name;
-    const auto* t = file->Find(stored);
+    const auto* t = file.Find(stored);
     if (t == nullptr && name == "head.weight" && style == NameStyle::kGpt2) {
       // GPT-2 files from other tools tie the head to the token embedding and omit it.
       stored = "transformer.wte.weight";
-      t = file->Find(stored);
+      t = file.Find(stored);
     }
     expected.insert(stored);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat(path, ": no tensor ", stored));
@@ -155,15 +154,14 @@ absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Conf
                                                      ShapeText(t->shape), ", the model needs ",
                                                      ShapeText(want)));
     }
-    auto values = file->ReadFloats(*t);
-    if (!values.ok()) return values.status();
-    auto tensor = torch::from_blob(values->data(), want, torch::kFloat32).clone();
+    ATL_ASSIGN_OR_RETURN(auto values, file.ReadFloats(*t));
+    auto tensor = torch::from_blob(values.data(), want, torch::kFloat32).clone();
     if (transposed) tensor = tensor.t().contiguous();
-    if (auto s = CheckFinite(tensor, stored, path); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(CheckFinite(tensor, stored, path));
     w.params.emplace_back(name, std::move(tensor));
   }
   // Anything else is refused (a file of another model), except GPT-2's attention-mask buffers.
-  for (const auto& t : file->tensors()) {
+  for (const auto& t : file.tensors()) {
     const bool mask = style == NameStyle::kGpt2 && (absl::EndsWith(t.name, ".attn.bias") ||
                                                     absl::EndsWith(t.name, ".attn.masked_bias"));
     if (!expected.count(t.name) && !mask) {
@@ -186,33 +184,30 @@ absl::StatusOr<Config> ConfigNextTo(const fs::path& dir, const Config* config) {
 }
 
 absl::StatusOr<ModelWeights> LoadServiceState(const fs::path& path, const Config* given) {
-  auto config = ConfigNextTo(path.parent_path(), given);
-  if (!config.ok()) return config.status();
-  auto state = ReadServiceState(path.string());
-  if (!state.ok()) return state.status();
-  if (state->config_hash() != ModelConfigHash(config->model)) {
+  ATL_ASSIGN_OR_RETURN(auto config, ConfigNextTo(path.parent_path(), given));
+  ATL_ASSIGN_OR_RETURN(auto state, ReadServiceState(path.string()));
+  if (state.config_hash() != ModelConfigHash(config.model)) {
     return absl::FailedPreconditionError(
         absl::StrCat(path.string(), " holds another model than the config's [model]"));
   }
-  const Shapes shapes = inner::ParameterShapes(config->model);
+  const Shapes shapes = inner::ParameterShapes(config.model);
   std::vector<std::string> names;
   for (const auto& [name, shape] : shapes) names.push_back(name);
-  auto pattern = outer::ParseFragmentPattern(config->outer.fragment_pattern);
-  if (!pattern.ok()) return pattern.status();
-  auto plan = outer::PlanFragments(names, config->outer.num_fragments, *pattern);
-  if (!plan.ok()) return plan.status();
-  if (plan->parameters.size() != size_t(state->fragments_size())) {
-    return absl::FailedPreconditionError(absl::StrCat(path.string(), " has ", state->fragments_size(),
-                                                      " fragments, the config ", plan->parameters.size()));
+  ATL_ASSIGN_OR_RETURN(auto pattern, outer::ParseFragmentPattern(config.outer.fragment_pattern));
+  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(names, config.outer.num_fragments, pattern));
+  if (plan.parameters.size() != size_t(state.fragments_size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path.string(), " has ", state.fragments_size(), " fragments, the config ",
+                     plan.parameters.size()));
   }
   std::vector<at::Tensor> tensors(shapes.size());
   uint64_t rounds = 0;
-  for (size_t f = 0; f < plan->parameters.size(); ++f) {
-    const auto& fragment = state->fragments(int(f));
+  for (size_t f = 0; f < plan.parameters.size(); ++f) {
+    const auto& fragment = state.fragments(int(f));
     rounds += fragment.round();
     const std::string& bytes = fragment.params();
     size_t offset = 0;
-    for (size_t i : plan->parameters[f]) {
+    for (size_t i : plan.parameters[f]) {
       const auto& [name, shape] = shapes[i];
       auto t = torch::empty({ShapeNumel(shape)}, torch::kFloat32);
       const size_t n = size_t(t.numel()) * sizeof(float);
@@ -228,29 +223,31 @@ absl::StatusOr<ModelWeights> LoadServiceState(const fs::path& path, const Config
     }
   }
   ModelWeights w;
-  w.model = config->model;
-  w.facts = {{"kind", "global"}, {"source", path.string()}, {"run_id", state->run_id()},
+  w.model = config.model;
+  w.facts = {{"kind", "global"},
+             {"source", path.string()},
+             {"run_id", state.run_id()},
              {"round", std::to_string(rounds)}};
   for (size_t i = 0; i < shapes.size(); ++i) {
-    if (auto s = CheckFinite(tensors[i], shapes[i].first, path.string()); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(CheckFinite(tensors[i], shapes[i].first, path.string()));
     w.params.emplace_back(shapes[i].first, std::move(tensors[i]));
   }
   return w;
 }
 
 absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& path) {
-  auto ckpt = ReadCheckpoint(path);
-  if (!ckpt.ok()) return ckpt.status();
-  auto config = ParseConfig(ckpt->meta.config_toml, path + " (its config)");
-  if (!config.ok()) return config.status();
+  ATL_ASSIGN_OR_RETURN(auto ckpt, ReadCheckpoint(path));
+  ATL_ASSIGN_OR_RETURN(auto config, ParseConfig(ckpt.meta.config_toml, path + " (its config)"));
   ModelWeights w;
-  w.model = config->model;
-  w.facts = {{"kind", "checkpoint"}, {"source", path}, {"run_id", config->outer.run_id},
-             {"step", std::to_string(ckpt->state.step)}};
+  w.model = config.model;
+  w.facts = {{"kind", "checkpoint"},
+             {"source", path},
+             {"run_id", config.outer.run_id},
+             {"step", std::to_string(ckpt.state.step)}};
   for (const auto& [name, shape] : inner::ParameterShapes(w.model)) {
     auto flat = torch::zeros({ShapeNumel(shape)}, torch::kFloat32);
     int64_t covered = 0;
-    for (const auto& slice : ckpt->state.tensors) {
+    for (const auto& slice : ckpt.state.tensors) {
       if (slice.name != kModelSlice + name) continue;
       if (slice.shape != shape || slice.offset < 0 || slice.offset + slice.values.numel() > flat.numel()) {
         return absl::DataLossError(absl::StrCat(path, ": parameter ", name, " does not fit the model"));
@@ -262,7 +259,7 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& path) {
       return absl::DataLossError(absl::StrCat(path, ": parameter ", name, " is incomplete"));
     }
     auto whole = inner::ShapedView(name, flat, shape).contiguous();
-    if (auto s = CheckFinite(whole, name, path); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(CheckFinite(whole, name, path));
     w.params.emplace_back(name, std::move(whole));
   }
   return w;
@@ -314,9 +311,8 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
     }
     if (fs::exists(path / "manifest.json")) return LoadCheckpoint(source);
     if (fs::exists(path / "checkpoints")) {
-      auto latest = LatestCheckpoint(source);
-      if (!latest.ok()) return latest.status();
-      return LoadCheckpoint(*latest);
+      ATL_ASSIGN_OR_RETURN(auto latest, LatestCheckpoint(source));
+      return LoadCheckpoint(latest);
     }
     return absl::NotFoundError(absl::StrCat(
         source, " holds no model: expected a coordinator's ", kStateFile,
@@ -372,7 +368,7 @@ absl::StatusOr<ModelWeights> InitialWeights(const Config& config) {
   const std::string what = absl::StrCat("train.init_from (", config.run.init_from, ")");
   auto w = LoadWeights(config.run.init_from, &config);
   if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(what, ": ", w.status().message()));
-  if (auto s = CheckSameArchitecture(config.model, w->model, what); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(CheckSameArchitecture(config.model, w->model, what));
   return w;
 }
 

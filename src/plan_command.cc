@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/codec.h"
+#include "compression/status_macros.h"
 #include "inner/model.h"
 #include "outer/fragments.h"
 
@@ -47,9 +47,9 @@ absl::StatusOr<std::vector<uint64_t>> FragmentSizes(const Setting& s, int fragme
   const auto groups = inner::ParameterGroups(*s.model);
   std::vector<std::string> names;
   for (const auto& [name, count] : groups) names.push_back(name);
-  auto plan = outer::PlanFragments(names, fragments, s.pattern);
-  if (!plan.ok()) return plan.status();
-  for (size_t i = 0; i < groups.size(); ++i) sizes[plan->fragment_of[i]] += uint64_t(groups[i].second);
+  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(names, fragments, s.pattern));
+  for (size_t i = 0; i < groups.size(); ++i)
+    sizes[plan.fragment_of[i]] += uint64_t(groups[i].second);
   return sizes;
 }
 
@@ -59,13 +59,12 @@ absl::StatusOr<Row> MakeRow(const Setting& s, const PlanInput& base, PlanMethod 
   row.in = base;
   row.in.method = method;
   row.in.tau = method == PlanMethod::kStreaming ? tau : 0;
-  auto codec = compression::ParseCodec(codec_name);
-  if (!codec.ok()) return codec.status();
-  row.in.codec = *codec;
-  auto sizes = FragmentSizes(s, method == PlanMethod::kStreaming ? fragments : 1);
-  if (!sizes.ok()) return sizes.status();
-  row.in.fragment_elements = *sizes;
-  if (auto st = outer::ValidatePlanInput(row.in); !st.ok()) return st;
+  ATL_ASSIGN_OR_RETURN(auto codec, compression::ParseCodec(codec_name));
+  row.in.codec = codec;
+  ATL_ASSIGN_OR_RETURN(auto sizes,
+                       FragmentSizes(s, method == PlanMethod::kStreaming ? fragments : 1));
+  row.in.fragment_elements = sizes;
+  ATL_RETURN_IF_ERROR(outer::ValidatePlanInput(row.in));
   switch (method) {
     case PlanMethod::kDataParallel:
       row.label = absl::StrFormat("data parallel, %s gradients every step", codec_name);
@@ -87,9 +86,8 @@ absl::StatusOr<std::vector<Row>> MakeRows(const Setting& s, const PlanInput& bas
                                           const std::string& method) {
   std::vector<absl::StatusOr<Row>> rows;
   if (!method.empty()) {
-    auto m = outer::ParsePlanMethod(method);
-    if (!m.ok()) return m.status();
-    rows.push_back(MakeRow(s, base, *m, s.fragments, s.tau, s.codec.empty() ? "fp32" : s.codec));
+    ATL_ASSIGN_OR_RETURN(auto m, outer::ParsePlanMethod(method));
+    rows.push_back(MakeRow(s, base, m, s.fragments, s.tau, s.codec.empty() ? "fp32" : s.codec));
   } else {
     rows.push_back(MakeRow(s, base, PlanMethod::kDataParallel, 1, 0, "bf16"));
     rows.push_back(MakeRow(s, base, PlanMethod::kDiLoCo, 1, 0, "bf16"));
@@ -111,19 +109,17 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
   Setting s;
   std::optional<Config> config;
   if (!o.config_path.empty() || !o.overrides.empty()) {
-    auto c = LoadConfig(o.config_path, o.overrides);
-    if (!c.ok()) return c.status();
-    config = *c;
-    s.islands = c->outer.islands;
-    s.sync_every = c->outer.sync_every;
-    s.fragments = c->outer.num_fragments;
-    s.tau = c->outer.fragment_sync_delay;
-    s.codec = c->outer.codec;
-    s.connections = c->outer.connections;
-    s.phases = c->outer.phases;
-    auto pattern = outer::ParseFragmentPattern(c->outer.fragment_pattern);
-    if (!pattern.ok()) return pattern.status();
-    s.pattern = *pattern;
+    ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, o.overrides));
+    config = c;
+    s.islands = c.outer.islands;
+    s.sync_every = c.outer.sync_every;
+    s.fragments = c.outer.num_fragments;
+    s.tau = c.outer.fragment_sync_delay;
+    s.codec = c.outer.codec;
+    s.connections = c.outer.connections;
+    s.phases = c.outer.phases;
+    ATL_ASSIGN_OR_RETURN(auto pattern, outer::ParseFragmentPattern(c.outer.fragment_pattern));
+    s.pattern = pattern;
   }
   if (o.params > 0) {
     s.params = o.params;
@@ -154,22 +150,18 @@ absl::StatusOr<PlanInput> BaseInput(const PlanOptions& o, const Setting& s) {
   in.phases = s.phases;
   in.commit_s_per_param = o.commit_ns_per_param * 1e-9;
   if (!o.service_bandwidth.empty()) {
-    auto bw = outer::ParseBandwidth(o.service_bandwidth);
-    if (!bw.ok()) return bw.status();
-    in.service_bandwidth_bps = *bw;
+    ATL_ASSIGN_OR_RETURN(auto bw, outer::ParseBandwidth(o.service_bandwidth));
+    in.service_bandwidth_bps = bw;
   }
-  auto topology = outer::ParsePlanTopology(o.topology);
-  if (!topology.ok()) return topology.status();
-  in.topology = *topology;
-  auto latency = outer::ParseDuration(o.latency);
-  if (!latency.ok()) return latency.status();
-  in.link.latency_s = *latency;
+  ATL_ASSIGN_OR_RETURN(auto topology, outer::ParsePlanTopology(o.topology));
+  in.topology = topology;
+  ATL_ASSIGN_OR_RETURN(auto latency, outer::ParseDuration(o.latency));
+  in.link.latency_s = latency;
   in.link.connections = s.connections;
   in.link.tcp_window_bytes = o.tcp_window_mib * (1 << 20);
   if (!o.bandwidth.empty()) {
-    auto bw = outer::ParseBandwidth(o.bandwidth);
-    if (!bw.ok()) return bw.status();
-    in.link.bandwidth_bps = *bw;
+    ATL_ASSIGN_OR_RETURN(auto bw, outer::ParseBandwidth(o.bandwidth));
+    in.link.bandwidth_bps = bw;
   } else if (!(o.target > 0)) {
     return absl::InvalidArgumentError(
         "give --bandwidth (e.g. 1gbit), --target-utilization (e.g. 0.95), or both");
@@ -328,31 +320,28 @@ absl::Status RunPlan(const PlanOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--target-utilization must be in (0, 1), got ", o.target));
   }
-  auto setting = ResolveSetting(o);
-  if (!setting.ok()) return setting.status();
-  auto base = BaseInput(o, *setting);
-  if (!base.ok()) return base.status();
-  auto rows = MakeRows(*setting, *base, o.method);
-  if (!rows.ok()) return rows.status();
-  std::vector<RowResult> results(rows->size());
-  for (size_t i = 0; i < rows->size(); ++i) {
-    results[i].at_link = outer::Simulate((*rows)[i].in);
-    if (o.target > 0) results[i].required = outer::RequiredBandwidth((*rows)[i].in, o.target);
+  ATL_ASSIGN_OR_RETURN(auto setting, ResolveSetting(o));
+  ATL_ASSIGN_OR_RETURN(auto base, BaseInput(o, setting));
+  ATL_ASSIGN_OR_RETURN(auto rows, MakeRows(setting, base, o.method));
+  std::vector<RowResult> results(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    results[i].at_link = outer::Simulate((rows)[i].in);
+    if (o.target > 0) results[i].required = outer::RequiredBandwidth((rows)[i].in, o.target);
     if (o.bandwidth.empty() && results[i].required.ok()) {
       // No link given: the traffic per hour at the bandwidth the target needs.
-      outer::PlanInput at_target = (*rows)[i].in;
+      outer::PlanInput at_target = (rows)[i].in;
       at_target.link.bandwidth_bps = *results[i].required;
       results[i].at_link = outer::Simulate(at_target);
     }
   }
   if (o.json) {
-    PrintJson(o, *rows, results);
+    PrintJson(o, rows, results);
   } else {
-    PrintHeader(o, *setting, *base);
-    PrintTable(o, *rows, results);
+    PrintHeader(o, setting, base);
+    PrintTable(o, rows, results);
   }
   if (!o.svg.empty()) {
-    if (auto s = WriteSvg(o.svg, *rows, o.target); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(WriteSvg(o.svg, rows, o.target));
     if (!o.json) absl::FPrintF(o.out, "utilization vs bandwidth: %s\n", o.svg);
   }
   return absl::OkStatus();

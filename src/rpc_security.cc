@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "compression/status_macros.h"
 #include "outer/names.h"
 
 namespace atl {
@@ -35,9 +36,8 @@ absl::StatusOr<std::string> ReadAll(const std::string& path, const char* what) {
 absl::StatusOr<std::string> LoadToken(const std::string& token_file, const char* env_name) {
   std::string token;
   if (!token_file.empty()) {
-    auto text = ReadAll(token_file, "token file");
-    if (!text.ok()) return text.status();
-    token = std::string(absl::StripAsciiWhitespace(*text));
+    ATL_ASSIGN_OR_RETURN(auto text, ReadAll(token_file, "token file"));
+    token = std::string(absl::StripAsciiWhitespace(text));
     if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("token file ", token_file, " is empty"));
     return token;
   }
@@ -59,13 +59,12 @@ BioPtr MemoryBio(const std::string& pem) {
 
 // Reads a PEM file holding at least one certificate; returns its text.
 absl::StatusOr<std::string> ReadCertificates(const std::string& path, const char* flag) {
-  auto pem = ReadAll(path, flag);
-  if (!pem.ok()) return pem.status();
-  auto bio = MemoryBio(*pem);
+  ATL_ASSIGN_OR_RETURN(auto pem, ReadAll(path, flag));
+  auto bio = MemoryBio(pem);
   X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " holds no PEM certificate",
-                                                   pem->find("PRIVATE KEY") != std::string::npos
+                                                   pem.find("PRIVATE KEY") != std::string::npos
                                                        ? " (it holds a private key: swapped files?)"
                                                        : ""));
   }
@@ -101,12 +100,10 @@ absl::StatusOr<std::pair<std::string, std::string>> ReadKeyPair(const TlsFiles& 
   if (tls.cert.empty() != tls.key.empty()) {
     return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
   }
-  auto cert = ReadCertificates(tls.cert, "--tls-cert");
-  if (!cert.ok()) return cert.status();
-  auto key = ReadAll(tls.key, "--tls-key");
-  if (!key.ok()) return key.status();
-  if (auto s = CheckKeyPair(*cert, *key, tls); !s.ok()) return s;
-  return std::make_pair(*std::move(cert), *std::move(key));
+  ATL_ASSIGN_OR_RETURN(auto cert, ReadCertificates(tls.cert, "--tls-cert"));
+  ATL_ASSIGN_OR_RETURN(auto key, ReadAll(tls.key, "--tls-key"));
+  ATL_RETURN_IF_ERROR(CheckKeyPair(cert, key, tls));
+  return std::make_pair(std::move(cert), std::move(key));
 }
 
 }  // namespace
@@ -139,16 +136,15 @@ absl::Status CheckListenAddress(const std::string& address) {
 }
 
 absl::Status ProbeListen(const std::string& address) {
-  auto split = SplitAddress(address);
-  if (!split.ok()) return split.status();
+  ATL_ASSIGN_OR_RETURN(auto split, SplitAddress(address));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  const std::string port = std::to_string(split->second);
-  if (int e = getaddrinfo(split->first.empty() ? nullptr : split->first.c_str(), port.c_str(),
-                          &hints, &found);
+  const std::string port = std::to_string(split.second);
+  if (int e = getaddrinfo(split.first.empty() ? nullptr : split.first.c_str(), port.c_str(), &hints,
+                          &found);
       e != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", outer::Printable(address),
                                                    ": ", gai_strerror(e)));
@@ -177,14 +173,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
     }
     return grpc::InsecureServerCredentials();
   }
-  auto pair = ReadKeyPair(tls);
-  if (!pair.ok()) return pair.status();
+  ATL_ASSIGN_OR_RETURN(auto pair, ReadKeyPair(tls));
   grpc::SslServerCredentialsOptions options;
-  options.pem_key_cert_pairs.push_back({pair->second, pair->first});
+  options.pem_key_cert_pairs.push_back({pair.second, pair.first});
   if (!tls.ca.empty()) {
-    auto ca = ReadCertificates(tls.ca, "--tls-ca");
-    if (!ca.ok()) return ca.status();
-    options.pem_root_certs = *ca;
+    ATL_ASSIGN_OR_RETURN(auto ca, ReadCertificates(tls.ca, "--tls-ca"));
+    options.pem_root_certs = ca;
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -198,15 +192,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(con
     }
     return grpc::InsecureChannelCredentials();
   }
-  auto ca = ReadCertificates(tls.ca, "--tls-ca");
-  if (!ca.ok()) return ca.status();
+  ATL_ASSIGN_OR_RETURN(auto ca, ReadCertificates(tls.ca, "--tls-ca"));
   grpc::SslCredentialsOptions options;
-  options.pem_root_certs = *ca;
+  options.pem_root_certs = ca;
   if (!tls.cert.empty() || !tls.key.empty()) {
-    auto pair = ReadKeyPair(tls);
-    if (!pair.ok()) return pair.status();
-    options.pem_cert_chain = pair->first;
-    options.pem_private_key = pair->second;
+    ATL_ASSIGN_OR_RETURN(auto pair, ReadKeyPair(tls));
+    options.pem_cert_chain = pair.first;
+    options.pem_private_key = pair.second;
   }
   return grpc::SslCredentials(options);
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec_math.h"
+#include "compression/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "src/atomic_file.h"
 
@@ -152,9 +153,8 @@ absl::StatusOr<File> File::Open(const std::string& path) {
       }
       continue;
     }
-    auto t = ParseEntry(path, name, entry, data_bytes);
-    if (!t.ok()) return t.status();
-    file.tensors_.push_back(*std::move(t));
+    ATL_ASSIGN_OR_RETURN(auto t, ParseEntry(path, name, entry, data_bytes));
+    file.tensors_.push_back(std::move(t));
   }
   // The entries tile the data region: sorted by offset, each starts where the previous ended.
   std::sort(file.tensors_.begin(), file.tensors_.end(),
@@ -222,16 +222,15 @@ absl::Status WriteF32(const std::string& path, const std::vector<TensorView>& te
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   uint8_t prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
-  auto file = AtomicFile::Create(path);
-  if (!file.ok()) return file.status();
-  if (auto s = (*file)->Append(prefix, 8); !s.ok()) return s;
-  if (auto s = (*file)->Append(text.data(), text.size()); !s.ok()) return s;
+  ATL_ASSIGN_OR_RETURN(auto file, AtomicFile::Create(path));
+  ATL_RETURN_IF_ERROR(file->Append(prefix, 8));
+  ATL_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
   for (const auto& t : tensors) {
     uint64_t numel = 1;
     for (int64_t d : t.shape) numel *= uint64_t(d);
-    if (auto s = (*file)->Append(t.data, 4 * numel); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(file->Append(t.data, 4 * numel));
   }
-  return (*file)->Commit();
+  return file->Commit();
 }
 
 }  // namespace atl::safetensors

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
+#include "compression/status_macros.h"
 #include "src/atomic_file.h"
 
 namespace atl {
@@ -70,7 +71,7 @@ absl::StatusOr<StateFile> StateFile::Open(const std::string& path) {
     return f.Error("not an atoll service state (too short)");
   }
   if (std::memcmp(magic, kMagic2, 8) == 0) {
-    if (auto s = f.OpenFormat2(uint64_t(end)); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(f.OpenFormat2(uint64_t(end)));
     return f;
   }
   if (std::memcmp(magic, kMagic1, 8) != 0) return f.Error("not an atoll service state (bad magic)");
@@ -79,7 +80,7 @@ absl::StatusOr<StateFile> StateFile::Open(const std::string& path) {
   if (std::fread(file.data(), 1, file.size(), f.file_.get()) != file.size()) {
     return f.Error("cannot read the file");
   }
-  if (auto s = f.OpenFormat1(std::move(file)); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(f.OpenFormat1(std::move(file)));
   return f;
 }
 
@@ -175,11 +176,10 @@ absl::Status StateFile::Read(uint32_t fragment, Tensor t, float* out, size_t n) 
 
 absl::StatusOr<pb::ServiceState> WriteServiceState(const std::string& path,
                                                    const outer::SyncServer& server) {
-  auto file = AtomicFile::Create(path);
-  if (!file.ok()) return file.status();
-  if (auto s = (*file)->Append(kMagic2, 8); !s.ok()) return s;
+  ATL_ASSIGN_OR_RETURN(auto file, AtomicFile::Create(path));
+  ATL_RETURN_IF_ERROR(file->Append(kMagic2, 8));
   auto description = server.Snapshot([&](uint32_t, Tensor, const float* data, size_t n) {
-    return n == 0 ? absl::OkStatus() : (*file)->Append(data, n * 4);
+    return n == 0 ? absl::OkStatus() : file->Append(data, n * 4);
   });
   if (!description.ok()) return description.status();
   const std::string footer = description->SerializeAsString();
@@ -187,24 +187,23 @@ absl::StatusOr<pb::ServiceState> WriteServiceState(const std::string& path,
   PutU64(tail, footer.size());
   PutU64(tail, compression::Checksum(footer.data(), footer.size()));
   tail.append(kMagic2, 8);
-  if (auto s = (*file)->Append(footer.data(), footer.size()); !s.ok()) return s;
-  if (auto s = (*file)->Append(tail.data(), tail.size()); !s.ok()) return s;
-  if (auto s = (*file)->Commit(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(file->Append(footer.data(), footer.size()));
+  ATL_RETURN_IF_ERROR(file->Append(tail.data(), tail.size()));
+  ATL_RETURN_IF_ERROR(file->Commit());
   return description;
 }
 
 absl::StatusOr<pb::ServiceState> RestoreServiceState(const std::string& path,
                                                      outer::SyncServer& server) {
-  auto file = StateFile::Open(path);
-  if (!file.ok()) return file.status();
-  if (auto s = server.Restore(file->description(),
+  ATL_ASSIGN_OR_RETURN(auto file, StateFile::Open(path));
+  if (auto s = server.Restore(file.description(),
                               [&](uint32_t fragment, Tensor t, float* out, size_t n) {
-                                return file->Read(fragment, t, out, n);
+                                return file.Read(fragment, t, out, n);
                               });
       !s.ok()) {
     return s;
   }
-  pb::ServiceState description = file->description();
+  pb::ServiceState description = file.description();
   for (auto& fs : *description.mutable_fragments()) {
     fs.clear_params();
     fs.clear_momentum();
@@ -214,9 +213,8 @@ absl::StatusOr<pb::ServiceState> RestoreServiceState(const std::string& path,
 }
 
 absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path) {
-  auto file = StateFile::Open(path);
-  if (!file.ok()) return file.status();
-  pb::ServiceState state = file->description();
+  ATL_ASSIGN_OR_RETURN(auto file, StateFile::Open(path));
+  pb::ServiceState state = file.description();
   for (int i = 0; i < state.fragments_size(); ++i) {
     auto* fs = state.mutable_fragments(i);
     const std::tuple<Tensor, uint64_t, uint64_t> tensors[] = {
@@ -225,7 +223,7 @@ absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path) {
         {Tensor::kBuffer, fs->buffer_elements(), fs->buffer_hash()}};
     for (const auto& [t, n, hash] : tensors) {
       std::vector<float> values(n);
-      if (auto s = file->Read(uint32_t(i), t, values.data(), n); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(file.Read(uint32_t(i), t, values.data(), n));
       std::string bytes(reinterpret_cast<const char*>(values.data()), n * 4);
       if (compression::Checksum(bytes.data(), bytes.size()) != hash) {
         return absl::DataLossError(absl::StrCat(path, ": fragment ", i, " ",

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
 #include "outer/names.h"
@@ -82,9 +83,8 @@ absl::Status ShardModel::PlaceGlobalCopy(const std::string& where) {
       return out;
     };
     const at::Device device = Part(pieces_[f].front()).device();
-    auto copy = TensorDeviceCopy::Create(std::move(parts), n, device);
-    if (!copy.ok()) return copy.status();
-    device_[f] = *std::move(copy);
+    ATL_ASSIGN_OR_RETURN(auto copy, TensorDeviceCopy::Create(std::move(parts), n, device));
+    device_[f] = std::move(copy);
   }
   return absl::OkStatus();
 }
@@ -94,7 +94,7 @@ absl::Status ShardModel::SyncReplicas() {
   const std::vector<bool> merged = merged_;
   std::fill(merged_.begin(), merged_.end(), false);
   // TP first: replica 0's TP ranks then hold what replica 0 merged, which goes to the replicas.
-  if (auto s = SyncFrom(MeshDim::kTp, merged, whole_); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(SyncFrom(MeshDim::kTp, merged, whole_));
   return SyncFrom(MeshDim::kDpReplicate, merged, all_);
 }
 
@@ -106,11 +106,11 @@ absl::Status ShardModel::SyncFrom(inner::parallel::MeshDim dim, const std::vecto
   for (size_t f = 0; f < merged.size(); ++f) mask[int64_t(f)] = merged[f] ? 1.0f : 0.0f;
   // On the parameters' device: NCCL groups take device tensors only.
   mask = mask.to(trainer_.sharded().shards().front().value.device());
-  if (auto s = group.Broadcast(mask, 0); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(group.Broadcast(mask, 0));
   mask = mask.to(torch::kCPU);
   for (size_t f = 0; f < shards.size(); ++f) {
     if (mask[int64_t(f)].item<float>() == 0) continue;
-    if (auto s = trainer_.sharded().BroadcastShards(dim, shards[f]); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(trainer_.sharded().BroadcastShards(dim, shards[f]));
   }
   return absl::OkStatus();
 }

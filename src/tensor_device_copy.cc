@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
+#include "compression/status_macros.h"
 
 namespace atl {
 
@@ -64,7 +65,7 @@ absl::Status TensorDeviceCopy::Load(const std::vector<float>& global) {
         absl::StrCat("device copy of ", n_, " elements loaded with ", global.size()));
   }
   // After whatever the compute stream still has queued (a merge reading the copy).
-  if (auto s = engine_->MarkCompute(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(engine_->MarkCompute());
   return engine_->FromHost(global_.data_ptr<float>(), global.data(), n_ * sizeof(float));
 }
 
@@ -105,14 +106,12 @@ absl::Status TensorDeviceCopy::Encode(const compression::CodecSpec& spec, uint64
   const bool feedback = residual_.defined();
   Reserve(bytes, feedback ? n : 0);
   uint8_t* encoded = bytes_.data_ptr<uint8_t>();
-  if (auto s = engine_->Encode(spec, At(delta_, at), n, encoded, rounding); !s.ok()) return s;
-  if (auto s = engine_->ToHost(out, encoded, bytes); !s.ok()) return s;
-  if (auto s = engine_->ToHost(exact, At(delta_, at), std::min(n, sample) * sizeof(float)); !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(engine_->Encode(spec, At(delta_, at), n, encoded, rounding));
+  ATL_RETURN_IF_ERROR(engine_->ToHost(out, encoded, bytes));
+  ATL_RETURN_IF_ERROR(engine_->ToHost(exact, At(delta_, at), std::min(n, sample) * sizeof(float)));
   if (!feedback) return absl::OkStatus();
   // What the service will not see: the pseudo-gradient minus its decoded encoding.
-  if (auto s = engine_->Decode(spec, encoded, bytes, n, decoded_.data_ptr<float>()); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(engine_->Decode(spec, encoded, bytes, n, decoded_.data_ptr<float>()));
   return engine_->Subtract(At(delta_, at), decoded_.data_ptr<float>(), At(next_residual_, at), n);
 }
 
@@ -128,8 +127,8 @@ absl::Status TensorDeviceCopy::Apply(const compression::CodecSpec& spec, uint64_
   Reserve(bytes.size(), n);
   uint8_t* encoded = bytes_.data_ptr<uint8_t>();
   float* decoded = decoded_.data_ptr<float>();
-  if (auto s = engine_->FromHost(encoded, bytes.data(), bytes.size()); !s.ok()) return s;
-  if (auto s = engine_->Decode(spec, encoded, bytes.size(), n, decoded); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(engine_->FromHost(encoded, bytes.data(), bytes.size()));
+  ATL_RETURN_IF_ERROR(engine_->Decode(spec, encoded, bytes.size(), n, decoded));
   // outer::ApplyUpdate's arithmetic: global -= update.
   return engine_->Subtract(At(global_, at), decoded, At(global_, at), n);
 }

@@ -5,9 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "compression/status_macros.h"
 #include "src/checkpoint.h"
-#include "src/model_io.h"
 #include "src/metrics.h"
+#include "src/model_io.h"
 
 namespace atl {
 namespace {
@@ -26,11 +27,11 @@ class TrainObserver : public inner::LoopObserver {
         reporter_(metrics, progress, wall_before) {}
 
   absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
-    if (auto s = reporter_.OnStep(step, eval); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(reporter_.OnStep(step, eval));
     if (eval != nullptr) last_eval_ = *eval;
     const int64_t every = config_.run.checkpoint_every;
     if (every > 0 && step.step % every == 0 && step.step < config_.train.steps) {
-      if (auto s = SaveCheckpoint(); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(SaveCheckpoint());
     }
     // The trainer's last step (the last of those reported together) is where a stop ends.
     if (step.step == trainer_.step() && options_.stop != nullptr && options_.stop->load()) {
@@ -67,10 +68,10 @@ class TrainObserver : public inner::LoopObserver {
 
 absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& options) {
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
-  auto data = inner::LoadDataset(config.data, config.model.context, config.model.vocab);
-  if (!data.ok()) return data.status();
-  auto trainer = inner::Trainer::Create(config.model, config.optim, config.train, *data);
-  if (!trainer.ok()) return trainer.status();
+  ATL_ASSIGN_OR_RETURN(auto data,
+                       inner::LoadDataset(config.data, config.model.context, config.model.vocab));
+  ATL_ASSIGN_OR_RETURN(auto trainer,
+                       inner::Trainer::Create(config.model, config.optim, config.train, data));
 
   // Resume, or refuse to overwrite an earlier run; all before anything is written.
   double wall_before = 0;
@@ -80,53 +81,51 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
     if (!latest.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("--resume: ", latest.status().message()));
     }
-    auto ckpt = ReadCheckpoint(*latest);
-    if (!ckpt.ok()) return ckpt.status();
-    if (auto s = (*trainer)->ImportState(ckpt->state); !s.ok()) {
+    ATL_ASSIGN_OR_RETURN(auto ckpt, ReadCheckpoint(*latest));
+    if (auto s = trainer->ImportState(ckpt.state); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(*latest, " does not fit this config: ", s.message()));
     }
-    wall_before = ckpt->meta.wall_s;
+    wall_before = ckpt.meta.wall_s;
   } else if (fs::exists(run_dir / "metrics.jsonl") || fs::exists(run_dir / "checkpoints")) {
     return absl::AlreadyExistsError(absl::StrCat(
         "run directory ", options.run_dir,
         " already holds a run: pass --resume to continue it, or choose another --run-dir"));
   } else if (!config.run.init_from.empty()) {
-    auto weights = InitialWeights(config);
-    if (!weights.ok()) return weights.status();
-    inner::TrainerState state = (*trainer)->ExportState();
-    if (auto s = CopyInto(*weights, state); !s.ok()) return s;
-    if (auto s = (*trainer)->ImportState(state); !s.ok()) return s;
+    ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
+    inner::TrainerState state = trainer->ExportState();
+    ATL_RETURN_IF_ERROR(CopyInto(weights, state));
+    ATL_RETURN_IF_ERROR(trainer->ImportState(state));
   }
 
   std::error_code ec;
   fs::create_directories(run_dir / "checkpoints", ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", options.run_dir, ": ", ec.message()));
-  if (auto s = WriteFileAtomic((run_dir / "config.toml").string(), ToToml(config)); !s.ok()) return s;
-  auto metrics = MetricsLog::Open((run_dir / "metrics.jsonl").string(), (*trainer)->step());
-  if (!metrics.ok()) return metrics.status();
+  ATL_RETURN_IF_ERROR(WriteFileAtomic((run_dir / "config.toml").string(), ToToml(config)));
+  ATL_ASSIGN_OR_RETURN(auto metrics,
+                       MetricsLog::Open((run_dir / "metrics.jsonl").string(), trainer->step()));
 
-  const int64_t start_step = (*trainer)->step();
+  const int64_t start_step = trainer->step();
   Progress progress(options.progress, options.tty, config.train.steps, config.run.log_every, "");
   progress.Message(absl::StrFormat(
       "atoll train: %d-layer GPT, %.2fM parameters, %d tokens/step, %s, run dir %s%s",
       config.model.n_layer, double(inner::ParameterCount(config.model)) / 1e6,
-      (*trainer)->tokens_per_step(), config.data.path, options.run_dir,
+      trainer->tokens_per_step(), config.data.path, options.run_dir,
       options.resume ? absl::StrCat(" (resumed at step ", start_step, ")") : ""));
-  TrainObserver observer(config, options, **trainer, **metrics, progress, wall_before);
+  TrainObserver observer(config, options, *trainer, *metrics, progress, wall_before);
   const int64_t until = options.stop_after_step > 0
                             ? std::min(options.stop_after_step, config.train.steps)
                             : config.train.steps;
-  absl::Status loop = inner::RunLoop(**trainer, until, observer);
+  absl::Status loop = inner::RunLoop(*trainer, until, observer);
   progress.Finish();
   TrainSummary summary;
-  summary.stopped = absl::IsCancelled(loop) || (*trainer)->step() < config.train.steps;
+  summary.stopped = absl::IsCancelled(loop) || trainer->step() < config.train.steps;
   if (!loop.ok() && !summary.stopped) return loop;
-  if (auto s = observer.SaveCheckpoint(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(observer.SaveCheckpoint());
 
-  summary.step = (*trainer)->step();
-  summary.tokens = (*trainer)->tokens();
+  summary.step = trainer->step();
+  summary.tokens = trainer->tokens();
   summary.wall_s = observer.WallSeconds();
-  summary.tokens_per_s = double(summary.tokens - start_step * (*trainer)->tokens_per_step()) /
+  summary.tokens_per_s = double(summary.tokens - start_step * trainer->tokens_per_step()) /
                          std::max(1e-9, observer.ElapsedHere());
   summary.last_eval = observer.last_eval();
   return summary;

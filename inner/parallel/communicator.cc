@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner::parallel {
@@ -166,13 +167,13 @@ class C10dCommunicator : public Communicator {
       at::Tensor wide = full.to(at::kFloat);
       if (!Bf16(shard)) return ReduceScatterSum(wide, shard);
       at::Tensor wide_shard = shard.to(at::kFloat);
-      if (auto s = ReduceScatterSum(wide, wide_shard); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(ReduceScatterSum(wide, wide_shard));
       shard.copy_(wide_shard);
       return absl::OkStatus();
     }
     if (!native_reduce_scatter_) {
       // Gloo: the sum everywhere, each rank keeps its part.
-      if (auto s = AllReduceSum(full); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(AllReduceSum(full));
       shard.copy_(full.narrow(0, rank_ * n, n));
       return absl::OkStatus();
     }
@@ -222,7 +223,7 @@ class C10dCommunicator : public Communicator {
   absl::Status AllReduce(at::Tensor& t, c10d::ReduceOp op) {
     if (Bf16(t)) {  // reduced in fp32
       at::Tensor wide = t.to(at::kFloat);
-      if (auto s = AllReduce(wide, op); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(AllReduce(wide, op));
       t.copy_(wide);
       return absl::OkStatus();
     }
@@ -248,21 +249,17 @@ bool IsLoopback(const std::string& addr) {
 
 absl::StatusOr<RankInfo> RankInfoFromEnvironment() {
   RankInfo info;
-  auto world = IntVar("WORLD_SIZE", 1, 1, 1 << 20);
-  if (!world.ok()) return world.status();
-  info.world_size = *world;
-  auto rank = IntVar("RANK", 0, 0, info.world_size - 1);
-  if (!rank.ok()) return rank.status();
-  info.rank = *rank;
-  auto local = IntVar("LOCAL_RANK", info.rank, 0, 1 << 20);
-  if (!local.ok()) return local.status();
-  info.local_rank = *local;
+  ATL_ASSIGN_OR_RETURN(auto world, IntVar("WORLD_SIZE", 1, 1, 1 << 20));
+  info.world_size = world;
+  ATL_ASSIGN_OR_RETURN(auto rank, IntVar("RANK", 0, 0, info.world_size - 1));
+  info.rank = rank;
+  ATL_ASSIGN_OR_RETURN(auto local, IntVar("LOCAL_RANK", info.rank, 0, 1 << 20));
+  info.local_rank = local;
   if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
     info.master_addr = addr;
   }
-  auto port = IntVar("MASTER_PORT", 0, 0, 65535);
-  if (!port.ok()) return port.status();
-  info.master_port = *port;
+  ATL_ASSIGN_OR_RETURN(auto port, IntVar("MASTER_PORT", 0, 0, 65535));
+  info.master_port = port;
   if (info.world_size > 1 && info.master_port == 0) {
     return absl::InvalidArgumentError("WORLD_SIZE > 1 needs MASTER_PORT (and MASTER_ADDR)");
   }
@@ -325,11 +322,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Create(
 
 absl::StatusOr<std::string> Communicator::BroadcastBytes(const std::string& bytes, int root) {
   auto size = at::tensor({int64_t(bytes.size())}, at::kLong);
-  if (auto s = Broadcast(size, root); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Broadcast(size, root));
   auto buf = at::empty({size.item<int64_t>()}, at::kByte);
   if (rank() == root && !bytes.empty()) std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
   if (buf.numel() > 0) {
-    if (auto s = Broadcast(buf, root); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Broadcast(buf, root));
   }
   return std::string(static_cast<const char*>(buf.data_ptr()), size_t(buf.numel()));
 }

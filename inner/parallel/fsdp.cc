@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner::parallel {
@@ -121,17 +122,14 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
                                                          DeviceMesh& mesh,
                                                          const std::string& device,
                                                          FsdpOptions options) {
-  if (auto s = Validate(config); !s.ok()) return s;
-  if (auto s = ValidatePipeline(config.n_layer, mesh.shape().pp); !s.ok()) return s;
-  if (auto s = ValidateTensorParallel(config, mesh.shape().tp, options.sequence_parallel);
-      !s.ok()) {
-    return s;
-  }
+  ATL_RETURN_IF_ERROR(Validate(config));
+  ATL_RETURN_IF_ERROR(ValidatePipeline(config.n_layer, mesh.shape().pp));
+  ATL_RETURN_IF_ERROR(ValidateTensorParallel(config, mesh.shape().tp, options.sequence_parallel));
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
   std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
   if (device != "cpu") f->model_->to(torch::Device(device));  // "cuda:N", resolved
   f->on_cuda_ = device != "cpu";
-  if (auto s = f->BuildUnits(); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(f->BuildUnits());
   return f;
 }
 
@@ -332,7 +330,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& inp
     m.rng.assign(size_t(n), at::Tensor());
   }
   for (int u = 0; u < n; ++u) {
-    if (auto s = Gather(u); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Gather(u));
     if (options_.prefetch && u + 1 < n) Prefetch(u + 1);
     if (train && (u > 0 || !first_stage())) x = x.detach().requires_grad_(true);
     if (train) m.unit_inputs[size_t(u)] = x;
@@ -370,7 +368,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::BackwardMicro(Micro& m, const at::Tensor& gr
                         ? at::full({}, grad_scale, m.unit_outputs[size_t(n - 1)].options())
                         : grad_output;
   for (int u = n - 1; u >= 0; --u) {
-    if (auto s = Gather(u); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(Gather(u));
     PrepareGrad(u);
     at::Tensor out = m.unit_outputs[size_t(u)];
     if (m.rng[size_t(u)].defined()) {
@@ -388,7 +386,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::BackwardMicro(Micro& m, const at::Tensor& gr
     // (in the background, while u's gradients are reduce-scattered).
     Release(u);
     if (options_.prefetch && u > 0) Prefetch(u - 1);
-    if (auto s = ScatterGrad(u); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(ScatterGrad(u));
   }
   return grad;
 }
@@ -421,7 +419,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::RunStage(const std::vector<MicroBatch>& micr
   // The last stage's loss, on every stage.
   at::Tensor loss = run.mean_loss();
   if (!last_stage()) loss.zero_();
-  if (auto s = mesh_.group(MeshDim::kPp).AllReduceSum(loss); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(mesh_.group(MeshDim::kPp).AllReduceSum(loss));
   return loss;
 }
 
@@ -446,7 +444,7 @@ absl::Status FsdpGpt::ReduceGradients() {
     }
     if (!partial.empty()) {
       at::Tensor sums = at::cat(partial);
-      if (auto s = mesh_.group(MeshDim::kTp).AllReduceSum(sums); !s.ok()) return s;
+      ATL_RETURN_IF_ERROR(mesh_.group(MeshDim::kTp).AllReduceSum(sums));
       int64_t at = 0;
       for (auto& g : partial) {
         g.copy_(sums.narrow(0, at, g.numel()));
@@ -456,7 +454,7 @@ absl::Status FsdpGpt::ReduceGradients() {
   }
   if (mesh_.shape().dp_replicate == 1) return absl::OkStatus();
   for (auto& u : units_) {
-    if (auto s = mesh_.group(MeshDim::kDpReplicate).AllReduceSum(u->shard_grad); !s.ok()) return s;
+    ATL_RETURN_IF_ERROR(mesh_.group(MeshDim::kDpReplicate).AllReduceSum(u->shard_grad));
   }
   return absl::OkStatus();
 }
@@ -464,9 +462,9 @@ absl::Status FsdpGpt::ReduceGradients() {
 absl::StatusOr<double> FsdpGpt::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
   return Guarded<double>([&]() -> absl::StatusOr<double> {
     torch::NoGradGuard no_grad;
-    auto loss = RunStage({{inputs, targets}}, ForwardActions(1), /*train=*/false, 0.0);
-    if (!loss.ok()) return loss.status();
-    return loss->item<double>();
+    ATL_ASSIGN_OR_RETURN(auto loss,
+                         RunStage({{inputs, targets}}, ForwardActions(1), /*train=*/false, 0.0));
+    return loss.item<double>();
   });
 }
 
@@ -492,7 +490,7 @@ absl::Status FsdpGpt::BroadcastShards(MeshDim dim, const std::vector<size_t>& sh
   std::vector<at::Tensor> values;
   for (size_t i : shards) values.push_back(shards_[i].value);
   at::Tensor all = at::cat(values);  // one broadcast for all of them
-  if (auto s = mesh_.group(dim).Broadcast(all, 0); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(mesh_.group(dim).Broadcast(all, 0));
   int64_t at = 0;
   for (auto& v : values) {
     v.copy_(all.narrow(0, at, v.numel()));

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 namespace atl::inner::parallel {
 
@@ -52,7 +53,7 @@ absl::Status Validate(const ParallelismConfig& c) {
 }
 
 absl::StatusOr<MeshShape> ResolveMesh(const ParallelismConfig& c, int world_size) {
-  if (auto s = Validate(c); !s.ok()) return s;
+  ATL_RETURN_IF_ERROR(Validate(c));
   int known = 1;
   for (int v : {c.data_parallel_replicate_degree, c.data_parallel_shard_degree,
                 c.tensor_parallel_degree, c.pipeline_parallel_degree}) {
@@ -100,9 +101,8 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(
   stride[3] = 1;
   for (int d = 2; d >= 0; --d) stride[d] = stride[d + 1] * deg[d + 1];
   for (int d = 0; d < 4; ++d) mesh->coords_[d] = (info.rank / stride[d]) % deg[d];
-  auto store = Rendezvous(info, timeout);
-  if (!store.ok()) return store.status();
-  mesh->store_ = *store;
+  ATL_ASSIGN_OR_RETURN(auto store, Rendezvous(info, timeout));
+  mesh->store_ = store;
   // A group's name lists the coordinates its members share.
   auto key = [&](const std::vector<int>& free_dims) {
     std::string k;
@@ -114,22 +114,22 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(
     return k;
   };
   for (int d = 0; d < 4; ++d) {
-    auto g = Communicator::Create(mesh->store_, absl::StrCat(MeshDimName(MeshDim(d)), "/", key({d})),
-                                  mesh->coords_[d], deg[d], cuda, timeout);
-    if (!g.ok()) return g.status();
-    mesh->groups_[d] = *std::move(g);
+    ATL_ASSIGN_OR_RETURN(
+        auto g,
+        Communicator::Create(mesh->store_, absl::StrCat(MeshDimName(MeshDim(d)), "/", key({d})),
+                             mesh->coords_[d], deg[d], cuda, timeout));
+    mesh->groups_[d] = std::move(g);
   }
-  auto dp = Communicator::Create(mesh->store_, absl::StrCat("dp/", key({1, 2})), mesh->dp_rank(),
-                                 shape.dp(), cuda, timeout);
-  if (!dp.ok()) return dp.status();
-  mesh->dp_ = *std::move(dp);
-  auto world = Communicator::Create(mesh->store_, "world", info.rank, info.world_size, cuda, timeout);
-  if (!world.ok()) return world.status();
-  mesh->world_ = *std::move(world);
-  auto control = Communicator::Create(mesh->store_, "control", info.rank, info.world_size,
-                                      /*cuda=*/false, std::max(timeout, control_timeout));
-  if (!control.ok()) return control.status();
-  mesh->control_ = *std::move(control);
+  ATL_ASSIGN_OR_RETURN(auto dp, Communicator::Create(mesh->store_, absl::StrCat("dp/", key({1, 2})),
+                                                     mesh->dp_rank(), shape.dp(), cuda, timeout));
+  mesh->dp_ = std::move(dp);
+  ATL_ASSIGN_OR_RETURN(auto world, Communicator::Create(mesh->store_, "world", info.rank,
+                                                        info.world_size, cuda, timeout));
+  mesh->world_ = std::move(world);
+  ATL_ASSIGN_OR_RETURN(auto control,
+                       Communicator::Create(mesh->store_, "control", info.rank, info.world_size,
+                                            /*cuda=*/false, std::max(timeout, control_timeout)));
+  mesh->control_ = std::move(control);
   return mesh;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 
 namespace atl::inner::parallel {
 
@@ -115,18 +116,17 @@ absl::StatusOr<PipelineTiming> RunPipeline(Communicator& group,
     const int from = forward ? me - 1 : me + 1, to = forward ? me + 1 : me - 1;
     at::Tensor in;
     if (from >= 0 && from <= last) {
-      auto got = receive(a, from);
-      if (!got.ok()) return got.status();
-      in = *std::move(got);
+      ATL_ASSIGN_OR_RETURN(auto got, receive(a, from));
+      in = std::move(got);
     }
-    auto out = forward ? stage.Forward(a.micro, in) : stage.Backward(a.micro, in);
-    if (!out.ok()) return out.status();
+    ATL_ASSIGN_OR_RETURN(auto out,
+                         forward ? stage.Forward(a.micro, in) : stage.Backward(a.micro, in));
     if (to >= 0 && to <= last) {
-      if (!out->defined()) {
+      if (!out.defined()) {
         return absl::InternalError(absl::StrCat("stage ", me, " has nothing to send for micro-batch ",
                                                 a.micro));
       }
-      sends.push_back(group.SendAsync(out->contiguous(), to, Tag(a)));
+      sends.push_back(group.SendAsync(out.contiguous(), to, Tag(a)));
     }
   }
   const auto t0 = std::chrono::steady_clock::now();
