@@ -98,7 +98,7 @@ struct TensorSlice {
   std::vector<int64_t> shape;
 };
 
-// Everything needed to continue bit-identically; serialized by src/checkpoint. The slices of any
+// Everything needed to continue bit-identically; serialized by src/store/checkpoint. The slices of any
 // set of ranks of any sharding: ImportState takes what it owns from whichever slices hold it.
 struct TrainerState {
   int64_t step = 0;

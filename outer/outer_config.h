@@ -57,7 +57,7 @@ struct OuterConfig {
   // tiny's pseudo-gradients measure 0.02 to 0.31 of their fragment's parameter norm (H = 50).
   double max_update_norm = 10;            // contribution norm / fragment parameter norm (0: none)
   double max_update_value = 1000;         // largest magnitude of any value (0: none)
-  // The coordinator's resource limits (see src/grpc_server.h).
+  // The coordinator's resource limits (see src/net/grpc_server.h).
   double stream_idle_timeout_s = 60;      // a push stream silent this long is cancelled
   int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
   int max_calls_per_island = 32;          // calls running at once for one island

@@ -1,4 +1,4 @@
-#include "src/checkpoint.h"
+#include "src/store/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 
 #include "atoll/v1/checkpoint.pb.h"
 #include "compression/checksum.h"
-#include "src/train_command.h"
+#include "src/cli/train_command.h"
 #include "tests/test_util.h"
 
 namespace atl {

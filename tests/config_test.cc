@@ -1,4 +1,4 @@
-#include "src/config.h"
+#include "src/config/config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

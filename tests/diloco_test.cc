@@ -15,10 +15,10 @@
 #include "outer/faulty_transport.h"
 #include "outer/in_process_transport.h"
 #include "outer/island_sync.h"
-#include "src/coordinator_command.h"
-#include "src/flat_params.h"
-#include "src/island_loop.h"
-#include "src/tensor_device_copy.h"
+#include "src/service/coordinator.h"
+#include "src/store/flat_params.h"
+#include "src/island/island_loop.h"
+#include "src/island/tensor_device_copy.h"
 #include "tests/test_util.h"
 
 namespace atl {

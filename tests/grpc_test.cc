@@ -17,8 +17,8 @@
 #include "outer/island_sync.h"
 #include "outer/payload.h"
 #include "atoll/v1/outer.grpc.pb.h"
-#include "src/grpc_server.h"
-#include "src/grpc_transport.h"
+#include "src/net/grpc_server.h"
+#include "src/net/grpc_transport.h"
 #include "tests/test_util.h"
 
 namespace atl {

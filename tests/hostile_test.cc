@@ -14,9 +14,9 @@
 #include "atoll/v1/outer.grpc.pb.h"
 #include "compression/checksum.h"
 #include "outer/payload.h"
-#include "src/config.h"
-#include "src/coordinator_command.h"
-#include "src/flat_params.h"
+#include "src/config/config.h"
+#include "src/service/coordinator.h"
+#include "src/store/flat_params.h"
 #include "tests/test_util.h"
 
 namespace atl {

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "inner/model.h"
-#include "src/model_io.h"
-#include "src/safetensors.h"
+#include "src/store/model_io.h"
+#include "src/store/safetensors.h"
 #include "tests/test_util.h"
 
 namespace atl {

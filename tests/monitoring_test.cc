@@ -24,9 +24,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "outer/sync_server.h"
-#include "src/grpc_server.h"
-#include "src/http_server.h"
-#include "src/monitoring.h"
+#include "src/net/grpc_server.h"
+#include "src/net/http_server.h"
+#include "src/observe/monitoring.h"
 #include "tests/test_util.h"
 
 namespace atl {

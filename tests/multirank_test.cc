@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_split.h"
 
-#include "src/coordinator_command.h"
+#include "src/service/coordinator.h"
 #include "tests/test_util.h"
 
 namespace atl {

@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "outer/transport.h"
-#include "src/child_process.h"
-#include "src/config.h"
+#include "src/cli/child_process.h"
+#include "src/config/config.h"
 
 namespace atl::testing {
 

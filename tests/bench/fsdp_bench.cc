@@ -30,7 +30,7 @@
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
 #include "inner/trainer.h"
-#include "src/config.h"
+#include "src/config/config.h"
 #include "tests/rank_util.h"
 #include "tests/test_util.h"
 

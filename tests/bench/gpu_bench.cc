@@ -36,7 +36,7 @@
 #include "inner/trainer.h"
 #include "outer/fragments.h"
 #include "outer/payload.h"
-#include "src/tensor_device_copy.h"
+#include "src/island/tensor_device_copy.h"
 #include "tests/test_util.h"
 
 namespace {

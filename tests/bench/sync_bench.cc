@@ -13,8 +13,8 @@
 #include "compression/codec.h"
 #include "outer/island_sync.h"
 #include "outer/sync_server.h"
-#include "src/grpc_server.h"
-#include "src/grpc_transport.h"
+#include "src/net/grpc_server.h"
+#include "src/net/grpc_transport.h"
 
 namespace {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "inner/trainer.h"
-#include "src/config.h"
-#include "src/metrics.h"
+#include "src/config/config.h"
+#include "src/observe/metrics.h"
 #include "tests/test_util.h"
 
 namespace {

@@ -6,7 +6,7 @@
 
 #include "atoll/v1/checkpoint.pb.h"
 #include "compression/checksum.h"
-#include "src/checkpoint.h"
+#include "src/store/checkpoint.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace pb = ::atollpb::v1;

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "src/config.h"
+#include "src/config/config.h"
 #include "tests/fuzz/fuzz_input.h"
 
 using namespace atl;

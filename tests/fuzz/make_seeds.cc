@@ -14,9 +14,9 @@
 #include "compression/codec.h"
 #include "outer/payload.h"
 #include "outer/sync_server.h"
-#include "src/checkpoint.h"
-#include "src/config.h"
-#include "src/coordinator_command.h"
+#include "src/store/checkpoint.h"
+#include "src/config/config.h"
+#include "src/service/coordinator.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace pb = ::atollpb::v1;

@@ -13,7 +13,7 @@
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
 #include "inner/trainer.h"
-#include "src/checkpoint.h"
+#include "src/store/checkpoint.h"
 #include "tests/rank_util.h"
 #include "tests/test_util.h"
 

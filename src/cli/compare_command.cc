@@ -1,0 +1,420 @@
+#include "src/cli/compare_command.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "compression/codec.h"
+#include "compression/status_macros.h"
+#include "inner/model.h"
+#include "src/store/checkpoint.h"
+#include "src/config/config.h"
+#include "src/cli/local_command.h"
+#include "src/cli/train_command.h"
+
+namespace atl {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& o,
+                                      const std::string& dir) {
+  Config c = base;
+  const int islands = base.outer.islands;  // M: --islands, or this run's outer.islands
+  c.train.grad_accum *= islands;  // global batch M x b: the same tokens per step as M islands
+  TrainOptions t;
+  t.run_dir = dir;
+  t.stop = o.stop;
+  std::fprintf(stderr, "atoll compare: baseline, one island with global batch %d x %d\n",
+               islands, base.train.batch_size * base.train.grad_accum);
+  ATL_ASSIGN_OR_RETURN(auto summary, Train(c, t));
+  if (summary.stopped) return absl::CancelledError("stopped by the user");
+  MethodResult r;
+  r.method = "baseline";
+  r.val_loss = summary.last_eval ? summary.last_eval->loss : NAN;
+  r.tokens = summary.tokens;
+  r.wall_s = summary.wall_s;
+  // What data-parallel training across the islands would send: a ring all-reduce of the fp32
+  // gradients every step moves 2 (M - 1) / M of the model out of and into each island.
+  const double model_bytes = 4.0 * double(inner::ParameterCount(c.model));
+  r.wan_bytes =
+      uint64_t(double(summary.step) * islands * 2.0 * 2.0 * (islands - 1) / islands * model_bytes);
+  r.note = absl::StrFormat(
+      "WAN bytes are what data-parallel training across %d islands would move (ring all-reduce of "
+      "fp32 gradients every step, sent + received); the run itself is one process.",
+      islands);
+  for (const auto& j : ReadJsonLines(t.run_dir + "/metrics.jsonl")) {
+    if (j.contains("val_loss")) r.curve.emplace_back(j["tokens"].get<double>(), j["val_loss"].get<double>());
+  }
+  return r;
+}
+
+// "diloco" runs the config's outer settings; "diloco_<codec>" overrides the codec (e.g.
+// diloco_fp4_e2m1); "streaming_<codec>" runs Streaming DiLoCo with that codec: the config's
+// outer.num_fragments (4 when it is 1, at most one block per fragment), tau = 1, alpha = 0.5;
+// "async" runs async DiLoCo (delayed Nesterov, dynamic local steps) with the config's settings.
+absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
+                                    const std::string& method, const std::vector<Override>& point,
+                                    const std::string& dir) {
+  LocalOptions l;
+  l.islands = c.outer.islands;
+  l.config_path = o.config_path;
+  l.overrides = o.overrides;
+  for (const auto& [key, value] : point) l.overrides.push_back(absl::StrCat("--", key, "=", value));
+  l.throttle = o.throttle;
+  if (method == "async") l.overrides.push_back("--outer.mode=async");
+  if (absl::StartsWith(method, "diloco_")) l.overrides.push_back("--outer.codec=" + method.substr(7));
+  if (absl::StartsWith(method, "streaming_")) {
+    const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
+    l.overrides.push_back("--outer.codec=" + method.substr(10));
+    l.overrides.push_back(absl::StrCat("--outer.num_fragments=", p));
+    l.overrides.push_back("--outer.fragment_sync_delay=1");
+    l.overrides.push_back("--outer.fragment_update_alpha=0.5");
+  }
+  l.run_dir = dir;
+  l.stop = o.stop;
+  l.out = stderr;
+  std::string throttled;
+  for (size_t i = 0; i < o.throttle.size(); ++i) {
+    if (o.throttle[i] > 1) absl::StrAppend(&throttled, ", island", i, " throttled ", o.throttle[i], "x");
+  }
+  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.c_str(), l.islands,
+               c.outer.sync_every, throttled.c_str());
+  ATL_ASSIGN_OR_RETURN(auto local, RunLocal(l));
+  MethodResult r;
+  r.method = method;
+  r.wall_s = local.wall_s;
+  uint64_t peak = 0;
+  double utilization = 0;
+  std::map<uint32_t, int> staleness;  // async: contributions by staleness
+  for (size_t i = 0; i < local.island_dirs.size(); ++i) {
+    std::ifstream in(local.island_dirs[i] + "/summary.json");
+    auto s = nlohmann::json::parse(in, nullptr, false);
+    if (s.is_discarded())
+      return absl::DataLossError("missing island summary in " + local.island_dirs[i]);
+    r.tokens += s["tokens"].get<int64_t>();
+    peak = std::max<uint64_t>(peak, s.value("peak_bytes_in_flight", uint64_t(0)));
+    utilization += s.value("utilization", 0.0);
+    r.wan_bytes += s["bytes_sent"].get<uint64_t>() + s["bytes_received"].get<uint64_t>();
+    if (s.contains("staleness")) {
+      for (const auto& v : s["staleness"]) ++staleness[v.get<uint32_t>()];
+    }
+    if (i == 0) r.val_loss = s.value("val_loss", NAN);
+  }
+  for (const auto& j : ReadJsonLines(local.island_dirs[0] + "/metrics.jsonl")) {
+    if (!j.contains("round") && j.contains("val_loss") && !j.contains("loss")) {
+      // Async islands train at different rates: their records carry the run's tokens.
+      const double tokens = j.contains("run_tokens") ? j["run_tokens"].get<double>()
+                                                     : j["tokens"].get<double>() * l.islands;
+      r.curve.emplace_back(tokens, j["val_loss"].get<double>());
+    }
+  }
+  r.note = absl::StrFormat(
+      "WAN bytes measured: payload bytes pushed and received by all islands over gRPC; val_loss "
+      "of the global parameters after the last round; peak bytes in flight per island %d; "
+      "compute utilization %.1f%%%s.",
+      peak, 100.0 * utilization / double(local.island_dirs.size()), throttled);
+  if (!staleness.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [s, n] : staleness) parts.push_back(absl::StrCat(s, ": ", n));
+    absl::StrAppend(&r.note, " Staleness of the contributions (versions: count): ",
+                    absl::StrJoin(parts, ", "), ".");
+  }
+  return r;
+}
+
+struct Sweep {
+  std::string key;
+  std::vector<std::string> values;
+};
+
+// "optim.lr=1e-3,2e-3": each value checked by loading the config with it (errors name the key).
+absl::StatusOr<std::vector<Sweep>> ParseSweeps(const CompareOptions& o,
+                                               const std::vector<Override>& overrides) {
+  std::vector<Sweep> sweeps;
+  for (const auto& spec : o.sweeps) {
+    const auto eq = spec.find('=');
+    Sweep sweep;
+    sweep.key = spec.substr(0, eq);
+    if (eq != std::string::npos) {
+      sweep.values = absl::StrSplit(spec.substr(eq + 1), ',', absl::SkipEmpty());
+    }
+    if (eq == std::string::npos || sweep.values.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sweep '", spec, "' is not KEY=VALUE,VALUE,... (e.g. optim.lr=1e-3,3e-3)"));
+    }
+    for (const auto& other : sweeps) {
+      if (other.key == sweep.key) return absl::InvalidArgumentError("--sweep " + sweep.key + " given twice");
+    }
+    for (const auto& value : sweep.values) {
+      auto with = overrides;
+      with.emplace_back(sweep.key, value);
+      if (auto c = LoadConfig(o.config_path, with); !c.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--sweep ", sweep.key, "=", value, ": ",
+                                                       c.status().message()));
+      }
+    }
+    sweeps.push_back(std::move(sweep));
+  }
+  return sweeps;
+}
+
+// The baseline has no outer loop: of the outer.* keys only the island count (its global batch is
+// M x b) changes it.
+bool ChangesBaseline(const std::string& key) {
+  return !absl::StartsWith(key, "outer.") || key == "outer.islands";
+}
+
+// The settings `method` runs: every combination of the sweeps that can change it.
+std::vector<std::vector<Override>> GridFor(const std::string& method, const std::vector<Sweep>& sweeps) {
+  std::vector<std::vector<Override>> grid = {{}};
+  for (const auto& sweep : sweeps) {
+    if (method == "baseline" && !ChangesBaseline(sweep.key)) continue;
+    std::vector<std::vector<Override>> next;
+    for (const auto& point : grid) {
+      for (const auto& value : sweep.values) {
+        next.push_back(point);
+        next.back().emplace_back(sweep.key, value);
+      }
+    }
+    grid = std::move(next);
+  }
+  return grid;
+}
+
+std::string SettingOf(const std::vector<Override>& point) {
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : point) parts.push_back(absl::StrCat(key, "=", value));
+  return absl::StrJoin(parts, " ");
+}
+
+// RUN_DIR/<method>, or RUN_DIR/<method>/<key=value,...> in a sweep.
+std::string RunDirOf(const std::string& run_dir, const std::string& method, const std::string& setting) {
+  fs::path dir = fs::path(run_dir) / method;
+  if (setting.empty()) return dir.string();
+  std::string name = setting;
+  for (char& c : name) {
+    if (c == ' ') c = ',';
+    if (c == '/') c = '_';
+  }
+  return (dir / name).string();
+}
+
+// A finished run's result, kept beside it so that a sweep resumes where it stopped.
+constexpr char kResultFile[] = "result.json";
+
+absl::Status SaveResult(const std::string& dir, const MethodResult& r) {
+  nlohmann::json j = {{"method", r.method}, {"setting", r.setting}, {"val_loss", r.val_loss},
+                      {"tokens", r.tokens}, {"wan_bytes", r.wan_bytes}, {"wall_s", r.wall_s},
+                      {"note", r.note}, {"curve", r.curve}};
+  return WriteFileAtomic((fs::path(dir) / kResultFile).string(), j.dump() + "\n");
+}
+
+std::optional<MethodResult> LoadResult(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kResultFile);
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (!in || j.is_discarded()) return std::nullopt;
+  try {
+    MethodResult r;
+    r.method = j.at("method");
+    r.setting = j.at("setting");
+    r.val_loss = j.at("val_loss").is_number() ? j["val_loss"].get<double>() : NAN;
+    r.tokens = j.at("tokens");
+    r.wan_bytes = j.at("wan_bytes");
+    r.wall_s = j.at("wall_s");
+    r.note = j.at("note");
+    r.curve = j.at("curve").get<std::vector<std::pair<double, double>>>();
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // run again
+  }
+}
+
+bool KnownMethod(absl::string_view m) {
+  return m == "baseline" || m == "diloco" || m == "async" ||
+         (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
+         (absl::StartsWith(m, "streaming_") && compression::ParseCodec(std::string(m.substr(10))).ok());
+}
+
+// What makes two compares the same: resuming one is allowed, mixing two is not.
+nlohmann::json Manifest(const Config& config, const CompareOptions& o, const std::vector<Sweep>& sweeps) {
+  nlohmann::json j = {{"config", ToToml(config)}, {"islands", o.islands}, {"throttle", o.throttle}};
+  for (const auto& sweep : sweeps) j["sweeps"][sweep.key] = sweep.values;
+  return j;
+}
+
+// Across a sweep of one numeric key: each method's gap to the baseline run of the same setting
+// (the baseline's one run when the key cannot change it), against the value or,
+// for train.steps, the tokens per parameter. Nothing when there is no baseline or a value is not a
+// number.
+struct GapTrend {
+  std::string x_label;
+  std::vector<GapSeries> series;
+};
+
+std::optional<GapTrend> GapsAcross(const Sweep& sweep, const std::vector<MethodResult>& runs,
+                                   const Config& config) {
+  std::map<std::string, double> baseline;  // setting -> val_loss
+  for (const auto& r : runs) {
+    if (r.method == "baseline") baseline[r.setting] = r.val_loss;
+  }
+  const bool per_parameter = sweep.key == "train.steps";
+  const double params = double(inner::ParameterCount(config.model));
+  GapTrend trend;
+  trend.x_label = per_parameter ? "tokens per parameter" : sweep.key;
+  for (const auto& r : runs) {
+    if (r.method == "baseline") continue;
+    auto base = baseline.find(ChangesBaseline(sweep.key) ? r.setting : "");
+    if (base == baseline.end()) return std::nullopt;
+    double x = double(r.tokens) / params;
+    if (!per_parameter && !absl::SimpleAtod(r.setting.substr(sweep.key.size() + 1), &x)) {
+      return std::nullopt;
+    }
+    auto series = std::find_if(trend.series.begin(), trend.series.end(),
+                               [&](const GapSeries& g) { return g.method == r.method; });
+    if (series == trend.series.end()) series = trend.series.insert(trend.series.end(), {r.method, {}});
+    series->points.emplace_back(x, 100.0 * (r.val_loss / base->second - 1.0));
+  }
+  if (trend.series.empty()) return std::nullopt;
+  for (auto& g : trend.series) std::sort(g.points.begin(), g.points.end());
+  return trend;
+}
+
+std::string GapTable(const GapTrend& trend) {
+  std::string out = absl::StrCat("\n## Gap to the baseline by ", trend.x_label, "\n\n| method | ",
+                                 trend.x_label, " | val_loss vs baseline |\n| --- | ---: | ---: |\n");
+  for (const auto& g : trend.series) {
+    for (auto [x, gap] : g.points) absl::StrAppend(&out, absl::StrFormat("| %s | %.4g | %+.2f%% |\n", g.method, x, gap));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
+  if (o.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  if (o.islands < 1) return absl::InvalidArgumentError("--islands must be >= 1");
+  ATL_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(o.overrides));
+  overrides.emplace_back("outer.islands", std::to_string(o.islands));
+  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides));
+  // Check the data before starting anything.
+  ATL_RETURN_IF_ERROR(inner::LoadDataset(config.data, config.model.context, config.model.vocab));
+  ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
+  std::vector<std::string> methods = absl::StrSplit(config.compare.methods, ',', absl::SkipEmpty());
+  for (const auto& m : methods) {
+    if (!KnownMethod(m)) return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
+  }
+  // A directory holding this same compare resumes; anything else is refused.
+  const fs::path dir(o.run_dir);
+  const auto manifest = Manifest(config, o, sweeps);
+  const std::string manifest_path = (dir / "compare.json").string();
+  if (fs::exists(dir) && !fs::is_empty(dir)) {
+    std::ifstream in(manifest_path);
+    if (nlohmann::json::parse(in, nullptr, false) != manifest) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "run directory ", o.run_dir,
+          " is not empty and holds another compare (config, islands or sweeps differ)"));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(manifest_path, manifest.dump(2) + "\n"));
+
+  // The plan and its cost, before anything runs.
+  struct Run {
+    std::string method;
+    std::vector<Override> point;
+    std::optional<MethodResult> done;  // finished before: reused
+  };
+  std::vector<Run> plan;
+  std::vector<std::string> counts;
+  int reused = 0;
+  int64_t island_steps = 0;  // the cost: each run's inner steps x its islands
+  for (const auto& m : methods) {
+    const auto grid = GridFor(m, sweeps);
+    counts.push_back(absl::StrCat(m, " x ", grid.size()));
+    for (const auto& point : grid) {
+      plan.push_back({m, point, LoadResult(RunDirOf(o.run_dir, m, SettingOf(point)))});
+      reused += plan.back().done.has_value();
+      int64_t steps = config.train.steps, islands = o.islands;
+      for (const auto& [key, value] : point) {
+        if (key == "train.steps") (void)absl::SimpleAtoi(value, &steps);
+        if (key == "outer.islands") (void)absl::SimpleAtoi(value, &islands);
+      }
+      island_steps += steps * islands;
+    }
+  }
+  std::fprintf(
+      stderr,
+      "atoll compare: %s = %zu runs of %lld inner steps on %d islands (%lld island-steps); "
+      "%d finished runs reused\n",
+      absl::StrJoin(counts, ", ").c_str(), plan.size(), (long long)config.train.steps, o.islands,
+      (long long)island_steps, reused);
+
+  std::vector<MethodResult> runs;
+  for (auto& [method, point, done] : plan) {
+    if (done) {
+      runs.push_back(*std::move(done));
+      continue;
+    }
+    const std::string setting = SettingOf(point);
+    const std::string run_dir = RunDirOf(o.run_dir, method, setting);
+    fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
+    auto with = overrides;
+    with.insert(with.end(), point.begin(), point.end());
+    ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, with));
+    ATL_ASSIGN_OR_RETURN(auto r, method == "baseline" ? Baseline(c, o, run_dir)
+                                                      : DiLoCo(c, o, method, point, run_dir));
+    r.setting = setting;
+    ATL_RETURN_IF_ERROR(SaveResult(run_dir, r));
+    runs.push_back(std::move(r));
+  }
+
+  const auto best = BestPerMethod(runs);
+  std::string title =
+      absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)", o.islands,
+                      config.train.steps, config.outer.sync_every, o.config_path);
+  if (!sweeps.empty()) absl::StrAppend(&title, ", each method at its best setting");
+  std::string report = ReportMarkdown(best, title, runs);
+  std::vector<std::pair<std::string, std::string>> files = {{"report.csv", ReportCsv(runs)},
+                                                            {"loss.svg", LossPlotSvg(best, title)}};
+  if (sweeps.size() == 1) {
+    if (auto trend = GapsAcross(sweeps.front(), runs, config)) {
+      report += GapTable(*trend);
+      files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label,
+                                               absl::StrFormat("%s: gap to the baseline by %s",
+                                                               o.config_path, trend->x_label)));
+    }
+  }
+  files.emplace_back("report.md", report);
+  std::vector<std::string> written;
+  for (const auto& [name, text] : files) {
+    ATL_RETURN_IF_ERROR(WriteFileAtomic((dir / name).string(), text));
+    written.push_back(name);
+  }
+  std::printf("%s", report.c_str());
+  std::printf("\nwrote %s/%s\n", o.run_dir.c_str(), absl::StrJoin(written, ", ").c_str());
+  return best;
+}
+
+}  // namespace atl

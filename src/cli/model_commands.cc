@@ -1,0 +1,149 @@
+#include "src/cli/model_commands.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compression/status_macros.h"
+#include "inner/torch_compat.h"
+#include "src/store/atomic_file.h"
+#include "src/store/model_io.h"
+
+namespace atl {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The run config a command was given, if any.
+absl::StatusOr<std::optional<Config>> OptionalConfig(const std::string& path,
+                                                     const std::vector<Override>& overrides = {}) {
+  if (path.empty() && overrides.empty()) return std::optional<Config>();
+  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(path, overrides));
+  return std::optional<Config>(std::move(config));
+}
+
+absl::StatusOr<ModelWeights> Load(const std::string& source, const std::optional<Config>& config) {
+  return LoadWeights(source, config ? &*config : nullptr);
+}
+
+std::string Describe(const ModelWeights& w) {
+  const auto& m = w.model;
+  std::string what = absl::StrFormat("%d-layer GPT, d_model %d, %d heads, context %d, vocab %d "
+                                     "(%.2fM parameters)",
+                                     m.n_layer, m.d_model, m.n_head, m.context, m.vocab,
+                                     double(inner::ParameterCount(m)) / 1e6);
+  auto fact = [&](const char* key) {
+    auto it = w.facts.find(key);
+    return it == w.facts.end() ? std::string() : it->second;
+  };
+  if (fact("kind") == "global") {
+    absl::StrAppend(&what, "; the global model of run '", fact("run_id"), "' after ", fact("round"),
+                    " rounds");
+  } else if (fact("kind") == "checkpoint") {
+    absl::StrAppend(&what, "; run '", fact("run_id"), "' at step ", fact("step"));
+  }
+  return what;
+}
+
+}  // namespace
+
+absl::Status RunExport(const ExportOptions& o) {
+  if (o.format != "safetensors") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format must be safetensors (the only format), got '", o.format, "'"));
+  }
+  ATL_ASSIGN_OR_RETURN(auto style, ParseNameStyle(o.names));
+  if (o.out.empty()) return absl::InvalidArgumentError("--out is required");
+  ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
+  ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
+  ATL_RETURN_IF_ERROR(WriteSafetensors(weights, o.out, style));
+  std::fprintf(o.out_stream, "atoll export: %s\n  from %s\n  to %s (%s names, %s bytes)\n",
+               Describe(weights).c_str(), o.source.c_str(), o.out.c_str(), o.names.c_str(),
+               std::to_string(fs::file_size(o.out)).c_str());
+  return absl::OkStatus();
+}
+
+absl::Status RunImport(const ImportOptions& o) {
+  if (o.out.empty()) return absl::InvalidArgumentError("--out is required (the run config to write)");
+  if (fs::exists(o.out)) {
+    return absl::AlreadyExistsError(absl::StrCat("--out ", o.out, " exists; choose a new file"));
+  }
+  ATL_ASSIGN_OR_RETURN(auto base, LoadConfig(o.config_path, o.overrides));
+  ATL_ASSIGN_OR_RETURN(auto weights, LoadWeights(o.file, &base));
+  Config config = base;  // its dropout and init seed stay; the shapes are the file's (validated)
+  for (const auto& [key, field] : ArchitectureFields()) config.model.*field = weights.model.*field;
+  config.run.init_from = fs::absolute(o.file).lexically_normal().string();
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(o.out, ToToml(config)));
+  std::fprintf(o.out_stream,
+               "atoll import: %s: %s; every tensor checked\n"
+               "  wrote %s ([model] from the file, train.init_from = %s)\n"
+               "  start a run from it: atoll local --config %s --run-dir DIR (or train, "
+               "coordinator, compare)\n",
+               o.file.c_str(), Describe(weights).c_str(), o.out.c_str(),
+               config.run.init_from.c_str(), o.out.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status RunGenerate(const GenerateOptions& o) {
+  if (o.prompt.empty()) return absl::InvalidArgumentError("--prompt must not be empty");
+  if (o.tokens < 1 || o.tokens > 1'000'000) {
+    return absl::InvalidArgumentError(absl::StrCat("--tokens must be in [1, 1000000], got ", o.tokens));
+  }
+  if (!(o.temperature >= 0 && o.temperature <= 100)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--temperature must be in [0, 100] (0: greedy), got ", o.temperature));
+  }
+  ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
+  ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
+  const auto& m = weights.model;
+  if (m.vocab != 256) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "atoll generate reads and writes byte-level text (model.vocab = 256); this model has vocab ",
+        m.vocab, " (token shards) and atoll has no tokenizer for it"));
+  }
+  if (o.top_k < 0 || o.top_k > m.vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--top-k must be in [0, ", m.vocab, "] (0: all tokens), got ", o.top_k));
+  }
+  inner::ModelConfig eval_config = m;
+  eval_config.dropout = 0;
+  inner::Gpt model(eval_config);
+  ATL_RETURN_IF_ERROR(CopyInto(weights, inner::NamedParameters(*model)));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto generator = inner::compat::MakeCpuGenerator(o.seed);
+
+  std::vector<int64_t> tokens(o.prompt.begin(), o.prompt.end());
+  for (auto& t : tokens) t &= 0xFF;  // bytes, whatever char's signedness
+  std::fwrite(o.prompt.data(), 1, o.prompt.size(), o.out_stream);
+  for (int i = 0; i < o.tokens; ++i) {
+    const size_t window = std::min(tokens.size(), size_t(m.context));
+    auto input = torch::tensor(std::vector<int64_t>(tokens.end() - long(window), tokens.end()),
+                               torch::kLong).unsqueeze(0);
+    auto logits = model->forward(input)[0][long(window) - 1];
+    int64_t next;
+    if (o.temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / o.temperature;
+      if (o.top_k > 0 && o.top_k < m.vocab) {
+        const auto kth = std::get<0>(logits.topk(o.top_k))[o.top_k - 1];
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<int64_t>();
+    }
+    tokens.push_back(next);
+    std::fputc(int(next), o.out_stream);
+    std::fflush(o.out_stream);
+  }
+  std::fputc('\n', o.out_stream);
+  return absl::OkStatus();
+}
+
+}  // namespace atl

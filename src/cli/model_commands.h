@@ -1,0 +1,53 @@
+// The commands that take a model out of a run and back in: `atoll export` (safetensors),
+// `atoll import` (a run config that starts from a safetensors file) and `atoll generate` (samples
+// text from any model source of src/store/model_io.h).
+#ifndef ATOLL_SRC_CLI_MODEL_COMMANDS_H_
+#define ATOLL_SRC_CLI_MODEL_COMMANDS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "src/config/config.h"
+
+namespace atl {
+
+struct ExportOptions {
+  std::string source;       // a model source (src/store/model_io.h)
+  std::string out;          // the safetensors file to write
+  std::string format = "safetensors";
+  std::string names = "gpt2";  // "gpt2" or "atoll"
+  std::string config_path;  // the run's config, where the source does not carry it
+  FILE* out_stream = stdout;
+};
+absl::Status RunExport(const ExportOptions& options);
+
+struct ImportOptions {
+  std::string file;         // safetensors
+  std::string out;          // the run config to write (must not exist)
+  std::string config_path;  // the base config: data, training and outer settings (optional)
+  std::vector<Override> overrides;
+  FILE* out_stream = stdout;
+};
+// Checks every tensor of the file against the model it describes and writes the base config with
+// that [model] and train.init_from set to the file: every run command starts from it.
+absl::Status RunImport(const ImportOptions& options);
+
+struct GenerateOptions {
+  std::string source;       // a model source (src/store/model_io.h)
+  std::string prompt;
+  std::string config_path;  // where the source does not carry its config
+  int tokens = 200;         // new tokens to sample
+  double temperature = 0.8;  // 0: greedy
+  int top_k = 40;           // sample among the k likeliest tokens (0: all)
+  uint64_t seed = 1;
+  FILE* out_stream = stdout;
+};
+// Byte-level models (model.vocab = 256): prints the prompt and the sampled continuation as it goes.
+absl::Status RunGenerate(const GenerateOptions& options);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_CLI_MODEL_COMMANDS_H_

@@ -1,0 +1,74 @@
+// One island of a DiLoCo run: joins the service through any outer::Transport, trains its inner
+// steps on its own data stream and runs an outer round every H steps. Used by `atoll island` over
+// gRPC and by the tests in process.
+//
+// An island is one process or N ranks (one process each, torchrun-style variables; the island's
+// mesh from [parallelism]): every rank runs RunIsland. Rank 0 speaks for the island (join,
+// heartbeats, leave, metrics.jsonl, summary.json); every rank pushes, receives and checks the
+// ranges it owns; decisions that change what the ranks do next are shared (IslandRanks).
+#ifndef ATOLL_SRC_ISLAND_ISLAND_LOOP_H_
+#define ATOLL_SRC_ISLAND_ISLAND_LOOP_H_
+
+#include <atomic>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "inner/parallel/communicator.h"
+#include "inner/trainer.h"
+#include "outer/transport.h"
+#include "src/config/config.h"
+
+namespace atl {
+
+namespace pb = ::atollpb::v1;
+
+struct IslandOptions {
+  std::string name;                       // island name (its id in the run)
+  std::string run_dir;                    // metrics.jsonl, config.toml, summary.json
+  FILE* progress = stderr;
+  bool tty = false;
+  const std::atomic<bool>* stop = nullptr;  // leave the run after the current round
+  double throttle = 1.0;  // >= 1: every inner step takes this many times as long (heterogeneity)
+  bool resume = false;    // continue from the newest checkpoint in run_dir (fresh if none yet)
+  inner::parallel::RankInfo rank;  // this process's place in the island (one rank by default)
+  double collective_timeout_s = 60;  // every collective inside the island
+  // "HOST:PORT" (port 0: any free port) to serve GET /metrics (Prometheus) on; rank r serves on
+  // PORT + r. Off when empty.
+  std::string metrics_listen;
+};
+
+struct IslandSummary {
+  std::string island_id;
+  int64_t step = 0;
+  int64_t tokens = 0;
+  uint64_t rounds = 0;
+  uint64_t resyncs = 0;
+  uint64_t rejoins = 0;   // times the service had dropped this island and it joined again
+  uint64_t spikes = 0;    // steps the loss-spike guard refused (local parameters reloaded)
+  uint64_t checkpoints = 0;
+  int64_t steps_trained = 0;  // inner steps this process ran (the step counter may jump on a join)
+  double checkpoint_stall_max_s = 0;  // longest pause of training to snapshot a checkpoint
+  double wall_s = 0;
+  double compute_s = 0;   // inner steps
+  double sync_s = 0;      // idle: the training thread waiting for outer updates
+  uint64_t peak_bytes_in_flight = 0;  // encoded pseudo-gradients pushed but not yet merged
+  int64_t tau = 0;        // inner steps between a push and its merge, at the end (auto_tune)
+  double link_bps = 0;    // goodput of the state fetch when the island joined
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds
+  std::string global_copy = "host";  // where its pseudo-gradients were made (outer.global_copy)
+  std::optional<inner::EvalStats> last_eval;
+  std::vector<uint32_t> staleness;  // async: of each contribution, in order
+  uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
+};
+
+absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,
+                                        const IslandOptions& options);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_ISLAND_ISLAND_LOOP_H_

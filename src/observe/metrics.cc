@@ -1,0 +1,128 @@
+#include "src/observe/metrics.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "compression/status_macros.h"
+#include "src/store/checkpoint.h"
+
+namespace atl {
+
+absl::StatusOr<std::unique_ptr<MetricsLog>> MetricsLog::Open(const std::string& path,
+                                                             int64_t keep_through_step) {
+  std::ifstream in(path);
+  if (in) {
+    std::string kept, line;
+    bool dropped = false;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() > keep_through_step) {
+        dropped = true;
+        continue;
+      }
+      kept += line + "\n";
+    }
+    in.close();
+    if (dropped) {
+      ATL_RETURN_IF_ERROR(WriteFileAtomic(path, kept));
+    }
+  }
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot open ", path));
+  return std::unique_ptr<MetricsLog>(new MetricsLog(f));
+}
+
+MetricsLog::~MetricsLog() { std::fclose(file_); }
+
+void MetricsLog::Write(const nlohmann::json& record) {
+  const std::string line = record.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+nlohmann::json StepRecord(const inner::StepStats& s, const inner::EvalStats* eval, double wall_s) {
+  nlohmann::json j = {{"step", s.step},         {"loss", s.loss},           {"lr", s.lr},
+                      {"tokens", s.tokens},     {"wall_s", wall_s},         {"grad_norm", s.grad_norm},
+                      {"step_s", s.compute_s}};
+  if (eval != nullptr) {
+    j["val_loss"] = eval->loss;
+    j[eval->per_byte ? "val_bpb" : "val_bits_per_token"] = eval->bits;
+  }
+  return j;
+}
+
+StepReporter::StepReporter(MetricsLog& metrics, Progress& progress, double wall_before)
+    : metrics_(metrics),
+      progress_(progress),
+      wall_before_(wall_before),
+      start_(std::chrono::steady_clock::now()) {}
+
+absl::Status StepReporter::OnStep(const inner::StepStats& step, const inner::EvalStats* eval) {
+  const double wall = wall_s();
+  metrics_.Write(StepRecord(step, eval, wall));
+  progress_.OnStep(step, eval, wall);
+  return absl::OkStatus();
+}
+
+double StepReporter::elapsed_s() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = int64_t(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+Progress::Progress(FILE* out, bool tty, int64_t total_steps, int64_t log_every, std::string label)
+    : out_(out), tty_(tty), total_(total_steps), log_every_(log_every), label_(std::move(label)) {}
+
+void Progress::OnStep(const inner::StepStats& s, const inner::EvalStats* eval, double wall_s) {
+  // The rate is taken between log steps: the steps between arrive together (their stats come
+  // over from the device in one copy at each log step), the log steps a compute interval apart.
+  if (s.step % log_every_ == 0) {
+    if (last_tokens_ >= 0 && wall_s > last_wall_) {
+      const double inst = double(s.tokens - last_tokens_) / (wall_s - last_wall_);
+      rate_ = rate_ == 0 ? inst : 0.9 * rate_ + 0.1 * inst;
+    }
+    last_tokens_ = s.tokens;
+    last_wall_ = wall_s;
+  }
+  const double tokens_per_step = s.step > 0 ? double(s.tokens) / double(s.step) : 0;
+  const double eta = rate_ > 0 ? double(total_ - s.step) * tokens_per_step / rate_ : NAN;
+  const std::string line =
+      absl::StrFormat("%sstep %d/%d | loss %.4f | lr %.2e | %.1fk tok/s | ETA %s", label_, s.step,
+                      total_, s.loss, s.lr, rate_ / 1000.0, FormatDuration(eta));
+  if (eval != nullptr) {
+    Message(absl::StrFormat("%sstep %d | val_loss %.4f | %s %.4f | tokens %d | %s", label_, s.step,
+                            eval->loss, eval->per_byte ? "bpb" : "bits/token", eval->bits,
+                            s.tokens, FormatDuration(wall_s)));
+  }
+  if (tty_) {
+    std::fprintf(out_, "\r\033[K%s", line.c_str());
+    line_open_ = true;
+  } else if (s.step % log_every_ == 0 || s.step == total_) {
+    std::fprintf(out_, "%s\n", line.c_str());
+  }
+  std::fflush(out_);
+}
+
+void Progress::Message(const std::string& line) {
+  if (line_open_) std::fprintf(out_, "\r\033[K");
+  line_open_ = false;
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
+void Progress::Finish() {
+  if (line_open_) std::fprintf(out_, "\n");
+  line_open_ = false;
+  std::fflush(out_);
+}
+
+}  // namespace atl

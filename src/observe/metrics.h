@@ -1,0 +1,74 @@
+// What a run reports: JSON Lines metrics in RUN_DIR/metrics.jsonl and a human progress view (one
+// updating line on a terminal, periodic plain lines otherwise).
+#ifndef ATOLL_SRC_OBSERVE_METRICS_H_
+#define ATOLL_SRC_OBSERVE_METRICS_H_
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "inner/trainer.h"
+
+namespace atl {
+
+class MetricsLog {
+ public:
+  // Appends to `path`. Records of steps after `keep_through_step` (left by a run that went past
+  // its last checkpoint) are dropped first, so a resumed run's log has each step once.
+  static absl::StatusOr<std::unique_ptr<MetricsLog>> Open(const std::string& path,
+                                                          int64_t keep_through_step);
+  ~MetricsLog();
+  void Write(const nlohmann::json& record);
+
+ private:
+  explicit MetricsLog(FILE* f) : file_(f) {}
+  FILE* file_;
+};
+
+// The metrics record of one step: step, loss, lr, tokens, wall_s, and val_* on evaluation steps.
+nlohmann::json StepRecord(const inner::StepStats& step, const inner::EvalStats* eval, double wall_s);
+
+class Progress {
+ public:
+  Progress(FILE* out, bool tty, int64_t total_steps, int64_t log_every, std::string label);
+  void OnStep(const inner::StepStats& step, const inner::EvalStats* eval, double wall_s);
+  void Message(const std::string& line);  // a persistent line (clears the updating one first)
+  void Finish();
+
+ private:
+  FILE* out_;
+  bool tty_;
+  int64_t total_, log_every_;
+  std::string label_;
+  double rate_ = 0;  // smoothed tokens/s
+  int64_t last_tokens_ = -1;
+  double last_wall_ = 0;
+  bool line_open_ = false;
+};
+
+// The per-step report of every training loop: a metrics record and a progress update. Wall time
+// counts from construction, plus `wall_before` (the time of a run resumed from a checkpoint).
+class StepReporter : public inner::LoopObserver {
+ public:
+  StepReporter(MetricsLog& metrics, Progress& progress, double wall_before = 0);
+  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override;
+  double elapsed_s() const;
+  double wall_s() const { return wall_before_ + elapsed_s(); }
+
+ private:
+  MetricsLog& metrics_;
+  Progress& progress_;
+  double wall_before_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+std::string FormatDuration(double seconds);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_OBSERVE_METRICS_H_

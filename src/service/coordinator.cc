@@ -1,0 +1,541 @@
+#include "src/service/coordinator.h"
+
+#include <malloc.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "compression/checksum.h"
+#include "compression/codec.h"
+#include "compression/status_macros.h"
+#include "inner/model.h"
+#include "outer/fragments.h"
+#include "src/store/checkpoint.h"
+#include "src/store/flat_params.h"
+#include "src/net/grpc_transport.h"
+#include "src/net/http_server.h"
+#include "src/observe/metrics.h"
+#include "src/store/model_io.h"
+#include "src/observe/monitoring.h"
+#include "src/net/rpc_security.h"
+#include "src/observe/status_page.h"
+
+namespace atl {
+
+absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config, int shard) {
+  outer::SyncServerOptions o;
+  o.run_id = config.outer.run_id;
+  o.optimizer = config.outer.optimizer;
+  o.min_islands = config.outer.min_islands;
+  o.round_timeout_s = config.outer.round_timeout_s;
+  o.lease_s = config.outer.lease_s;
+  o.sync_every = uint32_t(config.outer.sync_every);
+  o.total_inner_steps = uint64_t(config.train.steps);
+  o.phases = config.outer.phases;
+  o.num_data_streams = uint32_t(config.outer.islands);
+  o.config_hash = ModelConfigHash(config.model);
+  o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
+  o.aggregation.rule = *outer::ParseAggregationRule(config.outer.aggregation);  // validated too
+  o.aggregation.clip_multiple = config.outer.clip_multiple;
+  o.aggregation.trim_fraction = config.outer.trim_fraction;
+  o.max_update_norm = config.outer.max_update_norm;
+  o.max_update_value = config.outer.max_update_value;
+  o.service_threads = config.outer.service_threads;
+  o.num_shards = uint32_t(config.outer.shards);
+  o.shard = shard;
+  if (config.outer.auto_tune) {
+    o.auto_tune_target = config.outer.target_utilization;
+    o.auto_tune_headroom = config.outer.auto_tune_headroom;
+  }
+  // A contribution weighs the tokens of the steps since the island's last push: at most H steps
+  // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
+  const int longest_round = std::max(config.outer.sync_every, config.outer.phases.early_sync_every);
+  o.max_tokens = 2 * uint64_t(longest_round) * uint64_t(config.train.batch_size) *
+                 uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
+  if (config.outer.async()) {
+    o.async = true;
+    o.max_staleness = uint32_t(config.outer.max_staleness);
+    o.staleness_scaling = config.outer.staleness_scaling;
+    o.dynamic_local_steps = config.outer.dynamic_local_steps;
+    o.optimizer.momentum_delay =
+        config.outer.momentum_delay > 0 ? config.outer.momentum_delay : config.outer.islands;
+    // The token budget of the run: T inner steps on each of the M islands.
+    o.token_budget = uint64_t(config.train.steps) * uint64_t(config.outer.islands) *
+                     uint64_t(config.train.batch_size) * uint64_t(config.train.grad_accum) *
+                     uint64_t(config.model.context);
+  }
+  std::vector<outer::FragmentLayout> layouts;
+  std::vector<std::vector<float>> initial;
+  {
+    // The model lives only while its parameters are copied out: the service's memory never holds
+    // them twice once it runs.
+    inner::Gpt model(config.model);
+    const NamedParams params = inner::NamedParameters(*model);
+    if (!config.run.init_from.empty()) {
+      ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
+      ATL_RETURN_IF_ERROR(CopyInto(weights, params));
+    }
+    const auto layout = LayoutOf(params);
+    ATL_ASSIGN_OR_RETURN(
+        auto plan,
+        outer::PlanFragments(layout.names, config.outer.num_fragments,
+                             *outer::ParseFragmentPattern(config.outer.fragment_pattern)));
+    for (const auto& indices : plan.parameters) {
+      outer::FragmentLayout l;
+      for (size_t i : indices) {
+        l.names.push_back(layout.names[i]);
+        l.numels.push_back(layout.numels[i]);
+      }
+      // A sharded service: the coordinator and each shard keep only the fragments they hold.
+      initial.push_back(outer::ShardOwns(o, uint32_t(layouts.size())) ? Flatten(params, indices)
+                                                                     : std::vector<float>());
+      layouts.push_back(std::move(l));
+    }
+  }
+  return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
+}
+
+namespace {
+
+constexpr const char* kStateFile = "service-state.pb";
+
+// Writes the service state in its own thread every `every` commits (and once more when stopped),
+// then tells the service which rounds are durable.
+class StateWriter {
+ public:
+  StateWriter(outer::SyncServer* sync, std::string path, int every, FILE* out)
+      : sync_(sync), path_(std::move(path)), every_(every), out_(out) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~StateWriter() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // Called by the commit listener (under the service's lock): only flags the work.
+  void Committed() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+  double max_write_s() const { return max_write_s_; }
+  int writes() const { return writes_; }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || pending_ >= every_; });
+      const bool last = stop_;
+      pending_ = 0;
+      lock.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (auto state = WriteServiceState(path_, *sync_); !state.ok()) {
+        std::fprintf(out_, "atoll coordinator: error: service state not written: %s\n",
+                     std::string(state.status().message()).c_str());
+      } else {
+        sync_->MarkDurable(*state);
+        ++writes_;
+      }
+      max_write_s_ = std::max(
+          max_write_s_.load(),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      lock.lock();
+      if (last) return;
+    }
+  }
+
+  outer::SyncServer* sync_;
+  const std::string path_;
+  const int every_;
+  FILE* out_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::atomic<double> max_write_s_{0};
+  std::atomic<int> writes_{0};
+  std::thread thread_;
+};
+
+// The rounds.jsonl record of a committed round.
+nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
+  nlohmann::json record = {{"round", r.round},
+                           {"fragment", r.fragment},
+                           {"contributors", r.contributors},
+                           {"tokens", r.tokens},
+                           {"staleness", r.staleness},
+                           {"relative_norms", r.relative_norms},
+                           {"params_hash", absl::StrFormat("%016x", r.params_hash)},
+                           {"wall_s", wall}};
+  if (!r.dropped.empty()) record["dropped"] = r.dropped;
+  if (!r.range_hashes.empty()) {
+    nlohmann::json ranges = nlohmann::json::object();
+    for (const auto& [range, hash] : r.range_hashes) {
+      ranges[absl::StrCat(range.first, "-", range.second)] = absl::StrFormat("%016x", hash);
+    }
+    record["range_hashes"] = ranges;
+  }
+  if (!r.aggregation.clipped.empty()) record["clipped"] = r.aggregation.clipped;
+  if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
+  if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;
+  return record;
+}
+
+// The HTTP endpoints of the coordinator: metrics and/or the status page, as asked.
+absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const CoordinatorOptions& options,
+                                                                   ServiceMonitor& monitor) {
+  std::vector<std::unique_ptr<HttpServer>> servers;
+  auto metrics = [&monitor] {
+    return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", monitor.PrometheusText()};
+  };
+  if (!options.metrics_listen.empty()) {
+    ATL_ASSIGN_OR_RETURN(auto server,
+                         HttpServer::Start(options.metrics_listen, {{"/metrics", metrics}}));
+    std::fprintf(options.out, "atoll coordinator: metrics on http://%s/metrics\n",
+                 server->address().c_str());
+    servers.push_back(std::move(server));
+  }
+  if (!options.http_listen.empty()) {
+    auto ok = [] { return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; };
+    auto server = HttpServer::Start(
+        options.http_listen,
+        {{"/", [] { return HttpResponse{200, "text/html; charset=utf-8", StatusPageHtml()}; }},
+         {"/api/status",
+          [&monitor] { return HttpResponse{200, "application/json", monitor.StatusJson()}; }},
+         {"/metrics", metrics},
+         {"/healthz", ok},
+         {"/readyz", ok}});  // served once the gRPC services listen
+    if (!server.ok()) return server.status();
+    std::fprintf(options.out, "atoll coordinator: status page on http://%s/\n",
+                 (*server)->address().c_str());
+    servers.push_back(*std::move(server));
+  }
+  std::fflush(options.out);
+  return servers;
+}
+
+// A shard server's link to the run's coordinator: one long poll after another, in its own thread,
+// each reporting the shard's rounds and the islands it heard from and mirroring the membership it
+// is answered.
+class ShardLink {
+ public:
+  ShardLink(outer::SyncServer* sync, std::unique_ptr<GrpcTransport> coordinator,
+            std::string address, std::string name, FILE* out)
+      : sync_(sync),
+        coordinator_(std::move(coordinator)),
+        address_(std::move(address)),
+        name_(std::move(name)),
+        out_(out) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ShardLink() {
+    stop_ = true;
+    thread_.join();
+  }
+  // A refusal that ends the shard (another run, model or shard count): OK while there is none.
+  absl::Status fatal() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fatal_;
+  }
+  // Seconds since the coordinator last answered (since the link started, before its first answer).
+  double silent_s() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - last_answer_).count();
+  }
+
+ private:
+  void Run() {
+    bool failing = false, reached = false;
+    while (!stop_) {
+      auto view = coordinator_->ShardSync(sync_->ShardReport(address_));
+      if (view.ok()) {
+        sync_->MirrorMembership(*view);
+        std::lock_guard<std::mutex> lock(mu_);
+        last_answer_ = std::chrono::steady_clock::now();
+        if (!reached || failing) {
+          std::fprintf(out_, "%s: reached the coordinator; serving islands at %s\n",
+                       name_.c_str(), address_.c_str());
+          std::fflush(out_);
+        }
+        reached = true;
+        failing = false;
+        continue;
+      }
+      const absl::Status& s = view.status();
+      if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s) || absl::IsInvalidArgument(s) ||
+          absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        fatal_ = absl::Status(s.code(), absl::StrCat("the coordinator refused this shard: ",
+                                                     s.message()));
+        return;
+      }
+      if (!failing) {
+        std::fprintf(out_, "%s: cannot reach the coordinator (%s); retrying\n", name_.c_str(),
+                     std::string(s.message()).c_str());
+        std::fflush(out_);
+      }
+      failing = true;
+      for (int i = 0; i < 4 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  outer::SyncServer* sync_;
+  std::unique_ptr<GrpcTransport> coordinator_;
+  const std::string address_, name_;
+  FILE* out_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  absl::Status fatal_;
+  std::chrono::steady_clock::time_point last_answer_ = std::chrono::steady_clock::now();
+  std::thread thread_;
+};
+
+// ", warm start 50 steps, H = 10 for 200 steps" (empty without early phases).
+std::string PhasesText(const outer::SyncPhases& p) {
+  std::string text;
+  if (p.warm_start_steps > 0) text += absl::StrFormat(", warm start %d steps", p.warm_start_steps);
+  if (p.early_sync_every > 0) {
+    text += absl::StrFormat(", H = %d for %d steps", p.early_sync_every, p.early_sync_steps);
+  }
+  return text;
+}
+
+// The rounds the service commits (a shard: those of its fragments): one per due step of the
+// schedule, plus a final one at the last step for each fragment that is not due there.
+uint64_t TotalRounds(const Config& config, const outer::SyncServerOptions& o) {
+  const outer::SyncSchedule schedule(config.outer.sync_every, config.outer.num_fragments,
+                                     config.outer.phases);
+  // The coordinator of a sharded run counts every fragment's rounds (as the shards report them).
+  auto count = [&](const std::vector<uint32_t>& due) {
+    return uint64_t(std::count_if(due.begin(), due.end(), [&](uint32_t f) {
+      return o.shard == outer::SyncServerOptions::kControlPlane || outer::ShardOwns(o, f);
+    }));
+  };
+  uint64_t total = 0;
+  for (int64_t t = 1; t <= config.train.steps; ++t) total += count(schedule.DueAfter(t));
+  std::vector<uint32_t> all(size_t(config.outer.num_fragments));
+  std::iota(all.begin(), all.end(), 0u);
+  return total + count(all) - count(schedule.DueAfter(config.train.steps));
+}
+
+// A resumed service drops from rounds.jsonl the rounds logged but not durable: they are redone.
+absl::Status TrimRoundsLog(const std::string& run_dir, const pb::ServiceState& state) {
+  const std::string log_path = run_dir + "/rounds.jsonl";
+  std::ifstream in(log_path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("round")) continue;
+    const uint32_t f = j.value("fragment", 0u);
+    for (const auto& fs : state.fragments()) {
+      if (fs.fragment() == f && j["round"].get<uint64_t>() < fs.round()) kept += line + "\n";
+    }
+  }
+  in.close();
+  return WriteFileAtomic(log_path, kept);
+}
+
+// What `RunCoordinator` checks before it builds or binds anything.
+absl::Status CheckOptions(const Config& config, const CoordinatorOptions& options) {
+  for (const auto& [flag, address] : {std::pair{"--metrics-listen", &options.metrics_listen},
+                                      std::pair{"--http-listen", &options.http_listen}}) {
+    if (address->empty()) continue;
+    if (auto s = CheckListenAddress(*address); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", s.message()));
+    }
+  }
+  if (options.shard >= 0 && (options.shard >= config.outer.shards || options.coordinator.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard ", options.shard, " of a run of outer.shards = ", config.outer.shards,
+        options.coordinator.empty() ? " needs the coordinator's address" : " does not exist"));
+  }
+  if (options.resume && options.run_dir.empty()) {
+    return absl::InvalidArgumentError("--resume needs the run directory");
+  }
+  return absl::OkStatus();
+}
+
+// The line printed for the n-th round (version) this service committed.
+std::string CommitLine(const Config& config, const outer::CommittedRound& r, uint64_t n,
+                       uint64_t total_rounds, double wall) {
+  const bool fragments = config.outer.num_fragments > 1;
+  if (config.outer.async()) {
+    return absl::StrFormat(
+        "version %d applied%s: %s, staleness %d, %d tokens, params %016x, %.1fs", n,
+        fragments ? absl::StrFormat(" (fragment %d, its version %d)", r.fragment, r.round + 1) : "",
+        absl::StrJoin(r.contributors, "+"), r.staleness, r.tokens, r.params_hash, wall);
+  }
+  return absl::StrFormat(
+      "round %d/%d committed%s: %s, %d tokens, params %016x, %.1fs", n, total_rounds,
+      fragments ? absl::StrFormat(" (fragment %d, its round %d)", r.fragment, r.round + 1) : "",
+      absl::StrJoin(r.contributors, "+"), r.tokens, r.params_hash, wall);
+}
+
+// Serves until stopped, or until the service's rounds are done and no island is left (a shard:
+// or the coordinator has gone, which it does once the last island left); a shard the coordinator
+// refuses ends with that refusal.
+absl::Status ServeUntilDone(const Config& config, const CoordinatorOptions& options,
+                            uint64_t total_rounds, outer::SyncServer& sync, ShardLink* link,
+                            ServiceMonitor& monitor) {
+  uint64_t trimmed_at = sync.committed_rounds();
+  for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
+    const uint64_t committed = sync.committed_rounds();
+    const bool done = config.outer.async() ? sync.budget_reached() : committed >= total_rounds;
+    // A round's pushes arrive on many threads in gRPC's small buffers, which glibc keeps in
+    // per-thread heaps between the big blocks that stay: once a round has committed, the free
+    // pages go back to the system.
+    if (committed != trimmed_at) {
+      trimmed_at = committed;
+      malloc_trim(0);
+    }
+    if (done && (sync.num_members() == 0 || (link && link->silent_s() > 3))) break;
+    if (link && !link->fatal().ok()) return link->fatal();
+    if (tick % 10 == 0) monitor.Sample();  // curves and bandwidth, once a second
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
+  // Pushes arrive as many 1 MiB chunks on many threads. With glibc's adaptive threshold those land
+  // in per-thread heaps that keep what they free (measured: a 494M-parameter service grew by 2.3
+  // GiB over three rounds); above a fixed threshold every such buffer is mapped on its own and
+  // goes back to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  const bool shard = options.shard >= 0;
+  const std::string who =
+      shard ? absl::StrCat("atoll sync-server (shard ", options.shard, "/", config.outer.shards, ")")
+            : std::string("atoll coordinator");
+  // Flags are checked before anything is built or bound.
+  ATL_RETURN_IF_ERROR(CheckOptions(config, options));
+  Config initial = config;
+  if (options.resume) initial.run.init_from.clear();  // the state file holds the parameters
+  ATL_ASSIGN_OR_RETURN(
+      auto made,
+      MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane));
+  auto sync = std::move(made);
+  // The coordinator of a sharded run holds no outer state: nothing of it is durable (islands
+  // rejoin a restarted one); each shard writes its own.
+  const bool durable = !options.run_dir.empty() && !sync->is_control_plane();
+  const std::string state_path =
+      durable ? (std::filesystem::path(options.run_dir) / kStateFile).string() : "";
+  if (options.resume && durable) {
+    ATL_ASSIGN_OR_RETURN(auto state, RestoreServiceState(state_path, *sync));
+    ATL_RETURN_IF_ERROR(TrimRoundsLog(options.run_dir, state));
+    std::fprintf(options.out, "%s: resumed run '%s' at round %llu from %s\n", who.c_str(),
+                 config.outer.run_id.c_str(), (unsigned long long)sync->committed_rounds(),
+                 state_path.c_str());
+  }
+  std::unique_ptr<MetricsLog> rounds_log;
+  std::unique_ptr<StateWriter> writer;
+  if (!options.run_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.run_dir, ec);
+    // The resolved config beside the state: tools read the state with it (atoll export).
+    ATL_RETURN_IF_ERROR(WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)));
+  }
+  if (durable) {
+    ATL_ASSIGN_OR_RETURN(auto log, MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1));
+    rounds_log = std::move(log);
+    // Writing every round, a round is handed out only once durable: a crash loses nothing any
+    // island has applied. Writing less often, up to durable_every - 1 rounds can be redone.
+    sync->SetDurabilityGate(config.outer.durable_every == 1);
+    writer = std::make_unique<StateWriter>(sync.get(), state_path, config.outer.durable_every,
+                                           options.out);
+  }
+  const uint64_t total_rounds = TotalRounds(config, sync->options());
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<uint64_t> sync_rounds{sync->committed_rounds()};  // > 0 after a resume
+  TrafficCounters traffic;
+  ServiceMonitor monitor(*sync, &traffic,
+                         RunFacts{config.outer.run_id, config.outer.async(), config.outer.islands,
+                                  config.outer.sync_every, config.outer.num_fragments, total_rounds,
+                                  config.train.steps});
+  sync->SetCommitListener([&](const outer::CommittedRound& r) {
+    monitor.OnCommit(r);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(options.out, "%s\n",
+                 CommitLine(config, r, sync_rounds.fetch_add(1) + 1, total_rounds, wall).c_str());
+    std::fflush(options.out);
+    if (writer) writer->Committed();
+    if (rounds_log) {
+      rounds_log->Write(RoundRecord(r, wall));
+    }
+  });
+  sync->SetEventListener([&](const std::string& line) {
+    std::fprintf(options.out, "%s\n", line.c_str());
+    std::fflush(options.out);
+  });
+  GrpcServerOptions server_options = options.server;
+  server_options.stream_idle_timeout_s = config.outer.stream_idle_timeout_s;
+  server_options.max_pending_calls = config.outer.max_pending_calls;
+  server_options.max_calls_per_island = config.outer.max_calls_per_island;
+  server_options.traffic = &traffic;
+  ATL_ASSIGN_OR_RETURN(auto server, GrpcServer::Start(sync.get(), server_options));
+  std::unique_ptr<ShardLink> link;
+  if (shard) {
+    GrpcTransportOptions t;
+    t.target = options.coordinator;
+    t.token = options.shard_token;
+    t.tls = options.server.tls;
+    t.rpc_timeout_s = 4;  // a long poll answers within a second
+    ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
+    link = std::make_unique<ShardLink>(
+        sync.get(), std::move(coordinator),
+        options.advertise.empty() ? server->address() : options.advertise, who, options.out);
+  }
+  const std::string plan =
+      config.outer.async()
+          ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
+          : absl::StrFormat("%d rounds", total_rounds) + PhasesText(config.outer.phases);
+  std::fprintf(
+      options.out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)\n", who.c_str(),
+      config.outer.run_id.c_str(), server->address().c_str(), config.outer.islands,
+      config.outer.sync_every, plan.c_str(),
+      config.outer.shards > 1 ? absl::StrFormat(", %d shards", config.outer.shards).c_str() : "");
+  std::fflush(options.out);
+  ATL_ASSIGN_OR_RETURN(auto http, StartHttp(options, monitor));
+  const absl::Status ended = ServeUntilDone(config, options, total_rounds, *sync, link.get(), monitor);
+  link.reset();
+  http.clear();
+  server->Shutdown();
+  if (writer) {
+    const int writes = writer->writes();
+    const double slowest = writer->max_write_s();
+    writer.reset();  // the final state is durable before the coordinator says it stopped
+    std::fprintf(options.out, "%s: service state written %d times, slowest %.1f ms\n", who.c_str(),
+                 writes + 1, 1e3 * slowest);
+  }
+  if (!ended.ok()) return ended;
+  std::string hashes;
+  for (uint32_t f = 0; f < sync->num_fragments(); ++f) {
+    if (!outer::ShardOwns(sync->options(), f)) continue;
+    hashes += absl::StrFormat("%s%016x", hashes.empty() ? "" : " ", sync->params_hash(f));
+  }
+  std::fprintf(options.out, "%s: stopped after %llu rounds%s\n", who.c_str(),
+               (unsigned long long)sync->committed_rounds(),
+               hashes.empty() ? "" : absl::StrCat(", params ", hashes).c_str());
+  std::fflush(options.out);
+  return absl::OkStatus();
+}
+
+}  // namespace atl
