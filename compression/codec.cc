@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/codec_math.h"
 #include "compression/codec_simd.h"
+#include "compression/status_macros.h"
 
 namespace atl::compression {
 namespace {
@@ -214,6 +215,15 @@ absl::StatusOr<CodecSpec> ParseCodec(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown codec '", name, "' (one of fp32, bf16, int8, fp4_e2m1, fp4_e3m0)"));
 }
+
+std::string CodecsHelp() { return "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire"; }
+
+absl::Status ParseConfigValue(const std::string& text, CodecSpec* value) {
+  ATL_ASSIGN_OR_RETURN(*value, ParseCodec(text));
+  return absl::OkStatus();
+}
+
+std::string ConfigValueText(const CodecSpec& value) { return CodecName(value.codec); }
 
 absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size) {
   auto bad_block = [&](const char* rule) {

@@ -41,6 +41,11 @@ namespace atl::compression {
 std::string CodecName(Codec codec);
 // "fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0" with each codec's default block size.
 absl::StatusOr<CodecSpec> ParseCodec(const std::string& name);
+// "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire": the codecs, for documentation.
+std::string CodecsHelp();
+// A config key's codec (compression/config_value.h): by name, with the codec's default block.
+absl::Status ParseConfigValue(const std::string& text, CodecSpec* value);
+std::string ConfigValueText(const CodecSpec& value);
 // Refuses codec numbers this build does not implement and block sizes that do not fit the codec
 // (int8: 1..65536; fp4: even, 2..4096; fp32/bf16: 0).
 absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size);

@@ -9,23 +9,6 @@
 
 namespace atl::inner {
 
-absl::Status Validate(const AdamWOptions& o) {
-  if (!(o.beta1 >= 0 && o.beta1 < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("optim.beta1 must be in [0, 1), got ", o.beta1));
-  }
-  if (!(o.beta2 >= 0 && o.beta2 < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("optim.beta2 must be in [0, 1), got ", o.beta2));
-  }
-  if (!(o.eps > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("optim.eps must be positive, got ", o.eps));
-  }
-  if (!(o.weight_decay >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optim.weight_decay must be non-negative, got ", o.weight_decay));
-  }
-  return absl::OkStatus();
-}
-
 AdamW::AdamW(std::vector<std::pair<std::string, at::Tensor>> params, AdamWOptions options)
     : options_(options) {
   for (auto& [name, p] : params) {

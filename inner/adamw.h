@@ -13,17 +13,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "inner/train_config.h"
 
 namespace atl::inner {
-
-struct AdamWOptions {
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;  // applied to matrices (dim >= 2) only
-};
-
-absl::Status Validate(const AdamWOptions& options);
 
 struct NamedTensor {
   std::string name;

@@ -80,12 +80,22 @@ struct Dataset {
   bool per_byte = true;     // tokens are bytes (text), so bits per token are bits per byte
 };
 
+// The [data] section.
 struct DataConfig {
+  static constexpr const char* kSection = "data";
   std::string path;         // text file, directory or glob
   std::string val_path;     // optional separate validation data
   double val_fraction = 0.05;
   uint64_t seed = 1234;     // order of training windows
 };
+
+template <class V>
+void VisitKeys(DataConfig& c, V&& v) {
+  v("path", c.path, "text file, directory of text files, or glob of .bin shards");
+  v("val_path", c.val_path, "separate validation data (same forms as data.path)");
+  v("val_fraction", c.val_fraction, "held-out tail when data.val_path is unset");
+  v("seed", c.seed, "seed of the training-window order");
+}
 
 absl::Status Validate(const DataConfig& config);
 absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& config, int context,

@@ -17,21 +17,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "inner/model_config.h"
 
 namespace atl::inner {
-
-struct ModelConfig {
-  int n_layer = 4;
-  int d_model = 128;
-  int n_head = 4;
-  int context = 128;  // tokens per sequence
-  int vocab = 256;    // 256 = byte-level text
-  double dropout = 0.0;
-  uint64_t init_seed = 1337;
-};
-
-// Names the first offending field; OK when the model can be built.
-absl::Status Validate(const ModelConfig& config);
 
 // Every parameter's name and shape in registration order, by closed form (tools that map or check
 // weights need them without building the module).

@@ -24,41 +24,6 @@ constexpr char kOptimPrefix[] = "optim/";
 
 }  // namespace
 
-absl::Status Validate(const TrainConfig& c) {
-  if (c.steps <= 0) return absl::InvalidArgumentError(absl::StrCat("train.steps must be positive, got ", c.steps));
-  if (c.batch_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.batch_size must be positive, got ", c.batch_size));
-  }
-  if (c.grad_accum <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.grad_accum must be positive, got ", c.grad_accum));
-  }
-  if (c.eval_every < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.eval_every must be >= 0, got ", c.eval_every));
-  }
-  if (c.eval_batches <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.eval_batches must be positive, got ", c.eval_batches));
-  }
-  if (c.threads < 0) return absl::InvalidArgumentError(absl::StrCat("train.threads must be >= 0, got ", c.threads));
-  if (c.mixed_precision != "none" && c.mixed_precision != "bf16") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.mixed_precision must be \"none\" or \"bf16\", got \"", c.mixed_precision, "\""));
-  }
-  if (c.activation_checkpoint != "none" && c.activation_checkpoint != "full") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "activation_checkpoint.mode must be \"none\" or \"full\", got \"",
-        c.activation_checkpoint, "\""));
-  }
-  if (c.pipeline_microbatches <= 0 || c.batch_size % c.pipeline_microbatches != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.pipeline_parallel_microbatches must be positive and divide train.batch_size = ",
-        c.batch_size, ", got ", c.pipeline_microbatches));
-  }
-  ATL_RETURN_IF_ERROR(parallel::ParsePipelineSchedule(c.pipeline_schedule));
-  // The device's name, and a GPU where one is asked for ("auto" loads anywhere).
-  ATL_RETURN_IF_ERROR(ResolveDevice(c.device, 0));
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
                                           bool cuda_available) {
   int index = -1;
@@ -80,24 +45,6 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_r
   return ResolveDevice(device, local_rank, device != "cpu" && torch::cuda::is_available());
 }
 
-absl::Status Validate(const OptimConfig& c, const TrainConfig& train) {
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("optim.lr must be positive, got ", c.lr));
-  }
-  if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optim.min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
-  }
-  if (c.warmup_steps < 0 || c.warmup_steps > train.steps) {
-    return absl::InvalidArgumentError(absl::StrCat("optim.warmup_steps must be in [0, train.steps = ",
-                                                   train.steps, "], got ", c.warmup_steps));
-  }
-  if (!(c.grad_clip >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("optim.grad_clip must be >= 0, got ", c.grad_clip));
-  }
-  return Validate(c.adamw);
-}
-
 double LearningRate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   if (step < c.warmup_steps) return c.lr * double(step + 1) / double(c.warmup_steps);
   const double min_lr = c.lr * c.min_lr_ratio;
@@ -106,25 +53,36 @@ double LearningRate(const OptimConfig& c, int64_t step, int64_t total_steps) {
   return min_lr + 0.5 * (1.0 + std::cos(M_PI * progress)) * (c.lr - min_lr);
 }
 
-Trainer::Trainer(const ModelConfig& model, const OptimConfig& optim, const TrainConfig& train,
-                 std::shared_ptr<const Dataset> data, BatchSampler sampler)
-    : model_config_(model),
-      optim_(optim),
-      train_(train),
-      data_(std::move(data)),
-      sampler_(std::move(sampler)) {}
+Trainer::Trainer(const TrainerConfig& config, std::shared_ptr<const Dataset> data,
+                 BatchSampler sampler)
+    : config_(config), data_(std::move(data)), sampler_(std::move(sampler)) {}
 
 Trainer::~Trainer() = default;
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& model,
-                                                         const OptimConfig& optim,
-                                                         const TrainConfig& train,
+namespace {
+
+// How the trainer runs its model over the mesh, from its config sections.
+parallel::FsdpOptions FsdpOptionsOf(const TrainerConfig& c) {
+  parallel::FsdpOptions fsdp;
+  fsdp.checkpoint_activations = c.activation_checkpoint.mode == ActivationCheckpointMode::kFull;
+  fsdp.schedule = c.parallelism.pipeline_schedule;
+  fsdp.sequence_parallel = c.parallelism.sequence_parallel;
+  fsdp.bf16 = c.train.mixed_precision == MixedPrecision::kBf16;
+  return fsdp;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& config,
                                                          std::shared_ptr<const Dataset> data,
                                                          int stream, int num_streams,
                                                          parallel::DeviceMesh* mesh) {
+  const ModelConfig& model = config.model;
+  const TrainConfig& train = config.train;
   ATL_RETURN_IF_ERROR(Validate(model));
   ATL_RETURN_IF_ERROR(Validate(train));
-  ATL_RETURN_IF_ERROR(Validate(optim, train));
+  ATL_RETURN_IF_ERROR(Validate(config.optim, train));
+  ATL_RETURN_IF_ERROR(parallel::ValidateForModel(config.parallelism, model, train));
   if (data->train.context() != model.context) {
     return absl::InvalidArgumentError(absl::StrCat("data windows of ", data->train.context(),
                                                    " tokens do not match model.context ",
@@ -135,31 +93,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const ModelConfig& mode
 
   if (train.threads > 0) torch::set_num_threads(train.threads);
   torch::manual_seed(train.seed);
-  TrainConfig resolved = train;
+  TrainerConfig resolved = config;
   if (train.device != "cpu") {  // this rank's device: LOCAL_RANK as torchrun sets it
     ATL_ASSIGN_OR_RETURN(auto rank, parallel::RankInfoFromEnvironment());
-    ATL_ASSIGN_OR_RETURN(auto device, ResolveDevice(train.device, rank.local_rank));
-    resolved.device = device;
+    ATL_ASSIGN_OR_RETURN(resolved.train.device, ResolveDevice(train.device, rank.local_rank));
   }
 
-  std::unique_ptr<Trainer> t(new Trainer(model, optim, resolved, data, std::move(sampler)));
+  std::unique_ptr<Trainer> t(new Trainer(resolved, data, std::move(sampler)));
   if (mesh == nullptr) {
     t->own_mesh_ = parallel::DeviceMesh::Single();
     mesh = t->own_mesh_.get();
   }
   t->mesh_ = mesh;
-  parallel::FsdpOptions fsdp;
-  fsdp.checkpoint_activations = train.activation_checkpoint == "full";
-  fsdp.schedule = *parallel::ParsePipelineSchedule(train.pipeline_schedule);
-  fsdp.sequence_parallel = train.sequence_parallel;
-  fsdp.bf16 = train.mixed_precision == "bf16";
-  ATL_ASSIGN_OR_RETURN(auto sharded,
-                       parallel::FsdpGpt::Create(model, *mesh, resolved.device, fsdp));
+  ATL_ASSIGN_OR_RETURN(auto sharded, parallel::FsdpGpt::Create(model, *mesh, resolved.train.device,
+                                                              FsdpOptionsOf(config)));
   t->fsdp_ = std::move(sharded);
   t->fsdp_->module()->train();
   std::vector<AdamWParam> params;
   for (auto& s : t->fsdp_->shards()) params.push_back({s.name, s.value, s.grad, s.decay});
-  t->adamw_ = std::make_unique<AdamW>(std::move(params), optim.adamw);
+  t->adamw_ = std::make_unique<AdamW>(std::move(params), config.optim.adamw);
   return t;
 }
 
@@ -183,7 +135,7 @@ absl::Status Trainer::QueueStep() {
   const int dp = mesh_->shape().dp(), b = train_.batch_size;
   // Each micro-batch's loss is the mean over its sequences; the gradients are averaged over the
   // micro-batches and the ranks.
-  const int pieces = train_.pipeline_microbatches, rows = b / pieces;
+  const int pieces = config_.parallelism.pipeline_microbatches, rows = b / pieces;
   const double grad_scale = 1.0 / (double(train_.grad_accum) * pieces * double(dp));
   std::vector<parallel::MicroBatch> micros;
   // The tokens go to a GPU from pinned memory, asynchronously (libtorch keeps each buffer until

@@ -27,49 +27,9 @@
 #include "inner/adamw.h"
 #include "inner/data.h"
 #include "inner/model.h"
+#include "inner/trainer_config.h"
 
 namespace atl::inner {
-
-struct OptimConfig {
-  double lr = 1e-3;            // peak learning rate
-  double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio at train.steps
-  int64_t warmup_steps = 100;  // linear warmup from lr / warmup_steps
-  double grad_clip = 1.0;      // max global L2 norm; 0 disables clipping
-  AdamWOptions adamw;
-};
-
-struct TrainConfig {
-  int64_t steps = 1000;  // optimizer steps (the schedule's horizon)
-  int batch_size = 16;   // sequences per micro-batch, per data-parallel rank
-  int grad_accum = 1;    // micro-batches per optimizer step
-  int64_t eval_every = 100;
-  int eval_batches = 8;  // fixed validation micro-batches
-  uint64_t seed = 42;    // dropout and other runtime randomness
-  int threads = 0;       // intra-op threads; 0 = torch's default (all cores)
-  std::string device = "cpu";
-  std::string activation_checkpoint = "none";  // "none" or "full": recompute blocks in backward
-  // Pipeline parallelism: each micro-batch splits into this many pipeline micro-batches (of
-  // batch_size / pipeline_microbatches sequences), which run through the stages in this schedule
-  // ("GPipe" or "1F1B"); a step's grad_accum x pipeline_microbatches of them form one pipeline.
-  int pipeline_microbatches = 1;
-  std::string pipeline_schedule = "1F1B";
-  // Tensor parallelism's sequence parallelism (inner/model.h): the blocks' LayerNorms, dropouts
-  // and residual stream hold 1/tp of each sequence. Nothing to do with tp = 1.
-  bool sequence_parallel = false;
-  // "none" (fp32) or "bf16": forward and backward under bf16 autocast, fp32 master weights,
-  // gradients, their reduction and AdamW state.
-  std::string mixed_precision = "none";
-};
-
-absl::Status Validate(const OptimConfig& config, const TrainConfig& train);
-absl::Status Validate(const TrainConfig& config);
-
-// The device a rank trains on, from train.device: "cpu", "cuda:N", "cuda" (the rank's own GPU,
-// cuda:LOCAL_RANK) or "auto" (the rank's own GPU when there is one, else the CPU).
-absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
-                                          bool cuda_available);
-// The same with CUDA as libtorch sees it.
-absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank);
 
 // Linear warmup, then cosine decay to lr * min_lr_ratio at `total_steps`.
 double LearningRate(const OptimConfig& config, int64_t step, int64_t total_steps);
@@ -117,9 +77,7 @@ class Trainer {
  public:
   // stream / num_streams select this island's disjoint share of the training windows. `mesh`:
   // the island's ranks (nullptr: one rank); it must outlive the trainer.
-  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const ModelConfig& model,
-                                                         const OptimConfig& optim,
-                                                         const TrainConfig& train,
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerConfig& config,
                                                          std::shared_ptr<const Dataset> data,
                                                          int stream = 0, int num_streams = 1,
                                                          parallel::DeviceMesh* mesh = nullptr);
@@ -171,12 +129,12 @@ class Trainer {
   absl::Status ImportState(const TrainerState& state);
 
  private:
-  Trainer(const ModelConfig& model, const OptimConfig& optim, const TrainConfig& train,
-          std::shared_ptr<const Dataset> data, BatchSampler sampler);
+  Trainer(const TrainerConfig& config, std::shared_ptr<const Dataset> data, BatchSampler sampler);
 
-  ModelConfig model_config_;
-  OptimConfig optim_;
-  TrainConfig train_;
+  const TrainerConfig config_;  // train.device resolved to this rank's
+  const ModelConfig& model_config_ = config_.model;
+  const OptimConfig& optim_ = config_.optim;
+  const TrainConfig& train_ = config_.train;
   std::shared_ptr<const Dataset> data_;
   BatchSampler sampler_;
   std::unique_ptr<parallel::DeviceMesh> own_mesh_;  // one rank, when none is given

@@ -126,6 +126,13 @@ absl::StatusOr<AggregationRule> ParseAggregationRule(const std::string& name) {
       "unknown aggregation '", name, "' (one of mean, clipped_mean, trimmed_mean, median)"));
 }
 
+absl::Status ParseConfigValue(const std::string& text, AggregationRule* value) {
+  ATL_ASSIGN_OR_RETURN(*value, ParseAggregationRule(text));
+  return absl::OkStatus();
+}
+
+std::string ConfigValueText(AggregationRule value) { return AggregationRuleName(value); }
+
 const char* AggregationRuleName(AggregationRule rule) {
   switch (rule) {
     case AggregationRule::kMean: return "mean";

@@ -30,6 +30,9 @@ namespace atl::outer {
 enum class AggregationRule { kMean, kClippedMean, kTrimmedMean, kMedian };
 absl::StatusOr<AggregationRule> ParseAggregationRule(const std::string& name);
 const char* AggregationRuleName(AggregationRule rule);
+// outer.aggregation (compression/config_value.h).
+absl::Status ParseConfigValue(const std::string& text, AggregationRule* value);
+std::string ConfigValueText(AggregationRule value);
 
 struct AggregationOptions {
   AggregationRule rule = AggregationRule::kMean;

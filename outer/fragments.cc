@@ -5,6 +5,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/config_value.h"
+#include "compression/status_macros.h"
 
 namespace atl::outer {
 namespace {
@@ -20,12 +22,20 @@ int BlockOf(const std::string& name) {
 
 }  // namespace
 
+constexpr EnumName<FragmentPattern> kPatterns[] = {{FragmentPattern::kStrided, "strided"},
+                                                   {FragmentPattern::kSequential, "sequential"}};
+
 absl::StatusOr<FragmentPattern> ParseFragmentPattern(const std::string& name) {
-  if (name == "strided") return FragmentPattern::kStrided;
-  if (name == "sequential") return FragmentPattern::kSequential;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown fragment pattern '", name, "' (strided or sequential)"));
+  FragmentPattern pattern;
+  ATL_RETURN_IF_ERROR(ParseConfigValue(name, &pattern));
+  return pattern;
 }
+
+absl::Status ParseConfigValue(const std::string& text, FragmentPattern* value) {
+  return ParseEnumValue(text, kPatterns, value);
+}
+
+std::string ConfigValueText(FragmentPattern value) { return EnumValueName(value, kPatterns); }
 
 absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<std::string>& names,
                                            int num_fragments, FragmentPattern pattern) {

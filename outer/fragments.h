@@ -22,6 +22,9 @@ enum class FragmentPattern {
 };
 
 absl::StatusOr<FragmentPattern> ParseFragmentPattern(const std::string& name);
+// outer.fragment_pattern (compression/config_value.h).
+absl::Status ParseConfigValue(const std::string& text, FragmentPattern* value);
+std::string ConfigValueText(FragmentPattern value);
 
 struct FragmentPlan {
   // For each fragment, the indices (into `names`) of its parameters, in model order.

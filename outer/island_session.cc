@@ -11,6 +11,18 @@
 
 namespace atl::outer {
 
+SessionOptions SessionOptionsOf(const OuterConfig& outer, std::string name, uint64_t config_hash,
+                                std::string credential_file) {
+  SessionOptions o;
+  o.run_id = outer.run_id;
+  o.name = std::move(name);
+  o.config_hash = config_hash;
+  o.heartbeat_s = outer.heartbeat_s;
+  o.retry.timeout_s = outer.reconnect_timeout_s;
+  o.credential_file = std::move(credential_file);
+  return o;
+}
+
 bool IsTransient(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsResourceExhausted(s);
 }

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "outer/island_sync.h"
+#include "outer/outer_config.h"
 #include "outer/transport.h"
 
 namespace atl::outer {
@@ -73,6 +74,10 @@ struct SessionOptions {
   // service to declare it dead. Empty: not kept.
   std::string credential_file;
 };
+
+// The session's options from the island's [outer] section.
+SessionOptions SessionOptionsOf(const OuterConfig& outer, std::string name, uint64_t config_hash,
+                                std::string credential_file);
 
 // The ranks of an island as its outer loop sees them. Decisions that change which collectives run
 // next (rejoin, stop, the step to continue at) are taken once and shared, never taken on each rank

@@ -4,11 +4,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 #include "outer/aggregation.h"
 #include "outer/names.h"
 
 namespace atl::outer {
+namespace {
+
+constexpr EnumName<OuterMode> kModes[] = {{OuterMode::kSync, "sync"}, {OuterMode::kAsync, "async"}};
+constexpr EnumName<GlobalCopy> kGlobalCopies[] = {
+    {GlobalCopy::kAuto, "auto"}, {GlobalCopy::kDevice, "device"}, {GlobalCopy::kHost, "host"}};
+
+}  // namespace
+
+absl::Status ParseConfigValue(const std::string& text, OuterMode* value) {
+  return ParseEnumValue(text, kModes, value);
+}
+std::string ConfigValueText(OuterMode value) { return EnumValueName(value, kModes); }
+
+absl::Status ParseConfigValue(const std::string& text, GlobalCopy* value) {
+  return ParseEnumValue(text, kGlobalCopies, value);
+}
+std::string ConfigValueText(GlobalCopy value) { return EnumValueName(value, kGlobalCopies); }
 
 absl::Status Validate(const OuterConfig& c) {
   ATL_RETURN_IF_ERROR(ValidateName(c.run_id, "outer.run_id"));
@@ -69,7 +87,7 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.auto_tune_headroom must be in [1, 100], got ", c.auto_tune_headroom));
   }
-  if (c.auto_tune && c.mode == "async") {
+  if (c.auto_tune && c.async()) {
     return absl::InvalidArgumentError(
         "outer.auto_tune chooses tau for sync rounds; async islands push on their own schedule "
         "(DyLU): turn one of them off");
@@ -79,14 +97,6 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.fragment_update_alpha must be in [0, 1] (or negative for the default), got ",
         c.fragment_update_alpha));
   }
-  if (c.fragment_pattern != "strided" && c.fragment_pattern != "sequential") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "outer.fragment_pattern must be \"strided\" or \"sequential\", got \"", c.fragment_pattern, "\""));
-  }
-  if (c.mode != "sync" && c.mode != "async") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("outer.mode must be \"sync\" or \"async\", got \"", c.mode, "\""));
-  }
   if (c.max_staleness < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.max_staleness must be >= 0, got ", c.max_staleness));
@@ -94,9 +104,6 @@ absl::Status Validate(const OuterConfig& c) {
   if (c.momentum_delay < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.momentum_delay must be >= 0, got ", c.momentum_delay));
-  }
-  if (auto rule = ParseAggregationRule(c.aggregation); !rule.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("outer.aggregation: ", rule.status().message()));
   }
   if (!(c.clip_multiple > 0) || !std::isfinite(c.clip_multiple)) {
     return absl::InvalidArgumentError(
@@ -139,14 +146,7 @@ absl::Status Validate(const OuterConfig& c) {
         "be positive, got ", c.stream_idle_timeout_s, ", ", c.max_pending_calls, " and ",
         c.max_calls_per_island));
   }
-  if (auto codec = compression::ParseCodec(c.codec); !codec.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("outer.codec: ", codec.status().message()));
-  }
-  if (c.global_copy != "auto" && c.global_copy != "device" && c.global_copy != "host") {
-    return absl::InvalidArgumentError(absl::StrCat("outer.global_copy must be auto, device or host, got \"",
-                                                   c.global_copy, "\""));
-  }
-  if (c.async() && (c.optimizer.warmup_rounds > 0 || c.optimizer.decay != "constant")) {
+  if (c.async() && (c.optimizer.warmup_rounds > 0 || c.optimizer.decay != LrDecay::kConstant)) {
     return absl::InvalidArgumentError(
         "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "
         "not rounds) takes a constant outer.lr");

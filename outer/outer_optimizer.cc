@@ -4,8 +4,22 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "compression/config_value.h"
 
 namespace atl::outer {
+
+namespace {
+
+constexpr EnumName<LrDecay> kDecays[] = {{LrDecay::kConstant, "constant"},
+                                         {LrDecay::kCosine, "cosine"}};
+
+}  // namespace
+
+absl::Status ParseConfigValue(const std::string& text, LrDecay* value) {
+  return ParseEnumValue(text, kDecays, value);
+}
+
+std::string ConfigValueText(LrDecay value) { return EnumValueName(value, kDecays); }
 
 absl::Status Validate(const OuterOptimizerConfig& c) {
   if (!(c.lr > 0) || !std::isfinite(c.lr)) {
@@ -23,10 +37,6 @@ absl::Status Validate(const OuterOptimizerConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.lr_warmup_rounds must be >= 0, got ", c.warmup_rounds));
   }
-  if (c.decay != "constant" && c.decay != "cosine") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("outer.lr_decay must be constant or cosine, got '", c.decay, "'"));
-  }
   if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.min_lr_ratio must be in [0, 1], got ", c.min_lr_ratio));
@@ -37,7 +47,7 @@ absl::Status Validate(const OuterOptimizerConfig& c) {
 double ScheduledLr(const OuterOptimizerConfig& c, uint64_t round, uint64_t total_rounds) {
   const uint64_t warmup = uint64_t(c.warmup_rounds);
   if (round < warmup) return c.lr * double(round + 1) / double(warmup + 1);
-  if (c.decay != "cosine" || total_rounds <= warmup + 1) return c.lr;
+  if (c.decay != LrDecay::kCosine || total_rounds <= warmup + 1) return c.lr;
   const double progress =
       std::min(1.0, double(round - warmup) / double(total_rounds - warmup - 1));
   const double cosine = 0.5 * (1 + std::cos(3.14159265358979323846 * progress));

@@ -13,6 +13,11 @@
 
 namespace atl::outer {
 
+// The outer learning rate after its warmup: constant, or cosine down to min_lr_ratio x lr.
+enum class LrDecay { kConstant, kCosine };
+absl::Status ParseConfigValue(const std::string& text, LrDecay* value);
+std::string ConfigValueText(LrDecay value);
+
 struct OuterOptimizerConfig {
   double lr = 0.7;
   double momentum = 0.9;
@@ -25,7 +30,7 @@ struct OuterOptimizerConfig {
   // first `warmup_rounds` rounds (round r uses lr * (r + 1) / (warmup_rounds + 1)), then
   // "constant" or "cosine" (from lr down to lr * min_lr_ratio at the last round).
   int warmup_rounds = 0;
-  std::string decay = "constant";
+  LrDecay decay = LrDecay::kConstant;
   double min_lr_ratio = 0;
 };
 

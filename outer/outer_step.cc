@@ -25,9 +25,9 @@ double Since(std::chrono::steady_clock::time_point t) {
 class SyncRounds : public RoundPolicy {
  public:
   SyncRounds(const OuterStepOptions& o, uint32_t fragments)
-      : options_(o), schedule_(int(o.sync_every), int(fragments), o.phases) {}
-  int64_t max_steps() const override { return options_.total_steps; }
-  bool IsLast(int64_t t) const override { return t == options_.total_steps; }
+      : options_(o), schedule_(int(o.schedule.sync_every), int(fragments), o.schedule.phases) {}
+  int64_t max_steps() const override { return options_.schedule.total_steps; }
+  bool IsLast(int64_t t) const override { return t == options_.schedule.total_steps; }
   std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
   int64_t Delay() const override { return tau_; }
   void SetDelay(int64_t tau) override { tau_ = tau; }
@@ -37,7 +37,7 @@ class SyncRounds : public RoundPolicy {
   bool WarmStartAfter(int64_t t) const override {
     return t <= schedule_.phases().warm_start_steps;
   }
-  uint32_t sync_every() const override { return options_.sync_every; }
+  uint32_t sync_every() const override { return options_.schedule.sync_every; }
   void Pushed(uint32_t, int64_t) override {}
   void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
   void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) override {
@@ -49,7 +49,7 @@ class SyncRounds : public RoundPolicy {
  private:
   const OuterStepOptions options_;
   const SyncSchedule schedule_;
-  int64_t tau_ = options_.tau;
+  int64_t tau_ = options_.island.tau;
 };
 
 // Versions: each contribution is applied as it arrives; the island's H follows its throughput
@@ -58,15 +58,15 @@ class SyncRounds : public RoundPolicy {
 class AsyncVersions : public RoundPolicy {
  public:
   AsyncVersions(const OuterStepOptions& o, uint32_t fragments)
-      : options_(o), h_now_(o.sync_every), next_due_(fragments) {
-    const SyncSchedule schedule(int(o.sync_every), int(fragments));
+      : options_(o), h_now_(o.schedule.sync_every), next_due_(fragments) {
+    const SyncSchedule schedule(int(o.schedule.sync_every), int(fragments));
     for (uint32_t f = 0; f < fragments; ++f) {
-      next_due_[f] = schedule.offset(int(f)) > 0 ? schedule.offset(int(f)) : o.sync_every;
+      next_due_[f] = schedule.offset(int(f)) > 0 ? schedule.offset(int(f)) : o.schedule.sync_every;
     }
   }
   // Bounded by the whole budget.
   int64_t max_steps() const override {
-    return options_.total_steps * int64_t(options_.num_data_streams);
+    return options_.schedule.total_steps * int64_t(options_.schedule.num_data_streams);
   }
   bool IsLast(int64_t t) const override { return finishing_ || t == max_steps(); }
   std::vector<uint32_t> DueAfter(int64_t t) const override {
@@ -77,16 +77,16 @@ class AsyncVersions : public RoundPolicy {
     return due;
   }
   // A fragment lands before its next push: tau stays below the island's current H.
-  int64_t Delay() const override { return std::min<int64_t>(options_.tau, h_now_ - 1); }
+  int64_t Delay() const override { return std::min<int64_t>(options_.island.tau, h_now_ - 1); }
   uint32_t sync_every() const override { return uint32_t(h_now_); }
   void Pushed(uint32_t f, int64_t t) override { next_due_[f] = t + h_now_; }
   void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
     if (o.sync_every > 0) h_now_ = o.sync_every;
     finishing_ |= o.budget_reached;
-    if (o.tokens_committed > stats.run_tokens && options_.token_budget > 0) {
+    if (o.tokens_committed > stats.run_tokens && options_.schedule.token_budget > 0) {
       stats.run_tokens = o.tokens_committed;
-      model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(options_.token_budget) *
-                                      double(options_.total_steps)));
+      model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(options_.schedule.token_budget) *
+                                      double(options_.schedule.total_steps)));
     }
     stats.staleness.push_back(o.staleness);
   }
@@ -99,7 +99,7 @@ class AsyncVersions : public RoundPolicy {
     std::string versions;
     if (hook.ranks().rank() == 0) {
       const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration<double>(options_.round_timeout_s);
+                         std::chrono::duration<double>(options_.island.round_timeout_s);
       absl::StatusOr<pb::HeartbeatResponse> state;
       while (true) {
         state = hook.session().Heartbeat(/*finished=*/true);
@@ -134,6 +134,37 @@ SyncPhases PhasesOf(const pb::OuterSchedule& schedule) {
   return p;
 }
 
+std::string OuterStepHook::Describe() const {
+  return absl::StrFormat("H = %d, %d fragment(s), tau = %d, alpha = %.2f, %s",
+                         options_.schedule.sync_every, syncs_.size(), options_.island.tau,
+                         options_.island.alpha, compression::CodecName(options_.island.sync.codec.codec));
+}
+
+RunSchedule ScheduleOf(const pb::OuterSchedule& schedule) {
+  RunSchedule s;
+  s.total_steps = int64_t(schedule.total_inner_steps());
+  s.sync_every = schedule.sync_every();
+  s.phases = PhasesOf(schedule);
+  s.async = schedule.async();
+  s.token_budget = schedule.token_budget();
+  s.num_data_streams = schedule.num_data_streams();
+  return s;
+}
+
+IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed) {
+  IslandChoices c;
+  c.tau = outer.fragment_sync_delay;
+  c.auto_tune = outer.auto_tune;
+  c.alpha = outer.alpha();
+  c.round_timeout_s = outer.round_timeout_s;
+  c.retry.timeout_s = outer.reconnect_timeout_s;
+  c.sync.codec = outer.codec;
+  c.sync.error_feedback = outer.error_feedback;
+  c.sync.stochastic_rounding = outer.stochastic_rounding;
+  c.sync.seed = rounding_seed;
+  return c;
+}
+
 OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, IslandRanks& ranks,
                              IslandModel& model, std::vector<FragmentShare> fragments,
                              OuterStepOptions options)
@@ -143,13 +174,13 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
       model_(model),
       options_(std::move(options)),
       last_push_(fragments.size(), model.step()) {
-  if (options_.async) {
+  if (options_.schedule.async) {
     policy_ = std::make_unique<AsyncVersions>(options_, uint32_t(fragments.size()));
   } else {
     policy_ = std::make_unique<SyncRounds>(options_, uint32_t(fragments.size()));
   }
-  IslandSyncOptions sync = options_.sync;
-  sync.async = options_.async;
+  IslandSyncOptions sync = options_.island.sync;
+  sync.async = options_.schedule.async;
   for (uint32_t f = 0; f < fragments.size(); ++f) {
     sync.fragment = f;
     sync.ranges = fragments[f].ranges;
@@ -173,7 +204,7 @@ absl::Status OuterStepHook::FetchGlobal() {
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
     // A coordinator that restarts right now is waited for, as for a join.
-    if (auto s = Retry(options_.retry, [&] { return syncs_[f]->FetchGlobal(); }); !s.ok()) {
+    if (auto s = Retry(options_.island.retry, [&] { return syncs_[f]->FetchGlobal(); }); !s.ok()) {
       return s;
     }
   }
@@ -190,7 +221,7 @@ absl::Status OuterStepHook::FetchGlobal() {
   // Sync: a round may have committed between the join's answer and the fetch (the round an island
   // joins in does not wait for it): the island takes part from the round it holds, its step count
   // at it, as after a rejoin. Otherwise its pushes would come a round early for its steps.
-  if (!options_.async && syncs_[0]->round() > session_.joined().round()) {
+  if (!options_.schedule.async && syncs_[0]->round() > session_.joined().round()) {
     policy_->Rejoined(Rounds(), model_);
     std::fill(last_push_.begin(), last_push_.end(), model_.step());
   }
@@ -229,13 +260,13 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
       ++newest;
     }
     if (sync.round() < newest || !sync.carried()) {
-      auto caught = Retry(options_.retry, [&] { return sync.CatchUp(newest); });
+      auto caught = Retry(options_.island.retry, [&] { return sync.CatchUp(newest); });
       if (!caught.ok()) return caught.status();
       stats_.bytes_received += caught->bytes_received;
     }
     ATL_ASSIGN_OR_RETURN(auto apart, ranks_.Any(sync.round() != newest));
     if (!apart) return absl::OkStatus();
-    if (attempt >= options_.sync.retries) {
+    if (attempt >= options_.island.sync.retries) {
       return absl::AbortedError(absl::StrCat("the island's ranks hold different rounds of fragment ",
                                              f, ": the global state kept changing"));
     }
@@ -288,10 +319,10 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   const int64_t t = model_.step();
   done_ = policy_->IsLast(t);
   // Merge what is due (tau steps after its push), then push the fragments due now.
-  ATL_RETURN_IF_ERROR(LandDue(t, options_.alpha));
+  ATL_RETURN_IF_ERROR(LandDue(t, options_.island.alpha));
   if (!done_) {
     for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->DelayAfter(f, t), steps_per_s);
-    return LandDue(t, options_.alpha);  // tau = 0: blocking
+    return LandDue(t, options_.island.alpha);  // tau = 0: blocking
   }
   // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
   // turn (alpha 0: the island ends on the global parameters).
@@ -312,14 +343,14 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   job.fragment = f;
   job.pushed_at = t;
   job.apply_at = apply_at;
-  job.bytes = compression::EncodedBytes(options_.sync.codec, syncs_[f]->global().size());
+  job.bytes = compression::EncodedBytes(options_.island.sync.codec, syncs_[f]->global().size());
   job.averaging = policy_->WarmStartAfter(t);
   const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
   last_push_[f] = t;
   policy_->Pushed(f, t);
   if (DeviceCopy* copy = model_.device_copy(f)) {
     // The pseudo-gradient is made on the device, in the compute stream's order; the task encodes it.
-    const absl::Status captured = copy->Capture(options_.sync.error_feedback);
+    const absl::Status captured = copy->Capture(options_.island.sync.error_feedback);
     job.result = std::async(std::launch::async, [sync = syncs_[f].get(), captured, tokens,
                                                  steps_per_s]() -> absl::StatusOr<RoundOutcome> {
       if (!captured.ok()) return captured;
@@ -374,7 +405,7 @@ absl::Status OuterStepHook::Land(double alpha) {
   model_.Merge(job.fragment, syncs_[job.fragment]->global(),
                outcome->resynced || job.averaging ? 0.0 : alpha);
   policy_->Landed(*outcome, model_, stats_);
-  if (options_.auto_tune) {
+  if (options_.island.auto_tune) {
     ATL_RETURN_IF_ERROR(AdoptTau(outcome->tau));
   }
   stats_.tau = policy_->Delay();
@@ -433,9 +464,9 @@ absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundO
 
 absl::Status OuterStepHook::AdoptTau(int tau) {
   if (tau < 0 || tau == policy_->Delay()) return absl::OkStatus();
-  if (tau >= int64_t(options_.sync_every)) {
+  if (tau >= int64_t(options_.schedule.sync_every)) {
     return absl::InvalidArgumentError(absl::StrCat("the service chose tau = ", tau,
-                                                   ", not below H = ", options_.sync_every));
+                                                   ", not below H = ", options_.schedule.sync_every));
   }
   if (on_message) {
     on_message(absl::StrCat("auto-tune: tau ", policy_->Delay(), " -> ", tau,

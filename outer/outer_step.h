@@ -26,6 +26,7 @@
 #include "outer/fragments.h"
 #include "outer/island_session.h"
 #include "outer/island_sync.h"
+#include "outer/outer_config.h"
 
 namespace atl::outer {
 
@@ -57,24 +58,41 @@ struct FragmentShare {
   bool carried = true;
 };
 
-struct OuterStepOptions {
-  int64_t total_steps = 0;      // the run's inner steps (async: each island's share of the budget)
-  uint32_t sync_every = 0;      // H
-  SyncPhases phases;            // sync: warm start and early H before H
-  int tau = 0;                  // inner steps between a fragment's push and its merge
-  double alpha = 0;             // merge factor
+// What the service decides for every island of the run: the schedule it announces at join
+// (JoinResponse.schedule) and by GetState. An island never chooses these.
+struct RunSchedule {
+  int64_t total_steps = 0;        // the run's inner steps (async: each island's share of the budget)
+  uint32_t sync_every = 0;        // H
+  SyncPhases phases;              // sync: warm start and early H before H
   bool async = false;
-  uint64_t token_budget = 0;    // async: the run's tokens
+  uint64_t token_budget = 0;      // async: the run's tokens
   uint32_t num_data_streams = 1;
-  int64_t tokens_per_step = 0;  // of this island
-  double round_timeout_s = 600;  // async: how long an island waits for the others to finish
-  bool auto_tune = false;       // sync: tau follows the service's choice (outer/auto_tune.h)
-  RetryPolicy retry;
-  IslandSyncOptions sync;       // codec, error feedback, rounding (fragment set per fragment)
 };
 
-// The phases a service's schedule announces.
+// The schedule a service announced.
+RunSchedule ScheduleOf(const pb::OuterSchedule& schedule);
+// Its phases alone.
 SyncPhases PhasesOf(const pb::OuterSchedule& schedule);
+
+// What each island chooses for itself, from its own [outer] section.
+struct IslandChoices {
+  int tau = 0;                    // inner steps between a fragment's push and its merge
+  double alpha = 0;               // merge factor
+  bool auto_tune = false;         // sync: tau follows the service's choice (outer/auto_tune.h)
+  double round_timeout_s = 600;   // async: how long an island waits for the others to finish
+  RetryPolicy retry;
+  IslandSyncOptions sync;         // codec, error feedback, rounding (fragment set per fragment)
+};
+
+// The island's choices from its [outer] section; `rounding_seed` (stochastic rounding) should
+// differ between islands.
+IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed);
+
+struct OuterStepOptions {
+  RunSchedule schedule;          // the service's
+  IslandChoices island;          // this island's
+  int64_t tokens_per_step = 0;   // of this island (all its data-parallel ranks)
+};
 
 // A fragment's round, merged.
 struct LandedRound {
@@ -158,6 +176,8 @@ class OuterStepHook {
   }
   std::function<void(const std::string&)> on_message;  // lines worth printing
   const OuterStepStats& stats() const { return stats_; }
+  // "H = 50, 2 fragment(s), tau = 2, alpha = 0.50, fp4_e2m1": the island's outer settings.
+  std::string Describe() const;
   uint64_t fetched_bytes() const;
   // XXH64 of the global parameters this rank holds, fragments concatenated.
   uint64_t global_hash() const;

@@ -158,7 +158,7 @@ TEST(ResumeTest, ResumeIsBitIdentical) {
   c.model.dropout = 0.1;
   c.train.steps = 24;
   c.train.eval_every = 5;
-  c.run.checkpoint_every = 10;
+  c.train.checkpoint_every = 10;
 
   TrainOptions once;
   once.run_dir = dir.Join("once");
@@ -199,7 +199,7 @@ TEST(ResumeTest, ResumeDropsMetricsPastTheCheckpoint) {
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(40000, 4));
   auto c = testing::TinyConfig(dir.Join("text.txt"));
   c.train.steps = 12;
-  c.run.checkpoint_every = 5;
+  c.train.checkpoint_every = 5;
   TrainOptions o;
   o.run_dir = dir.Join("run");
   o.progress = stdout;

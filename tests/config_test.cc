@@ -103,7 +103,7 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base, {{"outer.connections", "65"}}, absl::StatusCode::kInvalidArgument,
        "outer.connections must be in 1..64, got 65"},
       {base, {{"outer.lr_decay", "linear"}}, absl::StatusCode::kInvalidArgument,
-       "outer.lr_decay must be constant or cosine, got 'linear'"},
+       "outer.lr_decay must be \"constant\" or \"cosine\", got \"linear\""},
       {base, {{"outer.mode", "async"}, {"outer.lr_decay", "cosine"}},
        absl::StatusCode::kInvalidArgument, "async mode (versions, not rounds)"},
       {base + "[model]\nd_model = 96\nn_head = 6\n", {{"parallelism.tensor_parallel_degree", "4"}},

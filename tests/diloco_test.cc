@@ -46,7 +46,7 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
 
   auto data = inner::LoadDataset(c.data, c.model.context, c.model.vocab);
   ASSERT_TRUE(data.ok());
-  auto plain = inner::Trainer::Create(c.model, c.optim, c.train, *data);
+  auto plain = inner::Trainer::Create(c.trainer(), *data);
   ASSERT_TRUE(plain.ok());
   for (int i = 0; i < 20; ++i) ASSERT_TRUE((*plain)->Step().ok());
 
@@ -120,7 +120,7 @@ std::vector<float> TrainIdentical(const Config& c, int islands) {
       join.set_config_hash(ModelConfigHash(cfg.model));
       auto joined = transport.Join(join);
       ASSERT_TRUE(joined.ok());
-      auto trainer = inner::Trainer::Create(cfg.model, cfg.optim, cfg.train, *data, 0, 1);
+      auto trainer = inner::Trainer::Create(cfg.trainer(), *data, 0, 1);
       ASSERT_TRUE(trainer.ok());
       const auto params = inner::NamedParameters(*(*trainer)->model());
       outer::IslandSync sync(
@@ -222,7 +222,7 @@ Config StreamingConfig(const TempDir& dir) {
   c.outer.sync_every = 8;
   c.outer.num_fragments = 4;
   c.outer.fragment_sync_delay = 2;
-  c.outer.codec = "fp4_e2m1";
+  c.outer.codec = *compression::ParseCodec("fp4_e2m1");
   return c;
 }
 
@@ -303,7 +303,7 @@ TEST(StreamingTest, ADeviceCopyGivesTheHostPathsBits) {
   c.outer.fragment_update_alpha = 0.5;
   auto run = [&](const std::string& where) {
     auto d = c;
-    d.outer.global_copy = where;
+    EXPECT_TRUE(outer::ParseConfigValue(where, &d.outer.global_copy).ok());
     auto server = *MakeSyncServer(d);
     TempDir runs;
     auto results = RunIslands(d, *server, runs);
@@ -444,7 +444,7 @@ TEST(StreamingTest, AutoTuneChoosesTauFromTheMeasuredLink) {
   auto c = StreamingConfig(dir);
   c.train.steps = 24;
   c.outer.fragment_sync_delay = 0;
-  c.outer.codec = "fp32";  // a fragment's round trip then takes about two call delays
+  c.outer.codec = *compression::ParseCodec("fp32");  // a fragment's round trip then takes about two call delays
   c.outer.auto_tune = true;
   auto server = *MakeSyncServer(c);
   std::vector<std::string> events;
@@ -477,7 +477,7 @@ TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
   TempDir dir;
   auto c = StreamingConfig(dir);
   c.train.steps = 16;
-  c.outer.mode = "async";
+  c.outer.mode = outer::OuterMode::kAsync;
   auto server = *MakeSyncServer(c);
   const auto results = RunIslands(c, *server, dir, {1.0, 2.0});
   EXPECT_TRUE(server->budget_reached());
@@ -525,7 +525,7 @@ TEST(StreamingTest, StatsTakenInBatchesChangeNothing) {
   const auto c = PushEveryTenSteps(dir);
   auto run = [&](int64_t log_every) {
     auto d = c;
-    d.run.log_every = log_every;
+    d.train.log_every = log_every;
     auto server = *MakeSyncServer(d);
     TempDir runs;
     const auto results = RunIslands(d, *server, runs);
@@ -560,7 +560,7 @@ TEST(StreamingTest, ALossIsJudgedBeforeThePushThatWouldCarryIt) {
   TempDir dir;
   auto c = PushEveryTenSteps(dir);
   c.outer.islands = 1;
-  c.run.log_every = 1000;
+  c.train.log_every = 1000;
   c.optim.lr = 1e-9;  // a flat, noisy loss: about every other step is above the median
   c.outer.spike_window = 4;
   auto run = [&](double factor, std::vector<float>* before) {
@@ -598,7 +598,7 @@ TEST(RobustAggregationTest, TrimmedMeanAndMedianOutvoteAFaultyIsland) {
   const float kScale = -3.0f;
   auto run = [&](const std::string& rule, float faulty_scale, const std::string& name) {
     auto cfg = c;
-    cfg.outer.aggregation = rule;
+    EXPECT_TRUE(outer::ParseConfigValue(rule, &cfg.outer.aggregation).ok());
     auto server = *MakeSyncServer(cfg);
     std::vector<std::string> outliers;
     server->SetCommitListener([&](const outer::CommittedRound& r) {

@@ -247,7 +247,7 @@ TEST(ModelIoTest, ReadsForeignGpt2FilesAndRefusesOtherModelsByName) {
   // A run config of another model refuses the file.
   config.model = m;
   config.model.d_model = 32;
-  config.run.init_from = dir.Join("hf.safetensors");
+  config.train.init_from = dir.Join("hf.safetensors");
   EXPECT_THAT(std::string(InitialWeights(config).status().message()), HasSubstr("model.d_model = 16"));
 }
 

@@ -117,7 +117,7 @@ Config TinyConfig(const std::string& data_path) {
   c.train.threads = 1;
   c.optim.lr = 3e-3;
   c.optim.warmup_steps = 5;
-  c.run.log_every = 10;
+  c.train.log_every = 10;
   return c;
 }
 

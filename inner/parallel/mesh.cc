@@ -28,30 +28,6 @@ int MeshShape::degree(MeshDim d) const {
   return 1;
 }
 
-absl::Status Validate(const ParallelismConfig& c) {
-  int rest = 0;
-  for (auto [key, v] : {std::pair<const char*, int>{"parallelism.data_parallel_replicate_degree",
-                                                    c.data_parallel_replicate_degree},
-                        {"parallelism.data_parallel_shard_degree", c.data_parallel_shard_degree},
-                        {"parallelism.tensor_parallel_degree", c.tensor_parallel_degree},
-                        {"parallelism.pipeline_parallel_degree", c.pipeline_parallel_degree}}) {
-    if (v == -1) {
-      ++rest;
-    } else if (v < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(key, " must be a positive degree or -1 (the rest), got ", v));
-    }
-  }
-  if (rest > 1) {
-    return absl::InvalidArgumentError("at most one parallelism degree may be -1 (the rest)");
-  }
-  if (!(c.collective_timeout_s > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.collective_timeout_s must be positive, got ", c.collective_timeout_s));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<MeshShape> ResolveMesh(const ParallelismConfig& c, int world_size) {
   ATL_RETURN_IF_ERROR(Validate(c));
   int known = 1;

@@ -11,19 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "inner/parallel/communicator.h"
+#include "inner/parallel/parallelism_config.h"
 
 namespace atl::inner::parallel {
-
-// [parallelism] of the config; -1 takes the ranks the others leave.
-struct ParallelismConfig {
-  int data_parallel_replicate_degree = 1;
-  int data_parallel_shard_degree = -1;  // FSDP (ZeRO-3)
-  int tensor_parallel_degree = 1;
-  int pipeline_parallel_degree = 1;
-  double collective_timeout_s = 60;  // every collective inside the island
-};
-
-absl::Status Validate(const ParallelismConfig& config);
 
 enum class MeshDim { kPp = 0, kDpReplicate = 1, kDpShard = 2, kTp = 3 };
 const char* MeshDimName(MeshDim dim);

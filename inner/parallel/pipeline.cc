@@ -12,18 +12,6 @@
 
 namespace atl::inner::parallel {
 
-absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& name) {
-  const std::string lower = absl::AsciiStrToLower(name);
-  if (lower == "gpipe") return PipelineSchedule::kGPipe;
-  if (lower == "1f1b") return PipelineSchedule::k1F1B;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "parallelism.pipeline_parallel_schedule must be \"GPipe\" or \"1F1B\", got \"", name, "\""));
-}
-
-const char* PipelineScheduleName(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B";
-}
-
 StageUnits PipelineStageUnits(int n_layer, int stages, int stage) {
   const int base = n_layer / stages, extra = n_layer % stages;
   const int first_block = stage * base + std::min(stage, extra);

@@ -28,13 +28,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "inner/parallel/communicator.h"
+#include "inner/parallel/parallelism_config.h"  // PipelineSchedule
 
 namespace atl::inner::parallel {
 
-enum class PipelineSchedule { kGPipe, k1F1B };
-// "GPipe" or "1F1B" (any case); the error names the accepted values.
-absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& name);
-const char* PipelineScheduleName(PipelineSchedule schedule);
 
 // The units [first, last] of stage `stage` of `stages` for a model of `n_layer` blocks (unit 0:
 // embeddings, 1..n_layer: blocks, n_layer + 1: the final norm and the head).

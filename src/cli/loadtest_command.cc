@@ -269,7 +269,7 @@ class SyntheticIsland {
   // Random values well inside the service's bounds (pseudo-gradients of about 1e-3 against
   // parameters of about 2e-2).
   absl::StatusOr<Fragment> MakeChunks(uint32_t index, uint64_t elements) {
-    const auto codec = *compression::ParseCodec(config_.outer.codec);
+    const auto codec = config_.outer.codec;
     Fragment f;
     f.index = index;
     f.elements = elements;
@@ -336,7 +336,7 @@ absl::StatusOr<Config> LoadtestConfig(const LoadtestOptions& o) {
   c.model.n_head = sized.n_head;
   c.model.context = sized.context;
   c.outer.islands = o.islands;
-  c.outer.mode = "sync";
+  c.outer.mode = outer::OuterMode::kSync;
   if (!Overridden(o.overrides, "outer.min_islands")) c.outer.min_islands = o.islands;
   // Without a durable state write each round (4 bytes x 2 per parameter) the test measures the
   // service; --outer.durable_every=1 measures it with durability (updates wait for the write).
@@ -570,7 +570,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
 
   LoadtestReport report;
   report.params = inner::ParameterCount(config.model);
-  report.codec = config.outer.codec;
+  report.codec = compression::CodecName(config.outer.codec.codec);
   report.islands = o.islands;
   report.rounds = o.rounds;
   report.shards = o.shards;
@@ -581,7 +581,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
                "islands, %d rounds, %d service threads%s\n",
                (long long)report.params, config.model.n_layer, config.model.d_model,
                config.outer.num_fragments, config.outer.num_fragments == 1 ? "" : "s",
-               config.outer.codec.c_str(), o.islands, o.rounds, config.outer.service_threads,
+               report.codec.c_str(), o.islands, o.rounds, config.outer.service_threads,
                o.shards > 1 ? absl::StrFormat(", %d shard servers", o.shards).c_str() : "");
   std::fflush(o.out);
 

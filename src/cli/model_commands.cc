@@ -78,7 +78,7 @@ absl::Status RunImport(const ImportOptions& o) {
   ATL_ASSIGN_OR_RETURN(auto weights, LoadWeights(o.file, &base));
   Config config = base;  // its dropout and init seed stay; the shapes are the file's (validated)
   for (const auto& [key, field] : ArchitectureFields()) config.model.*field = weights.model.*field;
-  config.run.init_from = fs::absolute(o.file).lexically_normal().string();
+  config.train.init_from = fs::absolute(o.file).lexically_normal().string();
   ATL_RETURN_IF_ERROR(WriteFileAtomic(o.out, ToToml(config)));
   std::fprintf(o.out_stream,
                "atoll import: %s: %s; every tensor checked\n"
@@ -86,7 +86,7 @@ absl::Status RunImport(const ImportOptions& o) {
                "  start a run from it: atoll local --config %s --run-dir DIR (or train, "
                "coordinator, compare)\n",
                o.file.c_str(), Describe(weights).c_str(), o.out.c_str(),
-               config.run.init_from.c_str(), o.out.c_str());
+               config.train.init_from.c_str(), o.out.c_str());
   return absl::OkStatus();
 }
 

@@ -115,11 +115,10 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.sync_every = c.outer.sync_every;
     s.fragments = c.outer.num_fragments;
     s.tau = c.outer.fragment_sync_delay;
-    s.codec = c.outer.codec;
+    s.codec = compression::CodecName(c.outer.codec.codec);
     s.connections = c.outer.connections;
     s.phases = c.outer.phases;
-    ATL_ASSIGN_OR_RETURN(auto pattern, outer::ParseFragmentPattern(c.outer.fragment_pattern));
-    s.pattern = pattern;
+    s.pattern = c.outer.fragment_pattern;
   }
   if (o.params > 0) {
     s.params = o.params;

@@ -29,7 +29,7 @@ class TrainObserver : public inner::LoopObserver {
   absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
     ATL_RETURN_IF_ERROR(reporter_.OnStep(step, eval));
     if (eval != nullptr) last_eval_ = *eval;
-    const int64_t every = config_.run.checkpoint_every;
+    const int64_t every = config_.train.checkpoint_every;
     if (every > 0 && step.step % every == 0 && step.step < config_.train.steps) {
       ATL_RETURN_IF_ERROR(SaveCheckpoint());
     }
@@ -40,15 +40,15 @@ class TrainObserver : public inner::LoopObserver {
     return absl::OkStatus();
   }
   bool NeedsStats(int64_t step) const override {
-    const int64_t every = config_.run.checkpoint_every;
-    return step % config_.run.log_every == 0 || (every > 0 && step % every == 0) ||
+    const int64_t every = config_.train.checkpoint_every;
+    return step % config_.train.log_every == 0 || (every > 0 && step % every == 0) ||
            (options_.stop != nullptr && options_.stop->load());
   }
 
   absl::Status SaveCheckpoint() {
     const std::string path = CheckpointPath(options_.run_dir, trainer_.step());
     auto s = WriteCheckpointShard(path, 0, 1, trainer_.ExportState(), {WallSeconds(), ToToml(config_)});
-    if (s.ok()) PruneCheckpoints(options_.run_dir, config_.run.checkpoint_keep);
+    if (s.ok()) PruneCheckpoints(options_.run_dir, config_.train.checkpoint_keep);
     return s;
   }
 
@@ -71,7 +71,7 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
   ATL_ASSIGN_OR_RETURN(auto data,
                        inner::LoadDataset(config.data, config.model.context, config.model.vocab));
   ATL_ASSIGN_OR_RETURN(auto trainer,
-                       inner::Trainer::Create(config.model, config.optim, config.train, data));
+                       inner::Trainer::Create(config.trainer(), data));
 
   // Resume, or refuse to overwrite an earlier run; all before anything is written.
   double wall_before = 0;
@@ -90,7 +90,7 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
     return absl::AlreadyExistsError(absl::StrCat(
         "run directory ", options.run_dir,
         " already holds a run: pass --resume to continue it, or choose another --run-dir"));
-  } else if (!config.run.init_from.empty()) {
+  } else if (!config.train.init_from.empty()) {
     ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
     inner::TrainerState state = trainer->ExportState();
     ATL_RETURN_IF_ERROR(CopyInto(weights, state));
@@ -105,7 +105,7 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
                        MetricsLog::Open((run_dir / "metrics.jsonl").string(), trainer->step()));
 
   const int64_t start_step = trainer->step();
-  Progress progress(options.progress, options.tty, config.train.steps, config.run.log_every, "");
+  Progress progress(options.progress, options.tty, config.train.steps, config.train.log_every, "");
   progress.Message(absl::StrFormat(
       "atoll train: %d-layer GPT, %.2fM parameters, %d tokens/step, %s, run dir %s%s",
       config.model.n_layer, double(inner::ParameterCount(config.model)) / 1e6,

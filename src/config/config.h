@@ -1,6 +1,9 @@
 // Run configuration: TOML files with presets under deploy/configs/, every key overridable from the
-// command line as --section.key=value (torchtitan style). One schema lists every key with its type
-// and meaning; unknown keys, wrong types and out-of-range values are errors that name the key.
+// command line as --section.key=value (torchtitan style). Each component owns its section (the
+// struct, its keys with their documentation, its typed values and its validation: inner/*_config.h,
+// inner/parallel/parallelism_config.h, outer/outer_config.h); this file composes them, one TOML
+// section onto one struct. Unknown keys, wrong types and out-of-range values are errors that name
+// the key; typed values (codecs, enums) are parsed once, here.
 #ifndef ATOLL_SRC_CONFIG_CONFIG_H_
 #define ATOLL_SRC_CONFIG_CONFIG_H_
 
@@ -12,36 +15,37 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "inner/data.h"
-#include "inner/model.h"
-#include "inner/parallel/mesh.h"
-#include "inner/trainer.h"
+#include "inner/trainer_config.h"
 #include "outer/outer_config.h"
 
 namespace atl {
 
-struct RunConfig {
-  int64_t log_every = 10;         // progress / metrics cadence in steps (non-TTY progress lines)
-  int64_t checkpoint_every = 0;   // 0: only at the end (and on Ctrl-C)
-  int checkpoint_keep = 2;        // newest checkpoints kept in RUN_DIR/checkpoints
-  // The parameters the run starts from instead of model.init_seed's: a safetensors file, an atoll
-  // checkpoint or a run directory (src/store/model_io.h). Read by whoever initializes the global model
-  // (the coordinator, `atoll train`); islands fetch it from the service.
-  std::string init_from;
+// The [compare] section: `atoll compare`'s rows.
+struct CompareConfig {
+  static constexpr const char* kSection = "compare";
+  std::string methods = "baseline,diloco";  // comma-separated
 };
 
-struct CompareConfig {
-  std::string methods = "baseline,diloco";  // `atoll compare` rows, comma-separated
-};
+template <class V>
+void VisitKeys(CompareConfig& c, V&& v) {
+  v("methods", c.methods,
+    "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async");
+}
 
 struct Config {
   inner::ModelConfig model;
   inner::DataConfig data;
   inner::TrainConfig train;
   inner::OptimConfig optim;
-  RunConfig run;
+  inner::ActivationCheckpointConfig activation_checkpoint;
   inner::parallel::ParallelismConfig parallelism;  // the mesh of an island's ranks
   outer::OuterConfig outer;
   CompareConfig compare;
+
+  // The sections a trainer is made from.
+  inner::TrainerConfig trainer() const {
+    return {model, optim, train, activation_checkpoint, parallelism};
+  }
 };
 
 // One command-line override: key "train.steps", value "200".
@@ -56,6 +60,10 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Ove
 // The same from TOML text (a checkpoint's resolved config); `source` names it in errors.
 absl::StatusOr<Config> ParseConfig(const std::string& toml_text, const std::string& source,
                                    const std::vector<Override>& overrides = {});
+
+// Every section checked, alone and against each other (LoadConfig does it; a command that edits
+// a loaded config, e.g. `atoll compare` for each of its runs, checks the result again).
+absl::Status Validate(const Config& config);
 
 // The fully resolved configuration as TOML (every key, written into run directories/checkpoints).
 std::string ToToml(const Config& config);

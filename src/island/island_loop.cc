@@ -75,7 +75,8 @@ absl::Status CheckRunMatches(const Config& config, const pb::JoinResponse& joine
   }
   if (joined.schedule().async() != config.outer.async()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "this island is configured for outer.mode = \"", config.outer.mode, "\" but the run is ",
+        "this island is configured for outer.mode = \"", outer::ConfigValueText(config.outer.mode),
+        "\" but the run is ",
         joined.schedule().async() ? "async" : "sync"));
   }
   if (!(options.throttle >= 1)) {
@@ -109,8 +110,10 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
     const Config& config, const inner::TrainConfig& train, const pb::JoinResponse& joined,
     std::shared_ptr<const inner::Dataset> data, const std::optional<Checkpoint>& resumed,
     inner::parallel::DeviceMesh* mesh) {
+  inner::TrainerConfig trainer_config = config.trainer();
+  trainer_config.train = train;
   ATL_ASSIGN_OR_RETURN(auto trainer,
-                       inner::Trainer::Create(config.model, config.optim, train, std::move(data),
+                       inner::Trainer::Create(trainer_config, std::move(data),
                                               int(joined.data_stream()),
                                               int(joined.schedule().num_data_streams()), mesh));
   if (resumed) {
@@ -130,26 +133,14 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
   return trainer;
 }
 
+// The service's schedule, this island's own choices from its [outer] section, its tokens per step.
 outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinResponse& joined,
                                      const inner::Trainer& trainer) {
-  const auto& schedule = joined.schedule();
   outer::OuterStepOptions o;
-  o.total_steps = int64_t(schedule.total_inner_steps());
-  o.sync_every = schedule.sync_every();
-  o.phases = outer::PhasesOf(schedule);
-  o.tau = config.outer.fragment_sync_delay;
-  o.auto_tune = config.outer.auto_tune;
-  o.alpha = config.outer.alpha();
-  o.async = schedule.async();
-  o.token_budget = schedule.token_budget();
-  o.num_data_streams = schedule.num_data_streams();
+  o.schedule = outer::ScheduleOf(joined.schedule());
+  o.island = outer::IslandChoicesOf(
+      config.outer, compression::math::Mix64(config.train.seed) ^ joined.data_stream());
   o.tokens_per_step = trainer.tokens_per_step();
-  o.round_timeout_s = config.outer.round_timeout_s;
-  o.retry.timeout_s = config.outer.reconnect_timeout_s;
-  o.sync.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
-  o.sync.error_feedback = config.outer.error_feedback;
-  o.sync.stochastic_rounding = config.outer.stochastic_rounding;
-  o.sync.seed = compression::math::Mix64(config.train.seed) ^ joined.data_stream();
   return o;
 }
 
@@ -177,7 +168,7 @@ class CheckpointHook {
     ++saved_;
     auto write = [path = CheckpointPath(options_.run_dir, state.step), state = std::move(state),
                   meta = CheckpointMeta{wall_s, ToToml(config_)}, dir = options_.run_dir,
-                  keep = config_.run.checkpoint_keep, rank = options_.rank,
+                  keep = config_.train.checkpoint_keep, rank = options_.rank,
                   monitor = &monitor_] {
       const auto start = Clock::now();
       auto s = WriteCheckpointShard(path, rank.rank, rank.world_size, state, meta);
@@ -385,13 +376,9 @@ absl::Status IslandRun::Setup() {
 absl::Status IslandRun::JoinAndBuild() {
   // A coordinator that is restarting, or a run whose data streams are all held (by an island
   // whose lease has not expired yet), is retried with backoff and jitter.
-  outer::SessionOptions so;
-  so.run_id = config_.outer.run_id;
-  so.name = options_.name;
-  so.config_hash = ModelConfigHash(config_.model);
-  so.heartbeat_s = config_.outer.heartbeat_s;
-  so.retry.timeout_s = config_.outer.reconnect_timeout_s;
-  so.credential_file = (fs::path(options_.run_dir) / "session.credential").string();
+  const outer::SessionOptions so = outer::SessionOptionsOf(
+      config_.outer, options_.name, ModelConfigHash(config_.model),
+      (fs::path(options_.run_dir) / "session.credential").string());
   ATL_ASSIGN_OR_RETURN(auto session, outer::IslandSession::JoinAsIsland(transport_, so, *ranks_));
   session_ = std::move(session);
   joined_ = session_->joined();
@@ -442,7 +429,7 @@ absl::Status IslandRun::OpenOutputs() {
                : absl::StrCat("[", island_id, "] ");
   FILE* out = options_.progress;
   if (!lead()) out = quiet_ = std::fopen("/dev/null", "w");
-  progress_ = std::make_unique<Progress>(out, options_.tty, train_.steps, config_.run.log_every,
+  progress_ = std::make_unique<Progress>(out, options_.tty, train_.steps, config_.train.log_every,
                                          label_);
   monitor_ = std::make_unique<IslandMonitor>(island_id, options_.rank.rank, async_);
   if (!options_.metrics_listen.empty()) {
@@ -474,12 +461,10 @@ absl::Status IslandRun::OpenOutputs() {
   const auto& schedule = joined_.schedule();
   const auto& shape = mesh_->shape();
   progress_->Message(absl::StrFormat(
-      "%sjoined %s run '%s' at %s %d: data stream %d of %d, H = %d, %d fragment(s), tau = %d, "
-      "alpha = %.2f, %s, %s, %.2fM parameters (state: %.1f MiB in %.2fs)%s%s",
+      "%sjoined %s run '%s' at %s %d: data stream %d of %d, %s, %s, %.2fM parameters (state: "
+      "%.1f MiB in %.2fs)%s%s",
       label_, async_ ? "async" : "sync", config_.outer.run_id, async_ ? "version" : "round",
-      outer_->round(), joined_.data_stream(), schedule.num_data_streams(), schedule.sync_every(),
-      schedule.num_fragments(), config_.outer.fragment_sync_delay, config_.outer.alpha(),
-      config_.outer.codec,
+      outer_->round(), joined_.data_stream(), schedule.num_data_streams(), outer_->Describe(),
       async_ ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
              : absl::StrCat(train_.steps, " inner steps"),
       double(inner::ParameterCount(config_.model)) / 1e6,
@@ -531,8 +516,8 @@ absl::Status IslandRun::Evaluate(int64_t t) {
 // Whether the steps' stats must come over from the device after step t: a progress line is due,
 // or something that must follow every step judged (a push, an evaluation, a checkpoint, the end).
 bool IslandRun::StatsDueAfter(int64_t t) const {
-  const int64_t eval_every = train_.eval_every, ckpt_every = config_.run.checkpoint_every;
-  return t % config_.run.log_every == 0 || outer_->PushesAfter(t) ||
+  const int64_t eval_every = train_.eval_every, ckpt_every = config_.train.checkpoint_every;
+  return t % config_.train.log_every == 0 || outer_->PushesAfter(t) ||
          (eval_every > 0 && t % eval_every == 0) || (ckpt_every > 0 && t % ckpt_every == 0) ||
          t >= outer_->max_steps();
 }
@@ -609,7 +594,7 @@ absl::Status IslandRun::Train() {
     if ((every > 0 && t % every == 0 && !last) || (last && !async_)) {
       ATL_RETURN_IF_ERROR(Evaluate(t));
     }
-    const int64_t ckpt_every = config_.run.checkpoint_every;
+    const int64_t ckpt_every = config_.train.checkpoint_every;
     if (ckpt_every > 0 && t % ckpt_every == 0 && !last) {
       ATL_RETURN_IF_ERROR(checkpoints_->Save(/*background=*/true, Since(start_)));
     }

@@ -66,12 +66,14 @@ void ShardModel::Merge(uint32_t f, const std::vector<float>& global, double alph
   merged_[f] = true;
 }
 
-absl::Status ShardModel::PlaceGlobalCopy(const std::string& where) {
+absl::Status ShardModel::PlaceGlobalCopy(outer::GlobalCopy where) {
   device_.clear();
   device_.resize(pieces_.size());
   const bool on_gpu = !trainer_.sharded().shards().empty() &&
                       trainer_.sharded().shards().front().value.device().is_cuda();
-  if (where == "host" || (where == "auto" && !on_gpu)) return absl::OkStatus();
+  if (where == outer::GlobalCopy::kHost || (where == outer::GlobalCopy::kAuto && !on_gpu)) {
+    return absl::OkStatus();
+  }
   for (size_t f = 0; f < pieces_.size(); ++f) {
     if (pieces_[f].empty()) continue;  // carried by other ranks
     uint64_t n = 0;

@@ -21,6 +21,7 @@
 #include "compression/status_macros.h"
 #include "inner/model.h"
 #include "outer/fragments.h"
+#include "outer/service_options.h"
 #include "src/store/checkpoint.h"
 #include "src/store/flat_params.h"
 #include "src/net/grpc_transport.h"
@@ -34,47 +35,11 @@
 namespace atl {
 
 absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config, int shard) {
-  outer::SyncServerOptions o;
-  o.run_id = config.outer.run_id;
-  o.optimizer = config.outer.optimizer;
-  o.min_islands = config.outer.min_islands;
-  o.round_timeout_s = config.outer.round_timeout_s;
-  o.lease_s = config.outer.lease_s;
-  o.sync_every = uint32_t(config.outer.sync_every);
-  o.total_inner_steps = uint64_t(config.train.steps);
-  o.phases = config.outer.phases;
-  o.num_data_streams = uint32_t(config.outer.islands);
-  o.config_hash = ModelConfigHash(config.model);
-  o.codec = *compression::ParseCodec(config.outer.codec);  // validated with the config
-  o.aggregation.rule = *outer::ParseAggregationRule(config.outer.aggregation);  // validated too
-  o.aggregation.clip_multiple = config.outer.clip_multiple;
-  o.aggregation.trim_fraction = config.outer.trim_fraction;
-  o.max_update_norm = config.outer.max_update_norm;
-  o.max_update_value = config.outer.max_update_value;
-  o.service_threads = config.outer.service_threads;
-  o.num_shards = uint32_t(config.outer.shards);
-  o.shard = shard;
-  if (config.outer.auto_tune) {
-    o.auto_tune_target = config.outer.target_utilization;
-    o.auto_tune_headroom = config.outer.auto_tune_headroom;
-  }
-  // A contribution weighs the tokens of the steps since the island's last push: at most H steps
-  // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
-  const int longest_round = std::max(config.outer.sync_every, config.outer.phases.early_sync_every);
-  o.max_tokens = 2 * uint64_t(longest_round) * uint64_t(config.train.batch_size) *
-                 uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
-  if (config.outer.async()) {
-    o.async = true;
-    o.max_staleness = uint32_t(config.outer.max_staleness);
-    o.staleness_scaling = config.outer.staleness_scaling;
-    o.dynamic_local_steps = config.outer.dynamic_local_steps;
-    o.optimizer.momentum_delay =
-        config.outer.momentum_delay > 0 ? config.outer.momentum_delay : config.outer.islands;
-    // The token budget of the run: T inner steps on each of the M islands.
-    o.token_budget = uint64_t(config.train.steps) * uint64_t(config.outer.islands) *
-                     uint64_t(config.train.batch_size) * uint64_t(config.train.grad_accum) *
-                     uint64_t(config.model.context);
-  }
+  const uint64_t tokens_per_step = uint64_t(config.train.batch_size) *
+                                   uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
+  const outer::SyncServerOptions o = outer::ServiceOptions(
+      config.outer, {uint64_t(config.train.steps), tokens_per_step, ModelConfigHash(config.model)},
+      shard);
   std::vector<outer::FragmentLayout> layouts;
   std::vector<std::vector<float>> initial;
   {
@@ -82,7 +47,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     // them twice once it runs.
     inner::Gpt model(config.model);
     const NamedParams params = inner::NamedParameters(*model);
-    if (!config.run.init_from.empty()) {
+    if (!config.train.init_from.empty()) {
       ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
       ATL_RETURN_IF_ERROR(CopyInto(weights, params));
     }
@@ -90,7 +55,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     ATL_ASSIGN_OR_RETURN(
         auto plan,
         outer::PlanFragments(layout.names, config.outer.num_fragments,
-                             *outer::ParseFragmentPattern(config.outer.fragment_pattern)));
+                             config.outer.fragment_pattern));
     for (const auto& indices : plan.parameters) {
       outer::FragmentLayout l;
       for (size_t i : indices) {
@@ -428,7 +393,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   // Flags are checked before anything is built or bound.
   ATL_RETURN_IF_ERROR(CheckOptions(config, options));
   Config initial = config;
-  if (options.resume) initial.run.init_from.clear();  // the state file holds the parameters
+  if (options.resume) initial.train.init_from.clear();  // the state file holds the parameters
   ATL_ASSIGN_OR_RETURN(
       auto made,
       MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane));

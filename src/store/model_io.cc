@@ -193,8 +193,8 @@ absl::StatusOr<ModelWeights> LoadServiceState(const fs::path& path, const Config
   const Shapes shapes = inner::ParameterShapes(config.model);
   std::vector<std::string> names;
   for (const auto& [name, shape] : shapes) names.push_back(name);
-  ATL_ASSIGN_OR_RETURN(auto pattern, outer::ParseFragmentPattern(config.outer.fragment_pattern));
-  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(names, config.outer.num_fragments, pattern));
+  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(names, config.outer.num_fragments,
+                                                       config.outer.fragment_pattern));
   if (plan.parameters.size() != size_t(state.fragments_size())) {
     return absl::FailedPreconditionError(
         absl::StrCat(path.string(), " has ", state.fragments_size(), " fragments, the config ",
@@ -365,8 +365,8 @@ absl::Status WriteSafetensors(const ModelWeights& weights, const std::string& pa
 }
 
 absl::StatusOr<ModelWeights> InitialWeights(const Config& config) {
-  const std::string what = absl::StrCat("train.init_from (", config.run.init_from, ")");
-  auto w = LoadWeights(config.run.init_from, &config);
+  const std::string what = absl::StrCat("train.init_from (", config.train.init_from, ")");
+  auto w = LoadWeights(config.train.init_from, &config);
   if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(what, ": ", w.status().message()));
   ATL_RETURN_IF_ERROR(CheckSameArchitecture(config.model, w->model, what));
   return w;

@@ -72,7 +72,7 @@ absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::
 absl::Status WriteSafetensors(const ModelWeights& weights, const std::string& path, NameStyle style,
                               const std::map<std::string, std::string>& extra = {});
 
-// The run's starting weights (config.run.init_from), checked against config.model.
+// The run's starting weights (config.train.init_from), checked against config.model.
 absl::StatusOr<ModelWeights> InitialWeights(const Config& config);
 
 // Copies `weights` into a module's parameters by name, all checked first (all or nothing).

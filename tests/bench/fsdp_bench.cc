@@ -137,20 +137,22 @@ int main(int argc, char** argv) {
       p.data_parallel_shard_degree = mesh_spec.shard;
       p.tensor_parallel_degree = mesh_spec.tp;
       p.pipeline_parallel_degree = mesh_spec.pp;
-      auto train = config->train;
-      train.sequence_parallel = mesh_spec.sequence_parallel;
+      p.sequence_parallel = mesh_spec.sequence_parallel;
       if (mesh_spec.pp > 1) {
-        train.pipeline_microbatches = micro;
-        train.pipeline_schedule = mesh_spec.schedule;
+        p.pipeline_microbatches = micro;
+        if (!atl::inner::parallel::ParseConfigValue(mesh_spec.schedule, &p.pipeline_schedule).ok()) {
+          return 9;
+        }
       }
+      auto trainer_config = config->trainer();
+      trainer_config.parallelism = p;
       auto shape = atl::inner::parallel::ResolveMesh(p, n);
       auto mesh = atl::inner::parallel::DeviceMesh::Create(*shape, info, false,
                                                            std::chrono::seconds(120));
       if (!mesh.ok()) return 10;
       auto data = atl::inner::LoadDataset(config->data, config->model.context, config->model.vocab);
       if (!data.ok()) return 11;
-      auto t = atl::inner::Trainer::Create(config->model, config->optim, train, *data, 0, 1,
-                                           mesh->get());
+      auto t = atl::inner::Trainer::Create(trainer_config, *data, 0, 1, mesh->get());
       if (!t.ok()) {
         std::fprintf(stderr, "%s\n", std::string(t.status().message()).c_str());
         return 12;

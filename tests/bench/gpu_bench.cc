@@ -229,8 +229,13 @@ int RunModel(const std::string& name, const Preset& preset, const Options& o, do
   train.steps = 1000;
   train.batch_size = preset.batch;
   train.device = o.device;
-  train.mixed_precision = o.precision == "bf16" ? "bf16" : "none";
-  auto trainer = inner::Trainer::Create(preset.model, optim, train, *data);
+  train.mixed_precision =
+      o.precision == "bf16" ? inner::MixedPrecision::kBf16 : inner::MixedPrecision::kNone;
+  inner::TrainerConfig trainer_config;
+  trainer_config.model = preset.model;
+  trainer_config.optim = optim;
+  trainer_config.train = train;
+  auto trainer = inner::Trainer::Create(trainer_config, *data);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(trainer.status().message()).c_str());
     return 1;

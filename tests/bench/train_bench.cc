@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   // atoll: trainer over a generated corpus.
   auto corpus = atl::inner::TokenCorpus::FromText(atl::testing::GeneratedText(4 << 20, 1));
   auto data = atl::inner::MakeDataset(corpus, nullptr, 0.01, c.model.context, 1);
-  auto trainer = atl::inner::Trainer::Create(c.model, c.optim, c.train, *data);
+  auto trainer = atl::inner::Trainer::Create(c.trainer(), *data);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", std::string(trainer.status().message()).c_str());
     return 2;
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   atl::testing::TempDir dir;
   auto log = atl::MetricsLog::Open(dir.Join("metrics.jsonl"), 0);
   FILE* devnull = std::fopen("/dev/null", "w");
-  atl::Progress progress(devnull, /*tty=*/true, c.train.steps, c.run.log_every, "");
+  atl::Progress progress(devnull, /*tty=*/true, c.train.steps, c.train.log_every, "");
   atl::StepReporter observer(**log, progress);
 
   // Bare libtorch: same model class and init, a fixed batch, torch's AdamW.

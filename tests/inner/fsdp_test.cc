@@ -52,7 +52,7 @@ TrainingRun TrainIsland(const Config& c, int ranks, ParallelismConfig parallelis
     if (!mesh.ok()) return 11;
     auto data = LoadDataset(c.data, c.model.context, c.model.vocab);
     if (!data.ok()) return 12;
-    auto t = Trainer::Create(c.model, c.optim, c.train, *data, 0, 1, mesh->get());
+    auto t = Trainer::Create(c.trainer(), *data, 0, 1, mesh->get());
     if (!t.ok()) return 13;
     if (!resume.empty()) {
       auto from = ReadCheckpoint(resume);
@@ -139,8 +139,8 @@ ParallelismConfig Mesh(int shard, int tp = 1, int replicate = 1, int pp = 1) {
 // `pieces` pipeline micro-batches of the config's batch each, in `schedule`.
 Config Pipelined(Config c, int pieces, const std::string& schedule) {
   c.train.batch_size *= pieces;
-  c.train.pipeline_microbatches = pieces;
-  c.train.pipeline_schedule = schedule;
+  c.parallelism.pipeline_microbatches = pieces;
+  EXPECT_TRUE(parallel::ParseConfigValue(schedule, &c.parallelism.pipeline_schedule).ok());
   return c;
 }
 
@@ -171,7 +171,7 @@ TEST_F(FsdpParityTest, FourShardsEqualOneRank) {
 // HSDP (2 replicas of 2 shards) and activation checkpointing give the same training too.
 TEST_F(FsdpParityTest, ReplicatedShardsAndActivationCheckpointingEqualOneRank) {
   auto c = ParityConfig(dir_.Join("text.txt"));
-  c.train.activation_checkpoint = "full";
+  c.activation_checkpoint.mode = inner::ActivationCheckpointMode::kFull;
   ExpectParity(TrainIsland(c, 4, Mesh(2, 1, 2), dir_, "hsdp"), Reference(4), "hsdp 2x2 + recompute vs 1 rank");
   // Its checkpoint holds each element once (the replicas write nothing): it loads on one rank.
   TrainIsland(c, 1, {}, dir_, "after-hsdp", 1, dir_.Join("hsdp-ckpt"));
@@ -195,7 +195,7 @@ TEST_F(FsdpParityTest, TwoShardsOfTwoTensorParallelRanksEqualOneRank) {
 // stages (whose boundaries then carry the ranks' slices).
 TEST_F(FsdpParityTest, SequenceParallelRanksEqualOneRank) {
   auto c = ParityConfig(dir_.Join("text.txt"));
-  c.train.sequence_parallel = true;
+  c.parallelism.sequence_parallel = true;
   ExpectParity(TrainIsland(c, 2, Mesh(1, 2), dir_, "tp2-sp"), Reference(1),
                "tp 2 + sequence parallel vs 1 rank");
   ExpectParity(TrainIsland(Pipelined(c, 2, "1F1B"), 4, Mesh(1, 2, 1, 2), dir_, "pp2xtp2-sp"),
@@ -207,9 +207,9 @@ TEST_F(FsdpParityTest, SequenceParallelRanksEqualOneRank) {
 TEST_F(FsdpParityTest, SequenceParallelDropsWhatTensorParallelDrops) {
   auto c = ParityConfig(dir_.Join("text.txt"));
   c.model.dropout = 0.1;
-  c.train.activation_checkpoint = "full";
+  c.activation_checkpoint.mode = inner::ActivationCheckpointMode::kFull;
   const auto tp_alone = TrainIsland(c, 4, Mesh(2, 2), dir_, "fsdp2xtp2-dropout");
-  c.train.sequence_parallel = true;
+  c.parallelism.sequence_parallel = true;
   ExpectParity(TrainIsland(c, 4, Mesh(2, 2), dir_, "fsdp2xtp2-sp-dropout"), tp_alone,
                "fsdp 2 x tp 2 + sequence parallel vs without, dropout 0.1");
 }
@@ -277,7 +277,7 @@ TEST_F(FsdpParityTest, PipelineCheckpointsLoadOnAnotherMesh) {
 // gathered, so stay fp32) within 2% of the loss at every step.
 TEST_F(FsdpParityTest, Bf16ShardsGatherInBf16AndTrainLikeOneRank) {
   auto c = ParityConfig(dir_.Join("text.txt"));
-  c.train.mixed_precision = "bf16";
+  c.train.mixed_precision = inner::MixedPrecision::kBf16;
   const auto codes = testing::RunRanks(2, [&](const RankInfo& info) {
     auto mesh = DeviceMesh::Create(*parallel::ResolveMesh(Mesh(2), 2), info, false,
                                    std::chrono::seconds(30));
@@ -287,8 +287,8 @@ TEST_F(FsdpParityTest, Bf16ShardsGatherInBf16AndTrainLikeOneRank) {
     int64_t peak[2] = {0, 0};
     for (const bool bf16 : {false, true}) {
       auto d = c;
-      d.train.mixed_precision = bf16 ? "bf16" : "none";
-      auto t = Trainer::Create(d.model, d.optim, d.train, *data, 0, 1, mesh->get());
+      d.train.mixed_precision = bf16 ? inner::MixedPrecision::kBf16 : inner::MixedPrecision::kNone;
+      auto t = Trainer::Create(d.trainer(), *data, 0, 1, mesh->get());
       if (!t.ok() || !(*t)->Step().ok()) return 13;
       const auto m = (*t)->sharded().memory();
       if (m.gathered_element_bytes != (bf16 ? 2 : 4)) return 14;
@@ -319,14 +319,14 @@ TEST_F(FsdpParityTest, Bf16ShardsGatherInBf16AndTrainLikeOneRank) {
 // does on the same global batch, within 2% of the loss at every step.
 TEST_F(FsdpParityTest, Bf16TensorAndPipelineParallelTrainLikeOneRank) {
   auto c = ParityConfig(dir_.Join("text.txt"));
-  c.train.mixed_precision = "bf16";
+  c.train.mixed_precision = inner::MixedPrecision::kBf16;
   auto reference = [&](int accum) {
     auto d = c;
     d.train.grad_accum = accum;
     return TrainIsland(d, 1, {}, dir_, "bf16-reference" + std::to_string(accum));
   };
   auto sequence_parallel = c;
-  sequence_parallel.train.sequence_parallel = true;
+  sequence_parallel.parallelism.sequence_parallel = true;
   const auto one = reference(1), two = reference(2), four = reference(4);
   struct Case {
     std::string name;

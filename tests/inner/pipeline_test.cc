@@ -51,9 +51,13 @@ TEST(PipelineTest, SchedulesInTheirOrder) {
                             {A::kBackward, 1}}));
   EXPECT_DOUBLE_EQ(IdealBubble(2, 4), 0.2);
   EXPECT_DOUBLE_EQ(IdealBubble(1, 4), 0.0);
-  EXPECT_EQ(ParsePipelineSchedule("gpipe").value(), PipelineSchedule::kGPipe);
-  EXPECT_EQ(ParsePipelineSchedule("1F1B").value(), PipelineSchedule::k1F1B);
-  EXPECT_FALSE(ParsePipelineSchedule("zero-bubble").ok());
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  EXPECT_TRUE(ParseConfigValue("gpipe", &schedule).ok());  // any case
+  EXPECT_EQ(schedule, PipelineSchedule::kGPipe);
+  EXPECT_TRUE(ParseConfigValue("1F1B", &schedule).ok());
+  EXPECT_EQ(schedule, PipelineSchedule::k1F1B);
+  EXPECT_FALSE(ParseConfigValue("zero-bubble", &schedule).ok());
+  EXPECT_EQ(ConfigValueText(PipelineSchedule::kGPipe), "GPipe");
 }
 
 // Runs every stage's actions as the executor does (a forward waits for the stage before, a

@@ -21,7 +21,7 @@ std::shared_ptr<const Dataset> Data(const Config& c, uint64_t text_seed = 1) {
 }
 
 std::unique_ptr<Trainer> Make(const Config& c, std::shared_ptr<const Dataset> data) {
-  auto t = Trainer::Create(c.model, c.optim, c.train, std::move(data));
+  auto t = Trainer::Create(c.trainer(), std::move(data));
   EXPECT_TRUE(t.ok()) << t.status();
   return *std::move(t);
 }
@@ -63,7 +63,7 @@ TEST(TrainerTest, Bf16AutocastTrainsLikeFp32) {
   c.train.steps = 60;
   auto data = Data(c);
   auto fp32 = Make(c, data);
-  c.train.mixed_precision = "bf16";
+  c.train.mixed_precision = inner::MixedPrecision::kBf16;
   auto bf16 = Make(c, data);
   double first32 = 0, first16 = 0, last32 = 0, last16 = 0;
   for (int i = 0; i < 60; ++i) {
@@ -93,7 +93,7 @@ TEST(TrainerTest, GpuTrainsLikeTheCpu) {
   auto cpu = Make(c, data);
   c.train.device = "cuda";
   auto gpu = Make(c, data);
-  c.train.mixed_precision = "bf16";
+  c.train.mixed_precision = inner::MixedPrecision::kBf16;
   auto bf16 = Make(c, data);
   double first = 0, last_cpu = 0, last_gpu = 0, last_bf16 = 0;
   for (int i = 0; i < 40; ++i) {
@@ -179,7 +179,7 @@ TEST(TrainerTest, ClippingActsOnlyAboveTheBound) {
 TEST(TrainerTest, GpuStepsQueueWithoutHostSyncs) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ASSERT_TRUE(compat::ThrowOnDeviceSync::active()) << "a GPU but no CUDA libtorch build";
-  for (const std::string precision : {"none", "bf16"}) {
+  for (const MixedPrecision precision : {MixedPrecision::kNone, MixedPrecision::kBf16}) {
     auto c = TinyConfig("");
     c.train.device = "cuda";
     c.train.mixed_precision = precision;
@@ -190,13 +190,13 @@ TEST(TrainerTest, GpuStepsQueueWithoutHostSyncs) {
       const compat::ThrowOnDeviceSync strict;
       for (int i = 0; i < 3; ++i) {
         const auto s = t->QueueStep();
-        ASSERT_TRUE(s.ok()) << precision << ": " << s;
+        ASSERT_TRUE(s.ok()) << ConfigValueText(precision) << ": " << s;
       }
     }
     const auto stats = t->TakeStats();
     ASSERT_TRUE(stats.ok()) << stats.status();
     ASSERT_EQ(stats->size(), 3u);
-    for (const auto& s : *stats) EXPECT_TRUE(std::isfinite(s.loss) && s.grad_norm > 0) << precision;
+    for (const auto& s : *stats) EXPECT_TRUE(std::isfinite(s.loss) && s.grad_norm > 0) << ConfigValueText(precision);
   }
 }
 

@@ -53,15 +53,14 @@ TEST(OuterOptimizerTest, LearningRateScheduleWarmsUpThenDecays) {
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 2, 10), 0.6);
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 3, 10), 0.8);
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 9, 10), 0.8);
-  c.decay = "cosine";
+  c.decay = LrDecay::kCosine;
   c.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 3, 12), 0.8);          // the first round after warmup
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 7, 12), 0.8 * 0.55);   // half way: (0.1 + 1) / 2
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 11, 12), 0.8 * 0.1);   // the last round
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 20, 12), 0.8 * 0.1);   // past the end (a longer resumed run)
   EXPECT_DOUBLE_EQ(ScheduledLr(c, 5, 0), 0.8);           // no known length: no decay
-  c.decay = "linear";
-  EXPECT_FALSE(Validate(c).ok());
+  EXPECT_FALSE(ParseConfigValue("linear", &c.decay).ok());
 }
 
 TEST(OuterOptimizerTest, DelayedNesterovWithPeriodOneIsNesterovBitForBit) {

@@ -729,7 +729,7 @@ TEST_F(SyncServerTest, EachRoundStepsWithItsScheduledOuterLr) {
   options_.num_data_streams = 1;
   options_.optimizer = {1.0, 0.0, false};
   options_.optimizer.warmup_rounds = 1;
-  options_.optimizer.decay = "cosine";
+  options_.optimizer.decay = LrDecay::kCosine;
   options_.sync_every = 10;
   options_.total_inner_steps = 40;  // 4 rounds: warmup, then cosine over rounds 1..3
   auto s = Make({0, 0, 0, 0});
