@@ -12,6 +12,9 @@
 //   fp4_e3m0  same layout; sign + 3 exponent bits, no mantissa: magnitudes {0} and
 //             {2^-5, 2^-4, 2^-3, 2^-2, 2^-1, 1, 2} x scale with scale = 2^floor(log2 amax), so the
 //             block's largest magnitude lands in [1, 2).
+//   fp8_e4m3  nblocks x E8M0 scale byte, then n bytes of E4M3 codes (MXFP8: scale =
+//             2^(floor(log2 amax) - 8), magnitudes up to 448 x scale; compression/codec_fp8.cc).
+// Each codec is a row of the traits table (codec_traits.h), in a file of its own.
 // 4-bit codes: bit 3 is the sign, bits 0-2 index the magnitudes; a value that rounds to zero is
 // encoded as +0. Rounding is to nearest, ties to the even code, deterministic; the scale byte is
 // clamped to [0, 254] (E8M0 has no infinity and 255 is NaN), so blocks beyond that range saturate.
@@ -39,15 +42,16 @@
 namespace atl::compression {
 
 std::string CodecName(Codec codec);
-// "fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0" with each codec's default block size.
+// A codec by name (codec_traits.h), with its default block size.
 absl::StatusOr<CodecSpec> ParseCodec(const std::string& name);
-// "fp32, bf16, int8, fp4_e2m1 or fp4_e3m0 on the wire": the codecs, for documentation.
-std::string CodecsHelp();
+// "fp32, bf16, int8, fp4_e2m1, fp4_e3m0 or fp8_e4m3 on the wire" (or the plain list): the codecs
+// of this build (compression/codec_traits.h), for documentation and errors.
+std::string CodecsHelp(bool on_the_wire = true);
 // A config key's codec (compression/config_value.h): by name, with the codec's default block.
 absl::Status ParseConfigValue(const std::string& text, CodecSpec* value);
 std::string ConfigValueText(const CodecSpec& value);
-// Refuses codec numbers this build does not implement and block sizes that do not fit the codec
-// (int8: 1..65536; fp4: even, 2..4096; fp32/bf16: 0).
+// Refuses codec numbers this build does not implement and block sizes that do not fit the codec's
+// rule (its row of codec_traits.h: int8 1..65536, fp4 even 2..4096, fp8 1..4096, fp32/bf16 0).
 absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size);
 
 // Bytes needed to encode n elements.

@@ -59,8 +59,21 @@ bool Available(std::string* why) {
   return true;
 }
 
+bool Supports(Codec codec) { return detail::HasKernels(codec); }
+
+namespace {
+
+absl::Status CheckKernels(const CodecSpec& spec) {
+  if (detail::HasKernels(spec.codec)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(CodecName(spec.codec), " has no CUDA kernels: it is encoded on the host"));
+}
+
+}  // namespace
+
 absl::Status EncodeOnDevice(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                             const Rounding& rounding, void* stream) {
+  ATL_RETURN_IF_ERROR(CheckKernels(spec));
   size_t bad = n;
   ATL_RETURN_IF_ERROR(CudaError(detail::FirstNonFinite(in, n, &bad, stream), "finite check"));
   if (bad < n) {
@@ -74,6 +87,7 @@ absl::Status EncodeOnDevice(const CodecSpec& spec, const float* in, size_t n, ui
 
 absl::Status DecodeOnDevice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
                             float* out, void* stream) {
+  ATL_RETURN_IF_ERROR(CheckKernels(spec));
   if (bytes != EncodedBytes(spec, n)) {
     return absl::InvalidArgumentError(absl::StrCat(CodecName(spec.codec), " payload of ", n,
                                                    " elements must be ", EncodedBytes(spec, n),
@@ -230,6 +244,8 @@ absl::Status NotBuilt() {
       "this build has no CUDA kernels (configure with nvcc available and ATOLL_CUDA=AUTO or ON)");
 }
 }  // namespace
+
+bool Supports(Codec) { return false; }
 
 bool Available(std::string* why) {
   if (why) *why = "this build has no CUDA kernels (ATOLL_CUDA=OFF or nvcc not found)";

@@ -163,59 +163,104 @@ int FirstNonFinite(const float* in, size_t n, size_t* first, void* stream) {
   return int(err);
 }
 
-int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
-                 const Rounding& rounding, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  const uint32_t block = spec.block_size;
-  const bool stochastic = rounding.stochastic;
-  const uint64_t seed = rounding.seed, first_index = rounding.first_index;
-  const size_t nblocks = block ? (n + block - 1) / block : 0;
-  if (n == 0) return int(cudaSuccess);
-  switch (spec.codec) {
-    case Codec::kFp32:
-      return int(cudaMemcpyAsync(out, in, n * 4, cudaMemcpyDeviceToDevice, s));
-    case Codec::kBf16:
-      EncodeBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, s>>>(in, n, out, stochastic, seed,
-                                                                 first_index);
-      break;
-    case Codec::kInt8:
-      if (stochastic) {
-        EncodeInt8Kernel<true><<<GridFor(nblocks, kWarpsPerBlock), kThreads, 0, s>>>(
-            in, n, block, nblocks, out, seed, first_index);
-      } else {
-        EncodeInt8Kernel<false><<<GridFor(nblocks, kWarpsPerBlock), kThreads, 0, s>>>(
-            in, n, block, nblocks, out, seed, first_index);
-      }
-      break;
-    case Codec::kFp4E2M1:
-      LaunchFp4<m::E2M1>(stochastic, in, n, block, nblocks, out, seed, first_index, s);
-      break;
-    case Codec::kFp4E3M0:
-      LaunchFp4<m::E3M0>(stochastic, in, n, block, nblocks, out, seed, first_index, s);
-      break;
-  }
+namespace {
+
+// One codec's kernels, launched on stream s (the spec is valid, n > 0); asynchronous.
+struct Launch {
+  uint32_t block;
+  size_t n, nblocks;
+  cudaStream_t s;
+};
+
+int EncodeFp32(const Launch& l, const float* in, uint8_t* out, const Rounding&) {
+  return int(cudaMemcpyAsync(out, in, l.n * 4, cudaMemcpyDeviceToDevice, l.s));
+}
+int DecodeFp32(const Launch& l, const uint8_t* in, float* out) {
+  return int(cudaMemcpyAsync(out, in, l.n * 4, cudaMemcpyDeviceToDevice, l.s));
+}
+
+int EncodeBf16(const Launch& l, const float* in, uint8_t* out, const Rounding& r) {
+  EncodeBf16Kernel<<<GridFor(l.n, kThreads), kThreads, 0, l.s>>>(in, l.n, out, r.stochastic,
+                                                                   r.seed, r.first_index);
+  return int(cudaGetLastError());
+}
+int DecodeBf16(const Launch& l, const uint8_t* in, float* out) {
+  DecodeBf16Kernel<<<GridFor(l.n, kThreads), kThreads, 0, l.s>>>(in, l.n, out);
   return int(cudaGetLastError());
 }
 
-int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  const uint32_t block = spec.block_size;
-  const size_t nblocks = block ? (n + block - 1) / block : 0;
-  if (n == 0) return int(cudaSuccess);
-  const unsigned grid = GridFor(n, kThreads);
-  switch (spec.codec) {
-    case Codec::kFp32:
-      return int(cudaMemcpyAsync(out, in, n * 4, cudaMemcpyDeviceToDevice, s));
-    case Codec::kBf16: DecodeBf16Kernel<<<grid, kThreads, 0, s>>>(in, n, out); break;
-    case Codec::kInt8: DecodeInt8Kernel<<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out); break;
-    case Codec::kFp4E2M1:
-      DecodeFp4Kernel<m::E2M1><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out);
-      break;
-    case Codec::kFp4E3M0:
-      DecodeFp4Kernel<m::E3M0><<<grid, kThreads, 0, s>>>(in, n, block, nblocks, out);
-      break;
+int EncodeInt8(const Launch& l, const float* in, uint8_t* out, const Rounding& r) {
+  const unsigned grid = GridFor(l.nblocks, kWarpsPerBlock);
+  if (r.stochastic) {
+    EncodeInt8Kernel<true><<<grid, kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks, out, r.seed,
+                                                       r.first_index);
+  } else {
+    EncodeInt8Kernel<false><<<grid, kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks, out, r.seed,
+                                                        r.first_index);
   }
   return int(cudaGetLastError());
+}
+int DecodeInt8(const Launch& l, const uint8_t* in, float* out) {
+  DecodeInt8Kernel<<<GridFor(l.n, kThreads), kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks,
+                                                                  out);
+  return int(cudaGetLastError());
+}
+
+template <class F>
+int EncodeFp4(const Launch& l, const float* in, uint8_t* out, const Rounding& r) {
+  LaunchFp4<F>(r.stochastic, in, l.n, l.block, l.nblocks, out, r.seed, r.first_index, l.s);
+  return int(cudaGetLastError());
+}
+template <class F>
+int DecodeFp4(const Launch& l, const uint8_t* in, float* out) {
+  DecodeFp4Kernel<F><<<GridFor(l.n, kThreads), kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks,
+                                                                    out);
+  return int(cudaGetLastError());
+}
+
+// The codecs with kernels (their rows of codec_traits.h say cuda = true).
+struct Kernels {
+  Codec codec;
+  int (*encode)(const Launch&, const float*, uint8_t*, const Rounding&);
+  int (*decode)(const Launch&, const uint8_t*, float*);
+};
+constexpr Kernels kKernels[] = {
+    {Codec::kFp32, EncodeFp32, DecodeFp32},
+    {Codec::kBf16, EncodeBf16, DecodeBf16},
+    {Codec::kInt8, EncodeInt8, DecodeInt8},
+    {Codec::kFp4E2M1, EncodeFp4<m::E2M1>, DecodeFp4<m::E2M1>},
+    {Codec::kFp4E3M0, EncodeFp4<m::E3M0>, DecodeFp4<m::E3M0>},
+};
+
+const Kernels* KernelsOf(Codec codec) {
+  for (const Kernels& k : kKernels) {
+    if (k.codec == codec) return &k;
+  }
+  return nullptr;
+}
+
+Launch LaunchOf(const CodecSpec& spec, size_t n, void* stream) {
+  const uint32_t block = spec.block_size;
+  return {block, n, block ? (n + block - 1) / block : 0, static_cast<cudaStream_t>(stream)};
+}
+
+}  // namespace
+
+bool HasKernels(Codec codec) { return KernelsOf(codec) != nullptr; }
+
+int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
+                 const Rounding& rounding, void* stream) {
+  const Kernels* k = KernelsOf(spec.codec);
+  if (k == nullptr) return int(cudaErrorNotSupported);
+  if (n == 0) return int(cudaSuccess);
+  return k->encode(LaunchOf(spec, n, stream), in, out, rounding);
+}
+
+int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream) {
+  const Kernels* k = KernelsOf(spec.codec);
+  if (k == nullptr) return int(cudaErrorNotSupported);
+  if (n == 0) return int(cudaSuccess);
+  return k->decode(LaunchOf(spec, n, stream), in, out);
 }
 
 int LaunchSubtract(const float* a, const float* b, float* out, size_t n, void* stream) {

@@ -20,6 +20,8 @@ namespace atl::compression::cuda {
 // True when the kernels are built in and a device is visible; otherwise false and *why says what
 // is missing.
 bool Available(std::string* why = nullptr);
+// Whether `codec` has kernels in this build (its row of codec_traits.h says whether it should).
+bool Supports(Codec codec);
 
 // Device pointers. Refuses non-finite input (naming the first bad index) before writing anything;
 // returns once the stream has finished.

@@ -12,7 +12,9 @@ namespace atl::compression::cuda::detail {
 
 // *first = index of the first non-finite value of in[0, n), or n. Synchronizes the stream.
 int FirstNonFinite(const float* in, size_t n, size_t* first, void* stream);
-// The spec is already valid; asynchronous.
+// Whether the codec has kernels here (its row of codec_traits.h says so: a test holds them equal).
+bool HasKernels(Codec codec);
+// The spec is already valid; asynchronous. cudaErrorNotSupported for a codec without kernels.
 int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                  const Rounding& rounding, void* stream);
 int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream);

@@ -12,6 +12,7 @@ enum class Codec : int {
   kInt8 = 3,
   kFp4E2M1 = 4,
   kFp4E3M0 = 5,
+  kFp8E4M3 = 6,
 };
 
 struct CodecSpec {

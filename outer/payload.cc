@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
+#include "compression/codec_traits.h"
 #include "compression/span_math.h"
 #include "compression/status_macros.h"
 #include "outer/names.h"
@@ -139,29 +140,11 @@ pb::Chunk SliceChunk(const pb::Chunk& chunk, const compression::CodecSpec& spec,
   a = a / block * block;
   b = std::min(n, (b + block - 1) / block * block);
   if (a == 0 && b == n) return chunk;
+  // Its block data, then its elements: a payload of its own (compression/codec_traits.h).
+  const compression::SliceLayout slice = compression::SliceOf(spec, n, a, b);
   const std::string& data = chunk.data();
-  std::string out;
-  switch (spec.codec) {
-    case compression::Codec::kFp32:
-      out = data.substr(4 * a, 4 * (b - a));
-      break;
-    case compression::Codec::kBf16:
-      out = data.substr(2 * a, 2 * (b - a));
-      break;
-    case compression::Codec::kInt8: {
-      const uint64_t nblocks = (n + block - 1) / block;
-      out = data.substr(4 * (a / block), 4 * ((b - a + block - 1) / block));
-      out += data.substr(4 * nblocks + a, b - a);
-      break;
-    }
-    case compression::Codec::kFp4E2M1:
-    case compression::Codec::kFp4E3M0: {
-      const uint64_t nblocks = (n + block - 1) / block;
-      out = data.substr(a / block, (b - a + block - 1) / block);
-      out += data.substr(nblocks + a / 2, (b - a + 1) / 2);  // blocks are even: a is too
-      break;
-    }
-  }
+  std::string out = data.substr(slice.blocks_offset, slice.blocks_bytes);
+  out += data.substr(slice.elements_offset, slice.elements_bytes);
   pb::Chunk sliced;
   *sliced.mutable_header() = h;
   sliced.mutable_header()->set_offset(h.offset() + a);

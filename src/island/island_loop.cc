@@ -392,7 +392,7 @@ absl::Status IslandRun::JoinAndBuild() {
   auto model = MapFragments(joined_, *trainer_);
   if (!model.ok()) return Fail(model.status());
   model_.emplace(*std::move(model));
-  if (auto s = model_->PlaceGlobalCopy(config_.outer.global_copy); !s.ok()) return Fail(s);
+  if (auto s = model_->PlaceGlobalCopy(config_.outer.global_copy, config_.outer.codec); !s.ok()) return Fail(s);
   for (uint32_t f = 0; f < uint32_t(joined_.fragments_size()); ++f) {
     if (model_->device_copy(f) != nullptr) summary_.global_copy = "device";
   }

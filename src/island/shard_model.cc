@@ -7,6 +7,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "compression/codec.h"
+#include "compression/codec_traits.h"
 #include "compression/status_macros.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
@@ -66,13 +68,22 @@ void ShardModel::Merge(uint32_t f, const std::vector<float>& global, double alph
   merged_[f] = true;
 }
 
-absl::Status ShardModel::PlaceGlobalCopy(outer::GlobalCopy where) {
+absl::Status ShardModel::PlaceGlobalCopy(outer::GlobalCopy where,
+                                         const compression::CodecSpec& codec) {
   device_.clear();
   device_.resize(pieces_.size());
   const bool on_gpu = !trainer_.sharded().shards().empty() &&
                       trainer_.sharded().shards().front().value.device().is_cuda();
-  if (where == outer::GlobalCopy::kHost || (where == outer::GlobalCopy::kAuto && !on_gpu)) {
+  // A codec without CUDA kernels encodes on the host: "auto" keeps the host path for it.
+  const bool kernels = compression::FindCodec(codec.codec)->cuda;
+  if (where == outer::GlobalCopy::kHost ||
+      (where == outer::GlobalCopy::kAuto && (!on_gpu || !kernels))) {
     return absl::OkStatus();
+  }
+  if (on_gpu && !kernels) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "outer.global_copy = \"device\" needs a codec with CUDA kernels; ",
+        compression::CodecName(codec.codec), " has none (outer.global_copy = \"auto\" or \"host\")"));
   }
   for (size_t f = 0; f < pieces_.size(); ++f) {
     if (pieces_[f].empty()) continue;  // carried by other ranks

@@ -48,7 +48,7 @@ class ShardModel : public outer::IslandModel {
   // outer.global_copy: "device" keeps a copy of each carried fragment's global parameters on the
   // parameters' device, where pseudo-gradients are then made and encoded; "auto" does so when that
   // device is a GPU; "host" keeps none. Before the outer step is made.
-  absl::Status PlaceGlobalCopy(outer::GlobalCopy where);
+  absl::Status PlaceGlobalCopy(outer::GlobalCopy where, const compression::CodecSpec& codec);
   // Every rank calls it after each call of the outer step that can merge: TP rank 0 says which
   // fragments it merged since the last call and sends their whole parameters to the other TP
   // ranks; then replica 0 sends the shards of the fragments it merged to the other replicas.
