@@ -38,7 +38,7 @@ void ForEach(WorkerPool* pool, size_t n, const std::function<void(size_t)>& fn) 
 }  // namespace
 
 FragmentData::FragmentData(std::vector<float> params, const OuterOptimizerConfig& config)
-    : params_(std::move(params)), optimizer_(config, params_.size()) {}
+    : params_(std::move(params)), optimizer_(MakeOuterOptimizer(config, params_.size())) {}
 
 absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
     const float* g, const PayloadId& id, const compression::CodecSpec& codec, size_t chunk_bytes,
@@ -50,7 +50,7 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
   ForEach(pool, plan.num_chunks, [&](size_t c) {
     const uint64_t first = c * plan.per_chunk, count = std::min(plan.per_chunk, n - first);
     float* u = Scratch(0, count).data();
-    optimizer_.Preview(g + first, u, first, count);
+    optimizer_->Preview(g + first, u, first, count);
     auto chunk = EncodeChunk(id, codec, u, first, count, n, uint32_t(c), plan.num_chunks);
     if (!chunk.ok()) {
       status[c] = absl::InvalidArgumentError(
@@ -86,13 +86,13 @@ void FragmentData::Apply(const float* g, const std::vector<pb::Chunk>& update, W
   ForEach(pool, update.size(), [&](size_t c) {
     const auto& h = update[c].header();
     const uint64_t first = h.offset(), count = h.num_elements();
-    optimizer_.Advance(g + first, first, count);
+    optimizer_->Advance(g + first, first, count);
     float* d = Scratch(1, count).data();
     // Made by PrepareUpdate and decoded there already: it decodes.
     DecodeChunk(codec_of(update[c]), update[c], d).IgnoreError();
     ApplyUpdate(params_.data() + first, d, count);
   });
-  optimizer_.EndStep();
+  optimizer_->EndStep();
 }
 
 uint64_t FragmentData::Hash() const {
@@ -117,7 +117,7 @@ double FragmentData::Norm(WorkerPool* pool) const {
   return std::sqrt(total);
 }
 
-void FragmentData::Reset(std::vector<float> params, OuterOptimizer optimizer) {
+void FragmentData::Reset(std::vector<float> params, std::unique_ptr<OuterOptimizer> optimizer) {
   params_ = std::move(params);
   optimizer_ = std::move(optimizer);
 }

@@ -6,6 +6,7 @@
 #define ATOLL_OUTER_FRAGMENT_DATA_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,9 +22,9 @@ class FragmentData {
 
   const std::vector<float>& params() const { return params_; }
   size_t size() const { return params_.size(); }
-  const OuterOptimizer& optimizer() const { return optimizer_; }
-  void set_lr(double lr) { optimizer_.set_lr(lr); }
-  void set_averaging(bool averaging) { optimizer_.set_averaging(averaging); }
+  const OuterOptimizer& optimizer() const { return *optimizer_; }
+  void set_lr(double lr) { optimizer_->set_lr(lr); }
+  void set_averaging(bool averaging) { optimizer_->set_averaging(averaging); }
 
   // The outer update of the averaged outer gradient g, encoded with `codec` (the chunks every copy
   // of the parameters applies), without changing anything. INVALID_ARGUMENT when the update is not
@@ -40,11 +41,11 @@ class FragmentData {
   double Norm(WorkerPool* pool) const;                   // L2, summed span by span in order
 
   // Replaces the parameters and the optimizer (sizes checked by the caller).
-  void Reset(std::vector<float> params, OuterOptimizer optimizer);
+  void Reset(std::vector<float> params, std::unique_ptr<OuterOptimizer> optimizer);
 
  private:
   std::vector<float> params_;
-  OuterOptimizer optimizer_;
+  std::unique_ptr<OuterOptimizer> optimizer_;
 };
 
 // The update that changes nothing, encoded chunk by chunk (rounds in which every contribution was

@@ -102,6 +102,9 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "sync: after the warm start, H for outer.early_sync_steps steps (0: off)");
   v("early_sync_steps", c.phases.early_sync_steps,
     "sync: how long outer.early_sync_every holds (a multiple of it)");
+  v("optimizer", c.optimizer.name,
+    "the service's outer optimizer: nesterov (SGD with Nesterov or heavy-ball momentum; plain SGD "
+    "at momentum 0) or sgd");
   v("lr", c.optimizer.lr, "outer learning rate");
   v("momentum", c.optimizer.momentum, "outer momentum (0: plain SGD)");
   v("lr_warmup_rounds", c.optimizer.warmup_rounds,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compression/config_value.h"
 
 namespace atl::outer {
@@ -22,6 +23,12 @@ absl::Status ParseConfigValue(const std::string& text, LrDecay* value) {
 std::string ConfigValueText(LrDecay value) { return EnumValueName(value, kDecays); }
 
 absl::Status Validate(const OuterOptimizerConfig& c) {
+  const auto names = OuterOptimizerNames();
+  if (std::find(names.begin(), names.end(), c.name) == names.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("outer.optimizer must be one of ",
+                                                   absl::StrJoin(names, ", "), ", got \"",
+                                                   c.name, "\""));
+  }
   if (!(c.lr > 0) || !std::isfinite(c.lr)) {
     return absl::InvalidArgumentError(absl::StrCat("outer.lr must be positive, got ", c.lr));
   }
@@ -54,25 +61,93 @@ double ScheduledLr(const OuterOptimizerConfig& c, uint64_t round, uint64_t total
   return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * cosine);
 }
 
-OuterOptimizer::OuterOptimizer(const OuterOptimizerConfig& config, size_t num_elements)
-    : config_(config),
-      size_(num_elements),
+void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
+  Preview(g, u, 0, size_);
+  Advance(g, 0, size_);
+  EndStep();
+}
+
+namespace {
+
+// u = lr x g: no state.
+class SgdOptimizer : public OuterOptimizer {
+ public:
+  SgdOptimizer(const OuterOptimizerConfig& config, size_t n) : OuterOptimizer(config.lr, n) {}
+  const char* name() const override { return "sgd"; }
+  void Preview(const float* g, float* u, size_t, size_t count) const override {
+    const float lr = float(lr_);
+    for (size_t i = 0; i < count; ++i) u[i] = lr * g[i];
+  }
+  void Advance(const float*, size_t, size_t) override {}
+  void EndStep() override {}
+  std::vector<Tensor> StateTensors() const override { return {}; }
+  absl::Status Restore(std::vector<std::pair<std::string, std::vector<float>>> tensors,
+                       const std::vector<std::pair<std::string, int64_t>>& counters) override {
+    if (!tensors.empty() || !counters.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the sgd outer optimizer keeps no state, got ",
+          tensors.empty() ? counters.front().first : tensors.front().first));
+    }
+    return absl::OkStatus();
+  }
+  std::unique_ptr<OuterOptimizer> Clone() const override {
+    return std::make_unique<SgdOptimizer>(*this);
+  }
+};
+
+struct OptimizerKind {
+  const char* name;
+  std::unique_ptr<OuterOptimizer> (*make)(const OuterOptimizerConfig&, size_t);
+};
+
+const OptimizerKind kOptimizers[] = {
+    {"nesterov",
+     [](const OuterOptimizerConfig& c, size_t n) -> std::unique_ptr<OuterOptimizer> {
+       return std::make_unique<NesterovOptimizer>(c, n);
+     }},
+    {"sgd",
+     [](const OuterOptimizerConfig& c, size_t n) -> std::unique_ptr<OuterOptimizer> {
+       return std::make_unique<SgdOptimizer>(c, n);
+     }},
+};
+
+// The state a Restore was given, by name: each must be found once.
+template <class T>
+const T* Take(const std::vector<std::pair<std::string, T>>& items, const std::string& name) {
+  for (const auto& [n, v] : items) {
+    if (n == name) return &v;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> OuterOptimizerNames() {
+  std::vector<std::string> names;
+  for (const auto& k : kOptimizers) names.push_back(k.name);
+  return names;
+}
+
+std::unique_ptr<OuterOptimizer> MakeOuterOptimizer(const OuterOptimizerConfig& config,
+                                                   size_t num_elements) {
+  for (const auto& k : kOptimizers) {
+    if (config.name == k.name) return k.make(config, num_elements);
+  }
+  return nullptr;  // Validate refuses unknown names first
+}
+
+NesterovOptimizer::NesterovOptimizer(const OuterOptimizerConfig& config, size_t num_elements)
+    : OuterOptimizer(config.lr, num_elements),
+      config_(config),
       momentum_(config.momentum > 0 ? num_elements : 0, 0.0f),
       buffer_(config.momentum > 0 && config.nesterov && config.momentum_delay > 0 ? num_elements
                                                                                   : 0,
               0.0f) {}
 
-void OuterOptimizer::ComputeUpdate(const float* g, float* u) {
-  Preview(g, u);
-  Advance(g);
-}
-
 // Preview computes the new momentum in a register with the same float operations Advance stores,
 // so that the update is bit for bit what a single in-place pass would produce.
-void OuterOptimizer::Preview(const float* g, float* u) const { Preview(g, u, 0, size_); }
-
-void OuterOptimizer::Preview(const float* g, float* u, size_t first, size_t n) const {
-  const float lr = float(config_.lr), mu = float(config_.momentum);
+void NesterovOptimizer::Preview(const float* g, float* u, size_t first, size_t n) const {
+  const float lr = float(lr_), mu = float(config_.momentum);
   if (momentum_.empty() || averaging_) {
     for (size_t i = 0; i < n; ++i) u[i] = lr * g[i];
     return;
@@ -101,12 +176,7 @@ void OuterOptimizer::Preview(const float* g, float* u, size_t first, size_t n) c
   }
 }
 
-void OuterOptimizer::Advance(const float* g) {
-  Advance(g, 0, size_);
-  EndStep();
-}
-
-void OuterOptimizer::Advance(const float* g, size_t first, size_t n) {
+void NesterovOptimizer::Advance(const float* g, size_t first, size_t n) {
   if (momentum_.empty() || averaging_) return;
   const float mu = float(config_.momentum);
   float* m = momentum_.data() + first;
@@ -126,23 +196,48 @@ void OuterOptimizer::Advance(const float* g, size_t first, size_t n) {
   for (size_t i = 0; i < n; ++i) m[i] = mu * m[i] + g[i];
 }
 
-void OuterOptimizer::EndStep() {
+void NesterovOptimizer::EndStep() {
   if (buffer_.empty() || averaging_) return;
   if (++buffered_ >= config_.momentum_delay) buffered_ = 0;
 }
 
-absl::Status OuterOptimizer::Restore(std::vector<float> momentum, std::vector<float> buffer,
-                                     int buffered) {
-  if (momentum.size() != momentum_.size() || buffer.size() != buffer_.size() || buffered < 0 ||
-      buffered >= std::max(1, config_.momentum_delay)) {
+std::vector<OuterOptimizer::Tensor> NesterovOptimizer::StateTensors() const {
+  std::vector<Tensor> out;
+  if (!momentum_.empty()) out.push_back({"momentum", &momentum_});
+  if (!buffer_.empty()) out.push_back({"buffer", &buffer_});
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t>> NesterovOptimizer::StateCounters() const {
+  if (buffer_.empty()) return {};
+  return {{"buffered", buffered_}};
+}
+
+absl::Status NesterovOptimizer::Restore(
+    std::vector<std::pair<std::string, std::vector<float>>> tensors,
+    const std::vector<std::pair<std::string, int64_t>>& counters) {
+  const size_t expected_tensors = (momentum_.empty() ? 0 : 1) + (buffer_.empty() ? 0 : 1);
+  const std::vector<float>* momentum = Take(tensors, "momentum");
+  const std::vector<float>* buffer = Take(tensors, "buffer");
+  const int64_t* buffered = Take(counters, "buffered");
+  const int64_t count = buffered == nullptr ? 0 : *buffered;
+  const bool fits =
+      tensors.size() == expected_tensors && counters.size() == (buffer_.empty() ? 0u : 1u) &&
+      (momentum_.empty() || (momentum && momentum->size() == momentum_.size())) &&
+      (buffer_.empty() || (buffer && buffer->size() == buffer_.size() && buffered)) && count >= 0 &&
+      count < std::max(1, config_.momentum_delay);
+  if (!fits) {
+    std::string got;
+    for (const auto& [name, values] : tensors) absl::StrAppend(&got, " ", name, "[", values.size(), "]");
+    for (const auto& [name, value] : counters) absl::StrAppend(&got, " ", name, "=", value);
     return absl::InvalidArgumentError(absl::StrCat(
-        "outer optimizer state does not fit: momentum ", momentum.size(), " (expected ",
-        momentum_.size(), "), buffer ", buffer.size(), " (expected ", buffer_.size(),
-        "), buffered ", buffered));
+        "outer optimizer state does not fit: expected momentum[", momentum_.size(), "]",
+        buffer_.empty() ? "" : absl::StrCat(", buffer[", buffer_.size(), "], buffered"), ", got",
+        got.empty() ? " nothing" : got));
   }
-  momentum_ = std::move(momentum);
-  buffer_ = std::move(buffer);
-  buffered_ = buffered;
+  if (momentum != nullptr) momentum_ = *momentum;
+  if (buffer != nullptr) buffer_ = *buffer;
+  buffered_ = int(count);
   return absl::OkStatus();
 }
 

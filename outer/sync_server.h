@@ -211,7 +211,7 @@ class SyncServer {
   void Tick(absl::Time now);
 
   // Durable state, tensor by tensor, so that no whole copy of a fragment is ever made. Snapshot()
-  // hands `write` each fragment's tensors in order (parameters, momentum, delayed-Nesterov buffer)
+  // hands `write` each fragment's tensors in order (parameters, then the optimizer's named state)
   // while that fragment's data is locked (its commits wait; membership and pushes do not), and
   // returns the state's description: rounds, membership epoch, each tensor's size and XXH64, no
   // tensor bytes. Restore() checks a description against this service, reads every tensor through
@@ -219,13 +219,14 @@ class SyncServer {
   // any island joins. With the durability gate on, a committed round is handed to islands only once
   // MarkDurable() has been called with a description that contains it, so no island ever applies
   // a round that a crash of the service could lose.
-  enum class StateTensor { kParams, kMomentum, kBuffer };
-  static const char* StateTensorName(StateTensor t);
-  using StateWrite =
-      std::function<absl::Status(uint32_t fragment, StateTensor tensor, const float* data, size_t n)>;
+  // The tensors of a fragment's state are named: kParamsTensor, then its outer optimizer's
+  // (OuterOptimizer::StateTensors: "momentum", "buffer", ...).
+  static constexpr const char* kParamsTensor = "params";
+  using StateWrite = std::function<absl::Status(uint32_t fragment, const std::string& tensor,
+                                                const float* data, size_t n)>;
   // `index`: the fragment's place in the description (a shard's state holds its fragments only).
-  using StateRead =
-      std::function<absl::Status(uint32_t index, StateTensor tensor, float* out, size_t n)>;
+  using StateRead = std::function<absl::Status(uint32_t index, const std::string& tensor,
+                                               float* out, size_t n)>;
   absl::StatusOr<pb::ServiceState> Snapshot(const StateWrite& write) const;
   absl::Status Restore(const pb::ServiceState& description, const StateRead& read);
   void SetDurabilityGate(bool on);
@@ -333,6 +334,9 @@ class SyncServer {
   };
 
   absl::Status CheckRun(const std::string& run_id) const;
+  absl::StatusOr<std::pair<std::vector<float>, std::unique_ptr<OuterOptimizer>>> ReadFragmentState(
+      const pb::FragmentState& state, uint32_t fragment, uint32_t index,
+      const StateRead& read) const;
   // A shard server refuses joins, heartbeats and leaves (the coordinator takes them).
   absl::Status CheckMembershipCall() const;
   // A member must present its session; a non-member passes (the caller refuses it its own way).

@@ -17,15 +17,6 @@ namespace atl::outer {
 
 using internal::HashParams;
 
-const char* SyncServer::StateTensorName(StateTensor t) {
-  switch (t) {
-    case StateTensor::kParams: return "parameters";
-    case StateTensor::kMomentum: return "momentum";
-    case StateTensor::kBuffer: return "momentum buffer";
-  }
-  return "tensor";
-}
-
 absl::StatusOr<pb::ServiceState> SyncServer::Snapshot(const StateWrite& write) const {
   pb::ServiceState s;
   s.set_run_id(options_.run_id);
@@ -46,21 +37,65 @@ absl::StatusOr<pb::ServiceState> SyncServer::Snapshot(const StateWrite& write) c
     }
     const OuterOptimizer& opt = f.data.optimizer();
     fs->set_num_elements(f.data.size());
-    fs->set_momentum_elements(opt.momentum().size());
-    fs->set_buffer_elements(opt.buffer().size());
-    fs->set_momentum_hash(HashParams(opt.momentum()));
-    fs->set_buffer_hash(HashParams(opt.buffer()));
-    fs->set_buffered(uint32_t(opt.buffered()));
-    const std::pair<StateTensor, const std::vector<float>*> tensors[] = {
-        {StateTensor::kParams, &f.data.params()},
-        {StateTensor::kMomentum, &opt.momentum()},
-        {StateTensor::kBuffer, &opt.buffer()}};
-    for (const auto& [tensor, values] : tensors) {
-      ATL_RETURN_IF_ERROR(write(i, tensor, values->data(), values->size()));
+    fs->set_optimizer(opt.name());
+    ATL_RETURN_IF_ERROR(write(i, kParamsTensor, f.data.params().data(), f.data.size()));
+    for (const auto& t : opt.StateTensors()) {
+      auto* d = fs->add_optimizer_tensors();
+      d->set_name(t.name);
+      d->set_num_elements(t.values->size());
+      d->set_hash(HashParams(*t.values));
+      ATL_RETURN_IF_ERROR(write(i, t.name, t.values->data(), t.values->size()));
+    }
+    for (const auto& [name, value] : opt.StateCounters()) {
+      auto* c = fs->add_optimizer_counters();
+      c->set_name(name);
+      c->set_value(value);
     }
   }
   s.set_written_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   return s;
+}
+
+// Fragment i's parameters and outer optimizer from its state (the `index`-th of the description),
+// every size checked against this service's (never what the file claims) and every tensor
+// against its hash.
+absl::StatusOr<std::pair<std::vector<float>, std::unique_ptr<OuterOptimizer>>>
+SyncServer::ReadFragmentState(const pb::FragmentState& fs, uint32_t i, uint32_t index,
+                              const StateRead& read) const {
+  const size_t n = fragments_[i].layout.total();
+  auto opt = MakeOuterOptimizer(options_.optimizer, n);
+  if (!fs.optimizer().empty() && fs.optimizer() != opt->name()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "service state: fragment ", i, " was written by the ", Printable(fs.optimizer()),
+        " outer optimizer, this run uses ", opt->name()));
+  }
+  auto read_tensor = [&](const std::string& name, uint64_t claimed, uint64_t hash)
+      -> absl::StatusOr<std::vector<float>> {
+    if (claimed != n) {
+      return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
+                                              Printable(name), " has ", claimed,
+                                              " elements, this run ", n));
+    }
+    std::vector<float> values(n);
+    ATL_RETURN_IF_ERROR(read(index, name, values.data(), n));
+    if (HashParams(values) != hash) {
+      return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ", Printable(name),
+                                              " does not match its hash"));
+    }
+    return values;
+  };
+  ATL_ASSIGN_OR_RETURN(auto params, read_tensor(kParamsTensor, fs.num_elements(), fs.params_hash()));
+  std::vector<std::pair<std::string, std::vector<float>>> tensors;
+  for (const auto& t : fs.optimizer_tensors()) {
+    ATL_ASSIGN_OR_RETURN(auto values, read_tensor(t.name(), t.num_elements(), t.hash()));
+    tensors.emplace_back(t.name(), std::move(values));
+  }
+  std::vector<std::pair<std::string, int64_t>> counters;
+  for (const auto& c : fs.optimizer_counters()) counters.emplace_back(c.name(), c.value());
+  if (auto s = opt->Restore(std::move(tensors), counters); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("service state: fragment ", i, ": ", s.message()));
+  }
+  return std::make_pair(std::move(params), std::move(opt));
 }
 
 absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead& read) {
@@ -99,40 +134,13 @@ absl::Status SyncServer::Restore(const pb::ServiceState& state, const StateRead&
   }
   // Check everything, then change anything: sizes against this service's (never what the file
   // claims), every tensor against its hash.
-  std::vector<OuterOptimizer> optimizers;
+  std::vector<std::unique_ptr<OuterOptimizer>> optimizers;
   std::vector<std::vector<float>> params;
   for (size_t j = 0; j < owned.size(); ++j) {
-    const uint32_t i = owned[j];
-    const auto& fs = state.fragments(int(j));
-    const size_t n = fragments_[i].layout.total();
-    OuterOptimizer opt(options_.optimizer, n);
-    const std::pair<StateTensor, std::pair<uint64_t, uint64_t>> expected[] = {
-        {StateTensor::kParams, {fs.num_elements(), fs.params_hash()}},
-        {StateTensor::kMomentum, {fs.momentum_elements(), fs.momentum_hash()}},
-        {StateTensor::kBuffer, {fs.buffer_elements(), fs.buffer_hash()}}};
-    std::vector<float> tensors[3];
-    const size_t sizes[3] = {n, opt.momentum().size(), opt.buffer().size()};
-    for (int t = 0; t < 3; ++t) {
-      const auto& [tensor, claimed] = expected[t];
-      if (claimed.first != sizes[t]) {
-        return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
-                                                StateTensorName(tensor), " has ", claimed.first,
-                                                " elements, this run ", sizes[t]));
-      }
-      tensors[t].resize(sizes[t]);
-      ATL_RETURN_IF_ERROR(read(uint32_t(j), tensor, tensors[t].data(), sizes[t]));
-      if (HashParams(tensors[t]) != claimed.second) {
-        return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ",
-                                                StateTensorName(tensor),
-                                                " do not match their hash"));
-      }
-    }
-    if (auto s = opt.Restore(std::move(tensors[1]), std::move(tensors[2]), int(fs.buffered()));
-        !s.ok()) {
-      return absl::DataLossError(absl::StrCat("service state: fragment ", i, ": ", s.message()));
-    }
-    optimizers.push_back(std::move(opt));
-    params.push_back(std::move(tensors[0]));
+    ATL_ASSIGN_OR_RETURN(auto restored, ReadFragmentState(state.fragments(int(j)), owned[j],
+                                                          uint32_t(j), read));
+    params.push_back(std::move(restored.first));
+    optimizers.push_back(std::move(restored.second));
   }
   for (size_t j = 0; j < owned.size(); ++j) {
     Fragment& f = fragments_[owned[j]];

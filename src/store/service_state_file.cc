@@ -16,10 +16,10 @@ namespace atl {
 namespace {
 
 namespace pb = ::atollpb::v1;
-using Tensor = outer::SyncServer::StateTensor;
-
 constexpr char kMagic1[8] = {'A', 'T', 'O', 'L', 'L', 'S', 'V', '1'};
 constexpr char kMagic2[8] = {'A', 'T', 'O', 'L', 'L', 'S', 'V', '2'};
+constexpr char kMagic3[8] = {'A', 'T', 'O', 'L', 'L', 'S', 'V', '3'};
+constexpr const char* kParams = outer::SyncServer::kParamsTensor;
 constexpr uint64_t kTail = 24;  // footer length, footer hash, magic
 
 void PutU64(std::string& out, uint64_t v) {
@@ -36,26 +36,53 @@ struct FileCloser {
 };
 using File = std::unique_ptr<FILE, FileCloser>;
 
-// An open state file: its description and where each tensor lies.
+// Formats 1 and 2 held the "nesterov" optimizer's tensors in fixed fields: the same state as
+// format 3 describes it (its tensors that have elements, the counter beside the buffer).
+void DescribeAsFormat3(pb::FragmentState& fs) {
+  fs.set_optimizer("nesterov");
+  auto add = [&](const char* name, uint64_t n, uint64_t hash) {
+    if (n == 0) return;
+    auto* t = fs.add_optimizer_tensors();
+    t->set_name(name);
+    t->set_num_elements(n);
+    t->set_hash(hash);
+  };
+  add("momentum", fs.momentum_elements(), fs.momentum_hash());
+  add("buffer", fs.buffer_elements(), fs.buffer_hash());
+  if (fs.buffer_elements() > 0) {
+    auto* c = fs.add_optimizer_counters();
+    c->set_name("buffered");
+    c->set_value(fs.buffered());
+  }
+}
+
+// An open state file: its description (as format 3 gives it) and where each tensor lies.
 class StateFile {
  public:
   static absl::StatusOr<StateFile> Open(const std::string& path);
 
   const pb::ServiceState& description() const { return description_; }
-  // Reads tensor `t` of `fragment` (n elements, as the description says) into out.
-  absl::Status Read(uint32_t fragment, Tensor t, float* out, size_t n) const;
+  // Reads tensor `name` of `fragment` (n elements, as the description says) into out.
+  absl::Status Read(uint32_t fragment, const std::string& name, float* out, size_t n) const;
 
  private:
   absl::Status OpenFormat1(std::string file);
-  absl::Status OpenFormat2(uint64_t size);
+  absl::Status OpenSections(uint64_t size, const char* magic);
   absl::Status Error(const std::string& what) const {
     return absl::DataLossError(absl::StrCat(path_, ": ", what));
   }
 
   std::string path_;
   File file_;
+  bool format1_ = false;
   pb::ServiceState description_;
-  std::vector<std::array<uint64_t, 3>> offsets_;  // per fragment and tensor (format 2)
+  // Per fragment: each tensor's name, elements and offset in the file (formats 2 and 3).
+  struct Located {
+    std::string name;
+    uint64_t n = 0, offset = 0;
+  };
+  std::vector<std::vector<Located>> tensors_;
+  std::vector<pb::FragmentState> format1_fragments_;  // format 1: the tensors' bytes
 };
 
 absl::StatusOr<StateFile> StateFile::Open(const std::string& path) {
@@ -70,9 +97,11 @@ absl::StatusOr<StateFile> StateFile::Open(const std::string& path) {
   if (end < 16 || std::fread(magic, 1, 8, f.file_.get()) != 8) {
     return f.Error("not an atoll service state (too short)");
   }
-  if (std::memcmp(magic, kMagic2, 8) == 0) {
-    ATL_RETURN_IF_ERROR(f.OpenFormat2(uint64_t(end)));
-    return f;
+  for (const char* sectioned : {kMagic3, kMagic2}) {
+    if (std::memcmp(magic, sectioned, 8) == 0) {
+      ATL_RETURN_IF_ERROR(f.OpenSections(uint64_t(end), sectioned));
+      return f;
+    }
   }
   if (std::memcmp(magic, kMagic1, 8) != 0) return f.Error("not an atoll service state (bad magic)");
   std::string file(size_t(end), '\0');
@@ -91,7 +120,7 @@ absl::Status StateFile::OpenFormat1(std::string file) {
   if (!description_.ParseFromArray(file.data() + 16, int(file.size() - 16))) {
     return Error("cannot parse the service state");
   }
-  // The tensors are in the message: describe them as format 2 does.
+  // The tensors are in the message: describe them as format 3 does, keep their bytes aside.
   for (auto& fs : *description_.mutable_fragments()) {
     for (const std::string* bytes : {&fs.params(), &fs.momentum(), &fs.momentum_buffer()}) {
       if (bytes->size() % 4 != 0) return Error("a tensor's size is not a whole number of floats");
@@ -105,19 +134,25 @@ absl::Status StateFile::OpenFormat1(std::string file) {
     fs.set_momentum_hash(compression::Checksum(fs.momentum().data(), fs.momentum().size()));
     fs.set_buffer_hash(
         compression::Checksum(fs.momentum_buffer().data(), fs.momentum_buffer().size()));
+    DescribeAsFormat3(fs);
+    format1_fragments_.push_back(fs);
+    fs.clear_params();
+    fs.clear_momentum();
+    fs.clear_momentum_buffer();
   }
+  format1_ = true;
   file_.reset();
   return absl::OkStatus();
 }
 
-absl::Status StateFile::OpenFormat2(uint64_t size) {
+absl::Status StateFile::OpenSections(uint64_t size, const char* magic) {
   if (size < 8 + kTail) return Error("truncated (no footer)");
   char tail[kTail];
   if (fseeko(file_.get(), off_t(size - kTail), SEEK_SET) != 0 ||
       std::fread(tail, 1, kTail, file_.get()) != kTail) {
     return Error("cannot read the footer");
   }
-  if (std::memcmp(tail + 16, kMagic2, 8) != 0) return Error("truncated (no end marker)");
+  if (std::memcmp(tail + 16, magic, 8) != 0) return Error("truncated (no end marker)");
   const uint64_t footer_len = GetU64(tail);
   if (footer_len > size - 8 - kTail) return Error("footer length past the file's start");
   std::string footer(footer_len, '\0');
@@ -129,20 +164,31 @@ absl::Status StateFile::OpenFormat2(uint64_t size) {
     return Error("footer checksum mismatch (truncated or corrupted)");
   }
   if (!description_.ParseFromString(footer)) return Error("cannot parse the footer");
-  // The tensors fill the file between the magic and the footer exactly.
+  const bool format2 = magic == kMagic2;
+  // The tensors fill the file between the magic and the footer exactly, fragment by fragment:
+  // the parameters, then the optimizer's tensors (format 2: momentum, buffer).
   const uint64_t data_bytes = size - 8 - kTail - footer_len;
   uint64_t at = 8;
-  for (const auto& fs : description_.fragments()) {
-    std::array<uint64_t, 3> o{};
-    const uint64_t counts[3] = {fs.num_elements(), fs.momentum_elements(), fs.buffer_elements()};
-    for (int t = 0; t < 3; ++t) {
-      if (counts[t] > data_bytes / 4 || at - 8 + counts[t] * 4 > data_bytes) {
+  for (auto& fs : *description_.mutable_fragments()) {
+    std::vector<std::pair<std::string, uint64_t>> sizes = {{kParams, fs.num_elements()}};
+    if (format2) {
+      sizes.emplace_back("momentum", fs.momentum_elements());
+      sizes.emplace_back("buffer", fs.buffer_elements());
+      fs.clear_optimizer_tensors();
+      fs.clear_optimizer_counters();
+      DescribeAsFormat3(fs);
+    } else {
+      for (const auto& t : fs.optimizer_tensors()) sizes.emplace_back(t.name(), t.num_elements());
+    }
+    std::vector<Located> located;
+    for (const auto& [name, n] : sizes) {
+      if (n > data_bytes / 4 || at - 8 + n * 4 > data_bytes) {
         return Error(absl::StrCat("fragment ", fs.fragment(), ": its tensors run past the data"));
       }
-      o[size_t(t)] = at;
-      at += counts[t] * 4;
+      located.push_back({name, n, at});
+      at += n * 4;
     }
-    offsets_.push_back(o);
+    tensors_.push_back(std::move(located));
   }
   if (at - 8 != data_bytes) {
     return Error(absl::StrCat("the tensors take ", at - 8, " bytes, the file holds ", data_bytes));
@@ -150,26 +196,30 @@ absl::Status StateFile::OpenFormat2(uint64_t size) {
   return absl::OkStatus();
 }
 
-absl::Status StateFile::Read(uint32_t fragment, Tensor t, float* out, size_t n) const {
+absl::Status StateFile::Read(uint32_t fragment, const std::string& name, float* out,
+                             size_t n) const {
   if (fragment >= uint32_t(description_.fragments_size())) return Error("no such fragment");
-  const auto& fs = description_.fragments(int(fragment));
-  if (!file_) {  // format 1: from the message
-    const std::string& bytes = t == Tensor::kParams     ? fs.params()
-                               : t == Tensor::kMomentum ? fs.momentum()
-                                                        : fs.momentum_buffer();
-    if (bytes.size() != n * 4) return Error("tensor size mismatch");
-    if (n > 0) std::memcpy(out, bytes.data(), n * 4);
+  if (format1_) {  // from the message
+    const auto& fs = format1_fragments_[fragment];
+    const std::string* bytes = name == kParams     ? &fs.params()
+                               : name == "momentum" ? &fs.momentum()
+                               : name == "buffer"   ? &fs.momentum_buffer()
+                                                    : nullptr;
+    if (bytes == nullptr || bytes->size() != n * 4) return Error("tensor size mismatch");
+    if (n > 0) std::memcpy(out, bytes->data(), n * 4);
     return absl::OkStatus();
   }
-  const uint64_t counts[3] = {fs.num_elements(), fs.momentum_elements(), fs.buffer_elements()};
-  if (counts[int(t)] != n) return Error("tensor size mismatch");
-  if (n == 0) return absl::OkStatus();
-  if (fseeko(file_.get(), off_t(offsets_[fragment][size_t(t)]), SEEK_SET) != 0 ||
-      std::fread(out, 4, n, file_.get()) != n) {
-    return Error(absl::StrCat("cannot read fragment ", fragment, "'s ",
-                              outer::SyncServer::StateTensorName(t)));
+  for (const Located& t : tensors_[fragment]) {
+    if (t.name != name) continue;
+    if (t.n != n) return Error("tensor size mismatch");
+    if (n == 0) return absl::OkStatus();
+    if (fseeko(file_.get(), off_t(t.offset), SEEK_SET) != 0 ||
+        std::fread(out, 4, n, file_.get()) != n) {
+      return Error(absl::StrCat("cannot read fragment ", fragment, "'s ", name));
+    }
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  return Error(absl::StrCat("fragment ", fragment, " has no tensor ", name));
 }
 
 }  // namespace
@@ -177,8 +227,8 @@ absl::Status StateFile::Read(uint32_t fragment, Tensor t, float* out, size_t n) 
 absl::StatusOr<pb::ServiceState> WriteServiceState(const std::string& path,
                                                    const outer::SyncServer& server) {
   ATL_ASSIGN_OR_RETURN(auto file, AtomicFile::Create(path));
-  ATL_RETURN_IF_ERROR(file->Append(kMagic2, 8));
-  auto description = server.Snapshot([&](uint32_t, Tensor, const float* data, size_t n) {
+  ATL_RETURN_IF_ERROR(file->Append(kMagic3, 8));
+  auto description = server.Snapshot([&](uint32_t, const std::string&, const float* data, size_t n) {
     return n == 0 ? absl::OkStatus() : file->Append(data, n * 4);
   });
   if (!description.ok()) return description.status();
@@ -186,7 +236,7 @@ absl::StatusOr<pb::ServiceState> WriteServiceState(const std::string& path,
   std::string tail;
   PutU64(tail, footer.size());
   PutU64(tail, compression::Checksum(footer.data(), footer.size()));
-  tail.append(kMagic2, 8);
+  tail.append(kMagic3, 8);
   ATL_RETURN_IF_ERROR(file->Append(footer.data(), footer.size()));
   ATL_RETURN_IF_ERROR(file->Append(tail.data(), tail.size()));
   ATL_RETURN_IF_ERROR(file->Commit());
@@ -197,42 +247,34 @@ absl::StatusOr<pb::ServiceState> RestoreServiceState(const std::string& path,
                                                      outer::SyncServer& server) {
   ATL_ASSIGN_OR_RETURN(auto file, StateFile::Open(path));
   if (auto s = server.Restore(file.description(),
-                              [&](uint32_t fragment, Tensor t, float* out, size_t n) {
-                                return file.Read(fragment, t, out, n);
-                              });
+                              [&](uint32_t fragment, const std::string& t, float* out,
+                                  size_t n) { return file.Read(fragment, t, out, n); });
       !s.ok()) {
     return s;
   }
-  pb::ServiceState description = file.description();
-  for (auto& fs : *description.mutable_fragments()) {
-    fs.clear_params();
-    fs.clear_momentum();
-    fs.clear_momentum_buffer();
-  }
-  return description;
+  return file.description();
 }
 
 absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path) {
   ATL_ASSIGN_OR_RETURN(auto file, StateFile::Open(path));
   pb::ServiceState state = file.description();
+  auto read = [&](int i, const std::string& name, uint64_t n,
+                  uint64_t hash) -> absl::StatusOr<std::string> {
+    std::vector<float> values(n);
+    ATL_RETURN_IF_ERROR(file.Read(uint32_t(i), name, values.data(), n));
+    std::string bytes(reinterpret_cast<const char*>(values.data()), n * 4);
+    if (compression::Checksum(bytes.data(), bytes.size()) != hash) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": fragment ", i, " ", name, " does not match its hash"));
+    }
+    return bytes;
+  };
   for (int i = 0; i < state.fragments_size(); ++i) {
     auto* fs = state.mutable_fragments(i);
-    const std::tuple<Tensor, uint64_t, uint64_t> tensors[] = {
-        {Tensor::kParams, fs->num_elements(), fs->params_hash()},
-        {Tensor::kMomentum, fs->momentum_elements(), fs->momentum_hash()},
-        {Tensor::kBuffer, fs->buffer_elements(), fs->buffer_hash()}};
-    for (const auto& [t, n, hash] : tensors) {
-      std::vector<float> values(n);
-      ATL_RETURN_IF_ERROR(file.Read(uint32_t(i), t, values.data(), n));
-      std::string bytes(reinterpret_cast<const char*>(values.data()), n * 4);
-      if (compression::Checksum(bytes.data(), bytes.size()) != hash) {
-        return absl::DataLossError(absl::StrCat(path, ": fragment ", i, " ",
-                                                outer::SyncServer::StateTensorName(t),
-                                                " do not match their hash"));
-      }
-      if (t == Tensor::kParams) fs->set_params(std::move(bytes));
-      if (t == Tensor::kMomentum) fs->set_momentum(std::move(bytes));
-      if (t == Tensor::kBuffer) fs->set_momentum_buffer(std::move(bytes));
+    ATL_ASSIGN_OR_RETURN(*fs->mutable_params(),
+                         read(i, kParams, fs->num_elements(), fs->params_hash()));
+    for (auto& t : *fs->mutable_optimizer_tensors()) {
+      ATL_ASSIGN_OR_RETURN(*t.mutable_data(), read(i, t.name(), t.num_elements(), t.hash()));
     }
   }
   return state;

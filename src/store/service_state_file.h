@@ -16,7 +16,7 @@ namespace atl {
 // Writes the state of `server` to `path`; returns its description (for SyncServer::MarkDurable).
 absl::StatusOr<::atollpb::v1::ServiceState> WriteServiceState(const std::string& path,
                                                               const outer::SyncServer& server);
-// Restores `server` from the file at `path` (format 2, or format 1 of earlier versions): all or
+// Restores `server` from the file at `path` (format 3, or formats 2 and 1 of earlier versions): all or
 // nothing. Returns the description of what was restored.
 absl::StatusOr<::atollpb::v1::ServiceState> RestoreServiceState(const std::string& path,
                                                                 outer::SyncServer& server);

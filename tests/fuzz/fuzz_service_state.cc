@@ -1,8 +1,8 @@
 // The coordinator's durable state on arbitrary files: restoring one into a service (all or
 // nothing: a refused state leaves the service as it was), and the whole-file reader. With the first
 // input byte odd, the input is a record holding the description (the footer message) and then the
-// tensor data, and the harness writes them as a format-2 file with a valid footer checksum and
-// valid tensor hashes, to reach the checks behind them.
+// tensor data, and the harness writes them as a format-2 or format-3 file (second bit) with a valid
+// footer checksum and valid tensor hashes, to reach the checks behind them.
 #include <cstdlib>
 #include <vector>
 
@@ -18,8 +18,8 @@ namespace {
 
 void PutU64(std::string& out, uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); }
 
-// A format-2 file around the description and data, with the hashes the data has.
-std::string Format2(std::string description, const std::string& data) {
+// A file of `format` (2 or 3) around the description and data, with the hashes the data has.
+std::string Sectioned(int format, std::string description, const std::string& data) {
   ::atollpb::v1::ServiceState parsed;
   if (parsed.ParseFromString(description)) {
     uint64_t at = 0;
@@ -32,26 +32,31 @@ std::string Format2(std::string description, const std::string& data) {
     };
     for (auto& f : *parsed.mutable_fragments()) {
       f.set_params_hash(hash(f.num_elements()));
-      f.set_momentum_hash(hash(f.momentum_elements()));
-      f.set_buffer_hash(hash(f.buffer_elements()));
+      if (format == 2) {
+        f.set_momentum_hash(hash(f.momentum_elements()));
+        f.set_buffer_hash(hash(f.buffer_elements()));
+      } else {
+        for (auto& t : *f.mutable_optimizer_tensors()) t.set_hash(hash(t.num_elements()));
+      }
     }
     description = parsed.SerializeAsString();
   }
-  std::string file = "ATOLLSV2" + data + description;
+  const std::string magic = format == 2 ? "ATOLLSV2" : "ATOLLSV3";
+  std::string file = magic + data + description;
   PutU64(file, description.size());
   PutU64(file, compression::Checksum(description.data(), description.size()));
-  return file + "ATOLLSV2";
+  return file + magic;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
-  const bool fix = in.Number<uint8_t>() % 2 == 1;
+  const uint8_t mode = in.Number<uint8_t>();
   std::string file;
-  if (fix) {
+  if (mode % 2 == 1) {
     std::string description = in.Record();
-    file = Format2(std::move(description), in.Rest());
+    file = Sectioned((mode & 2) ? 3 : 2, std::move(description), in.Rest());
   } else {
     file = in.Rest();
   }

@@ -20,7 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(OuterOptimizerTest, NesterovMatchesTheFormula) {
-  OuterOptimizer opt({0.7, 0.9, true}, 2);
+  NesterovOptimizer opt({0.7, 0.9, true}, 2);
   float g1[2] = {1.0f, -2.0f}, g2[2] = {0.5f, 0.25f}, u[2];
   opt.ComputeUpdate(g1, u);  // m = g1; u = lr (g1 + mu m)
   EXPECT_FLOAT_EQ(u[0], 0.7f * (1.0f + 0.9f * 1.0f));
@@ -30,13 +30,55 @@ TEST(OuterOptimizerTest, NesterovMatchesTheFormula) {
   EXPECT_FLOAT_EQ(u[0], 0.7f * (0.5f + 0.9f * m0));
 }
 
+// Outer optimizers by name, with their named state: sgd keeps none and steps u = lr g, bit for
+// bit what nesterov at momentum 0 steps; nesterov's state round-trips through Restore by name.
+TEST(OuterOptimizerTest, ChosenByNameWithNamedState) {
+  OuterOptimizerConfig c{0.7, 0.0, true};
+  c.name = "sgd";
+  auto sgd = MakeOuterOptimizer(c, 3);
+  ASSERT_NE(sgd, nullptr);
+  EXPECT_STREQ(sgd->name(), "sgd");
+  EXPECT_TRUE(sgd->StateTensors().empty());
+  c.name = "nesterov";
+  auto nesterov = MakeOuterOptimizer(c, 3);
+  float g[3] = {1.0f, -0.3f, 2.5f}, a[3], b[3];
+  sgd->ComputeUpdate(g, a);
+  nesterov->ComputeUpdate(g, b);
+  EXPECT_EQ(0, std::memcmp(a, b, sizeof(a)));
+  EXPECT_EQ(OuterOptimizerNames(), (std::vector<std::string>{"nesterov", "sgd"}));
+  c.name = "adam";
+  EXPECT_FALSE(Validate(c).ok());
+
+  OuterOptimizerConfig d{0.7, 0.9, true};
+  d.momentum_delay = 3;
+  auto delayed = MakeOuterOptimizer(d, 3);
+  delayed->ComputeUpdate(g, a);
+  const auto tensors = delayed->StateTensors();
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_EQ(tensors[0].name, "momentum");
+  EXPECT_EQ(tensors[1].name, "buffer");
+  ASSERT_EQ(delayed->StateCounters().size(), 1u);
+  EXPECT_EQ(delayed->StateCounters()[0], (std::pair<std::string, int64_t>{"buffered", 1}));
+  auto copy = MakeOuterOptimizer(d, 3);
+  std::vector<std::pair<std::string, std::vector<float>>> state;
+  for (const auto& t : tensors) state.emplace_back(t.name, *t.values);
+  ASSERT_TRUE(copy->Restore(state, delayed->StateCounters()).ok());
+  delayed->ComputeUpdate(g, a);
+  copy->ComputeUpdate(g, b);
+  EXPECT_EQ(0, std::memcmp(a, b, sizeof(a)));
+  // All or nothing, by name and size.
+  state[1].first = "velocity";
+  EXPECT_THAT(std::string(copy->Restore(state, {{"buffered", 0}}).message()), HasSubstr("velocity"));
+  EXPECT_FALSE(sgd->Restore(state, {}).ok());
+}
+
 TEST(OuterOptimizerTest, PlainSgdAndHeavyBall) {
-  OuterOptimizer sgd({1.0, 0.0, false}, 1);
+  NesterovOptimizer sgd({1.0, 0.0, false}, 1);
   float g[1] = {3.0f}, u[1];
   sgd.ComputeUpdate(g, u);
   EXPECT_EQ(u[0], 3.0f);
   EXPECT_TRUE(sgd.momentum().empty());
-  OuterOptimizer heavy({0.5, 0.5, false}, 1);
+  NesterovOptimizer heavy({0.5, 0.5, false}, 1);
   heavy.ComputeUpdate(g, u);
   heavy.ComputeUpdate(g, u);  // m = 0.5 * 3 + 3
   EXPECT_EQ(u[0], 0.5f * 4.5f);
@@ -67,7 +109,7 @@ TEST(OuterOptimizerTest, DelayedNesterovWithPeriodOneIsNesterovBitForBit) {
   OuterOptimizerConfig plain{0.7, 0.9, true};
   OuterOptimizerConfig delayed = plain;
   delayed.momentum_delay = 1;
-  OuterOptimizer a(plain, 1000), b(delayed, 1000);
+  NesterovOptimizer a(plain, 1000), b(delayed, 1000);
   for (int step = 0; step < 10; ++step) {
     std::vector<float> g(1000), ua(1000), ub(1000);
     for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(float(i * 7 + step)) * 1e-3f;
@@ -81,7 +123,7 @@ TEST(OuterOptimizerTest, DelayedNesterovWithPeriodOneIsNesterovBitForBit) {
 TEST(OuterOptimizerTest, DelayedNesterovStepsTheMomentumEveryNthGradient) {
   OuterOptimizerConfig c{0.5, 0.5, true};
   c.momentum_delay = 2;
-  OuterOptimizer opt(c, 1);
+  NesterovOptimizer opt(c, 1);
   float g1[1] = {2.0f}, g2[1] = {4.0f}, g3[1] = {8.0f}, u[1];
   opt.ComputeUpdate(g1, u);  // buffered: u = lr g / N
   EXPECT_EQ(u[0], 0.5f * 1.0f);
@@ -102,15 +144,15 @@ TEST(OuterOptimizerTest, PreviewChangesNoStateAndMatchesTheUpdate) {
   for (const OuterOptimizerConfig& c : {OuterOptimizerConfig{1.0, 0.0, false},
                                         OuterOptimizerConfig{0.5, 0.5, false},
                                         OuterOptimizerConfig{0.7, 0.9, true}, delayed}) {
-    OuterOptimizer opt(c, 64);
+    NesterovOptimizer opt(c, 64);
     for (int step = 0; step < 7; ++step) {
       std::vector<float> g(64), u1(64), u2(64), u3(64);
       for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(float(i * 3 + step));
       const auto m = opt.momentum();
       const auto b = opt.buffer();
       const int buffered = opt.buffered();
-      opt.Preview(g.data(), u1.data());
-      opt.Preview(g.data(), u2.data());
+      opt.Preview(g.data(), u1.data(), 0, g.size());
+      opt.Preview(g.data(), u2.data(), 0, g.size());
       EXPECT_EQ(opt.momentum(), m);
       EXPECT_EQ(opt.buffer(), b);
       EXPECT_EQ(opt.buffered(), buffered);
@@ -127,7 +169,7 @@ TEST(OuterOptimizerTest, AveragingStepsLeaveTheMomentumAlone) {
   OuterOptimizerConfig delayed{0.7, 0.9, true};
   delayed.momentum_delay = 2;
   for (const OuterOptimizerConfig& c : {OuterOptimizerConfig{0.7, 0.9, true}, delayed}) {
-    OuterOptimizer warmed(c, 8), fresh(c, 8);
+    NesterovOptimizer warmed(c, 8), fresh(c, 8);
     std::vector<float> g(8), u(8), expected(8);
     for (size_t i = 0; i < g.size(); ++i) g[i] = 0.25f * float(i) - 1.0f;
     warmed.set_averaging(true);

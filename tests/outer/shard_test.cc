@@ -246,18 +246,18 @@ TEST(ShardedServiceTest, ShardsMirrorTheCoordinatorsMembership) {
 // A shard's durable state holds its own fragments only, and only that shard takes it back.
 TEST(ShardedServiceTest, EachShardSnapshotsAndRestoresItsOwnFragments) {
   Service service(2);
-  std::map<std::pair<uint32_t, int>, std::vector<float>> tensors;
+  std::map<std::pair<uint32_t, std::string>, std::vector<float>> tensors;
   auto state = service.servers[0]->Snapshot(
-      [&](uint32_t fragment, SyncServer::StateTensor t, const float* data, size_t n) {
-        tensors[{fragment, int(t)}] = std::vector<float>(data, data + n);
+      [&](uint32_t fragment, const std::string& t, const float* data, size_t n) {
+        tensors[{fragment, t}] = std::vector<float>(data, data + n);
         return absl::OkStatus();
       });
   ASSERT_TRUE(state.ok());
   ASSERT_EQ(state->fragments_size(), 2);
   EXPECT_EQ(state->fragments(0).fragment(), 0u);
   EXPECT_EQ(state->fragments(1).fragment(), 2u);
-  auto read = [&](uint32_t index, SyncServer::StateTensor t, float* out, size_t n) {
-    const auto& v = tensors[{state->fragments(int(index)).fragment(), int(t)}];
+  auto read = [&](uint32_t index, const std::string& t, float* out, size_t n) {
+    const auto& v = tensors[{state->fragments(int(index)).fragment(), t}];
     if (v.size() != n) return absl::DataLossError("size");
     std::copy(v.begin(), v.end(), out);
     return absl::OkStatus();
