@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
     mesh = t->own_mesh_.get();
   }
   t->mesh_ = mesh;
-  ATL_ASSIGN_OR_RETURN(auto sharded, parallel::FsdpGpt::Create(model, *mesh, resolved.train.device,
+  ATL_ASSIGN_OR_RETURN(auto sharded, parallel::FsdpModel::Create(model, *mesh, resolved.train.device,
                                                               FsdpOptionsOf(config)));
   t->fsdp_ = std::move(sharded);
   t->fsdp_->module()->train();
@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   return t;
 }
 
-Gpt& Trainer::model() { return fsdp_->module(); }
+CausalLm& Trainer::model() { return fsdp_->module(); }
 
 int64_t Trainer::tokens_per_step() const {
   return int64_t(train_.batch_size) * train_.grad_accum * model_config_.context *
@@ -378,29 +378,6 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
   sampler_.set_cursor(state.cursor);
   if (state.rng_state.defined()) compat::SetDefaultCpuRngState(state.rng_state);
   step_ = state.step;
-  return absl::OkStatus();
-}
-
-absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer,
-                     bool evaluate) {
-  const auto& cfg = trainer.train_config();
-  while (trainer.step() < until_step) {
-    ATL_RETURN_IF_ERROR(trainer.QueueStep());
-    const int64_t t = trainer.step();
-    const bool eval_now =
-        evaluate && ((cfg.eval_every > 0 && t % cfg.eval_every == 0) || t == cfg.steps);
-    if (!eval_now && t < until_step && !observer.NeedsStats(t)) continue;
-    ATL_ASSIGN_OR_RETURN(auto steps, trainer.TakeStats());
-    std::optional<EvalStats> eval;
-    if (eval_now) {
-      ATL_ASSIGN_OR_RETURN(auto e, trainer.Evaluate());
-      eval = e;
-    }
-    for (const auto& step : steps) {
-      const bool last = &step == &steps.back();
-      ATL_RETURN_IF_ERROR(observer.OnStep(step, last && eval ? &*eval : nullptr));
-    }
-  }
   return absl::OkStatus();
 }
 

@@ -1,10 +1,9 @@
 // One island's inner training: model, data stream, AdamW, schedule. `Trainer::QueueStep()` is one
 // optimizer step (micro-batch accumulation, clipping, update) that never waits for the device:
 // its loss and gradient norm stay there until `TakeStats()` brings those of all the steps queued
-// since over in one copy. `RunLoop` is the loop around it.
-// Nothing here knows about the network: the outer sync plugs in through LoopObserver.
+// since over in one copy. inner/loop.h's RunLoop is the loop around it.
 //
-// The same trainer runs one rank or many: the model is an FsdpGpt over the island's mesh (one rank
+// The same trainer runs one rank or many: the model is an FsdpModel over the island's mesh (one rank
 // is its case N = 1). Each data-parallel rank takes its slice of every global micro-batch
 // (train.batch_size sequences per rank), so N ranks see exactly the batches one rank would with N
 // times the batch. Every rank of an island must call Step and Evaluate together.
@@ -26,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "inner/adamw.h"
 #include "inner/data.h"
+#include "inner/loop.h"
 #include "inner/model.h"
 #include "inner/trainer_config.h"
 
@@ -33,21 +33,6 @@ namespace atl::inner {
 
 // Linear warmup, then cosine decay to lr * min_lr_ratio at `total_steps`.
 double LearningRate(const OptimConfig& config, int64_t step, int64_t total_steps);
-
-struct StepStats {
-  int64_t step = 0;    // steps completed, counting this one
-  double loss = 0;     // mean training loss of the step's micro-batches (nats)
-  double lr = 0;
-  double grad_norm = 0;  // before clipping
-  int64_t tokens = 0;    // tokens this trainer has consumed in total
-  double compute_s = 0;  // wall seconds of the step
-};
-
-struct EvalStats {
-  double loss = 0;        // mean validation loss (nats per token)
-  double bits = 0;        // loss in bits per token
-  bool per_byte = false;  // tokens are bytes (text data): `bits` is bits per byte
-};
 
 // Elements [offset, offset + values.numel()) of a flattened tensor of `shape`: a rank exports the
 // parts of the parameters and moments it owns; one rank owns whole tensors.
@@ -70,10 +55,10 @@ struct TrainerState {
 
 namespace parallel {
 class DeviceMesh;
-class FsdpGpt;
+class FsdpModel;
 }  // namespace parallel
 
-class Trainer {
+class Trainer : public StepSource {
  public:
   // stream / num_streams select this island's disjoint share of the training windows. `mesh`:
   // the island's ranks (nullptr: one rank); it must outlive the trainer.
@@ -86,17 +71,17 @@ class Trainer {
   // One optimizer step, queued on the device without waiting for it (no host sync): its stats
   // pend until TakeStats. Errors come from the island's collectives (a rank gone): the island
   // cannot go on.
-  absl::Status QueueStep();
+  absl::Status QueueStep() override;
   // The stats of the steps queued since the last TakeStats, in order, their losses and gradient
   // norms in one copy from the device (the step's only wait for it); the wait counts in their
   // compute_s, in equal parts. An error is the device's (a kernel that failed).
-  absl::StatusOr<std::vector<StepStats>> TakeStats();
+  absl::StatusOr<std::vector<StepStats>> TakeStats() override;
   int pending_steps() const { return int(pending_.size()); }
   // QueueStep and TakeStats: one step whose stats are wanted at once. No stats may be pending.
   absl::StatusOr<StepStats> Step();
   absl::StatusOr<EvalStats> Evaluate();
 
-  int64_t step() const { return step_; }
+  int64_t step() const override { return step_; }
   // Moves the learning-rate schedule to `position` for the next step (it advances by one per step
   // from there). Async islands follow the run's global progress instead of their own step count.
   // Not part of the checkpointed state.
@@ -116,8 +101,8 @@ class Trainer {
   int64_t tokens() const { return step_ * tokens_per_step(); }
   const TrainConfig& train_config() const { return train_; }
   // The module; with several ranks its parameters hold data only while a unit is gathered.
-  Gpt& model();
-  parallel::FsdpGpt& sharded() { return *fsdp_; }
+  CausalLm& model();
+  parallel::FsdpModel& sharded() { return *fsdp_; }
   parallel::DeviceMesh& mesh() { return *mesh_; }
   AdamW& optimizer() { return *adamw_; }
   const BatchSampler& sampler() const { return sampler_; }
@@ -139,7 +124,7 @@ class Trainer {
   BatchSampler sampler_;
   std::unique_ptr<parallel::DeviceMesh> own_mesh_;  // one rank, when none is given
   parallel::DeviceMesh* mesh_ = nullptr;
-  std::unique_ptr<parallel::FsdpGpt> fsdp_;
+  std::unique_ptr<parallel::FsdpModel> fsdp_;
   std::unique_ptr<AdamW> adamw_;
   struct Pending {
     StepStats stats;    // all but loss and grad_norm
@@ -150,25 +135,6 @@ class Trainer {
   int64_t schedule_shift_ = 0;
   int64_t ramp_steps_ = 0, ramp_done_ = 0;
 };
-
-// Sees every step, in order; returning an error stops the loop with it. Steps are queued ahead
-// and their stats taken in batches: OnStep sees a step once NeedsStats has asked for it or a
-// later one (or an evaluation or the end came), before the next step is queued.
-class LoopObserver {
- public:
-  virtual ~LoopObserver() = default;
-  virtual absl::Status OnStep(const StepStats& step, const EvalStats* eval) = 0;
-  // Whether OnStep must see step `step` before the next one runs (a checkpoint, a stop, a log
-  // line is due). Every step by default: one host sync a step.
-  virtual bool NeedsStats(int64_t /*step*/) const { return true; }
-};
-
-// Steps `trainer` until it has completed `until_step` steps, evaluating every train.eval_every
-// steps and at the last one (unless `evaluate` is false: DiLoCo islands evaluate the global
-// parameters after their outer round instead). The stats of the steps come over when the
-// observer needs them, for an evaluation and at the end.
-absl::Status RunLoop(Trainer& trainer, int64_t until_step, LoopObserver& observer,
-                     bool evaluate = true);
 
 }  // namespace atl::inner
 

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "compression/config_value.h"
 #include "compression/status_macros.h"
@@ -11,19 +9,10 @@
 namespace atl::outer {
 namespace {
 
-// Block index of "blocks.<l>.<rest>", or -1.
-int BlockOf(const std::string& name) {
-  if (!absl::StartsWith(name, "blocks.")) return -1;
-  const size_t end = name.find('.', 7);
-  int l;
-  if (end == std::string::npos || !absl::SimpleAtoi(name.substr(7, end - 7), &l) || l < 0) return -1;
-  return l;
-}
-
-}  // namespace
-
 constexpr EnumName<FragmentPattern> kPatterns[] = {{FragmentPattern::kStrided, "strided"},
                                                    {FragmentPattern::kSequential, "sequential"}};
+
+}  // namespace
 
 absl::StatusOr<FragmentPattern> ParseFragmentPattern(const std::string& name) {
   FragmentPattern pattern;
@@ -37,35 +26,26 @@ absl::Status ParseConfigValue(const std::string& text, FragmentPattern* value) {
 
 std::string ConfigValueText(FragmentPattern value) { return EnumValueName(value, kPatterns); }
 
-absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<std::string>& names,
-                                           int num_fragments, FragmentPattern pattern) {
+absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<int>& groups, int num_fragments,
+                                           FragmentPattern pattern) {
   int layers = 0;
-  for (const auto& n : names) layers = std::max(layers, BlockOf(n) + 1);
+  for (int g : groups) layers = std::max(layers, g + 1);
   if (num_fragments < 1 || num_fragments > std::max(1, layers)) {
     return absl::InvalidArgumentError(absl::StrCat("outer.num_fragments must be in [1, ",
                                                    std::max(1, layers), "] (one block at least per "
                                                    "fragment), got ", num_fragments));
   }
-  auto fragment_of_block = [&](int l) -> uint32_t {
-    if (pattern == FragmentPattern::kStrided) return uint32_t(l % num_fragments);
-    return uint32_t(int64_t(l) * num_fragments / layers);
-  };
   FragmentPlan plan;
   plan.parameters.resize(size_t(num_fragments));
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string& n = names[i];
-    const int l = BlockOf(n);
-    uint32_t f;
-    if (l >= 0) {
-      f = fragment_of_block(l);
-    } else if (absl::StartsWith(n, "tok_emb.") || absl::StartsWith(n, "pos_emb.")) {
-      f = layers > 0 ? fragment_of_block(0) : 0;
-    } else if (absl::StartsWith(n, "ln_f.") || absl::StartsWith(n, "head.")) {
-      f = layers > 0 ? fragment_of_block(layers - 1) : 0;
-    } else {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i] < -1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", n, "' has no fragment under the placement rule"));
+          absl::StrCat("parameter ", i, " has no fragment group (", groups[i], ")"));
     }
+    const int l = std::max(0, groups[i]);
+    const uint32_t f = pattern == FragmentPattern::kStrided
+                           ? uint32_t(l % num_fragments)
+                           : uint32_t(int64_t(l) * num_fragments / std::max(1, layers));
     plan.fragment_of.push_back(f);
     plan.parameters[f].push_back(i);
   }

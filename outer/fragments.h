@@ -1,10 +1,8 @@
-// Streaming DiLoCo's fragments (arXiv 2501.18512): the model's named parameters split into P
-// groups of transformer blocks, each synchronized every H inner steps at its own offset, so that
-// at most one fragment is in flight at a time and peak bandwidth falls by P.
-//
-// Placement rule for parameters outside the blocks: embeddings (tok_emb, pos_emb) travel with the
-// fragment of block 0, the final LayerNorm and the head (ln_f, head) with the fragment of the last
-// block. Every island derives the same plan and schedule from (names, P, pattern, H).
+// Streaming DiLoCo's fragments (arXiv 2501.18512): the model's parameters split into P groups of
+// transformer blocks, each synchronized every H inner steps at its own offset, so that at most one
+// fragment is in flight at a time and peak bandwidth falls by P. Every island derives the same plan
+// and schedule from (the parameters' groups, P, pattern, H); which parameters are which block's is
+// the model family's to say (inner/model/plan.h), not this file's.
 #ifndef ATOLL_OUTER_FRAGMENTS_H_
 #define ATOLL_OUTER_FRAGMENTS_H_
 
@@ -32,10 +30,11 @@ struct FragmentPlan {
   std::vector<uint32_t> fragment_of;  // per parameter
 };
 
-// `names` in model order; blocks are recognized as "blocks.<l>.". Refuses P < 1 or more fragments
-// than blocks, and names that fit neither the blocks nor the placement rule.
-absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<std::string>& names,
-                                           int num_fragments, FragmentPattern pattern);
+// `groups`: each parameter's group (its transformer block, in model order; -1: a model without
+// blocks), as the model's plan gives them (inner::FragmentGroups: the embeddings with block 0, the
+// final norm and the head with the last block). Refuses P < 1 or more fragments than groups.
+absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<int>& groups, int num_fragments,
+                                           FragmentPattern pattern);
 
 // How often the islands sync before the run settles on its H (both off by default):
 //   warm start: the first `warm_start_steps` steps are rounds of one step each, every fragment,

@@ -229,6 +229,52 @@ std::vector<std::vector<IslandSync::Span>> IslandSync::PlanPush() const {
   return parts;
 }
 
+// A push that did not arrive intact is sent again; if a retried push finds its first attempt
+// applied after all (the answer was lost), the round goes on as if it had been answered.
+absl::StatusOr<pb::PushResponse> IslandSync::PushRetrying(
+    const std::function<PushSource()>& source, int lane) {
+  auto pushed = transport_->Push(source(), lane);
+  for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(pushed.status()) ||
+                                                   absl::IsDataLoss(pushed.status()) ||
+                                                   absl::IsResourceExhausted(pushed.status()));
+       ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+    pushed = transport_->Push(source(), lane);
+    if (absl::IsAlreadyExists(pushed.status()) && !options_.async) {
+      pushed = pb::PushResponse();
+      pushed->set_round(round_);
+    }
+  }
+  return pushed;
+}
+
+namespace {
+
+// The parts' answers to one contribution: the part that completed it speaks for it (the most
+// contributors); any part may carry the tau the service chose. The first part's error, if any.
+absl::StatusOr<pb::PushResponse> CombineAnswers(
+    const std::vector<absl::StatusOr<pb::PushResponse>>& parts) {
+  absl::StatusOr<pb::PushResponse> answer;
+  for (const auto& pushed : parts) {
+    if (!pushed.ok()) return pushed.status();
+    if (!answer.ok() || pushed->contributors() > answer->contributors()) {
+      const bool tau_set = answer.ok() && answer->tau_set();
+      const uint32_t tau = answer.ok() ? answer->tau() : 0;
+      answer = pushed;
+      if (tau_set && !answer->tau_set()) {
+        answer->set_tau_set(true);
+        answer->set_tau(tau);
+      }
+    } else if (pushed->tau_set() && !answer->tau_set()) {
+      answer->set_tau_set(true);
+      answer->set_tau(pushed->tau());
+    }
+  }
+  return answer;
+}
+
+}  // namespace
+
 absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<float>* local,
                                                               uint64_t tokens, double steps_per_s,
                                                               RoundOutcome& out) {
@@ -306,44 +352,16 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
     };
   };
   RunLanes(int(parts.size()), [&](int l) {
-    const size_t lane = size_t(l);
-    // A push that did not arrive intact is sent again; if a retried push finds its first attempt
-    // applied after all (the answer was lost), the round goes on as if it had been answered.
-    auto& pushed = results[lane].pushed;
-    pushed = transport_->Push(source(lane), l);
-    for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(pushed.status()) ||
-                                                     absl::IsDataLoss(pushed.status()) ||
-                                                     absl::IsResourceExhausted(pushed.status()));
-         ++tries) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
-      pushed = transport_->Push(source(lane), l);
-      if (absl::IsAlreadyExists(pushed.status()) && !options_.async) {
-        pushed = pb::PushResponse();
-        pushed->set_round(round_);
-      }
-    }
+    results[size_t(l)].pushed = PushRetrying([&, l] { return source(size_t(l)); }, l);
   });
-  // The parts' answers: the part that completed the contribution speaks for it (the most
-  // contributors); any part may carry the tau the service chose.
-  absl::StatusOr<pb::PushResponse> answer;
   EncodingError error;
+  std::vector<absl::StatusOr<pb::PushResponse>> answers;
   for (auto& r : results) {
     out.bytes_sent += r.bytes;
     error.Add(r.error);
-    if (!r.pushed.ok()) return r.pushed.status();
-    if (!answer.ok() || r.pushed->contributors() > answer->contributors()) {
-      const bool tau_set = answer.ok() && answer->tau_set();
-      const uint32_t tau = answer.ok() ? answer->tau() : 0;
-      answer = r.pushed;
-      if (tau_set && !answer->tau_set()) {
-        answer->set_tau_set(true);
-        answer->set_tau(tau);
-      }
-    } else if (r.pushed->tau_set() && !answer->tau_set()) {
-      answer->set_tau_set(true);
-      answer->set_tau(r.pushed->tau());
-    }
+    answers.push_back(std::move(r.pushed));
   }
+  ATL_ASSIGN_OR_RETURN(auto answer, CombineAnswers(answers));
   out.quantization_error = error.relative();
   if (options_.error_feedback) {
     if (device_) {
@@ -459,99 +477,120 @@ absl::StatusOr<RoundOutcome> IslandSync::CatchUp(uint64_t version) {
   return out;
 }
 
-absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
-  // What is received: each owned range with its own hash; a whole fragment on several lanes in
-  // parts on whole scale blocks, all checked at the end against the fragment's hash.
+// Accepted chunks as they arrived (encoded), for the device copy: owned elements [at, at + count).
+struct IslandSync::Received {
+  absl::Status status;
+  uint64_t bytes = 0, params_hash = 0;
+  uint32_t contributors = 0;
+  struct Owned {
+    uint64_t at = 0, count = 0;
+    std::string data;
+  };
+  std::vector<Owned> chunks;
+};
+
+std::vector<IslandSync::Span> IslandSync::PlanReceive(bool split) const {
   std::vector<Span> parts;
-  const bool split = whole() && lanes() > 1;
   if (split) {
     const uint64_t block = std::max<uint32_t>(1, options_.codec.block_size);
     const uint64_t blocks = (n_ + block - 1) / block;
     const uint64_t k = std::min<uint64_t>(uint64_t(lanes()), blocks);
     for (uint64_t g = 0; g < k; ++g) {
-      const uint64_t b = std::min(n_, blocks * g / k * block), e = std::min(n_, blocks * (g + 1) / k * block);
+      const uint64_t b = std::min(n_, blocks * g / k * block);
+      const uint64_t e = std::min(n_, blocks * (g + 1) / k * block);
       if (e > b) parts.push_back({b, b, e});
     }
-  } else {
-    for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
-      parts.push_back({at, ranges_[r].first, ranges_[r].second});
-      at += ranges_[r].second - ranges_[r].first;
+    return parts;
+  }
+  for (uint64_t at = 0, r = 0; r < ranges_.size(); ++r) {
+    parts.push_back({at, ranges_[r].first, ranges_[r].second});
+    at += ranges_[r].second - ranges_[r].first;
+  }
+  return parts;
+}
+
+void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane,
+                             std::vector<float>& next, Received& got) {
+  pb::UpdateRequest request;
+  request.set_run_id(run_id_);
+  request.set_island_id(island_id_);
+  request.set_session(identity_->session());
+  request.set_round(round);
+  request.set_fragment(options_.fragment);
+  request.set_offset(whole() && !split ? 0 : p.begin);
+  request.set_num_elements(whole() && !split ? 0 : p.end - p.begin);
+  uint64_t range_hash = 0;
+  auto receive = [&]() {
+    // Each chunk is applied as it arrives; a retry starts again from the global copy.
+    std::copy(global_.begin() + int64_t(p.at), global_.begin() + int64_t(p.at + p.end - p.begin),
+              next.begin() + int64_t(p.at));
+    got.bytes = 0;
+    got.chunks.clear();
+    Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, p.begin,
+                        p.end - p.begin, options_.codec,
+                        [&](uint64_t first, const float* u, uint64_t k) {
+                          ApplyUpdate(next.data() + p.at + (first - p.begin), u, size_t(k));
+                        });
+    absl::Status s = transport_->AwaitUpdate(
+        request,
+        [&](pb::UpdateChunk&& c) {
+          got.bytes += c.ByteSizeLong();
+          range_hash = c.range_hash();
+          got.params_hash = c.params_hash();
+          got.contributors = c.contributors();
+          absl::Status added = assembler.Add(c.chunk());
+          if (added.ok() && device_) {
+            const auto& h = c.chunk().header();
+            got.chunks.push_back({p.at + (h.offset() - p.begin), h.num_elements(),
+                                  std::move(*c.mutable_chunk()->mutable_data())});
+          }
+          return added;
+        },
+        lane);
+    return s.ok() ? assembler.CheckComplete() : s;
+  };
+  got.status = receive();
+  for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(got.status) ||
+                                                   absl::IsResourceExhausted(got.status));
+       ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
+    got.status = receive();
+  }
+  if (!got.status.ok() || split) return;
+  if (range_hash == 0) {
+    got.status = absl::FailedPreconditionError(absl::StrCat(
+        "the service did not know the range [", p.begin, ", ", p.end, ") at round ", round));
+  } else if (compression::Checksum(next.data() + p.at, (p.end - p.begin) * sizeof(float)) !=
+             range_hash) {
+    got.status = absl::DataLossError(absl::StrCat("global parameters [", p.begin, ", ", p.end,
+                                                  ") after round ", round,
+                                                  " do not match the service's hash"));
+  }
+}
+
+absl::Status IslandSync::CheckSplitHash(const std::vector<Received>& received, uint64_t round,
+                                        const std::vector<float>& next) const {
+  for (const auto& r : received) {
+    if (r.params_hash != received[0].params_hash) {
+      return absl::DataLossError("the parts of an update disagree on the parameters' hash");
     }
   }
+  if (compression::Checksum(next.data(), n_ * sizeof(float)) != received[0].params_hash) {
+    return absl::DataLossError(absl::StrCat("global parameters after round ", round,
+                                            " do not match the service's hash"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
+  const bool split = whole() && lanes() > 1;
+  const std::vector<Span> parts = PlanReceive(split);
   std::vector<float> next = global_;
-  struct Received {
-    absl::Status status;
-    uint64_t bytes = 0, params_hash = 0;
-    uint32_t contributors = 0;
-    // Accepted chunks as they arrived (encoded), for the device copy: owned elements
-    // [at, at + count).
-    struct Owned {
-      uint64_t at = 0, count = 0;
-      std::string data;
-    };
-    std::vector<Owned> chunks;
-  };
   std::vector<Received> received(parts.size());
   const int n_lanes = int(std::min<size_t>(size_t(lanes()), parts.size()));
   RunLanes(n_lanes, [&](int lane) {
     for (size_t i = size_t(lane); i < parts.size(); i += size_t(n_lanes)) {
-      const Span& p = parts[i];
-      Received& got = received[i];
-      pb::UpdateRequest request;
-      request.set_run_id(run_id_);
-      request.set_island_id(island_id_);
-      request.set_session(identity_->session());
-      request.set_round(round);
-      request.set_fragment(options_.fragment);
-      request.set_offset(whole() && !split ? 0 : p.begin);
-      request.set_num_elements(whole() && !split ? 0 : p.end - p.begin);
-      uint64_t range_hash = 0;
-      auto receive = [&]() {
-        // Each chunk is applied as it arrives; a retry starts again from the global copy.
-        std::copy(global_.begin() + int64_t(p.at), global_.begin() + int64_t(p.at + p.end - p.begin),
-                  next.begin() + int64_t(p.at));
-        got.bytes = 0;
-        got.chunks.clear();
-        Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, p.begin,
-                            p.end - p.begin, options_.codec,
-                            [&](uint64_t first, const float* u, uint64_t k) {
-                              ApplyUpdate(next.data() + p.at + (first - p.begin), u, size_t(k));
-                            });
-        absl::Status s = transport_->AwaitUpdate(
-            request,
-            [&](pb::UpdateChunk&& c) {
-              got.bytes += c.ByteSizeLong();
-              range_hash = c.range_hash();
-              got.params_hash = c.params_hash();
-              got.contributors = c.contributors();
-              absl::Status added = assembler.Add(c.chunk());
-              if (added.ok() && device_) {
-                const auto& h = c.chunk().header();
-                got.chunks.push_back({p.at + (h.offset() - p.begin), h.num_elements(),
-                                      std::move(*c.mutable_chunk()->mutable_data())});
-              }
-              return added;
-            },
-            lane);
-        return s.ok() ? assembler.CheckComplete() : s;
-      };
-      got.status = receive();
-      for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(got.status) ||
-                                                       absl::IsResourceExhausted(got.status));
-           ++tries) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100 << tries));
-        got.status = receive();
-      }
-      if (!got.status.ok() || split) continue;
-      if (range_hash == 0) {
-        got.status = absl::FailedPreconditionError(absl::StrCat(
-            "the service did not know the range [", p.begin, ", ", p.end, ") at round ", round));
-      } else if (compression::Checksum(next.data() + p.at, (p.end - p.begin) * sizeof(float)) !=
-                 range_hash) {
-        got.status = absl::DataLossError(absl::StrCat("global parameters [", p.begin, ", ", p.end,
-                                                      ") after round ", round,
-                                                      " do not match the service's hash"));
-      }
+      ReceivePart(parts[i], round, split, lane, next, received[i]);
     }
   });
   std::vector<absl::Status> statuses;
@@ -560,17 +599,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
     out.bytes_received += r.bytes;
   }
   ATL_RETURN_IF_ERROR(FirstError(statuses));
-  if (split) {
-    for (const auto& r : received) {
-      if (r.params_hash != received[0].params_hash) {
-        return absl::DataLossError("the parts of an update disagree on the parameters' hash");
-      }
-    }
-    if (compression::Checksum(next.data(), n_ * sizeof(float)) != received[0].params_hash) {
-      return absl::DataLossError(absl::StrCat("global parameters after round ", round,
-                                              " do not match the service's hash"));
-    }
-  }
+  if (split) ATL_RETURN_IF_ERROR(CheckSplitHash(received, round, next));
   if (!options_.async) out.contributors = received[0].contributors;
   global_ = std::move(next);
   round_ = round + 1;

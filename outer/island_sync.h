@@ -168,6 +168,20 @@ class IslandSync {
   // The chunks of a push, cut into the lanes' parts: whole chunks of a whole fragment, whole
   // ranges of a rank's (the service knows a rank's ranges by the parts they arrive in).
   std::vector<std::vector<Span>> PlanPush() const;
+  // ApplyRound's steps. What is received: each owned range with its own hash, or (a whole
+  // fragment on several lanes: `split`) parts on whole scale blocks, all checked at the end
+  // against the fragment's hash.
+  std::vector<Span> PlanReceive(bool split) const;
+  struct Received;
+  // Part p of the update into next[p.at, ...), retrying transient failures, its range's hash
+  // checked unless split.
+  void ReceivePart(const Span& p, uint64_t round, bool split, int lane, std::vector<float>& next,
+                   Received& got);
+  absl::Status CheckSplitHash(const std::vector<Received>& received, uint64_t round,
+                              const std::vector<float>& next) const;
+  // PushContribution's: one push of a lane, retried on transient failures.
+  absl::StatusOr<pb::PushResponse> PushRetrying(const std::function<PushSource()>& source,
+                                                int lane);
   // Fetches elements [offset, offset + count) into out, retrying transient failures; sets
   // *changed when the state it got is not that of the other pieces (a round committed).
   struct FetchProgress;

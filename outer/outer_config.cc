@@ -28,8 +28,10 @@ absl::Status ParseConfigValue(const std::string& text, GlobalCopy* value) {
 }
 std::string ConfigValueText(GlobalCopy value) { return EnumValueName(value, kGlobalCopies); }
 
-absl::Status Validate(const OuterConfig& c) {
-  ATL_RETURN_IF_ERROR(ValidateName(c.run_id, "outer.run_id"));
+namespace {
+
+// Membership, rounds and their deadlines.
+absl::Status ValidateRounds(const OuterConfig& c) {
   if (c.sync_every < 1) {
     return absl::InvalidArgumentError(absl::StrCat("outer.sync_every must be >= 1, got ", c.sync_every));
   }
@@ -70,6 +72,11 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.reconnect_timeout_s must be >= 0, got ", c.reconnect_timeout_s));
   }
+  return absl::OkStatus();
+}
+
+// Streaming DiLoCo: fragments, overlap, auto-tune, the merge.
+absl::Status ValidateStreaming(const OuterConfig& c) {
   if (c.num_fragments < 1 || c.num_fragments > c.sync_every) {
     return absl::InvalidArgumentError(absl::StrCat("outer.num_fragments must be in [1, outer.sync_every = ",
                                                    c.sync_every, "], got ", c.num_fragments));
@@ -97,6 +104,11 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.fragment_update_alpha must be in [0, 1] (or negative for the default), got ",
         c.fragment_update_alpha));
   }
+  return absl::OkStatus();
+}
+
+// Async mode's own keys.
+absl::Status ValidateAsync(const OuterConfig& c) {
   if (c.max_staleness < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.max_staleness must be >= 0, got ", c.max_staleness));
@@ -105,6 +117,11 @@ absl::Status Validate(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.momentum_delay must be >= 0, got ", c.momentum_delay));
   }
+  return absl::OkStatus();
+}
+
+// Robust aggregation and the bounds on contributions.
+absl::Status ValidateDefences(const OuterConfig& c) {
   if (!(c.clip_multiple > 0) || !std::isfinite(c.clip_multiple)) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.clip_multiple must be positive, got ", c.clip_multiple));
@@ -119,6 +136,11 @@ absl::Status Validate(const OuterConfig& c) {
         "outer.max_update_norm and outer.max_update_value must be finite and >= 0 (0: no bound), "
         "got ", c.max_update_norm, " and ", c.max_update_value));
   }
+  return absl::OkStatus();
+}
+
+// The service's resources: threads, connections, shards, call limits.
+absl::Status ValidateService(const OuterConfig& c) {
   if (c.service_threads < 1 || c.service_threads > 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.service_threads must be in 1..256, got ", c.service_threads));
@@ -146,6 +168,18 @@ absl::Status Validate(const OuterConfig& c) {
         "be positive, got ", c.stream_idle_timeout_s, ", ", c.max_pending_calls, " and ",
         c.max_calls_per_island));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Validate(const OuterConfig& c) {
+  ATL_RETURN_IF_ERROR(ValidateName(c.run_id, "outer.run_id"));
+  ATL_RETURN_IF_ERROR(ValidateRounds(c));
+  ATL_RETURN_IF_ERROR(ValidateStreaming(c));
+  ATL_RETURN_IF_ERROR(ValidateAsync(c));
+  ATL_RETURN_IF_ERROR(ValidateDefences(c));
+  ATL_RETURN_IF_ERROR(ValidateService(c));
   if (c.async() && (c.optimizer.warmup_rounds > 0 || c.optimizer.decay != LrDecay::kConstant)) {
     return absl::InvalidArgumentError(
         "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "

@@ -69,7 +69,8 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   for (const auto& [name, p] : params) {
     auto flat = torch::from_blob(const_cast<float*>(global.data() + offset), {p.numel()},
                                  torch::kFloat);
-    auto g = inner::ShapedView(name, flat, p.sizes());  // the service's canonical order
+    // the service's canonical order
+    auto g = inner::ShapedView(inner::PlanOf(inner::PlanOf(c.model), name), flat, p.sizes());
     offset += size_t(p.numel());
     if (name.find("attn.qkv.bias") == std::string::npos) {
       EXPECT_LT(relative(g, p), 1e-5) << name;
@@ -128,18 +129,14 @@ std::vector<float> TrainIdentical(const Config& c, int islands) {
           std::make_shared<outer::IslandIdentity>(joined->island_id(), joined->session()),
           LayoutOf(params).total());
       ASSERT_TRUE(sync.FetchGlobal().ok());
-      LoadFlat(sync.global(), params);
-      struct Quiet : inner::LoopObserver {
-        absl::Status OnStep(const inner::StepStats&, const inner::EvalStats*) override {
-          return absl::OkStatus();
-        }
-      } quiet;
+      LoadFlat(inner::PlanOf(cfg.model), sync.global(), params);
+      inner::LoopHooks quiet;  // the loop's defaults: no reports, evaluations or checkpoints
       while ((*trainer)->step() < cfg.train.steps) {
-        ASSERT_TRUE(inner::RunLoop(**trainer, (*trainer)->step() + cfg.outer.sync_every, quiet,
-                                   false).ok());
-        auto r = sync.SyncRound(Flatten(params), 100);
+        ASSERT_TRUE(
+            inner::RunLoop(**trainer, (*trainer)->step() + cfg.outer.sync_every, quiet).ok());
+        auto r = sync.SyncRound(Flatten(inner::PlanOf(cfg.model), params), 100);
         ASSERT_TRUE(r.ok()) << r.status();
-        LoadFlat(sync.global(), params);
+        LoadFlat(inner::PlanOf(cfg.model), sync.global(), params);
       }
     });
   }

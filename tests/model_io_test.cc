@@ -133,7 +133,7 @@ inner::ModelConfig SmallModel() {
 }
 
 ModelWeights WeightsOf(const inner::ModelConfig& m) {
-  inner::Gpt model(m);
+  const inner::CausalLm model = inner::BuildModel(m);
   ModelWeights w;
   w.model = m;
   for (auto& [name, p] : inner::NamedParameters(*model)) w.params.emplace_back(name, p.detach().clone());

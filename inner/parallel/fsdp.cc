@@ -13,7 +13,7 @@
 
 namespace atl::inner::parallel {
 
-struct FsdpGpt::Unit {
+struct FsdpModel::Unit {
   std::string name;
   std::vector<std::pair<std::string, at::Tensor>> params;  // the module's, in model order
   std::vector<int64_t> offsets;                            // of each within the unit's flat
@@ -34,7 +34,7 @@ struct FsdpGpt::Unit {
 };
 
 // A micro-batch in flight through this rank's stage: what its backward needs.
-struct FsdpGpt::Micro {
+struct FsdpModel::Micro {
   at::Tensor inputs, targets;
   std::vector<at::Tensor> unit_inputs, unit_outputs;  // per unit of the stage
   std::vector<at::Tensor> rng;  // checkpointed blocks: the CPU generator before their forward
@@ -42,9 +42,9 @@ struct FsdpGpt::Micro {
 };
 
 // This rank's stage for one run of the pipeline (inner/parallel/pipeline.h).
-class FsdpGpt::StageRun : public PipelineStage {
+class FsdpModel::StageRun : public PipelineStage {
  public:
-  StageRun(FsdpGpt& model, const std::vector<MicroBatch>& batches, bool train, double grad_scale)
+  StageRun(FsdpModel& model, const std::vector<MicroBatch>& batches, bool train, double grad_scale)
       : model_(model), train_(train), grad_scale_(grad_scale), micros_(batches.size()) {
     for (size_t i = 0; i < batches.size(); ++i) {
       micros_[i].inputs = batches[i].inputs;
@@ -62,7 +62,7 @@ class FsdpGpt::StageRun : public PipelineStage {
     // Between blocks: the rank's slice of the sequence under sequence parallelism.
     const int64_t slices = model_.tp_ != nullptr && model_.tp_->sequence_parallel()
                                ? model_.tp_->size() : 1;
-    return at::empty({tokens.size(0), tokens.size(1) / slices, model_.model_->config().d_model},
+    return at::empty({tokens.size(0), tokens.size(1) / slices, model_.model_->hidden_size()},
                      model_.units_.front()->shard.options());
   }
   // The mean of the micro-batches' losses, on the device (added in double in micro-batch order):
@@ -76,7 +76,7 @@ class FsdpGpt::StageRun : public PipelineStage {
   }
 
  private:
-  FsdpGpt& model_;
+  FsdpModel& model_;
   const bool train_;
   const double grad_scale_;
   std::vector<Micro> micros_;
@@ -100,25 +100,26 @@ std::vector<std::pair<int64_t, int64_t>> Runs(const std::vector<std::pair<int64_
 
 }  // namespace
 
-FsdpGpt::FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options)
+FsdpModel::FsdpModel(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options)
     : mesh_(mesh),
-      tp_(mesh.shape().tp > 1 ? std::make_unique<TpGroup>(mesh.group(MeshDim::kTp),
+      tp_(mesh.shape().tp > 1 ? std::make_shared<TpGroup>(mesh.group(MeshDim::kTp),
                                                            options.sequence_parallel)
                               : nullptr),
-      model_(config, tp_.get()),
+      model_(BuildModel(config)),
+      plan_(PlanOf(config)),
       options_(options),
       stage_(PipelineStageUnits(config.n_layer, mesh.shape().pp,
                                 mesh.coordinate(MeshDim::kPp))) {}
 
-FsdpGpt::~FsdpGpt() {
+FsdpModel::~FsdpModel() {
   for (auto& u : units_) {
     if (u->pending) u->pending->Wait().IgnoreError();
   }
 }
 
-bool FsdpGpt::sharded() const { return mesh_.shape().dp_shard > 1; }
+bool FsdpModel::sharded() const { return mesh_.shape().dp_shard > 1; }
 
-absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& config,
+absl::StatusOr<std::unique_ptr<FsdpModel>> FsdpModel::Create(const ModelConfig& config,
                                                          DeviceMesh& mesh,
                                                          const std::string& device,
                                                          FsdpOptions options) {
@@ -126,14 +127,15 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const ModelConfig& conf
   ATL_RETURN_IF_ERROR(ValidatePipeline(config.n_layer, mesh.shape().pp));
   ATL_RETURN_IF_ERROR(ValidateTensorParallel(config, mesh.shape().tp, options.sequence_parallel));
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
-  std::unique_ptr<FsdpGpt> f(new FsdpGpt(config, mesh, options));
+  std::unique_ptr<FsdpModel> f(new FsdpModel(config, mesh, options));
+  if (f->tp_ != nullptr) ApplyTensorParallel(*f->model_, f->plan_, f->tp_);
   if (device != "cpu") f->model_->to(torch::Device(device));  // "cuda:N", resolved
   f->on_cuda_ = device != "cpu";
   ATL_RETURN_IF_ERROR(f->BuildUnits());
   return f;
 }
 
-absl::Status FsdpGpt::BuildUnits() {
+absl::Status FsdpModel::BuildUnits() {
   torch::NoGradGuard no_grad;
   const ModelConfig& config = model_->config();
   const int n_layer = config.n_layer;
@@ -150,7 +152,7 @@ absl::Status FsdpGpt::BuildUnits() {
   // Each unit's parameters: those whole on every TP rank first, then the TP-split ones. The other
   // stages' parameters are freed.
   for (auto& [name, p] : NamedParameters(*model_)) {
-    const int u = UnitOfParameter(name, n_layer);
+    const int u = UnitOf(plan_, name, n_layer);
     if (u < stage_.first || u > stage_.last) {
       p.set_data(at::empty({0}, p.options()));
       continue;
@@ -159,11 +161,13 @@ absl::Status FsdpGpt::BuildUnits() {
   }
   for (auto& u : units_) {
     std::stable_partition(u->params.begin(), u->params.end(),
-                          [](const auto& named) { return TpReplicated(named.first); });
+                          [&](const auto& named) {
+                            return PlanOf(plan_, named.first).style == TpStyle::kReplicated;
+                          });
     for (const auto& [name, p] : u->params) {
       u->offsets.push_back(u->numel);
       u->numel += p.numel();
-      if (SequencePartial(name) && u->partial_numel + p.numel() == u->numel) {
+      if (PlanOf(plan_, name).sequence_partial && u->partial_numel + p.numel() == u->numel) {
         u->partial_numel = u->numel;
       }
     }
@@ -179,7 +183,7 @@ absl::Status FsdpGpt::BuildUnits() {
     at::Tensor flat = at::zeros({u.padded}, options);
     for (size_t i = 0; i < u.params.size(); ++i) {
       const auto& [name, p] = u.params[i];
-      flat.narrow(0, u.offsets[i], p.numel()).copy_(CanonicalFlat(name, p));
+      flat.narrow(0, u.offsets[i], p.numel()).copy_(CanonicalFlat(PlanOf(plan_, name), p));
     }
     if (sharded()) {
       const auto gathered = options_.bf16 ? options.dtype(at::kBFloat16) : options;
@@ -198,8 +202,9 @@ absl::Status FsdpGpt::BuildUnits() {
     for (size_t i = 0; i < u.params.size(); ++i) {
       auto& [name, p] = u.params[i];
       const auto shape = p.sizes().vec();
-      p.set_data(ShapedView(name, u.full.narrow(0, u.offsets[i], p.numel()), shape));
-      p.mutable_grad() = ShapedView(name, u.full_grad.narrow(0, u.offsets[i], p.numel()), shape);
+      const ParamPlan pp = PlanOf(plan_, name);
+      p.set_data(ShapedView(pp, u.full.narrow(0, u.offsets[i], p.numel()), shape));
+      p.mutable_grad() = ShapedView(pp, u.full_grad.narrow(0, u.offsets[i], p.numel()), shape);
       // The part of this parameter inside this rank's shard.
       const int64_t lo = std::max(u.offsets[i], me * u.shard_numel);
       const int64_t hi = std::min(u.offsets[i] + p.numel(), (me + 1) * u.shard_numel);
@@ -207,12 +212,12 @@ absl::Status FsdpGpt::BuildUnits() {
       ParamShard s;
       s.name = name;
       s.shape = whole_shape.at(name);
-      s.runs = Runs(TpRanges(name, s.shape, tp_rank, tp_size), lo - u.offsets[i],
+      s.runs = Runs(TpRanges(pp, s.shape, tp_rank, tp_size), lo - u.offsets[i],
                     hi - u.offsets[i]);
       s.value = u.shard.narrow(0, lo - me * u.shard_numel, hi - lo);
       s.grad = u.shard_grad.narrow(0, lo - me * u.shard_numel, hi - lo);
       s.decay = shape.size() >= 2;
-      s.replica = tp_rank > 0 && TpReplicated(name);
+      s.replica = tp_rank > 0 && pp.style == TpStyle::kReplicated;
       s.unit = int(ui);
       shards_.push_back(std::move(s));
     }
@@ -224,13 +229,13 @@ absl::Status FsdpGpt::BuildUnits() {
   return absl::OkStatus();
 }
 
-std::vector<std::string> FsdpGpt::unit_parameters(int u) const {
+std::vector<std::string> FsdpModel::unit_parameters(int u) const {
   std::vector<std::string> names;
   for (const auto& [name, p] : units_[size_t(u)]->params) names.push_back(name);
   return names;
 }
 
-FsdpMemory FsdpGpt::memory() const {
+FsdpMemory FsdpModel::memory() const {
   FsdpMemory m;
   for (const auto& u : units_) m.shard_bytes += 2 * u->shard_numel * int64_t(sizeof(float));
   m.gathered_element_bytes = units_.empty() ? 4 : int(units_.front()->full.element_size());
@@ -238,7 +243,7 @@ FsdpMemory FsdpGpt::memory() const {
   return m;
 }
 
-void FsdpGpt::Prefetch(int u) {
+void FsdpModel::Prefetch(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || unit.gathered || unit.pending) return;
   const int64_t bytes = unit.padded * int64_t(unit.full.element_size());
@@ -254,7 +259,7 @@ void FsdpGpt::Prefetch(int u) {
   unit.pending = mesh_.group(MeshDim::kDpShard).AllGatherAsync(unit.shard_low, unit.full);
 }
 
-absl::Status FsdpGpt::Gather(int u) {
+absl::Status FsdpModel::Gather(int u) {
   Unit& unit = *units_[size_t(u)];
   if (unit.gathered) return absl::OkStatus();
   Prefetch(u);
@@ -264,7 +269,7 @@ absl::Status FsdpGpt::Gather(int u) {
   return s;
 }
 
-void FsdpGpt::Release(int u) {
+void FsdpModel::Release(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || !unit.gathered) return;
   compat::ResizeStorage(unit.full, 0);
@@ -272,7 +277,7 @@ void FsdpGpt::Release(int u) {
   unit.gathered = false;
 }
 
-void FsdpGpt::PrepareGrad(int u) {
+void FsdpModel::PrepareGrad(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || unit.grad_live) return;  // a held unit's gradient accumulates
   const int64_t bytes = unit.padded * int64_t(unit.full_grad.element_size());
@@ -283,7 +288,7 @@ void FsdpGpt::PrepareGrad(int u) {
   unit.grad_live = true;
 }
 
-absl::Status FsdpGpt::ScatterGrad(int u) {
+absl::Status FsdpModel::ScatterGrad(int u) {
   Unit& unit = *units_[size_t(u)];
   if (!sharded() || !unit.grad_live) return absl::OkStatus();
   // bf16 gradients are summed over the ranks in fp32 (by the communicator).
@@ -297,7 +302,7 @@ absl::Status FsdpGpt::ScatterGrad(int u) {
   return absl::OkStatus();
 }
 
-absl::Status FsdpGpt::FinishHeldUnits(absl::Status status) {
+absl::Status FsdpModel::FinishHeldUnits(absl::Status status) {
   for (int u = num_units() - 1; u >= 0; --u) {
     if (status.ok()) status = ScatterGrad(u);  // after a failure, no collective more
     Release(u);
@@ -305,7 +310,7 @@ absl::Status FsdpGpt::FinishHeldUnits(absl::Status status) {
   return status;
 }
 
-at::Tensor FsdpGpt::RunUnit(int u, const at::Tensor& x) {
+at::Tensor FsdpModel::RunUnit(int u, const at::Tensor& x) {
   const int n_layer = model_->config().n_layer;
   const int unit = units_[size_t(u)]->index;
   if (unit == 0) return model_->Embed(x);
@@ -321,7 +326,7 @@ at::Tensor FsdpGpt::RunUnit(int u, const at::Tensor& x) {
 // gradient is what the unit below, or the stage before, receives in backward) and its output keeps
 // the unit's graph, except for checkpointed blocks, which run without a graph and are recomputed in
 // backward.
-absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& input, bool train) {
+absl::StatusOr<at::Tensor> FsdpModel::ForwardMicro(Micro& m, const at::Tensor& input, bool train) {
   const int n = num_units();
   at::Tensor x = first_stage() ? m.inputs : input;
   if (train) {
@@ -361,7 +366,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::ForwardMicro(Micro& m, const at::Tensor& inp
   return x;
 }
 
-absl::StatusOr<at::Tensor> FsdpGpt::BackwardMicro(Micro& m, const at::Tensor& grad_output,
+absl::StatusOr<at::Tensor> FsdpModel::BackwardMicro(Micro& m, const at::Tensor& grad_output,
                                                   double grad_scale) {
   const int n = num_units();
   at::Tensor grad = last_stage()
@@ -393,7 +398,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::BackwardMicro(Micro& m, const at::Tensor& gr
 
 // A collective of tensor parallelism that fails inside autograd throws: its error, as a status.
 template <typename T>
-absl::StatusOr<T> FsdpGpt::Guarded(const std::function<absl::StatusOr<T>()>& run) {
+absl::StatusOr<T> FsdpModel::Guarded(const std::function<absl::StatusOr<T>()>& run) {
   try {
     return run();
   } catch (const std::exception& e) {
@@ -403,7 +408,7 @@ absl::StatusOr<T> FsdpGpt::Guarded(const std::function<absl::StatusOr<T>()>& run
   }
 }
 
-absl::StatusOr<at::Tensor> FsdpGpt::RunStage(const std::vector<MicroBatch>& micros,
+absl::StatusOr<at::Tensor> FsdpModel::RunStage(const std::vector<MicroBatch>& micros,
                                              const std::vector<PipelineAction>& actions,
                                              bool train, double grad_scale) {
   StageRun run(*this, micros, train, grad_scale);
@@ -423,7 +428,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::RunStage(const std::vector<MicroBatch>& micr
   return loss;
 }
 
-absl::StatusOr<at::Tensor> FsdpGpt::ForwardBackward(const std::vector<MicroBatch>& micros,
+absl::StatusOr<at::Tensor> FsdpModel::ForwardBackward(const std::vector<MicroBatch>& micros,
                                                     double grad_scale) {
   const auto actions = ScheduleActions(options_.schedule, mesh_.coordinate(MeshDim::kPp),
                                        mesh_.shape().pp, int(micros.size()));
@@ -431,7 +436,7 @@ absl::StatusOr<at::Tensor> FsdpGpt::ForwardBackward(const std::vector<MicroBatch
       [&] { return RunStage(micros, actions, /*train=*/true, grad_scale); });
 }
 
-absl::Status FsdpGpt::ReduceGradients() {
+absl::Status FsdpModel::ReduceGradients() {
   if (tp_ != nullptr && tp_->sequence_parallel()) {
     // The partial parameters lead each unit, so their shards sit at the same place on every TP
     // rank: one all-reduce of all of them.
@@ -459,7 +464,7 @@ absl::Status FsdpGpt::ReduceGradients() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> FsdpGpt::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
+absl::StatusOr<double> FsdpModel::Loss(const at::Tensor& inputs, const at::Tensor& targets) {
   return Guarded<double>([&]() -> absl::StatusOr<double> {
     torch::NoGradGuard no_grad;
     ATL_ASSIGN_OR_RETURN(auto loss,
@@ -468,11 +473,11 @@ absl::StatusOr<double> FsdpGpt::Loss(const at::Tensor& inputs, const at::Tensor&
   });
 }
 
-void FsdpGpt::ZeroGrad() {
+void FsdpModel::ZeroGrad() {
   for (auto& u : units_) u->shard_grad.zero_();
 }
 
-at::Tensor FsdpGpt::GradSquaredNorm() const {
+at::Tensor FsdpModel::GradSquaredNorm() const {
   // The shards' norms, squared and added in double, on the device.
   std::vector<at::Tensor> norms;
   for (const auto& s : shards_) {
@@ -484,7 +489,7 @@ at::Tensor FsdpGpt::GradSquaredNorm() const {
   return n.mul(n).sum().reshape({1});
 }
 
-absl::Status FsdpGpt::BroadcastShards(MeshDim dim, const std::vector<size_t>& shards) {
+absl::Status FsdpModel::BroadcastShards(MeshDim dim, const std::vector<size_t>& shards) {
   if (mesh_.shape().degree(dim) == 1 || shards.empty()) return absl::OkStatus();
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> values;
@@ -499,7 +504,7 @@ absl::Status FsdpGpt::BroadcastShards(MeshDim dim, const std::vector<size_t>& sh
   return absl::OkStatus();
 }
 
-void FsdpGpt::ScaleGrad(const at::Tensor& factor) {
+void FsdpModel::ScaleGrad(const at::Tensor& factor) {
   // A 0-d fp32 factor: the gradients are multiplied in fp32, as by a scalar.
   const at::Tensor f = factor.to(at::kFloat).reshape({});
   for (auto& u : units_) u->shard_grad.mul_(f);

@@ -1,4 +1,5 @@
-// A GPT trained unit by unit (the embeddings, each block, the final norm with the head), each
+// A model of any family (inner/model/causal_lm.h) trained unit by unit (the embeddings, each block,
+// the final norm with the head: its plan says which parameters are which), each
 // unit's parameters kept as one flat fp32 buffer sharded over the mesh's dp_shard ranks (FSDP,
 // ZeRO-3): a rank holds its shard of every unit's parameters, gradients and AdamW state, and the
 // whole of one unit (two with prefetch) only while it computes with it.
@@ -13,8 +14,9 @@
 // freed, gradients accumulate in place. Gradients are summed over dp_replicate after the last
 // micro-batch (HSDP). Each unit's flat buffer is padded to a multiple of the shard count.
 //
-// With tensor parallelism (mesh tp > 1) the module is this rank's TP part of the model
-// (inner/model.h) and the units hold those parts: the parameters every TP rank holds whole come
+// With tensor parallelism (mesh tp > 1) the plan's tensor parallelism is applied to the module
+// (inner/parallel/tensor_parallel.h): it is this rank's TP part of the model and the units hold
+// those parts: the parameters every TP rank holds whole come
 // first in each unit, so that their shards sit at the same place on every TP rank. TP rank 0 owns
 // them; on the other TP ranks their shards are replicas (training keeps them equal by itself,
 // their gradients being equal; BroadcastShards after the outer sync wrote rank 0's). With sequence
@@ -83,13 +85,13 @@ struct FsdpMemory {
   int gathered_element_bytes = 4;   // of the gathered parameters: 2 when sharded in bf16
 };
 
-class FsdpGpt {
+class FsdpModel {
  public:
-  static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(const ModelConfig& config,
+  static absl::StatusOr<std::unique_ptr<FsdpModel>> Create(const ModelConfig& config,
                                                          DeviceMesh& mesh,
                                                          const std::string& device,
                                                          FsdpOptions options);
-  ~FsdpGpt();
+  ~FsdpModel();
 
   // A step's micro-batches: forward and backward of each (through the pipeline's stages, in the
   // schedule's order), gradients added to the shards scaled by `grad_scale`. Returns the mean of
@@ -117,7 +119,8 @@ class FsdpGpt {
   const PipelineTiming& pipeline_timing() const { return timing_; }
   std::vector<ParamShard>& shards() { return shards_; }
   const std::vector<ParamShard>& shards() const { return shards_; }
-  Gpt& module() { return model_; }
+  CausalLm& module() { return model_; }
+  const ParallelPlan& plan() const { return plan_; }
   DeviceMesh& mesh() { return mesh_; }
   // This rank's units (its stage's, in model order).
   int num_units() const { return int(units_.size()); }
@@ -129,7 +132,7 @@ class FsdpGpt {
   struct Unit;
   struct Micro;
   class StageRun;
-  FsdpGpt(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options);
+  FsdpModel(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options);
   absl::Status BuildUnits();
   bool sharded() const;
   bool first_stage() const { return stage_.first == 0; }
@@ -158,8 +161,9 @@ class FsdpGpt {
   absl::StatusOr<T> Guarded(const std::function<absl::StatusOr<T>()>& run);
 
   DeviceMesh& mesh_;
-  std::unique_ptr<TpGroup> tp_;  // null without tensor parallelism; outlives the module
-  Gpt model_;
+  std::shared_ptr<TpGroup> tp_;  // null without tensor parallelism
+  CausalLm model_;
+  const ParallelPlan plan_;
   const FsdpOptions options_;
   bool on_cuda_ = false;
   StageUnits stage_;

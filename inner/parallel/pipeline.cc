@@ -22,17 +22,6 @@ StageUnits PipelineStageUnits(int n_layer, int stages, int stage) {
   return u;
 }
 
-int UnitOfParameter(const std::string& name, int n_layer) {
-  if (absl::StartsWith(name, "blocks.")) {
-    int block = 0;
-    const std::string rest = name.substr(7);
-    (void)absl::SimpleAtoi(rest.substr(0, rest.find('.')), &block);
-    return 1 + block;
-  }
-  if (absl::StartsWith(name, "tok_emb") || absl::StartsWith(name, "pos_emb")) return 0;
-  return n_layer + 1;
-}
-
 absl::Status ValidatePipeline(int n_layer, int stages) {
   if (stages < 1 || stages > n_layer) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -39,9 +39,6 @@ struct StageUnits {
   int first = 0, last = 0;
 };
 StageUnits PipelineStageUnits(int n_layer, int stages, int stage);
-// The unit of a model parameter: "tok_emb.weight" -> 0, "blocks.3.x" -> 4, "ln_f.weight" ->
-// n_layer + 1.
-int UnitOfParameter(const std::string& name, int n_layer);
 // Every stage needs a block: names the degree and the layer count when it cannot.
 absl::Status ValidatePipeline(int n_layer, int stages);
 

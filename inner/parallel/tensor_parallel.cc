@@ -128,6 +128,67 @@ torch::Tensor TpGroup::Join(const torch::Tensor& x) {
   return JoinFunction::apply(x, reinterpret_cast<int64_t>(this));
 }
 
+torch::Tensor TpGroup::Dropout(const torch::Tensor& x, double p, bool training) {
+  if (!sequence_parallel_ || !training || p == 0) {
+    return torch::nn::functional::dropout(
+        x, torch::nn::functional::DropoutFuncOptions().p(p).training(training));
+  }
+  const int64_t slice = x.size(1);
+  auto noise = torch::empty({x.size(0), slice * size(), x.size(2)}, x.options());
+  noise.bernoulli_(1 - p).div_(1 - p);
+  return x * noise.narrow(1, rank() * slice, slice);
+}
+
+namespace {
+
+class ColumnStyle : public LinearStyle {
+ public:
+  explicit ColumnStyle(std::shared_ptr<TpGroup> group) : group_(std::move(group)) {}
+  torch::Tensor Forward(const torch::Tensor& x, const torch::Tensor& weight,
+                        const torch::Tensor& bias) override {
+    return group_->ColumnParallel(x, weight, bias);
+  }
+
+ private:
+  std::shared_ptr<TpGroup> group_;
+};
+
+class RowStyle : public LinearStyle {
+ public:
+  explicit RowStyle(std::shared_ptr<TpGroup> group) : group_(std::move(group)) {}
+  torch::Tensor Forward(const torch::Tensor& y, const torch::Tensor& weight,
+                        const torch::Tensor& bias) override {
+    return group_->RowParallel(y, weight, bias);
+  }
+
+ private:
+  std::shared_ptr<TpGroup> group_;
+};
+
+}  // namespace
+
+void SliceForTensorParallel(CausalLmImpl& model, const ParallelPlan& plan, int rank, int size) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : NamedParameters(model)) {
+    const ParamPlan pp = PlanOf(plan, name);
+    if (pp.style == TpStyle::kReplicated) continue;
+    p.set_data(TpLocalPart(pp, p.detach(), rank, size));
+  }
+}
+
+void ApplyTensorParallel(CausalLmImpl& model, const ParallelPlan& plan,
+                         std::shared_ptr<TpGroup> group) {
+  SliceForTensorParallel(model, plan, group->rank(), group->size());
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* linear = item.value()->as<LinearImpl>();
+    if (linear == nullptr) continue;
+    const ParamPlan pp = PlanOf(plan, item.key() + ".weight");
+    if (pp.style == TpStyle::kColumn) linear->set_style(std::make_shared<ColumnStyle>(group));
+    if (pp.style == TpStyle::kRow) linear->set_style(std::make_shared<RowStyle>(group));
+  }
+  if (group->sequence_parallel()) model.SetSequenceStyle(group);
+}
+
 // bf16 activations and gradients (autocast) are summed in fp32 and gathered as 16-bit words by
 // the communicator.
 void TpGroup::AllReduceOrThrow(torch::Tensor& t) {

@@ -113,7 +113,7 @@ absl::Status RunGenerate(const GenerateOptions& o) {
   }
   inner::ModelConfig eval_config = m;
   eval_config.dropout = 0;
-  inner::Gpt model(eval_config);
+  const inner::CausalLm model = inner::BuildModel(eval_config);
   ATL_RETURN_IF_ERROR(CopyInto(weights, inner::NamedParameters(*model)));
   model->eval();
   torch::NoGradGuard no_grad;

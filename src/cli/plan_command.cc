@@ -44,12 +44,17 @@ absl::StatusOr<std::vector<uint64_t>> FragmentSizes(const Setting& s, int fragme
     }
     return sizes;
   }
-  const auto groups = inner::ParameterGroups(*s.model);
+  const auto shapes = inner::ParameterShapes(*s.model);
   std::vector<std::string> names;
-  for (const auto& [name, count] : groups) names.push_back(name);
-  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(names, fragments, s.pattern));
-  for (size_t i = 0; i < groups.size(); ++i)
-    sizes[plan.fragment_of[i]] += uint64_t(groups[i].second);
+  for (const auto& [name, shape] : shapes) names.push_back(name);
+  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(
+                                      inner::FragmentGroups(inner::PlanOf(*s.model), names),
+                                      fragments, s.pattern));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    uint64_t numel = 1;
+    for (int64_t d : shapes[i].second) numel *= uint64_t(d);
+    sizes[plan.fragment_of[i]] += numel;
+  }
   return sizes;
 }
 

@@ -15,35 +15,50 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Reports every step, checkpoints every run.checkpoint_every steps, stops on request. The steps'
-// stats come over from the device every train.log_every steps, at checkpoints and at a stop.
-class TrainObserver : public inner::LoopObserver {
+// `atoll train`'s hooks of the loop: reports every step, evaluates every train.eval_every steps
+// and at the last, checkpoints every train.checkpoint_every steps, stops on request. The steps'
+// stats come over from the device every train.log_every steps, for an evaluation, a checkpoint
+// and a stop. An evaluation's figures go into its step's record.
+class TrainHooks : public inner::LoopHooks {
  public:
-  TrainObserver(const Config& config, const TrainOptions& options, inner::Trainer& trainer,
-                MetricsLog& metrics, Progress& progress, double wall_before)
+  TrainHooks(const Config& config, const TrainOptions& options, inner::Trainer& trainer,
+             MetricsLog& metrics, Progress& progress, double wall_before)
       : config_(config),
         options_(options),
         trainer_(trainer),
         reporter_(metrics, progress, wall_before) {}
 
-  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override {
-    ATL_RETURN_IF_ERROR(reporter_.OnStep(step, eval));
-    if (eval != nullptr) last_eval_ = *eval;
-    const int64_t every = config_.train.checkpoint_every;
-    if (every > 0 && step.step % every == 0 && step.step < config_.train.steps) {
-      ATL_RETURN_IF_ERROR(SaveCheckpoint());
-    }
-    // The trainer's last step (the last of those reported together) is where a stop ends.
-    if (step.step == trainer_.step() && options_.stop != nullptr && options_.stop->load()) {
-      return absl::CancelledError("stop requested");
+  bool StatsDue(int64_t step) const override {
+    return step % config_.train.log_every == 0 || CheckpointDue(step, false) ||
+           EvalDue(step, false) || stop_requested();
+  }
+  absl::Status OnStats(const std::vector<inner::StepStats>& steps) override {
+    for (const auto& step : steps) {
+      // The step an evaluation follows is reported with it.
+      if (EvalDue(step.step, false)) {
+        held_ = step;
+        continue;
+      }
+      reporter_.Report(step, nullptr);
     }
     return absl::OkStatus();
   }
-  bool NeedsStats(int64_t step) const override {
-    const int64_t every = config_.train.checkpoint_every;
-    return step % config_.train.log_every == 0 || (every > 0 && step % every == 0) ||
-           (options_.stop != nullptr && options_.stop->load());
+  bool EvalDue(int64_t step, bool) const override {
+    const int64_t every = config_.train.eval_every;
+    return (every > 0 && step % every == 0) || step == config_.train.steps;
   }
+  absl::Status Evaluate(int64_t) override {
+    ATL_ASSIGN_OR_RETURN(last_eval_, trainer_.Evaluate());
+    if (held_) reporter_.Report(*held_, &*last_eval_);
+    held_.reset();
+    return absl::OkStatus();
+  }
+  bool CheckpointDue(int64_t step, bool) const override {
+    const int64_t every = config_.train.checkpoint_every;
+    return every > 0 && step % every == 0 && step < config_.train.steps;
+  }
+  absl::Status Checkpoint(int64_t) override { return SaveCheckpoint(); }
+  absl::StatusOr<bool> Stop(int64_t) override { return stop_requested(); }
 
   absl::Status SaveCheckpoint() {
     const std::string path = CheckpointPath(options_.run_dir, trainer_.step());
@@ -57,10 +72,13 @@ class TrainObserver : public inner::LoopObserver {
   const std::optional<inner::EvalStats>& last_eval() const { return last_eval_; }
 
  private:
+  bool stop_requested() const { return options_.stop != nullptr && options_.stop->load(); }
+
   const Config& config_;
   const TrainOptions& options_;
   inner::Trainer& trainer_;
   StepReporter reporter_;
+  std::optional<inner::StepStats> held_;
   std::optional<inner::EvalStats> last_eval_;
 };
 
@@ -111,23 +129,23 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
       config.model.n_layer, double(inner::ParameterCount(config.model)) / 1e6,
       trainer->tokens_per_step(), config.data.path, options.run_dir,
       options.resume ? absl::StrCat(" (resumed at step ", start_step, ")") : ""));
-  TrainObserver observer(config, options, *trainer, *metrics, progress, wall_before);
+  TrainHooks hooks(config, options, *trainer, *metrics, progress, wall_before);
   const int64_t until = options.stop_after_step > 0
                             ? std::min(options.stop_after_step, config.train.steps)
                             : config.train.steps;
-  absl::Status loop = inner::RunLoop(*trainer, until, observer);
+  absl::Status loop = inner::RunLoop(*trainer, until, hooks);
   progress.Finish();
   TrainSummary summary;
   summary.stopped = absl::IsCancelled(loop) || trainer->step() < config.train.steps;
   if (!loop.ok() && !summary.stopped) return loop;
-  ATL_RETURN_IF_ERROR(observer.SaveCheckpoint());
+  ATL_RETURN_IF_ERROR(hooks.SaveCheckpoint());
 
   summary.step = trainer->step();
   summary.tokens = trainer->tokens();
-  summary.wall_s = observer.WallSeconds();
+  summary.wall_s = hooks.WallSeconds();
   summary.tokens_per_s = double(summary.tokens - start_step * trainer->tokens_per_step()) /
-                         std::max(1e-9, observer.ElapsedHere());
-  summary.last_eval = observer.last_eval();
+                         std::max(1e-9, hooks.ElapsedHere());
+  summary.last_eval = hooks.last_eval();
   return summary;
 }
 

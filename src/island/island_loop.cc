@@ -27,6 +27,7 @@
 #include "src/net/http_server.h"
 #include "src/observe/metrics.h"
 #include "src/observe/monitoring.h"
+#include "src/island/island_report.h"
 #include "src/island/shard_model.h"
 
 namespace atl {
@@ -144,147 +145,10 @@ outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinRespons
   return o;
 }
 
-// Checkpoints: the training thread copies the island's state to CPU memory (the only stall) and a
-// background task writes it (temp file, fsync, rename) while training goes on.
-class CheckpointHook {
- public:
-  CheckpointHook(const Config& config, const IslandOptions& options, inner::Trainer& trainer,
-                 Progress& progress, std::string label, IslandMonitor& monitor)
-      : config_(config),
-        options_(options),
-        trainer_(trainer),
-        progress_(progress),
-        label_(std::move(label)),
-        monitor_(monitor) {}
-  // Each rank writes its part; the checkpoint counts once every rank's part is there.
-  ~CheckpointHook() { Wait(); }
-
-  absl::Status Save(bool background, double wall_s) {
-    Wait();
-    const auto t0 = Clock::now();
-    inner::TrainerState state = trainer_.ExportState();
-    stall_max_s_ = std::max(stall_max_s_, Since(t0));
-    monitor_.OnCheckpointStall(Since(t0));
-    ++saved_;
-    auto write = [path = CheckpointPath(options_.run_dir, state.step), state = std::move(state),
-                  meta = CheckpointMeta{wall_s, ToToml(config_)}, dir = options_.run_dir,
-                  keep = config_.train.checkpoint_keep, rank = options_.rank,
-                  monitor = &monitor_] {
-      const auto start = Clock::now();
-      auto s = WriteCheckpointShard(path, rank.rank, rank.world_size, state, meta);
-      if (s.ok()) monitor->OnCheckpointWritten(Since(start));
-      if (s.ok() && rank.rank == 0) PruneCheckpoints(dir, keep);
-      return s;
-    };
-    if (!background) return write();
-    writing_ = std::async(std::launch::async, std::move(write));
-    return absl::OkStatus();
-  }
-  uint64_t saved() const { return saved_; }
-  double stall_max_s() const { return stall_max_s_; }
-
- private:
-  void Wait() {
-    if (!writing_.valid()) return;
-    if (auto s = writing_.get(); !s.ok()) {
-      progress_.Message(absl::StrCat(label_, "warning: checkpoint not written: ", s.message()));
-    }
-  }
-  const Config& config_;
-  const IslandOptions& options_;
-  inner::Trainer& trainer_;
-  Progress& progress_;
-  const std::string label_;
-  IslandMonitor& monitor_;
-  std::future<absl::Status> writing_;
-  uint64_t saved_ = 0;
-  double stall_max_s_ = 0;
-};
-
-nlohmann::json RangeHashesJson(const std::vector<std::tuple<uint64_t, uint64_t, uint64_t>>& ranges) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [b, e, h] : ranges) j[absl::StrCat(b, "-", e)] = absl::StrFormat("%016x", h);
-  return j;
-}
-
-// The metrics record and the progress line of a merged round.
-void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double wall_s,
-                 MetricsLog& metrics, Progress& progress, const std::string& label) {
-  const auto& o = r.outcome;
-  metrics.Write({{"round", o.round},
-                 {"fragment", r.fragment},
-                 {"step", r.step},
-                 {"pushed_at", r.pushed_at},
-                 {"tokens", tokens},
-                 {"wall_s", wall_s},
-                 {"idle_s", r.idle_s},
-                 {"push_s", o.push_s},
-                 {"wait_s", o.wait_s},
-                 {"bytes_sent", o.bytes_sent},
-                 {"bytes_received", o.bytes_received},
-                 {"quantization_error", o.quantization_error},
-                 {"contributors", o.contributors},
-                 {"version", o.version},
-                 {"staleness", o.staleness},
-                 {"sync_every", r.sync_every},
-                 {"tau", r.tau},
-                 {"global_hash", absl::StrFormat("%016x", r.global_hash)},
-                 {"range_hashes", RangeHashesJson(r.range_hashes)},
-                 {"resynced", o.resynced}});
-  std::string line =
-      async ? absl::StrFormat(
-                  "%sfragment %d now at version %d, merged at step %d (pushed at %d): staleness "
-                  "%d, idle %.2fs, sent %d KiB, next H %d",
-                  label, r.fragment, o.version, r.step, r.pushed_at, o.staleness, r.idle_s,
-                  o.bytes_sent / 1024, r.sync_every)
-            : absl::StrFormat(
-                  "%sfragment %d round %d merged at step %d (pushed at %d): idle %.2fs, sent %d "
-                  "KiB, %d contributors",
-                  label, r.fragment, o.round + 1, r.step, r.pushed_at, r.idle_s,
-                  o.bytes_sent / 1024, o.contributors);
-  if (o.resynced) line += " (resynced: " + o.resync_reason + ")";
-  progress.Message(line);
-}
-
-void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async,
-                  int ranks) {
-  nlohmann::json s = {{"island_id", summary.island_id},
-                      {"step", summary.step},
-                      {"tokens", summary.tokens},
-                      {"rounds", summary.rounds},
-                      {"resyncs", summary.resyncs},
-                      {"rejoins", summary.rejoins},
-                      {"spikes", summary.spikes},
-                      {"checkpoints", summary.checkpoints},
-                      {"checkpoint_stall_ms", 1e3 * summary.checkpoint_stall_max_s},
-                      {"steps_trained", summary.steps_trained},
-                      {"step_ms", 1e3 * summary.compute_s /
-                                      std::max<double>(1, double(summary.steps_trained))},
-                      {"wall_s", summary.wall_s},
-                      {"compute_s", summary.compute_s},
-                      {"sync_s", summary.sync_s},
-                      {"bytes_sent", summary.bytes_sent},
-                      {"bytes_received", summary.bytes_received},
-                      {"peak_bytes_in_flight", summary.peak_bytes_in_flight},
-                      {"tau", summary.tau},
-                      {"link_mbps", summary.link_bps / 1e6},
-                      {"utilization", summary.compute_s / std::max(1e-9, summary.wall_s)},
-                      {"throttle", options.throttle},
-                      {"ranks", ranks},
-                      // With several ranks: of rank 0's part (each rank logs its ranges' hashes).
-                      {"global_hash", absl::StrFormat("%016x", summary.global_hash)},
-                      {"global_copy", summary.global_copy}};
-  if (summary.last_eval) s["val_loss"] = summary.last_eval->loss;
-  if (async) {
-    s["staleness"] = summary.staleness;
-    s["run_tokens"] = summary.run_tokens;
-  }
-  WriteFileAtomic((fs::path(options.run_dir) / "summary.json").string(), s.dump(2) + "\n")
-      .IgnoreError();
-}
-
 // One island (this rank of it) from join to summary: Setup, Train, Finish, each in its steps.
-class IslandRun {
+// Train is the one training loop (inner/loop.h) with the island's hooks: the steps' reports and
+// the loss-spike guard, the outer step, evaluation, checkpoints, the island-wide stop.
+class IslandRun : private inner::LoopHooks {
  public:
   IslandRun(const Config& config, outer::Transport& transport, const IslandOptions& options)
       : config_(config), transport_(transport), options_(options) {}
@@ -301,10 +165,20 @@ class IslandRun {
   absl::Status JoinAndBuild();
   absl::Status OpenOutputs();
   absl::Status Train();
-  bool StatsDueAfter(int64_t t) const;
-  absl::Status ReportSteps(inner::LoopObserver& reporter, inner::LossSpikeGuard& guard);
   absl::StatusOr<IslandSummary> Finish();
-  absl::Status Evaluate(int64_t t);
+  // The hooks of the loop.
+  void BeforeStep() override { step_start_ = Clock::now(); }
+  absl::Status Queued(int64_t t) override;
+  bool StatsDue(int64_t t) const override;
+  absl::Status OnStats(const std::vector<inner::StepStats>& steps) override;
+  absl::StatusOr<bool> OuterStep(int64_t t) override;
+  bool EvalDue(int64_t t, bool last) const override;
+  absl::Status Evaluate(int64_t t) override;
+  bool CheckpointDue(int64_t t, bool last) const override;
+  absl::Status Checkpoint(int64_t) override {
+    return checkpoints_->Save(/*background=*/true, Since(start_));
+  }
+  absl::StatusOr<bool> Stop(int64_t t) override;
   // What the heartbeats tell the service of this island's training (clamped to what it accepts).
   pb::IslandTelemetry Telemetry(double loss) const;
   absl::Status Fail(absl::Status s) {
@@ -316,7 +190,7 @@ class IslandRun {
   outer::Transport& transport_;
   const IslandOptions& options_;
   std::shared_ptr<const inner::Dataset> data_;
-  std::optional<Checkpoint> resumed_;
+  std::optional<::atl::Checkpoint> resumed_;
   std::unique_ptr<inner::parallel::DeviceMesh> mesh_;
   std::unique_ptr<outer::IslandRanks> ranks_;
   std::unique_ptr<outer::IslandSession> session_;
@@ -334,9 +208,30 @@ class IslandRun {
   std::unique_ptr<HttpServer> metrics_server_;
   std::unique_ptr<CheckpointHook> checkpoints_;
   Clock::time_point start_;
+  Clock::time_point step_start_;
+  std::optional<StepReporter> reporter_;  // rank 0's: the island's steps
+  std::optional<inner::LossSpikeGuard> guard_;
   double fetch_s_ = 0;
   bool stopped_ = false;
   IslandSummary summary_;
+};
+
+// The trainer, the wait for its stats counted as the steps' compute.
+class TimedSteps : public inner::StepSource {
+ public:
+  TimedSteps(inner::Trainer& trainer, double& compute_s) : trainer_(trainer), compute_s_(compute_s) {}
+  int64_t step() const override { return trainer_.step(); }
+  absl::Status QueueStep() override { return trainer_.QueueStep(); }
+  absl::StatusOr<std::vector<inner::StepStats>> TakeStats() override {
+    const auto t0 = Clock::now();
+    auto stats = trainer_.TakeStats();
+    compute_s_ += Since(t0);  // the wait for the device is the steps' compute
+    return stats;
+  }
+
+ private:
+  inner::Trainer& trainer_;
+  double& compute_s_;
 };
 
 absl::Status IslandRun::Setup() {
@@ -513,33 +408,41 @@ absl::Status IslandRun::Evaluate(int64_t t) {
   return absl::OkStatus();
 }
 
+absl::Status IslandRun::Queued(int64_t t) {
+  if (options_.throttle > 1) {
+    // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(Since(step_start_) * (options_.throttle - 1)));
+  }
+  summary_.compute_s += Since(step_start_);
+  summary_.steps_trained += 1;
+  session_->set_step(t);
+  return absl::OkStatus();
+}
+
 // Whether the steps' stats must come over from the device after step t: a progress line is due,
 // or something that must follow every step judged (a push, an evaluation, a checkpoint, the end).
-bool IslandRun::StatsDueAfter(int64_t t) const {
+bool IslandRun::StatsDue(int64_t t) const {
   const int64_t eval_every = train_.eval_every, ckpt_every = config_.train.checkpoint_every;
   return t % config_.train.log_every == 0 || outer_->PushesAfter(t) ||
          (eval_every > 0 && t % eval_every == 0) || (ckpt_every > 0 && t % ckpt_every == 0) ||
          t >= outer_->max_steps();
 }
 
-// The stats of the steps trained since the last report, in one copy from the device: rank 0
-// reports each, the spike guard judges their losses in order, the monitor and the service see
-// them. A spike drops the local progress since the last sync, the steps after it included (they
-// went on from the spiked parameters; their losses stay unjudged).
-absl::Status IslandRun::ReportSteps(inner::LoopObserver& reporter, inner::LossSpikeGuard& guard) {
-  const auto t0 = Clock::now();
-  ATL_ASSIGN_OR_RETURN(auto steps, trainer_->TakeStats());
-  summary_.compute_s += Since(t0);  // the wait for the device is the steps' compute
+// The stats of the steps trained since the last report: rank 0 reports each, the spike guard
+// judges their losses in order, the monitor and the service see them. A spike drops the local
+// progress since the last sync, the steps after it included (they went on from the spiked
+// parameters; their losses stay unjudged).
+absl::Status IslandRun::OnStats(const std::vector<inner::StepStats>& steps) {
   std::optional<std::string> spike;
   int64_t spike_step = 0;
   bool finite = true;
   for (const auto& step : steps) {
-    ATL_RETURN_IF_ERROR(reporter.OnStep(step, nullptr));
+    if (reporter_) reporter_->Report(step, nullptr);
     // The losses are the island's (reduced over its ranks): every rank takes the same decision.
-    if (!spike && (spike = guard.Check(step.loss))) spike_step = step.step;
+    if (!spike && (spike = guard_->Check(step.loss))) spike_step = step.step;
     finite = finite && std::isfinite(step.loss);
   }
-  if (steps.empty()) return absl::OkStatus();
   const inner::StepStats& last = steps.back();
   monitor_->OnSteps(int64_t(steps.size()), last.loss, last.tokens, summary_.compute_s,
                     Since(start_));
@@ -557,53 +460,35 @@ absl::Status IslandRun::ReportSteps(inner::LoopObserver& reporter, inner::LossSp
   return absl::OkStatus();
 }
 
-// The inner loop: steps queued on the device, their stats reported and judged where due, the
-// outer step, evaluation and checkpoints.
+absl::StatusOr<bool> IslandRun::OuterStep(int64_t t) {
+  const double steps_per_s = double(t) / std::max(1e-9, summary_.compute_s);
+  ATL_RETURN_IF_ERROR(outer_->AfterStep(steps_per_s));
+  ATL_RETURN_IF_ERROR(model_->SyncReplicas());
+  return outer_->done();
+}
+
+// Async islands evaluate the run's final parameters once every island has finished (Finish).
+bool IslandRun::EvalDue(int64_t t, bool last) const {
+  const int64_t every = train_.eval_every;
+  return (every > 0 && t % every == 0 && !last) || (last && !async_);
+}
+
+bool IslandRun::CheckpointDue(int64_t t, bool last) const {
+  const int64_t every = config_.train.checkpoint_every;
+  return every > 0 && t % every == 0 && !last;
+}
+
+// A stop (SIGTERM on any rank) ends the island on every rank at the same step.
+absl::StatusOr<bool> IslandRun::Stop(int64_t) {
+  ATL_ASSIGN_OR_RETURN(stopped_, ranks_->Any(options_.stop != nullptr && options_.stop->load()));
+  return stopped_;
+}
+
 absl::Status IslandRun::Train() {
-  // Rank 0 reports the island's steps (their losses are the island's, reduced over its ranks).
-  struct Quiet : inner::LoopObserver {
-    absl::Status OnStep(const inner::StepStats&, const inner::EvalStats*) override {
-      return absl::OkStatus();
-    }
-  } quiet;
-  StepReporter reporter(*metrics_, *progress_);
-  inner::LoopObserver& report = lead() ? static_cast<inner::LoopObserver&>(reporter) : quiet;
-  inner::LossSpikeGuard guard(config_.outer.spike_window, config_.outer.spike_factor);
-  while (trainer_->step() < outer_->max_steps()) {
-    const auto t0 = Clock::now();
-    ATL_RETURN_IF_ERROR(trainer_->QueueStep());
-    if (options_.throttle > 1) {
-      // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
-      std::this_thread::sleep_for(
-          std::chrono::duration<double>(Since(t0) * (options_.throttle - 1)));
-    }
-    summary_.compute_s += Since(t0);
-    summary_.steps_trained += 1;
-    int64_t t = trainer_->step();
-    session_->set_step(t);
-    if (StatsDueAfter(t)) {
-      ATL_RETURN_IF_ERROR(ReportSteps(report, guard));
-    }
-    const double steps_per_s = double(t) / std::max(1e-9, summary_.compute_s);
-    ATL_RETURN_IF_ERROR(outer_->AfterStep(steps_per_s));
-    ATL_RETURN_IF_ERROR(model_->SyncReplicas());
-    t = trainer_->step();  // a rejoin moves it to the run's
-    const bool last = outer_->done();
-    // Async islands evaluate the run's final parameters once every island has finished.
-    const int64_t every = train_.eval_every;
-    if ((every > 0 && t % every == 0 && !last) || (last && !async_)) {
-      ATL_RETURN_IF_ERROR(Evaluate(t));
-    }
-    const int64_t ckpt_every = config_.train.checkpoint_every;
-    if (ckpt_every > 0 && t % ckpt_every == 0 && !last) {
-      ATL_RETURN_IF_ERROR(checkpoints_->Save(/*background=*/true, Since(start_)));
-    }
-    // A stop (SIGTERM on any rank) ends the island on every rank at the same step.
-    ATL_ASSIGN_OR_RETURN(auto stop, ranks_->Any(options_.stop != nullptr && options_.stop->load()));
-    stopped_ = stop;
-    if (stopped_ || last) break;
-  }
-  return ReportSteps(report, guard);  // a stop's steps
+  if (lead()) reporter_.emplace(*metrics_, *progress_);
+  guard_.emplace(config_.outer.spike_window, config_.outer.spike_factor);
+  TimedSteps steps(*trainer_, summary_.compute_s);
+  return inner::RunLoop(steps, outer_->max_steps(), *this);
 }
 
 absl::StatusOr<IslandSummary> IslandRun::Finish() {

@@ -178,7 +178,9 @@ absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
       }
       for (size_t i : shards_of[name]) {
         all.push_back(i);
-        if (inner::TpReplicated(name)) whole.push_back(i);
+        if (inner::PlanOf(trainer.sharded().plan(), name).style == inner::TpStyle::kReplicated) {
+          whole.push_back(i);
+        }
         if (shards[i].replica || copy) continue;
         uint64_t at = 0;
         for (const auto& [first, count] : shards[i].runs) {

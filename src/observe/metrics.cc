@@ -60,11 +60,10 @@ StepReporter::StepReporter(MetricsLog& metrics, Progress& progress, double wall_
       wall_before_(wall_before),
       start_(std::chrono::steady_clock::now()) {}
 
-absl::Status StepReporter::OnStep(const inner::StepStats& step, const inner::EvalStats* eval) {
+void StepReporter::Report(const inner::StepStats& step, const inner::EvalStats* eval) {
   const double wall = wall_s();
   metrics_.Write(StepRecord(step, eval, wall));
   progress_.OnStep(step, eval, wall);
-  return absl::OkStatus();
 }
 
 double StepReporter::elapsed_s() const {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "inner/trainer.h"
+#include "inner/loop.h"
 
 namespace atl {
 
@@ -53,10 +53,10 @@ class Progress {
 
 // The per-step report of every training loop: a metrics record and a progress update. Wall time
 // counts from construction, plus `wall_before` (the time of a run resumed from a checkpoint).
-class StepReporter : public inner::LoopObserver {
+class StepReporter {
  public:
   StepReporter(MetricsLog& metrics, Progress& progress, double wall_before = 0);
-  absl::Status OnStep(const inner::StepStats& step, const inner::EvalStats* eval) override;
+  void Report(const inner::StepStats& step, const inner::EvalStats* eval);
   double elapsed_s() const;
   double wall_s() const { return wall_before_ + elapsed_s(); }
 

@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
   {
     // The model lives only while its parameters are copied out: the service's memory never holds
     // them twice once it runs.
-    inner::Gpt model(config.model);
+    const inner::CausalLm model = inner::BuildModel(config.model);
     const NamedParams params = inner::NamedParameters(*model);
     if (!config.train.init_from.empty()) {
       ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
@@ -54,7 +54,8 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     const auto layout = LayoutOf(params);
     ATL_ASSIGN_OR_RETURN(
         auto plan,
-        outer::PlanFragments(layout.names, config.outer.num_fragments,
+        outer::PlanFragments(inner::FragmentGroups(inner::PlanOf(config.model), layout.names),
+                             config.outer.num_fragments,
                              config.outer.fragment_pattern));
     for (const auto& indices : plan.parameters) {
       outer::FragmentLayout l;
@@ -63,7 +64,7 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
         l.numels.push_back(layout.numels[i]);
       }
       // A sharded service: the coordinator and each shard keep only the fragments they hold.
-      initial.push_back(outer::ShardOwns(o, uint32_t(layouts.size())) ? Flatten(params, indices)
+      initial.push_back(outer::ShardOwns(o, uint32_t(layouts.size())) ? Flatten(inner::PlanOf(config.model), params, indices)
                                                                      : std::vector<float>());
       layouts.push_back(std::move(l));
     }
@@ -378,6 +379,71 @@ absl::Status ServeUntilDone(const Config& config, const CoordinatorOptions& opti
   return absl::OkStatus();
 }
 
+// What makes the service durable: the state restored on a resume, then the state writer and the
+// rounds log (none without a run directory, and none on the coordinator of a sharded run, which
+// holds no outer state: islands rejoin a restarted one; each shard writes its own). The resolved
+// config is written beside them.
+struct Durability {
+  std::string state_path;
+  std::unique_ptr<MetricsLog> rounds_log;
+  std::unique_ptr<StateWriter> writer;
+};
+
+absl::StatusOr<Durability> OpenDurability(const Config& config, const CoordinatorOptions& options,
+                                          const std::string& who, outer::SyncServer& sync) {
+  Durability d;
+  if (options.run_dir.empty()) return d;
+  if (!sync.is_control_plane()) d.state_path = (std::filesystem::path(options.run_dir) / kStateFile).string();
+  if (options.resume && !d.state_path.empty()) {
+    ATL_ASSIGN_OR_RETURN(auto state, RestoreServiceState(d.state_path, sync));
+    ATL_RETURN_IF_ERROR(TrimRoundsLog(options.run_dir, state));
+    std::fprintf(options.out, "%s: resumed run '%s' at round %llu from %s\n", who.c_str(),
+                 config.outer.run_id.c_str(), (unsigned long long)sync.committed_rounds(),
+                 d.state_path.c_str());
+  }
+  // The resolved config beside the state: tools read the state with it (atoll export).
+  std::error_code ec;
+  std::filesystem::create_directories(options.run_dir, ec);
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)));
+  if (d.state_path.empty()) return d;
+  ATL_ASSIGN_OR_RETURN(d.rounds_log, MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1));
+  // Writing every round, a round is handed out only once durable: a crash loses nothing any
+  // island has applied. Writing less often, up to durable_every - 1 rounds can be redone.
+  sync.SetDurabilityGate(config.outer.durable_every == 1);
+  d.writer = std::make_unique<StateWriter>(&sync, d.state_path, config.outer.durable_every,
+                                           options.out);
+  return d;
+}
+
+// A shard server's link to its run's coordinator (none for the coordinator itself).
+absl::StatusOr<std::unique_ptr<ShardLink>> LinkToCoordinator(const CoordinatorOptions& options,
+                                                             outer::SyncServer& sync,
+                                                             const std::string& address,
+                                                             const std::string& who) {
+  if (options.shard < 0) return std::unique_ptr<ShardLink>();
+  GrpcTransportOptions t;
+  t.target = options.coordinator;
+  t.token = options.shard_token;
+  t.tls = options.server.tls;
+  t.rpc_timeout_s = 4;  // a long poll answers within a second
+  ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
+  return std::make_unique<ShardLink>(&sync, std::move(coordinator),
+                                     options.advertise.empty() ? address : options.advertise, who,
+                                     options.out);
+}
+
+void SayStopped(const outer::SyncServer& sync, const std::string& who, FILE* out) {
+  std::string hashes;
+  for (uint32_t f = 0; f < sync.num_fragments(); ++f) {
+    if (!outer::ShardOwns(sync.options(), f)) continue;
+    hashes += absl::StrFormat("%s%016x", hashes.empty() ? "" : " ", sync.params_hash(f));
+  }
+  std::fprintf(out, "%s: stopped after %llu rounds%s\n", who.c_str(),
+               (unsigned long long)sync.committed_rounds(),
+               hashes.empty() ? "" : absl::StrCat(", params ", hashes).c_str());
+  std::fflush(out);
+}
+
 }  // namespace
 
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
@@ -398,35 +464,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
       auto made,
       MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane));
   auto sync = std::move(made);
-  // The coordinator of a sharded run holds no outer state: nothing of it is durable (islands
-  // rejoin a restarted one); each shard writes its own.
-  const bool durable = !options.run_dir.empty() && !sync->is_control_plane();
-  const std::string state_path =
-      durable ? (std::filesystem::path(options.run_dir) / kStateFile).string() : "";
-  if (options.resume && durable) {
-    ATL_ASSIGN_OR_RETURN(auto state, RestoreServiceState(state_path, *sync));
-    ATL_RETURN_IF_ERROR(TrimRoundsLog(options.run_dir, state));
-    std::fprintf(options.out, "%s: resumed run '%s' at round %llu from %s\n", who.c_str(),
-                 config.outer.run_id.c_str(), (unsigned long long)sync->committed_rounds(),
-                 state_path.c_str());
-  }
-  std::unique_ptr<MetricsLog> rounds_log;
-  std::unique_ptr<StateWriter> writer;
-  if (!options.run_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.run_dir, ec);
-    // The resolved config beside the state: tools read the state with it (atoll export).
-    ATL_RETURN_IF_ERROR(WriteFileAtomic(options.run_dir + "/config.toml", ToToml(config)));
-  }
-  if (durable) {
-    ATL_ASSIGN_OR_RETURN(auto log, MetricsLog::Open(options.run_dir + "/rounds.jsonl", -1));
-    rounds_log = std::move(log);
-    // Writing every round, a round is handed out only once durable: a crash loses nothing any
-    // island has applied. Writing less often, up to durable_every - 1 rounds can be redone.
-    sync->SetDurabilityGate(config.outer.durable_every == 1);
-    writer = std::make_unique<StateWriter>(sync.get(), state_path, config.outer.durable_every,
-                                           options.out);
-  }
+  ATL_ASSIGN_OR_RETURN(Durability durable, OpenDurability(config, options, who, *sync));
   const uint64_t total_rounds = TotalRounds(config, sync->options());
   const auto start = std::chrono::steady_clock::now();
   std::atomic<uint64_t> sync_rounds{sync->committed_rounds()};  // > 0 after a resume
@@ -441,10 +479,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     std::fprintf(options.out, "%s\n",
                  CommitLine(config, r, sync_rounds.fetch_add(1) + 1, total_rounds, wall).c_str());
     std::fflush(options.out);
-    if (writer) writer->Committed();
-    if (rounds_log) {
-      rounds_log->Write(RoundRecord(r, wall));
-    }
+    if (durable.writer) durable.writer->Committed();
+    if (durable.rounds_log) durable.rounds_log->Write(RoundRecord(r, wall));
   });
   sync->SetEventListener([&](const std::string& line) {
     std::fprintf(options.out, "%s\n", line.c_str());
@@ -456,18 +492,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   server_options.max_calls_per_island = config.outer.max_calls_per_island;
   server_options.traffic = &traffic;
   ATL_ASSIGN_OR_RETURN(auto server, GrpcServer::Start(sync.get(), server_options));
-  std::unique_ptr<ShardLink> link;
-  if (shard) {
-    GrpcTransportOptions t;
-    t.target = options.coordinator;
-    t.token = options.shard_token;
-    t.tls = options.server.tls;
-    t.rpc_timeout_s = 4;  // a long poll answers within a second
-    ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
-    link = std::make_unique<ShardLink>(
-        sync.get(), std::move(coordinator),
-        options.advertise.empty() ? server->address() : options.advertise, who, options.out);
-  }
+  ATL_ASSIGN_OR_RETURN(auto link, LinkToCoordinator(options, *sync, server->address(), who));
   const std::string plan =
       config.outer.async()
           ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
@@ -483,23 +508,15 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   link.reset();
   http.clear();
   server->Shutdown();
-  if (writer) {
-    const int writes = writer->writes();
-    const double slowest = writer->max_write_s();
-    writer.reset();  // the final state is durable before the coordinator says it stopped
+  if (durable.writer) {
+    const int writes = durable.writer->writes();
+    const double slowest = durable.writer->max_write_s();
+    durable.writer.reset();  // the final state is durable before the coordinator says it stopped
     std::fprintf(options.out, "%s: service state written %d times, slowest %.1f ms\n", who.c_str(),
                  writes + 1, 1e3 * slowest);
   }
   if (!ended.ok()) return ended;
-  std::string hashes;
-  for (uint32_t f = 0; f < sync->num_fragments(); ++f) {
-    if (!outer::ShardOwns(sync->options(), f)) continue;
-    hashes += absl::StrFormat("%s%016x", hashes.empty() ? "" : " ", sync->params_hash(f));
-  }
-  std::fprintf(options.out, "%s: stopped after %llu rounds%s\n", who.c_str(),
-               (unsigned long long)sync->committed_rounds(),
-               hashes.empty() ? "" : absl::StrCat(", params ", hashes).c_str());
-  std::fflush(options.out);
+  SayStopped(*sync, who, options.out);
   return absl::OkStatus();
 }
 

@@ -18,45 +18,49 @@ outer::FragmentLayout LayoutOf(const NamedParams& params) {
   return layout;
 }
 
-std::vector<float> Flatten(const NamedParams& params) {
+std::vector<float> Flatten(const inner::ParallelPlan& plan, const NamedParams& params) {
   size_t total = 0;
   for (const auto& [name, p] : params) total += size_t(p.numel());
   std::vector<float> flat(total);
   size_t offset = 0;
   for (const auto& [name, p] : params) {
-    auto c = inner::CanonicalFlat(name, p.detach().to(torch::kCPU, torch::kFloat)).contiguous();
+    auto c = inner::CanonicalFlat(inner::PlanOf(plan, name),
+                                  p.detach().to(torch::kCPU, torch::kFloat))
+                 .contiguous();
     std::memcpy(flat.data() + offset, c.data_ptr<float>(), size_t(c.numel()) * sizeof(float));
     offset += size_t(c.numel());
   }
   return flat;
 }
 
-void LoadFlat(const std::vector<float>& flat, const NamedParams& params) {
+void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
+              const NamedParams& params) {
   torch::NoGradGuard no_grad;
   size_t offset = 0;
   for (const auto& [name, p] : params) {
     auto src = inner::ShapedView(
-        name, torch::from_blob(const_cast<float*>(flat.data() + offset), {p.numel()}, torch::kFloat),
+        inner::PlanOf(plan, name), torch::from_blob(const_cast<float*>(flat.data() + offset), {p.numel()}, torch::kFloat),
         p.sizes());
     p.copy_(src);
     offset += size_t(p.numel());
   }
 }
 
-std::vector<float> Flatten(const NamedParams& params, const std::vector<size_t>& subset) {
+std::vector<float> Flatten(const inner::ParallelPlan& plan, const NamedParams& params,
+                           const std::vector<size_t>& subset) {
   NamedParams picked;
   for (size_t i : subset) picked.push_back(params[i]);
-  return Flatten(picked);
+  return Flatten(plan, picked);
 }
 
-void LoadFlat(const std::vector<float>& flat, const NamedParams& params,
-              const std::vector<size_t>& subset, double alpha) {
+void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
+              const NamedParams& params, const std::vector<size_t>& subset, double alpha) {
   torch::NoGradGuard no_grad;
   size_t offset = 0;
   for (size_t i : subset) {
     const auto& [name, p] = params[i];
     auto src = inner::ShapedView(
-        name, torch::from_blob(const_cast<float*>(flat.data() + offset), {p.numel()}, torch::kFloat),
+        inner::PlanOf(plan, name), torch::from_blob(const_cast<float*>(flat.data() + offset), {p.numel()}, torch::kFloat),
         p.sizes());
     if (alpha == 0.0) {
       p.copy_(src);
@@ -68,7 +72,7 @@ void LoadFlat(const std::vector<float>& flat, const NamedParams& params,
 }
 
 uint64_t ModelConfigHash(const inner::ModelConfig& m) {
-  // "layout 2": row-parallel weights flatten input-major (inner::FlatInputMajor); the states of
+  // "layout 2": row-parallel weights flatten input-major (their plan's input_major); the states of
   // earlier builds hold them row-major and are refused as another model's.
   const std::string s = absl::StrCat("layout 2/", m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
                                      m.vocab, "/", m.dropout, "/", m.init_seed);

@@ -17,15 +17,18 @@ namespace atl {
 using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
 
 outer::FragmentLayout LayoutOf(const NamedParams& params);
-// Concatenation of the parameters (fp32, model order).
-std::vector<float> Flatten(const NamedParams& params);
+// Concatenation of the parameters (fp32, model order, each in the canonical flat order of the
+// model's plan).
+std::vector<float> Flatten(const inner::ParallelPlan& plan, const NamedParams& params);
 // Copies `flat` into the parameters (sizes must match the layout).
-void LoadFlat(const std::vector<float>& flat, const NamedParams& params);
+void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
+              const NamedParams& params);
 // The same over a subset of the parameters (indices into `params`, in that order), and the
 // Streaming DiLoCo merge: theta = alpha * theta + (1 - alpha) * flat (alpha = 0 loads `flat`).
-std::vector<float> Flatten(const NamedParams& params, const std::vector<size_t>& subset);
-void LoadFlat(const std::vector<float>& flat, const NamedParams& params,
-              const std::vector<size_t>& subset, double alpha = 0.0);
+std::vector<float> Flatten(const inner::ParallelPlan& plan, const NamedParams& params,
+                           const std::vector<size_t>& subset);
+void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
+              const NamedParams& params, const std::vector<size_t>& subset, double alpha = 0.0);
 
 // XXH64 of the resolved [model] config: islands and service must build the same model.
 uint64_t ModelConfigHash(const inner::ModelConfig& model);

@@ -191,10 +191,12 @@ absl::StatusOr<ModelWeights> LoadServiceState(const fs::path& path, const Config
         absl::StrCat(path.string(), " holds another model than the config's [model]"));
   }
   const Shapes shapes = inner::ParameterShapes(config.model);
+  const inner::ParallelPlan model_plan = inner::PlanOf(config.model);
   std::vector<std::string> names;
   for (const auto& [name, shape] : shapes) names.push_back(name);
-  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(names, config.outer.num_fragments,
-                                                       config.outer.fragment_pattern));
+  ATL_ASSIGN_OR_RETURN(auto plan, outer::PlanFragments(
+                                      inner::FragmentGroups(model_plan, names),
+                                      config.outer.num_fragments, config.outer.fragment_pattern));
   if (plan.parameters.size() != size_t(state.fragments_size())) {
     return absl::FailedPreconditionError(
         absl::StrCat(path.string(), " has ", state.fragments_size(), " fragments, the config ",
@@ -216,7 +218,7 @@ absl::StatusOr<ModelWeights> LoadServiceState(const fs::path& path, const Config
       }
       std::memcpy(t.data_ptr(), bytes.data() + offset, n);
       offset += n;
-      tensors[i] = inner::ShapedView(name, t, shape).contiguous();
+      tensors[i] = inner::ShapedView(inner::PlanOf(model_plan, name), t, shape).contiguous();
     }
     if (offset != bytes.size()) {
       return absl::DataLossError(absl::StrCat(path.string(), ": fragment ", f, " is too long"));
@@ -258,7 +260,8 @@ absl::StatusOr<ModelWeights> LoadCheckpoint(const std::string& path) {
     if (covered != flat.numel()) {
       return absl::DataLossError(absl::StrCat(path, ": parameter ", name, " is incomplete"));
     }
-    auto whole = inner::ShapedView(name, flat, shape).contiguous();
+    auto whole = inner::ShapedView(inner::PlanOf(inner::PlanOf(w.model), name), flat, shape)
+                     .contiguous();
     ATL_RETURN_IF_ERROR(CheckFinite(whole, name, path));
     w.params.emplace_back(name, std::move(whole));
   }
@@ -404,7 +407,9 @@ absl::Status CopyInto(const ModelWeights& weights, inner::TrainerState& state) {
   for (auto& slice : state.tensors) {
     if (!absl::StartsWith(slice.name, kModelSlice)) continue;
     const auto& whole = *by_name[slice.name];
-    const auto flat = inner::CanonicalFlat(slice.name.substr(std::strlen(kModelSlice)), whole);
+    const auto flat = inner::CanonicalFlat(
+        inner::PlanOf(inner::PlanOf(weights.model), slice.name.substr(std::strlen(kModelSlice))),
+        whole);
     slice.values.copy_(flat.narrow(0, slice.offset, slice.values.numel()));
   }
   return absl::OkStatus();

@@ -59,14 +59,16 @@ double FormulaBytes(const atl::inner::ModelConfig& model, const Mesh& mesh_spec)
   // largest unit is the head (d x vocab) or a block (12 d^2 / T + 13 d).
   std::vector<double> held(size_t(mesh_spec.pp), 0.0);
   const int n_layer = model.n_layer;
+  const auto plan = atl::inner::PlanOf(model);
   for (const auto& [name, shape] : atl::inner::ParameterShapes(model)) {
     double numel = 1;
     for (int64_t dim : shape) numel *= double(dim);
-    const int unit = atl::inner::parallel::UnitOfParameter(name, n_layer);
+    const int unit = atl::inner::UnitOf(plan, name, n_layer);
     for (int st = 0; st < mesh_spec.pp; ++st) {
       const auto range = atl::inner::parallel::PipelineStageUnits(n_layer, mesh_spec.pp, st);
       if (unit < range.first || unit > range.last) continue;
-      held[size_t(st)] += atl::inner::TpReplicated(name) ? numel : numel / mesh_spec.tp;
+      const bool whole = atl::inner::PlanOf(plan, name).style == atl::inner::TpStyle::kReplicated;
+      held[size_t(st)] += whole ? numel : numel / mesh_spec.tp;
     }
   }
   const double stage = *std::max_element(held.begin(), held.end());

@@ -117,7 +117,9 @@ absl::StatusOr<RoundCost> MeasureRound(inner::Trainer& trainer, const Options& o
   auto& shards = trainer.sharded().shards();
   std::vector<std::string> names;
   for (const auto& s : shards) names.push_back(s.name);
-  auto plan = atl::outer::PlanFragments(names, o.fragments, atl::outer::FragmentPattern::kStrided);
+  auto plan = atl::outer::PlanFragments(
+      atl::inner::FragmentGroups(trainer.sharded().plan(), names), o.fragments,
+      atl::outer::FragmentPattern::kStrided);
   if (!plan.ok()) return plan.status();
   RoundCost cost;
   for (const auto& members : plan->parameters) {

@@ -57,10 +57,19 @@ int main(int argc, char** argv) {
   auto log = atl::MetricsLog::Open(dir.Join("metrics.jsonl"), 0);
   FILE* devnull = std::fopen("/dev/null", "w");
   atl::Progress progress(devnull, /*tty=*/true, c.train.steps, c.train.log_every, "");
-  atl::StepReporter observer(**log, progress);
+  atl::StepReporter reporter(**log, progress);
+  // Every step reported, as `atoll train` reports its log steps.
+  struct Hooks : atl::inner::LoopHooks {
+    explicit Hooks(atl::StepReporter& r) : reporter(r) {}
+    absl::Status OnStats(const std::vector<atl::inner::StepStats>& steps) override {
+      for (const auto& step : steps) reporter.Report(step, nullptr);
+      return absl::OkStatus();
+    }
+    atl::StepReporter& reporter;
+  } observer(reporter);
 
   // Bare libtorch: same model class and init, a fixed batch, torch's AdamW.
-  atl::inner::Gpt model(c.model);
+  const atl::inner::CausalLm model = atl::inner::BuildModel(c.model);
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;

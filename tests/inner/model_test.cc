@@ -6,6 +6,8 @@
 
 #include <map>
 
+#include "inner/parallel/tensor_parallel.h"
+
 namespace atl::inner {
 namespace {
 
@@ -21,7 +23,7 @@ ModelConfig Small() {
 
 TEST(ModelTest, ParameterCountMatchesClosedFormAndGpt2Small) {
   auto c = Small();
-  Gpt model(c);
+  const CausalLm model = BuildModel(c);
   int64_t n = 0;
   for (const auto& p : model->parameters()) n += p.numel();
   EXPECT_EQ(n, ParameterCount(c));
@@ -32,7 +34,7 @@ TEST(ModelTest, ParameterCountMatchesClosedFormAndGpt2Small) {
 
 TEST(ModelTest, StableNamesAndShapes) {
   auto c = Small();
-  Gpt model(c);
+  const CausalLm model = BuildModel(c);
   std::map<std::string, std::vector<int64_t>> shapes;
   for (auto& [name, p] : NamedParameters(*model)) shapes[name] = p.sizes().vec();
   EXPECT_EQ(shapes.size(), size_t(2 + 12 * c.n_layer + 3));
@@ -59,11 +61,11 @@ TEST(ModelTest, StableNamesAndShapes) {
 TEST(ModelTest, InitIsDeterministicFromTheSeedAlone) {
   auto c = Small();
   torch::manual_seed(1);
-  Gpt a(c);
+  const CausalLm a = BuildModel(c);
   torch::manual_seed(2);  // the global generator must not matter
-  Gpt b(c);
+  const CausalLm b = BuildModel(c);
   c.init_seed += 1;
-  Gpt d(c);
+  const CausalLm d = BuildModel(c);
   auto pa = NamedParameters(*a), pb = NamedParameters(*b), pd = NamedParameters(*d);
   for (size_t i = 0; i < pa.size(); ++i) {
     EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
@@ -90,7 +92,7 @@ TEST(ModelTest, InitIsDeterministicFromTheSeedAlone) {
 
 TEST(ModelTest, AttentionIsCausal) {
   auto c = Small();
-  Gpt model(c);
+  const CausalLm model = BuildModel(c);
   model->eval();
   auto tokens = torch::randint(0, c.vocab, {2, c.context}, torch::kLong);
   auto changed = tokens.clone();
@@ -105,10 +107,35 @@ TEST(ModelTest, AttentionIsCausal) {
 
 TEST(ModelTest, InitialLossIsNearUniform) {
   auto c = Small();
-  Gpt model(c);
+  const CausalLm model = BuildModel(c);
   auto tokens = torch::randint(0, c.vocab, {4, c.context}, torch::kLong);
   const double loss = model->Loss(tokens, tokens).item<double>();
   EXPECT_NEAR(loss, std::log(double(c.vocab)), 0.1);
+}
+
+// The GPT family's plan: the Megatron split of its linears, units and fragment groups by block.
+TEST(ModelTest, GptPlanNamesItsParallelLayersUnitsAndFragments) {
+  const auto c = Small();
+  const ParallelPlan plan = PlanOf(c);
+  EXPECT_EQ(PlanOf(plan, "blocks.2.attn.qkv.weight").style, TpStyle::kColumn);
+  EXPECT_EQ(PlanOf(plan, "blocks.2.attn.qkv.bias").parts, 3);
+  EXPECT_EQ(PlanOf(plan, "blocks.0.attn.proj.weight").style, TpStyle::kRow);
+  EXPECT_TRUE(PlanOf(plan, "blocks.0.attn.proj.weight").input_major);
+  EXPECT_EQ(PlanOf(plan, "blocks.0.mlp.proj.bias").style, TpStyle::kReplicated);
+  EXPECT_TRUE(PlanOf(plan, "blocks.0.mlp.proj.bias").sequence_partial);
+  EXPECT_TRUE(PlanOf(plan, "blocks.1.ln2.weight").sequence_partial);
+  EXPECT_FALSE(PlanOf(plan, "ln_f.weight").sequence_partial);
+  EXPECT_EQ(PlanOf(plan, "head.weight").style, TpStyle::kReplicated);
+  EXPECT_EQ(UnitOf(plan, "pos_emb.weight", c.n_layer), 0);
+  EXPECT_EQ(UnitOf(plan, "blocks.2.mlp.fc.bias", c.n_layer), 3);
+  EXPECT_EQ(UnitOf(plan, "ln_f.bias", c.n_layer), c.n_layer + 1);
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : ParameterShapes(c)) names.push_back(name);
+  const auto groups = FragmentGroups(plan, names);
+  ASSERT_EQ(groups.size(), names.size());
+  EXPECT_EQ(groups.front(), 0);                // tok_emb: with block 0
+  EXPECT_EQ(groups[names.size() - 1], 2);      // head: with the last block
+  EXPECT_EQ(groups[2 + 12 + 3], 1);            // block 1's fourth parameter
 }
 
 TEST(ModelTest, ValidateNamesTheKey) {
@@ -126,28 +153,6 @@ TEST(ModelTest, ValidateNamesTheKey) {
 namespace atl::inner {
 namespace {
 
-// Builds a rank's part of the model; its collectives are never called.
-class ConstructionOnly : public TensorParallel {
- public:
-  ConstructionOnly(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  bool sequence_parallel() const override { return false; }
-  torch::Tensor ColumnParallel(const torch::Tensor& x, const torch::Tensor&,
-                               const torch::Tensor&) override {
-    return x;
-  }
-  torch::Tensor RowParallel(const torch::Tensor& y, const torch::Tensor&,
-                            const torch::Tensor&) override {
-    return y;
-  }
-  torch::Tensor Split(const torch::Tensor& x) override { return x; }
-  torch::Tensor Join(const torch::Tensor& x) override { return x; }
-
- private:
-  int rank_, size_;
-};
-
 // Every tensor-parallel rank's part of every parameter, put back at its ranges of the canonical
 // flat order, is the whole model: each split element exactly once, the whole ones on every rank.
 TEST(ModelTest, TensorParallelPartsTileTheWholeModel) {
@@ -156,7 +161,8 @@ TEST(ModelTest, TensorParallelPartsTileTheWholeModel) {
   c.d_model = 64;
   c.n_head = 4;
   c.context = 16;
-  Gpt whole(c);
+  const CausalLm whole = BuildModel(c);
+  const ParallelPlan plan = PlanOf(c);
   for (int size : {2, 4}) {
     std::map<std::string, torch::Tensor> rebuilt, hits;
     for (const auto& [name, p] : NamedParameters(*whole)) {
@@ -164,17 +170,18 @@ TEST(ModelTest, TensorParallelPartsTileTheWholeModel) {
       hits[name] = torch::zeros({p.numel()});
     }
     for (int rank = 0; rank < size; ++rank) {
-      ConstructionOnly tp(rank, size);
-      Gpt part(c, &tp);
+      const CausalLm part = BuildModel(c);
+      parallel::SliceForTensorParallel(*part, plan, rank, size);
       for (const auto& [name, p] : NamedParameters(*part)) {
+        const ParamPlan pp = PlanOf(plan, name);
         const auto shape = whole->named_parameters()[name].sizes().vec();
-        EXPECT_EQ(p.sizes().vec(), TpLocalShape(name, shape, size)) << name;
-        const auto ranges = TpRanges(name, shape, rank, size);
+        EXPECT_EQ(p.sizes().vec(), TpLocalShape(pp, shape, size)) << name;
+        const auto ranges = TpRanges(pp, shape, rank, size);
         EXPECT_LE(ranges.size(), 3u) << name;
-        const auto flat = CanonicalFlat(name, p.detach());
+        const auto flat = CanonicalFlat(pp, p.detach());
         int64_t at = 0;
         for (const auto& [offset, count] : ranges) {
-          if (TpReplicated(name) && rank > 0) break;  // rank 0's copy counts
+          if (pp.style == TpStyle::kReplicated && rank > 0) break;  // rank 0's copy counts
           rebuilt[name].narrow(0, offset, count).copy_(flat.narrow(0, at, count));
           hits[name].narrow(0, offset, count).add_(1);
           at += count;
@@ -183,7 +190,8 @@ TEST(ModelTest, TensorParallelPartsTileTheWholeModel) {
     }
     for (const auto& [name, p] : NamedParameters(*whole)) {
       EXPECT_TRUE(torch::equal(hits[name], torch::ones({p.numel()}))) << name << " tp " << size;
-      EXPECT_TRUE(torch::equal(rebuilt[name], CanonicalFlat(name, p.detach()))) << name;
+      EXPECT_TRUE(torch::equal(rebuilt[name], CanonicalFlat(PlanOf(plan, name), p.detach())))
+          << name;
     }
   }
   EXPECT_FALSE(ValidateTensorParallel(c, 3).ok());

@@ -10,25 +10,37 @@
 namespace atl::outer {
 namespace {
 
-std::vector<std::string> GptNames(int layers) {
-  std::vector<std::string> n = {"tok_emb.weight", "pos_emb.weight"};
+// Parameters as a model's plan groups them (inner::FragmentGroups): two embeddings with block 0,
+// three parameters of each block, the final norm and the head with the last block.
+struct Model {
+  std::vector<std::string> names;
+  std::vector<int> groups;
+};
+Model Gpt(int layers) {
+  Model m;
+  auto add = [&](const std::string& name, int group) {
+    m.names.push_back(name);
+    m.groups.push_back(group);
+  };
+  add("tok_emb.weight", 0);
+  add("pos_emb.weight", 0);
   for (int l = 0; l < layers; ++l) {
     for (const char* p : {"ln1.weight", "attn.qkv.weight", "mlp.proj.bias"}) {
-      n.push_back("blocks." + std::to_string(l) + "." + p);
+      add("blocks." + std::to_string(l) + "." + p, l);
     }
   }
-  n.push_back("ln_f.weight");
-  n.push_back("head.weight");
-  return n;
+  add("ln_f.weight", layers - 1);
+  add("head.weight", layers - 1);
+  return m;
 }
 
 TEST(FragmentsTest, StridedAndSequentialPlacement) {
-  const auto names = GptNames(6);
-  auto strided = PlanFragments(names, 3, FragmentPattern::kStrided);
-  auto sequential = PlanFragments(names, 3, FragmentPattern::kSequential);
+  const Model m = Gpt(6);
+  auto strided = PlanFragments(m.groups, 3, FragmentPattern::kStrided);
+  auto sequential = PlanFragments(m.groups, 3, FragmentPattern::kSequential);
   ASSERT_TRUE(strided.ok() && sequential.ok());
   auto frag = [&](const FragmentPlan& p, const std::string& name) {
-    return p.fragment_of[size_t(std::find(names.begin(), names.end(), name) - names.begin())];
+    return p.fragment_of[size_t(std::find(m.names.begin(), m.names.end(), name) - m.names.begin())];
   };
   EXPECT_EQ(frag(*strided, "blocks.4.attn.qkv.weight"), 1u);  // 4 mod 3
   EXPECT_EQ(frag(*sequential, "blocks.4.attn.qkv.weight"), 2u);  // 4 * 3 / 6
@@ -43,16 +55,19 @@ TEST(FragmentsTest, StridedAndSequentialPlacement) {
     EXPECT_TRUE(std::is_sorted(f.begin(), f.end()));
     total += f.size();
   }
-  EXPECT_EQ(total, names.size());
+  EXPECT_EQ(total, m.names.size());
+  // A model without blocks is one fragment.
+  auto flat = PlanFragments({-1, -1}, 1, FragmentPattern::kStrided);
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->parameters[0].size(), 2u);
 }
 
 TEST(FragmentsTest, RefusesImpossiblePlans) {
-  EXPECT_FALSE(PlanFragments(GptNames(2), 3, FragmentPattern::kStrided).ok());
-  EXPECT_FALSE(PlanFragments(GptNames(2), 0, FragmentPattern::kStrided).ok());
-  auto odd = GptNames(2);
-  odd.push_back("adapter.weight");
-  EXPECT_THAT(std::string(PlanFragments(odd, 1, FragmentPattern::kStrided).status().message()),
-              ::testing::HasSubstr("'adapter.weight'"));
+  EXPECT_FALSE(PlanFragments(Gpt(2).groups, 3, FragmentPattern::kStrided).ok());
+  EXPECT_FALSE(PlanFragments(Gpt(2).groups, 0, FragmentPattern::kStrided).ok());
+  auto odd = Gpt(2).groups;
+  odd.push_back(-2);
+  EXPECT_FALSE(PlanFragments(odd, 1, FragmentPattern::kStrided).ok());
   EXPECT_FALSE(ParseFragmentPattern("random").ok());
 }
 

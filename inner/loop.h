@@ -1,0 +1,75 @@
+// The one training loop of atoll: `atoll train`, every island (each of its ranks) and the load
+// test's synthetic islands run it. It queues steps (which never wait for the device) and after
+// each step t calls its hooks in this order:
+//   BeforeStep / QueueStep / Queued(t)   the step (an island throttles and counts its time)
+//   stats       when StatsDue(t), or at the loop's last step: the steps' stats since the last
+//               report, in one copy from the device, to OnStats (reports, the loss-spike guard)
+//   OuterStep(t)  an island's outer step (push, land, rejoin: it may move the step counter);
+//               says whether this was the run's last step
+//   evaluation  when EvalDue(t, last): Evaluate(t)
+//   checkpoint  when CheckpointDue(t, last): Checkpoint(t)
+//   stop        Stop(t): leave after this step (every rank of an island decides alike)
+// After the loop the stats of the steps not reported yet go to OnStats. Nothing here knows about
+// the network: an island plugs its outer sync in through OuterStep. Torch-free.
+#ifndef ATOLL_INNER_LOOP_H_
+#define ATOLL_INNER_LOOP_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace atl::inner {
+
+struct StepStats {
+  int64_t step = 0;      // steps completed, counting this one
+  double loss = 0;       // mean training loss of the step's micro-batches (nats)
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  int64_t tokens = 0;    // tokens this trainer has consumed in total
+  double compute_s = 0;  // wall seconds of the step
+};
+
+struct EvalStats {
+  double loss = 0;        // mean validation loss (nats per token)
+  double bits = 0;        // loss in bits per token
+  bool per_byte = false;  // tokens are bytes (text data): `bits` is bits per byte
+};
+
+// What the loop steps: a Trainer, or anything that stands for one.
+class StepSource {
+ public:
+  virtual ~StepSource() = default;
+  virtual int64_t step() const = 0;
+  virtual absl::Status QueueStep() = 0;
+  // The stats of the steps queued since the last call, in order.
+  virtual absl::StatusOr<std::vector<StepStats>> TakeStats() = 0;
+};
+
+// Every hook returning an error stops the loop with it.
+class LoopHooks {
+ public:
+  virtual ~LoopHooks() = default;
+  virtual void BeforeStep() {}
+  virtual absl::Status Queued(int64_t /*step*/) { return absl::OkStatus(); }
+  // Whether the steps' stats must come over after `step` (one host sync): every step by default.
+  virtual bool StatsDue(int64_t /*step*/) const { return true; }
+  virtual absl::Status OnStats(const std::vector<StepStats>& /*steps*/) {
+    return absl::OkStatus();
+  }
+  virtual absl::StatusOr<bool> OuterStep(int64_t /*step*/) { return false; }
+  virtual bool EvalDue(int64_t /*step*/, bool /*last*/) const { return false; }
+  virtual absl::Status Evaluate(int64_t /*step*/) { return absl::OkStatus(); }
+  virtual bool CheckpointDue(int64_t /*step*/, bool /*last*/) const { return false; }
+  virtual absl::Status Checkpoint(int64_t /*step*/) { return absl::OkStatus(); }
+  virtual absl::StatusOr<bool> Stop(int64_t /*step*/) { return false; }
+};
+
+// Steps `steps` until it has completed `until_step` steps, the outer step says the run is done,
+// or a stop.
+absl::Status RunLoop(StepSource& steps, int64_t until_step, LoopHooks& hooks);
+
+}  // namespace atl::inner
+
+#endif  // ATOLL_INNER_LOOP_H_

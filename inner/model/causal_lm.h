@@ -1,0 +1,71 @@
+// What atoll trains: a decoder-only language model of some family, as a plain module (no
+// parallelism in it) with its parallelization plan. The trainer and inner/parallel/ see only this
+// interface: the embeddings, block i and the head (the units FSDP shards and pipelines cut), the
+// plan, and a sequence style a plan may set.
+//
+// Adding a family: its modules built from inner/model/layers.h, its closed-form parameter shapes,
+// its plan and FLOP rule, and a row of kFamilies (inner/model.cc).
+#ifndef ATOLL_INNER_MODEL_CAUSAL_LM_H_
+#define ATOLL_INNER_MODEL_CAUSAL_LM_H_
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "inner/model/layers.h"
+#include "inner/model/plan.h"
+#include "inner/model_config.h"
+
+namespace atl::inner {
+
+class CausalLmImpl : public torch::nn::Module {
+ public:
+  explicit CausalLmImpl(const ModelConfig& config) : config_(config) {}
+  // tokens [B, T] int64 -> the residual stream [B, T, d] (under sequence parallelism the rank's
+  // slice of T).
+  virtual torch::Tensor Embed(const torch::Tensor& tokens) = 0;
+  virtual torch::Tensor RunBlock(int i, const torch::Tensor& x) = 0;
+  // The final norm and the head: logits [B, T, vocab] (the whole sequence).
+  virtual torch::Tensor Logits(const torch::Tensor& x) = 0;
+  // Sequence parallelism's boundaries and dropout (nullptr: none).
+  virtual void SetSequenceStyle(std::shared_ptr<SequenceStyle> style) = 0;
+
+  int num_blocks() const { return config_.n_layer; }
+  int64_t hidden_size() const { return config_.d_model; }
+  const ModelConfig& config() const { return config_; }
+
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // Mean next-token cross-entropy (nats).
+  torch::Tensor Loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+
+ private:
+  ModelConfig config_;
+};
+
+// A model: the module behind a shared pointer (`*model`, `model->` as with torch's holders).
+using CausalLm = std::shared_ptr<CausalLmImpl>;
+
+// A family's row: everything atoll needs of an architecture.
+struct ModelFamily {
+  const char* name;
+  // Every parameter's name and shape in registration order, by closed form.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> (*shapes)(const ModelConfig&);
+  ParallelPlan (*plan)(const ModelConfig&);
+  // The whole model, initialized from config.init_seed on the CPU (the same at any parallelism).
+  CausalLm (*build)(const ModelConfig&);
+  // Training FLOPs per token (forward and backward).
+  double (*train_flops_per_token)(const ModelConfig&);
+  // What keeps the model from splitting over `tp` ranks, named (OK when it can).
+  absl::Status (*validate_tensor_parallel)(const ModelConfig&, int tp, bool sequence_parallel);
+};
+
+const ModelFamily& FamilyOf(const ModelConfig& config);
+
+}  // namespace atl::inner
+
+#endif  // ATOLL_INNER_MODEL_CAUSAL_LM_H_

@@ -1,0 +1,183 @@
+#include "inner/model/gpt.h"
+
+#include <torch/nn/functional/dropout.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "inner/model.h"
+#include "inner/torch_compat.h"
+
+namespace atl::inner::gpt {
+namespace {
+
+namespace F = torch::nn::functional;
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> Shapes(const ModelConfig& c) {
+  const int64_t d = c.d_model;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+      {"tok_emb.weight", {c.vocab, d}}, {"pos_emb.weight", {c.context, d}}};
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blocks." + std::to_string(l) + ".";
+    for (auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"ln1.weight", {d}},
+             {"ln1.bias", {d}},
+             {"attn.qkv.weight", {3 * d, d}},
+             {"attn.qkv.bias", {3 * d}},
+             {"attn.proj.weight", {d, d}},
+             {"attn.proj.bias", {d}},
+             {"ln2.weight", {d}},
+             {"ln2.bias", {d}},
+             {"mlp.fc.weight", {4 * d, d}},
+             {"mlp.fc.bias", {4 * d}},
+             {"mlp.proj.weight", {d, 4 * d}},
+             {"mlp.proj.bias", {d}}}) {
+      shapes.emplace_back(b + name, std::move(shape));
+    }
+  }
+  shapes.push_back({"ln_f.weight", {d}});
+  shapes.push_back({"ln_f.bias", {d}});
+  shapes.push_back({"head.weight", {c.vocab, d}});
+  return shapes;
+}
+
+ParallelPlan Plan(const ModelConfig&) {
+  ParallelPlan p;
+  p.blocks = "blocks";
+  p.embeddings = {"tok_emb", "pos_emb"};
+  p.tensor_parallel = {{"blocks.*.attn.qkv", TpStyle::kColumn, 3},
+                       {"blocks.*.attn.proj", TpStyle::kRow, 1},
+                       {"blocks.*.mlp.fc", TpStyle::kColumn, 1},
+                       {"blocks.*.mlp.proj", TpStyle::kRow, 1}};
+  return p;
+}
+
+CausalLm Build(const ModelConfig& c) { return std::make_shared<GptImpl>(c); }
+
+// Kaplan et al.: 6 FLOPs per parameter per token (forward + backward), minus the position
+// embedding lookups, plus attention scores and values: 6 * n_layer * context * d_model.
+double TrainFlops(const ModelConfig& c) {
+  const double n = double(ParameterCount(c)) - double(c.context) * c.d_model;
+  return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
+}
+
+absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
+  if (tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
+  }
+  if (c.n_head % tp != 0 || c.d_model % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
+        ") and model.d_model (", c.d_model, "): each rank holds n_head / ", tp,
+        " heads and 4 d_model / ", tp, " MLP units"));
+  }
+  if (sequence_parallel && c.context % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.enable_sequence_parallel needs model.context (", c.context,
+        ") to divide by parallelism.tensor_parallel_degree = ", tp,
+        ": each rank holds context / ", tp, " positions of every sequence"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const ModelFamily kFamily = {"gpt2", Shapes, Plan, Build, TrainFlops, ValidateTensorParallel};
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& c)
+    : head_dim_(c.d_model / c.n_head), dropout_(c.dropout) {
+  qkv_ = register_module("qkv", Linear(c.d_model, 3 * c.d_model));
+  proj_ = register_module("proj", Linear(c.d_model, c.d_model));
+}
+
+// The heads of this rank: all of them, or its part under tensor parallelism (qkv's and proj's
+// parameters then hold its rows and columns).
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  auto qkv = qkv_->forward(x);
+  const int64_t b = qkv.size(0), t = qkv.size(1), local = proj_->weight.size(1);
+  qkv = qkv.view({b, t, 3, local / head_dim_, head_dim_}).permute({2, 0, 3, 1, 4});
+  auto y = compat::CausalAttention(qkv[0], qkv[1], qkv[2]);
+  y = y.transpose(1, 2).contiguous().view({b, t, local});
+  return ResidualDropout(proj_->forward(y), dropout_, is_training(), style_);
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) {
+  fc_ = register_module("fc", Linear(c.d_model, 4 * c.d_model));
+  proj_ = register_module("proj", Linear(4 * c.d_model, c.d_model));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return proj_->forward(torch::gelu(fc_->forward(x), "tanh"));
+}
+
+BlockImpl::BlockImpl(const ModelConfig& c) : dropout_(c.dropout) {
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+  attn_ = register_module("attn", CausalSelfAttention(c));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+  mlp_ = register_module("mlp", Mlp(c));
+}
+
+void BlockImpl::set_sequence_style(SequenceStyle* style) {
+  style_ = style;
+  attn_->set_sequence_style(style);
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn_->forward(ln1_->forward(x));
+  auto m = mlp_->forward(ln2_->forward(x));
+  return x + ResidualDropout(m, dropout_, is_training(), style_);
+}
+
+GptImpl::GptImpl(const ModelConfig& c) : CausalLmImpl(c) {
+  tok_emb_ = register_module("tok_emb", torch::nn::Embedding(c.vocab, c.d_model));
+  pos_emb_ = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
+  blocks_ = register_module("blocks", torch::nn::ModuleList());
+  for (int i = 0; i < c.n_layer; ++i) blocks_->push_back(Block(c));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
+  head_ = register_module("head", Linear(torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
+
+  // Deterministic init, independent of the global generator and of registration side effects:
+  // each whole parameter in turn (a tensor-parallel rank takes its part of the same values).
+  torch::NoGradGuard no_grad;
+  auto gen = compat::MakeCpuGenerator(c.init_seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  const ParallelPlan plan = Plan(c);
+  for (const auto& [name, p] : NamedParameters(*this)) {
+    auto whole = torch::empty(p.sizes(), p.options());
+    if (absl::EndsWith(name, ".bias")) {
+      whole.zero_();
+    } else if (absl::StartsWith(name, "ln") || absl::StrContains(name, ".ln")) {
+      whole.fill_(1.0);
+    } else if (PlanOf(plan, name).input_major) {  // the residual projections
+      whole.normal_(0.0, residual_std, gen);
+    } else {
+      whole.normal_(0.0, 0.02, gen);
+    }
+    p.copy_(whole);
+  }
+}
+
+torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {
+  const int64_t t = tokens.size(1);
+  auto pos = torch::arange(t, tokens.options().dtype(torch::kLong));
+  auto x = tok_emb_->forward(tokens) + pos_emb_->forward(pos);
+  x = F::dropout(x, F::DropoutFuncOptions().p(config().dropout).training(is_training()));
+  return style_ ? style_->Split(x) : x;
+}
+
+torch::Tensor GptImpl::RunBlock(int i, const torch::Tensor& x) {
+  return blocks_[size_t(i)]->as<Block>()->forward(x);
+}
+
+torch::Tensor GptImpl::Logits(const torch::Tensor& x) {
+  return head_->forward(ln_f_->forward(style_ ? style_->Join(x) : x));
+}
+
+void GptImpl::SetSequenceStyle(std::shared_ptr<SequenceStyle> style) {
+  style_ = std::move(style);
+  for (int i = 0; i < num_blocks(); ++i) blocks_[size_t(i)]->as<Block>()->set_sequence_style(style_.get());
+}
+
+}  // namespace atl::inner::gpt

@@ -1,0 +1,57 @@
+// Internal to src/island: what an island writes besides its training — checkpoints taken in the
+// background, the record and progress line of each merged round, summary.json.
+#ifndef ATOLL_SRC_ISLAND_ISLAND_REPORT_H_
+#define ATOLL_SRC_ISLAND_ISLAND_REPORT_H_
+
+#include <cstdint>
+#include <future>
+#include <string>
+
+#include "absl/status/status.h"
+#include "outer/outer_step.h"
+#include "src/config/config.h"
+#include "src/island/island_loop.h"
+
+namespace atl {
+
+class IslandMonitor;
+class MetricsLog;
+class Progress;
+
+// Checkpoints: the training thread copies the island's state to CPU memory (the only stall) and a
+// background task writes it (temp file, fsync, rename) while training goes on. Each rank writes
+// its part; the checkpoint counts once every rank's part is there.
+class CheckpointHook {
+ public:
+  CheckpointHook(const Config& config, const IslandOptions& options, inner::Trainer& trainer,
+                 Progress& progress, std::string label, IslandMonitor& monitor);
+  ~CheckpointHook();
+
+  absl::Status Save(bool background, double wall_s);
+  uint64_t saved() const { return saved_; }
+  double stall_max_s() const { return stall_max_s_; }
+
+ private:
+  void Wait();
+  const Config& config_;
+  const IslandOptions& options_;
+  inner::Trainer& trainer_;
+  Progress& progress_;
+  const std::string label_;
+  IslandMonitor& monitor_;
+  std::future<absl::Status> writing_;
+  uint64_t saved_ = 0;
+  double stall_max_s_ = 0;
+};
+
+// The metrics record and the progress line of a merged round.
+void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double wall_s,
+                 MetricsLog& metrics, Progress& progress, const std::string& label);
+
+// RUN_DIR/summary.json of the island (rank 0's).
+void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async,
+                  int ranks);
+
+}  // namespace atl
+
+#endif  // ATOLL_SRC_ISLAND_ISLAND_REPORT_H_
