@@ -2,6 +2,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
+
+#include <string>
+
+#include "inner/build_info.h"
 #ifdef ATOLL_TORCH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -89,3 +94,22 @@ void ResizeStorage(const at::Tensor& t, size_t bytes) {
 }
 
 }  // namespace atl::inner::compat
+
+namespace atl::inner {
+
+std::string TorchVersion() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+bool TorchCudaBuild() {
+#ifdef ATOLL_TORCH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int CudaDeviceCount() { return torch::cuda::is_available() ? int(torch::cuda::device_count()) : 0; }
+
+}  // namespace atl::inner

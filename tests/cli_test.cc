@@ -184,6 +184,35 @@ TEST_F(CliTest, CompareWritesTheReport) {
   EXPECT_THAT(r.output, HasSubstr("is not empty"));
 }
 
+TEST_F(CliTest, VersionSaysWhatTheBuildIs) {
+  auto r = Atoll("--version");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::StartsWith("atoll 0.1.0 (commit "));
+  EXPECT_THAT(r.output, HasSubstr("libtorch "));
+  EXPECT_THAT(r.output, HasSubstr("codec kernels: CPU"));
+}
+
+// Every run of a compare is checked before the first one starts: a method whose preset keys cannot
+// apply to it says what it changes (async without the sync warm start), and a run that cannot
+// start is refused before anything runs or is written.
+TEST_F(CliTest, CompareChecksEveryRunBeforeTheFirstStarts) {
+  const std::string base = "compare --islands 2 --config " + std::string(ATOLL_SOURCE_DIR) +
+                           "/deploy/configs/tiny.toml --run-dir " + dir_.Join("cmp") +
+                           " --data.path=" + dir_.Join("text.txt") + " --data.val_path= ";
+  auto r = Atoll(base + "--throttle 1,3 --compare.methods=diloco,async --train.steps=300 --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("async runs with outer.warm_start_steps = 0"));
+  EXPECT_THAT(r.output, HasSubstr("dry run: nothing started"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("cmp")));
+  // Streaming's 4 fragments do not fit H = 2: refused before diloco has run.
+  r = Atoll(base + "--compare.methods=diloco,streaming_fp4_e2m1 --outer.sync_every=2 "
+            "--outer.warm_start_steps=0 --train.steps=300");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("compare: streaming_fp4_e2m1: outer.num_fragments must be in"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("cmp/diloco")));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("cmp/compare.json")));
+}
+
 // Best-vs-best: every method runs the grid (the baseline only its non-outer part), each is reported
 // at its best run, the whole grid is in report.csv, and the same command resumes a stopped sweep.
 TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {

@@ -69,10 +69,48 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   return r;
 }
 
-// "diloco" runs the config's outer settings; "diloco_<codec>" overrides the codec (e.g.
-// diloco_fp4_e2m1); "streaming_<codec>" runs Streaming DiLoCo with that codec: the config's
-// outer.num_fragments (4 when it is 1, at most one block per fragment), tau = 1, alpha = 0.5;
-// "async" runs async DiLoCo (delayed Nesterov, dynamic local steps) with the config's settings.
+// What a method changes of the compare's config: "diloco" runs the config's outer settings;
+// "diloco_<codec>" overrides the codec (e.g. diloco_fp4_e2m1); "streaming_<codec>" runs Streaming
+// DiLoCo with that codec: the config's outer.num_fragments (4 when it is 1, at most one block per
+// fragment), tau = 1, alpha = 0.5; "async" runs async DiLoCo (delayed Nesterov, dynamic local
+// steps) with the config's settings, less those that schedule sync rounds (said in the plan).
+struct MethodChanges {
+  std::vector<Override> overrides;
+  std::vector<std::string> notes;  // what the plan says of keys that cannot apply
+};
+
+MethodChanges ChangesOf(const std::string& method, const Config& c) {
+  MethodChanges m;
+  if (method == "async") {
+    m.overrides.emplace_back("outer.mode", "async");
+    auto drop = [&](const char* key, bool set, const std::string& value, const char* why) {
+      if (!set) return;
+      m.overrides.emplace_back(key, value);
+      m.notes.push_back(absl::StrCat(key, " = ", value, " (", why, ")"));
+    };
+    const auto& ph = c.outer.phases;
+    drop("outer.warm_start_steps", ph.warm_start_steps > 0, "0",
+         "async islands choose their own H: no synchronous warm start");
+    drop("outer.early_sync_every", ph.early_sync_every > 0, "0",
+         "async islands choose their own H: no early H");
+    drop("outer.lr_warmup_rounds", c.outer.optimizer.warmup_rounds > 0, "0",
+         "async mode has versions, not rounds, to schedule the outer lr over");
+    drop("outer.lr_decay", c.outer.optimizer.decay != outer::LrDecay::kConstant, "constant",
+         "async mode has versions, not rounds, to schedule the outer lr over");
+    drop("outer.auto_tune", c.outer.auto_tune, "false", "auto_tune chooses tau for sync rounds");
+    drop("outer.shards", c.outer.shards > 1, "1", "a sharded service serves sync rounds");
+  }
+  if (absl::StartsWith(method, "diloco_")) m.overrides.emplace_back("outer.codec", method.substr(7));
+  if (absl::StartsWith(method, "streaming_")) {
+    const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
+    m.overrides.emplace_back("outer.codec", method.substr(10));
+    m.overrides.emplace_back("outer.num_fragments", std::to_string(p));
+    m.overrides.emplace_back("outer.fragment_sync_delay", "1");
+    m.overrides.emplace_back("outer.fragment_update_alpha", "0.5");
+  }
+  return m;
+}
+
 absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
                                     const std::string& method, const std::vector<Override>& point,
                                     const std::string& dir) {
@@ -81,16 +119,10 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   l.config_path = o.config_path;
   l.overrides = o.overrides;
   for (const auto& [key, value] : point) l.overrides.push_back(absl::StrCat("--", key, "=", value));
-  l.throttle = o.throttle;
-  if (method == "async") l.overrides.push_back("--outer.mode=async");
-  if (absl::StartsWith(method, "diloco_")) l.overrides.push_back("--outer.codec=" + method.substr(7));
-  if (absl::StartsWith(method, "streaming_")) {
-    const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
-    l.overrides.push_back("--outer.codec=" + method.substr(10));
-    l.overrides.push_back(absl::StrCat("--outer.num_fragments=", p));
-    l.overrides.push_back("--outer.fragment_sync_delay=1");
-    l.overrides.push_back("--outer.fragment_update_alpha=0.5");
+  for (const auto& [key, value] : ChangesOf(method, c).overrides) {
+    l.overrides.push_back(absl::StrCat("--", key, "=", value));
   }
+  l.throttle = o.throttle;
   l.run_dir = dir;
   l.stop = o.stop;
   l.out = stderr;
@@ -311,6 +343,64 @@ std::string GapTable(const GapTrend& trend) {
 
 }  // namespace
 
+// report.md (printed too), report.csv, loss.svg and, for a sweep of one key, gap.svg.
+absl::Status WriteReports(const CompareOptions& o, const Config& config,
+                          const std::vector<Sweep>& sweeps, const std::vector<MethodResult>& runs,
+                          const std::vector<MethodResult>& best) {
+  std::string title =
+      absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)", o.islands,
+                      config.train.steps, config.outer.sync_every, o.config_path);
+  if (!sweeps.empty()) absl::StrAppend(&title, ", each method at its best setting");
+  std::string report = ReportMarkdown(best, title, runs);
+  std::vector<std::pair<std::string, std::string>> files = {{"report.csv", ReportCsv(runs)},
+                                                            {"loss.svg", LossPlotSvg(best, title)}};
+  if (sweeps.size() == 1) {
+    if (auto trend = GapsAcross(sweeps.front(), runs, config)) {
+      report += GapTable(*trend);
+      files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label,
+                                               absl::StrFormat("%s: gap to the baseline by %s",
+                                                               o.config_path, trend->x_label)));
+    }
+  }
+  files.emplace_back("report.md", report);
+  std::vector<std::string> written;
+  for (const auto& [name, text] : files) {
+    ATL_RETURN_IF_ERROR(WriteFileAtomic((fs::path(o.run_dir) / name).string(), text));
+    written.push_back(name);
+  }
+  std::printf("%s", report.c_str());
+  std::printf("\nwrote %s/%s\n", o.run_dir.c_str(), absl::StrJoin(written, ", ").c_str());
+  return absl::OkStatus();
+}
+
+// Every run's whole config (each method at each grid point), checked before the first one starts;
+// what a method changes because a key of the config cannot apply to it is said here.
+absl::Status CheckRuns(const CompareOptions& o, const std::vector<Override>& overrides,
+                       const std::vector<std::string>& methods, const std::vector<Sweep>& sweeps,
+                       const Config& config) {
+  for (const auto& m : methods) {
+    if (!KnownMethod(m)) {
+      return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
+    }
+    const MethodChanges changes = ChangesOf(m, config);
+    if (!changes.notes.empty()) {
+      std::fprintf(stderr, "atoll compare: %s runs with %s\n", m.c_str(),
+                   absl::StrJoin(changes.notes, ", ").c_str());
+    }
+    for (const auto& point : GridFor(m, sweeps)) {
+      auto with = overrides;
+      with.insert(with.end(), point.begin(), point.end());
+      with.insert(with.end(), changes.overrides.begin(), changes.overrides.end());
+      if (auto checked = LoadConfig(o.config_path, with); !checked.ok()) {
+        return absl::Status(checked.status().code(),
+                            absl::StrCat("compare: ", m, point.empty() ? "" : " at ",
+                                         SettingOf(point), ": ", checked.status().message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   if (o.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   if (o.islands < 1) return absl::InvalidArgumentError("--islands must be >= 1");
@@ -321,8 +411,10 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   ATL_RETURN_IF_ERROR(inner::LoadDataset(config.data, config.model.context, config.model.vocab));
   ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
   std::vector<std::string> methods = absl::StrSplit(config.compare.methods, ',', absl::SkipEmpty());
-  for (const auto& m : methods) {
-    if (!KnownMethod(m)) return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
+  ATL_RETURN_IF_ERROR(CheckRuns(o, overrides, methods, sweeps, config));
+  if (o.dry_run) {
+    std::fprintf(stderr, "atoll compare: every run's config is valid (dry run: nothing started)\n");
+    return std::vector<MethodResult>();
   }
   // A directory holding this same compare resumes; anything else is refused.
   const fs::path dir(o.run_dir);
@@ -391,29 +483,7 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   }
 
   const auto best = BestPerMethod(runs);
-  std::string title =
-      absl::StrFormat("atoll compare: %d islands, %d inner steps, H = %d (%s)", o.islands,
-                      config.train.steps, config.outer.sync_every, o.config_path);
-  if (!sweeps.empty()) absl::StrAppend(&title, ", each method at its best setting");
-  std::string report = ReportMarkdown(best, title, runs);
-  std::vector<std::pair<std::string, std::string>> files = {{"report.csv", ReportCsv(runs)},
-                                                            {"loss.svg", LossPlotSvg(best, title)}};
-  if (sweeps.size() == 1) {
-    if (auto trend = GapsAcross(sweeps.front(), runs, config)) {
-      report += GapTable(*trend);
-      files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label,
-                                               absl::StrFormat("%s: gap to the baseline by %s",
-                                                               o.config_path, trend->x_label)));
-    }
-  }
-  files.emplace_back("report.md", report);
-  std::vector<std::string> written;
-  for (const auto& [name, text] : files) {
-    ATL_RETURN_IF_ERROR(WriteFileAtomic((dir / name).string(), text));
-    written.push_back(name);
-  }
-  std::printf("%s", report.c_str());
-  std::printf("\nwrote %s/%s\n", o.run_dir.c_str(), absl::StrJoin(written, ", ").c_str());
+  ATL_RETURN_IF_ERROR(WriteReports(o, config, sweeps, runs, best));
   return best;
 }
 

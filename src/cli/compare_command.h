@@ -29,9 +29,11 @@ struct CompareOptions {
   std::vector<std::string> sweeps;
   std::string run_dir;
   const std::atomic<bool>* stop = nullptr;
+  bool dry_run = false;  // check every run's config, say what each method changes, run nothing
 };
 
-// Each method's best run, in compare.methods order.
+// Each method's best run, in compare.methods order (none for a dry run). Every run's whole config
+// is checked before the first one starts.
 absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& options);
 
 }  // namespace atl

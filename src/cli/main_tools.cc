@@ -1,0 +1,169 @@
+// The `atoll` tools' subcommands: the load test, the planner, export, import, generate.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "src/cli/command_line.h"
+#include "src/cli/loadtest_command.h"
+#include "src/cli/model_commands.h"
+#include "src/cli/plan_command.h"
+
+namespace atl::cli {
+
+namespace {
+
+struct LoadtestFlags {
+  std::string params = "20M";
+  int islands = 4, rounds = 3, shards = 1;
+};
+
+}  // namespace
+
+Command AddLoadtest(CLI::App& app, CommandLine& cl) {
+  auto f = std::make_shared<LoadtestFlags>();
+  auto* c = app.add_subcommand(
+      "loadtest", "the outer-sync service under load: synthetic islands push random "
+      "pseudo-gradients of a model of --params parameters through a real coordinator");
+  c->add_option("--params", f->params, "model parameters, e.g. 500M or 1.5B");
+  c->add_option("--islands", f->islands, "synthetic islands (M)");
+  c->add_option("--rounds", f->rounds, "outer rounds");
+  c->add_option("--shards", f->shards, "service shards (1: one coordinator)");
+  c->add_option("--config", cl.config_path, "TOML config of the run (its [model] is replaced)");
+  c->add_option("--run-dir", cl.run_dir, "directory for the coordinator's log and loadtest.json")
+      ->required();
+  return {c, [&cl, f](const std::vector<atl::Override>& overrides) {
+            atl::LoadtestOptions options;
+            if (!ParseCount(f->params, &options.params)) {
+              return Fail(absl::InvalidArgumentError(
+                  "--params '" + f->params + "' is not a count such as 20000000, 500M or 1.5B"));
+            }
+            options.islands = f->islands;
+            options.rounds = f->rounds;
+            options.shards = f->shards;
+            options.run_dir = cl.run_dir;
+            options.config_path = cl.config_path;
+            options.overrides = overrides;  // the load test resolves its own config
+            options.binary = SelfPath();
+            options.stop = &g_stop;
+            auto report = atl::RunLoadtest(options);
+            if (!report.ok()) return Fail(report.status());
+            return 0;
+          }};
+}
+
+Command AddPlan(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::PlanOptions>();
+  auto params = std::make_shared<std::string>();
+  auto* c = app.add_subcommand(
+      "plan", "before renting GPUs: per method, the compute utilization on a link, the bandwidth "
+      "a target utilization needs, bytes per island per round and per hour (a replay of the "
+      "schedule, no network)");
+  c->add_option("--params", *params, "model parameters, e.g. 1e9 or 1.5B (else --config's model)");
+  c->add_option("--config", cl.config_path,
+                "TOML config: its model, islands, H, fragments, tau and codec");
+  c->add_option("--step-time", o->step_time_s, "seconds of compute per inner step")->required();
+  c->add_option("--islands", o->islands, "islands (M)");
+  c->add_option("--bandwidth", o->bandwidth, "per island, each way: e.g. 1gbit, 20mbit");
+  c->add_option("--latency", o->latency, "one way, e.g. 50ms");
+  c->add_option("--connections", o->connections,
+                "TCP connections per island (default: the config's outer.connections, or 1)");
+  c->add_option("--tcp-window-mib", o->tcp_window_mib, "TCP window per connection, MiB");
+  c->add_option("--method", o->method,
+                "data_parallel, diloco or streaming (one row with these settings); default: "
+                "the ladder of the Streaming DiLoCo paper's Table 4");
+  c->add_option("--sync-every", o->sync_every, "H");
+  c->add_option("--fragments", o->fragments, "P (streaming)");
+  c->add_option("--tau", o->tau, "inner steps of overlap (streaming)");
+  c->add_option("--codec", o->codec, "fp32, bf16, int8, fp4_e2m1, fp4_e3m0");
+  c->add_option("--topology", o->topology,
+                "star (atoll's service, default) or ring (the paper's all-reduce)");
+  c->add_option("--target-utilization", o->target, "e.g. 0.95: the bandwidth each method needs");
+  c->add_option("--steps", o->steps, "a run of this many steps, ending synced (default: steady)");
+  c->add_option("--commit-ns-per-param", o->commit_ns_per_param,
+                "the service's commit time per parameter per island (measured: atoll loadtest)");
+  c->add_option("--service-bandwidth", o->service_bandwidth,
+                "the coordinator's own link, each way, shared by all islands (default: unlimited)");
+  c->add_option("--svg", o->svg, "write utilization vs bandwidth per method to this SVG file");
+  c->add_flag("--json", o->json, "one JSON object per method instead of the table");
+  return {c, [&cl, o, params](const std::vector<atl::Override>& overrides) {
+            if (!params->empty() && !ParseCount(*params, &o->params)) {
+              return Fail(absl::InvalidArgumentError(
+                  "--params '" + *params + "' is not a count such as 1e9, 500M or 1.5B"));
+            }
+            o->config_path = cl.config_path;
+            o->overrides = overrides;
+            if (auto s = atl::RunPlan(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+// Export and generate take no --key=value overrides: the model is the source's.
+static int NoOverrides(const std::vector<atl::Override>& overrides) {
+  if (overrides.empty()) return 0;
+  return Fail(absl::InvalidArgumentError("unexpected argument '--" + overrides[0].first + "'"));
+}
+
+Command AddExport(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::ExportOptions>();
+  auto* c = app.add_subcommand(
+      "export", "write a model as safetensors: the global model of a run (its coordinator's "
+      "state, or an `atoll local` run directory) or an island's / the baseline's checkpoint");
+  c->add_option("source", o->source,
+                "run directory, coordinator directory or service-state.pb, checkpoint, or "
+                "safetensors file")->required();
+  c->add_option("--out", o->out, "the safetensors file to write")->required();
+  c->add_option("--format", o->format, "safetensors (the only format)");
+  c->add_option("--names", o->names,
+                "gpt2 (Hugging Face GPT-2 names and layout, default) or atoll (atoll's own)");
+  c->add_option("--config", cl.config_path,
+                "the run's config, for a service state without config.toml beside it");
+  return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            o->config_path = cl.config_path;
+            if (auto s = atl::RunExport(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddImport(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::ImportOptions>();
+  auto* c = app.add_subcommand(
+      "import", "start runs from a safetensors file: check every tensor against the model it "
+      "describes and write a run config with that [model] and train.init_from set");
+  c->add_option("file", o->file, "safetensors file (GPT-2 or atoll names)")->required();
+  c->add_option("--out", o->out, "the run config to write (TOML, must not exist)")->required();
+  c->add_option("--config", cl.config_path,
+                "base config: data, training, outer settings (and model.n_head when the file has "
+                "no atoll metadata)");
+  c->footer(KeysHelp());  // the base config takes --key=value overrides
+  return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
+            o->config_path = cl.config_path;
+            o->overrides = overrides;
+            if (auto s = atl::RunImport(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddGenerate(CLI::App& app, CommandLine& cl) {
+  auto o = std::make_shared<atl::GenerateOptions>();
+  auto* c = app.add_subcommand("generate", "sample text from a model (byte-level, vocab 256)");
+  c->add_option("--checkpoint", o->source,
+                "run directory, coordinator directory, checkpoint, or safetensors file")->required();
+  c->add_option("--prompt", o->prompt, "text to continue")->required();
+  c->add_option("--tokens", o->tokens, "new tokens (bytes) to sample");
+  c->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)");
+  c->add_option("--top-k", o->top_k, "sample among the k likeliest tokens (0: all)");
+  c->add_option("--seed", o->seed, "sampling seed");
+  c->add_option("--config", cl.config_path,
+                "the run's config, for a service state without config.toml beside it");
+  return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            o->config_path = cl.config_path;
+            if (auto s = atl::RunGenerate(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+}  // namespace atl::cli
