@@ -34,11 +34,7 @@ namespace atl {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using Clock = IslandClock;
 
 // The ranks of an island over its mesh's world group.
 class MeshRanks : public outer::IslandRanks {

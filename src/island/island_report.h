@@ -3,6 +3,7 @@
 #ifndef ATOLL_SRC_ISLAND_ISLAND_REPORT_H_
 #define ATOLL_SRC_ISLAND_ISLAND_REPORT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <future>
 #include <string>
@@ -13,6 +14,12 @@
 #include "src/island/island_loop.h"
 
 namespace atl {
+
+using IslandClock = std::chrono::steady_clock;
+// Seconds since t.
+inline double Since(IslandClock::time_point t) {
+  return std::chrono::duration<double>(IslandClock::now() - t).count();
+}
 
 class IslandMonitor;
 class MetricsLog;
