@@ -27,8 +27,9 @@ absl::Status NonFiniteError(const float* in, size_t n) {
       absl::StrCat("non-finite value ", in[bad], " at element ", bad, " refused"));
 }
 
-// The spec's row; specs come from MakeSpec or ParseCodec, so it exists.
-const CodecTraits& Row(const CodecSpec& spec) { return *FindCodec(spec.codec); }
+absl::Status Unsupported(const CodecSpec& spec) {
+  return absl::InvalidArgumentError(absl::StrCat("unsupported codec ", int(spec.codec)));
+}
 
 }  // namespace
 
@@ -87,8 +88,10 @@ size_t EncodedBytes(const CodecSpec& spec, size_t n) {
 
 absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                     const Rounding& rounding) {
+  const CodecTraits* row = FindCodec(spec.codec);
+  if (row == nullptr) return Unsupported(spec);
   if (n == 0) return absl::OkStatus();
-  const CodecTraits& t = Row(spec);
+  const CodecTraits& t = *row;
   // Encoders that see every magnitude anyway (block scales) find non-finite input in the same
   // pass; the others' input is checked first.
   if (!t.checks_finite && FirstNonFinite(in, n) < n) return NonFiniteError(in, n);
@@ -103,6 +106,8 @@ absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size
 
 absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
                          size_t first, size_t count, float* out) {
+  const CodecTraits* row = FindCodec(spec.codec);
+  if (row == nullptr) return Unsupported(spec);
   if (bytes != EncodedBytes(spec, n)) {
     return absl::InvalidArgumentError(absl::StrCat(CodecName(spec.codec), " payload of ", n,
                                                    " elements must be ", EncodedBytes(spec, n),
@@ -113,7 +118,7 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes,
                                               ") are outside the payload's ", n));
   }
   if (count == 0) return absl::OkStatus();
-  Row(spec).decode(spec.block_size, in, n, first, first + count, out);
+  row->decode(spec.block_size, in, n, first, first + count, out);
   if (const size_t bad = FirstNonFinite(out, count); bad < count) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload decodes to a non-finite value at element ", first + bad));

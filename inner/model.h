@@ -27,10 +27,6 @@ ParallelPlan PlanOf(const ModelConfig& config);
 // weights need them without building the module).
 std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const ModelConfig& config);
 
-// The parameters in model order by closed form, each block's grouped under "<blocks>.<l>.*"
-// (planning needs their sizes, not the module): embeddings, blocks, the rest (norm, head).
-std::vector<std::pair<std::string, int64_t>> ParameterGroups(const ModelConfig& config);
-
 // Their sum (tests check the module against it).
 int64_t ParameterCount(const ModelConfig& config);
 

@@ -113,6 +113,14 @@ const OptimizerKind kOptimizers[] = {
 
 // The state a Restore was given, by name: each must be found once.
 template <class T>
+T* Take(std::vector<std::pair<std::string, T>>& items, const std::string& name) {
+  for (auto& [n, v] : items) {
+    if (n == name) return &v;
+  }
+  return nullptr;
+}
+
+template <class T>
 const T* Take(const std::vector<std::pair<std::string, T>>& items, const std::string& name) {
   for (const auto& [n, v] : items) {
     if (n == name) return &v;
@@ -217,8 +225,8 @@ absl::Status NesterovOptimizer::Restore(
     std::vector<std::pair<std::string, std::vector<float>>> tensors,
     const std::vector<std::pair<std::string, int64_t>>& counters) {
   const size_t expected_tensors = (momentum_.empty() ? 0 : 1) + (buffer_.empty() ? 0 : 1);
-  const std::vector<float>* momentum = Take(tensors, "momentum");
-  const std::vector<float>* buffer = Take(tensors, "buffer");
+  std::vector<float>* momentum = Take(tensors, "momentum");
+  std::vector<float>* buffer = Take(tensors, "buffer");
   const int64_t* buffered = Take(counters, "buffered");
   const int64_t count = buffered == nullptr ? 0 : *buffered;
   const bool fits =
@@ -235,8 +243,8 @@ absl::Status NesterovOptimizer::Restore(
         buffer_.empty() ? "" : absl::StrCat(", buffer[", buffer_.size(), "], buffered"), ", got",
         got.empty() ? " nothing" : got));
   }
-  if (momentum != nullptr) momentum_ = *momentum;
-  if (buffer != nullptr) buffer_ = *buffer;
+  if (momentum != nullptr) momentum_ = std::move(*momentum);
+  if (buffer != nullptr) buffer_ = std::move(*buffer);
   buffered_ = int(count);
   return absl::OkStatus();
 }

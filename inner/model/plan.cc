@@ -14,12 +14,10 @@ int BlockOf(const ParallelPlan& plan, const std::string& module, std::string* pa
   const std::string prefix = plan.blocks + ".";
   *pattern = module;
   if (!absl::StartsWith(module, prefix)) return -1;
-  const size_t end = module.find('.', prefix.size());
+  // "<blocks>.<l>" (a parameter directly on the block) or "<blocks>.<l>.<rest>".
+  const size_t end = std::min(module.find('.', prefix.size()), module.size());
   int l;
-  if (end == std::string::npos ||
-      !absl::SimpleAtoi(module.substr(prefix.size(), end - prefix.size()), &l) || l < 0) {
-    return -1;
-  }
+  if (!absl::SimpleAtoi(module.substr(prefix.size(), end - prefix.size()), &l) || l < 0) return -1;
   *pattern = absl::StrCat(prefix, "*", module.substr(end));
   return l;
 }

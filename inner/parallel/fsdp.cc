@@ -18,7 +18,7 @@ struct FsdpModel::Unit {
   std::vector<std::pair<std::string, at::Tensor>> params;  // the module's, in model order
   std::vector<int64_t> offsets;                            // of each within the unit's flat
   int64_t numel = 0, padded = 0, shard_numel = 0;
-  int64_t partial_numel = 0;  // the leading parameters that are SequencePartial
+  int64_t partial_numel = 0;  // the leading parameters that are sequence-partial (their plan)
   at::Tensor shard, shard_grad;  // this rank's part (the whole unit with one rank)
   at::Tensor full, full_grad;    // the whole unit; storage empty while not in use (sharded)
   at::Tensor scatter;            // sharded: the reduce-scattered gradient of one micro-batch

@@ -100,7 +100,7 @@ class FsdpModel {
   absl::StatusOr<at::Tensor> ForwardBackward(const std::vector<MicroBatch>& micros,
                                              double grad_scale);
   // After the last micro-batch of a step: sums over tp the gradients that sequence parallelism
-  // leaves partial (SequencePartial, inner/model.h), and the shard gradients over dp_replicate.
+  // leaves partial (the plan's sequence_partial ones), and the shard gradients over dp_replicate.
   absl::Status ReduceGradients();
   // Mean loss of a batch, forward only.
   absl::StatusOr<double> Loss(const at::Tensor& inputs, const at::Tensor& targets);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -295,6 +296,17 @@ nlohmann::json Manifest(const Config& config, const CompareOptions& o, const std
   return j;
 }
 
+// Whether a directory's manifest is this compare's. Its config is compared as this build reads it,
+// so that a manifest written by an earlier build (another key order, a key added since with its
+// default) still resumes.
+bool SameCompare(nlohmann::json found, const nlohmann::json& want) {
+  if (!found.is_object() || !found.contains("config") || !found["config"].is_string()) return false;
+  auto config = ParseConfig(found["config"].get<std::string>(), "compare.json");
+  if (!config.ok()) return false;
+  found["config"] = ToToml(*config);
+  return found == want;
+}
+
 // Across a sweep of one numeric key: each method's gap to the baseline run of the same setting
 // (the baseline's one run when the key cannot change it), against the value or,
 // for train.steps, the tokens per parameter. Nothing when there is no baseline or a value is not a
@@ -382,14 +394,19 @@ absl::Status CheckRuns(const CompareOptions& o, const std::vector<Override>& ove
     if (!KnownMethod(m)) {
       return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
     }
-    const MethodChanges changes = ChangesOf(m, config);
-    if (!changes.notes.empty()) {
-      std::fprintf(stderr, "atoll compare: %s runs with %s\n", m.c_str(),
-                   absl::StrJoin(changes.notes, ", ").c_str());
-    }
+    std::set<std::string> said;
     for (const auto& point : GridFor(m, sweeps)) {
       auto with = overrides;
       with.insert(with.end(), point.begin(), point.end());
+      // The method's changes of this point's config, as DiLoCo() makes them.
+      ATL_ASSIGN_OR_RETURN(const Config at_point, LoadConfig(o.config_path, with));
+      const MethodChanges changes = ChangesOf(m, at_point);
+      const std::string notes = absl::StrJoin(changes.notes, ", ");
+      if (!notes.empty() && said.insert(notes).second) {
+        std::fprintf(stderr, "atoll compare: %s%s runs with %s\n", m.c_str(),
+                     point.empty() ? "" : absl::StrCat(" at ", SettingOf(point)).c_str(),
+                     notes.c_str());
+      }
       with.insert(with.end(), changes.overrides.begin(), changes.overrides.end());
       if (auto checked = LoadConfig(o.config_path, with); !checked.ok()) {
         return absl::Status(checked.status().code(),
@@ -422,7 +439,7 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   const std::string manifest_path = (dir / "compare.json").string();
   if (fs::exists(dir) && !fs::is_empty(dir)) {
     std::ifstream in(manifest_path);
-    if (nlohmann::json::parse(in, nullptr, false) != manifest) {
+    if (!SameCompare(nlohmann::json::parse(in, nullptr, false), manifest)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "run directory ", o.run_dir,
           " is not empty and holds another compare (config, islands or sweeps differ)"));

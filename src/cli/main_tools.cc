@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "compression/codec.h"
 #include "src/cli/command_line.h"
 #include "src/cli/loadtest_command.h"
 #include "src/cli/model_commands.h"
@@ -76,7 +77,7 @@ Command AddPlan(CLI::App& app, CommandLine& cl) {
   c->add_option("--sync-every", o->sync_every, "H");
   c->add_option("--fragments", o->fragments, "P (streaming)");
   c->add_option("--tau", o->tau, "inner steps of overlap (streaming)");
-  c->add_option("--codec", o->codec, "fp32, bf16, int8, fp4_e2m1, fp4_e3m0");
+  c->add_option("--codec", o->codec, atl::compression::CodecsHelp(/*on_the_wire=*/false));
   c->add_option("--topology", o->topology,
                 "star (atoll's service, default) or ring (the paper's all-reduce)");
   c->add_option("--target-utilization", o->target, "e.g. 0.95: the bandwidth each method needs");

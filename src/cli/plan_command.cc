@@ -34,7 +34,7 @@ struct Setting {
   outer::SyncPhases phases;  // the config's warm start and early H (a run of --steps)
 };
 
-// Elements per fragment: by the placement rule of outer/fragments.h when the model is known,
+// Elements per fragment: by the model's fragment groups (inner::FragmentGroups) when it is known,
 // else an even split.
 absl::StatusOr<std::vector<uint64_t>> FragmentSizes(const Setting& s, int fragments) {
   std::vector<uint64_t> sizes(size_t(fragments), 0);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -288,17 +289,22 @@ namespace {
 
 // Keeps the islands' rounds in step (a round starts when every island has arrived at it) and
 // gathers their times: the last island to finish a round reports it.
+// A stop is decided here, once per round, by the last island to arrive, so that every island
+// stops before the same round.
 class RoundGate {
  public:
-  RoundGate(int islands, std::function<void(int, const RoundTimes&)> on_round)
-      : islands_(islands), on_round_(std::move(on_round)) {}
+  RoundGate(int islands, const std::atomic<bool>* stop,
+            std::function<void(int, const RoundTimes&)> on_round)
+      : islands_(islands), stop_(stop), on_round_(std::move(on_round)) {}
 
-  absl::StatusOr<LoadClock::time_point> Start(int round) {
+  // The round's common start, or nullopt when the run stops before it.
+  absl::StatusOr<std::optional<LoadClock::time_point>> Start(int round) {
     std::unique_lock<std::mutex> lock(mu_);
     if (++arrived_ == islands_) {
       arrived_ = 0;
       finished_ = 0;
       started_ = round;
+      stopped_ = stop_ != nullptr && stop_->load();
       times_ = RoundTimes();
       times_.start = times_.sent = times_.done = LoadClock::now();
       times_.first_update = LoadClock::time_point::max();
@@ -306,7 +312,12 @@ class RoundGate {
     }
     cv_.wait(lock, [&] { return started_ >= round || !failure_.ok(); });
     if (!failure_.ok()) return failure_;
-    return times_.start;
+    if (stopped_) return std::optional<LoadClock::time_point>();
+    return std::optional<LoadClock::time_point>(times_.start);
+  }
+  bool stopped() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopped_;
   }
 
   void Finish(int round, const RoundTimes& t) {
@@ -328,10 +339,12 @@ class RoundGate {
 
  private:
   const int islands_;
+  const std::atomic<bool>* stop_;
   const std::function<void(int, const RoundTimes&)> on_round_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0, finished_ = 0, started_ = -1;
+  bool stopped_ = false;
   RoundTimes times_;
   absl::Status failure_;
 };
@@ -339,9 +352,8 @@ class RoundGate {
 // One synthetic island's loop: a step counter whose outer step, every H steps, is a round.
 class SyntheticLoop : public inner::StepSource, public inner::LoopHooks {
  public:
-  SyntheticLoop(SyntheticIsland& island, RoundGate& gate, int64_t sync_every,
-                const std::atomic<bool>* stop)
-      : island_(island), gate_(gate), h_(sync_every), stop_(stop) {}
+  SyntheticLoop(SyntheticIsland& island, RoundGate& gate, int64_t sync_every)
+      : island_(island), gate_(gate), h_(sync_every) {}
 
   int64_t step() const override { return step_; }
   absl::Status QueueStep() override {
@@ -352,32 +364,27 @@ class SyntheticLoop : public inner::StepSource, public inner::LoopHooks {
     return std::vector<inner::StepStats>();
   }
   bool StatsDue(int64_t) const override { return false; }
+  // A round every H steps; a stop before it ends the loop (the last step).
   absl::StatusOr<bool> OuterStep(int64_t t) override {
     if (t % h_ != 0) return false;
     const int round = int(t / h_) - 1;
-    ATL_ASSIGN_OR_RETURN(const LoadClock::time_point start, gate_.Start(round));
+    ATL_ASSIGN_OR_RETURN(const auto start, gate_.Start(round));
+    if (!start) return true;
     auto times = island_.Round(uint64_t(round));
     if (!times.ok()) {
       gate_.Fail(times.status());
       return times.status();
     }
-    times->start = start;
+    times->start = *start;
     gate_.Finish(round, *times);
     return false;
   }
-  absl::StatusOr<bool> Stop(int64_t t) override {
-    stopped_ = t % h_ == 0 && stop_ != nullptr && stop_->load();
-    return stopped_;
-  }
-  bool stopped() const { return stopped_; }
 
  private:
   SyntheticIsland& island_;
   RoundGate& gate_;
   const int64_t h_;
-  const std::atomic<bool>* stop_;
   int64_t step_ = 0;
-  bool stopped_ = false;
 };
 
 }  // namespace
@@ -399,13 +406,13 @@ SyntheticIslands::~SyntheticIslands() = default;
 absl::Status SyntheticIslands::RunRounds(
     int rounds, const std::atomic<bool>* stop,
     const std::function<void(int, const RoundTimes&)>& on_round) {
-  RoundGate gate(int(islands_.size()), on_round);
+  RoundGate gate(int(islands_.size()), stop, on_round);
   const int64_t h = islands_.front()->sync_every();
   std::vector<absl::Status> status(islands_.size());
   std::vector<std::unique_ptr<SyntheticLoop>> loops;
   std::vector<std::thread> threads;
   for (size_t i = 0; i < islands_.size(); ++i) {
-    loops.push_back(std::make_unique<SyntheticLoop>(*islands_[i], gate, h, stop));
+    loops.push_back(std::make_unique<SyntheticLoop>(*islands_[i], gate, h));
   }
   for (size_t i = 0; i < islands_.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -415,7 +422,7 @@ absl::Status SyntheticIslands::RunRounds(
   }
   for (auto& t : threads) t.join();
   for (const auto& s : status) ATL_RETURN_IF_ERROR(s);
-  if (loops.front()->stopped()) return absl::CancelledError("stopped");
+  if (gate.stopped()) return absl::CancelledError("stopped");
   return absl::OkStatus();
 }
 

@@ -58,7 +58,11 @@ class TrainHooks : public inner::LoopHooks {
     return every > 0 && step % every == 0 && step < config_.train.steps;
   }
   absl::Status Checkpoint(int64_t) override { return SaveCheckpoint(); }
-  absl::StatusOr<bool> Stop(int64_t) override { return stop_requested(); }
+  absl::StatusOr<bool> Stop(int64_t) override {
+    stopped_ = stop_requested();
+    return stopped_;
+  }
+  bool stopped() const { return stopped_; }
 
   absl::Status SaveCheckpoint() {
     const std::string path = CheckpointPath(options_.run_dir, trainer_.step());
@@ -80,6 +84,7 @@ class TrainHooks : public inner::LoopHooks {
   StepReporter reporter_;
   std::optional<inner::StepStats> held_;
   std::optional<inner::EvalStats> last_eval_;
+  bool stopped_ = false;  // by request (a stop at the last step too)
 };
 
 }  // namespace
@@ -136,7 +141,7 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
   absl::Status loop = inner::RunLoop(*trainer, until, hooks);
   progress.Finish();
   TrainSummary summary;
-  summary.stopped = absl::IsCancelled(loop) || trainer->step() < config.train.steps;
+  summary.stopped = hooks.stopped() || trainer->step() < config.train.steps;
   if (!loop.ok() && !summary.stopped) return loop;
   ATL_RETURN_IF_ERROR(hooks.SaveCheckpoint());
 

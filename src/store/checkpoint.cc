@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 namespace pb = ::atollpb::v1;
 
 constexpr char kMagic[8] = {'A', 'T', 'O', 'L', 'L', 'C', 'K', '1'};
-// 2: row-parallel weights are sliced in their input-major order (inner::FlatInputMajor).
+// 2: row-parallel weights are sliced in their input-major order (the plan's canonical order).
 constexpr uint32_t kFormatVersion = 2;
 constexpr size_t kAlign = 64;
 

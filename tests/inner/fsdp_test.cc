@@ -202,6 +202,17 @@ TEST_F(FsdpParityTest, SequenceParallelRanksEqualOneRank) {
                Reference(2), "pp 2 x tp 2 + sequence parallel vs 1 rank");
 }
 
+// With dropout, two tensor-parallel ranks draw one rank's masks: each builds the whole model before
+// it takes its part (the plan applied to a plain model), so its generator stands where one rank's
+// does, and every dropout acts on activations that every tensor-parallel rank holds whole.
+TEST_F(FsdpParityTest, TensorParallelWithDropoutEqualsOneRank) {
+  auto c = ParityConfig(dir_.Join("text.txt"));
+  c.model.dropout = 0.1;
+  const auto one = TrainIsland(c, 1, {}, dir_, "dropout-one");
+  ExpectParity(TrainIsland(c, 2, Mesh(1, 2), dir_, "dropout-tp2"), one,
+               "tp 2 vs 1 rank, dropout 0.1");
+}
+
 // With dropout, sequence parallelism draws the masks tensor parallelism alone draws (each rank
 // applies its slice of the whole sequence's mask), also when FSDP shards and blocks recompute.
 TEST_F(FsdpParityTest, SequenceParallelDropsWhatTensorParallelDrops) {
