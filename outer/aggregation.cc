@@ -143,6 +143,42 @@ const char* AggregationRuleName(AggregationRule rule) {
   return "unknown";
 }
 
+int SmallestIslands(const AggregationOptions& options) {
+  switch (options.rule) {
+    case AggregationRule::kMean: return 1;
+    case AggregationRule::kClippedMean:
+    case AggregationRule::kMedian: return 3;
+    case AggregationRule::kTrimmedMean:
+      for (int m = 3; m <= 4096; ++m) {
+        if (std::floor(options.trim_fraction * double(m)) >= 1) return m;
+      }
+      return 0;
+  }
+  return 1;
+}
+
+absl::Status CheckActs(const AggregationOptions& options, int islands) {
+  const int smallest = SmallestIslands(options);
+  if (smallest > 0 && islands >= smallest) return absl::OkStatus();
+  const std::string rule = AggregationRuleName(options.rule);
+  if (options.rule == AggregationRule::kTrimmedMean) {
+    const int k = int(std::floor(options.trim_fraction * double(islands)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.aggregation = trimmed_mean with outer.trim_fraction = ", options.trim_fraction,
+        " and outer.islands = ", islands, " trims floor(", options.trim_fraction, " x ", islands,
+        ") = ", k, " values at each end: it would be the mean. ",
+        smallest > 0 ? absl::StrCat("It needs at least ", smallest, " islands at this fraction")
+                     : std::string("A fraction of 0 never trims"),
+        " (or use median, which needs 3)"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "outer.aggregation = ", rule, " cannot outvote a faulty island with outer.islands = ", islands,
+      ": with fewer than ", smallest, " contributions the ",
+      options.rule == AggregationRule::kMedian ? "median is their mean"
+                                                : "median norm it clips to is moved by the faulty one",
+      "; it needs at least ", smallest, " islands (or use mean)"));
+}
+
 absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
                        AggregationReport* report, WorkerPool* pool) {

@@ -56,6 +56,14 @@ struct AggregationReport {
 
 // Writes the outer gradient of elements [0, n) into out[n]. Every payload must cover [0, n).
 // Spans of elements run in parallel on `pool` when given; the result is the same either way.
+// The fewest contributions with which the rule outvotes or bounds one faulty island (the mean
+// never does: 1): clipped_mean and median need 3 (with 2 the median norm or value is their
+// average, which the faulty one moves), trimmed_mean the M >= 3 with floor(trim_fraction x M) >= 1.
+// 0 when no M will do (trimmed_mean with trim_fraction 0).
+int SmallestIslands(const AggregationOptions& options);
+// Why the rule cannot act for `islands` contributions (named, with the smallest M), or OK.
+absl::Status CheckActs(const AggregationOptions& options, int islands);
+
 absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
                        AggregationReport* report, WorkerPool* pool = nullptr);

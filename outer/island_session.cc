@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::Join(Transport& tr
   join.set_run_id(options.run_id);
   join.set_name(options.name);
   join.set_config_hash(options.config_hash);
+  join.set_data_parallel(options.data_parallel);
   auto joined = Retry(options.retry, [&] { return transport.Join(join); });
   if (!joined.ok()) {
     return absl::Status(joined.status().code(), absl::StrCat("joining run '", options.run_id,
@@ -201,6 +202,7 @@ absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
     join.set_run_id(options_.run_id);
     join.set_name(options_.name);
     join.set_config_hash(options_.config_hash);
+    join.set_data_parallel(options_.data_parallel);
     join.set_preferred_data_stream(data_stream_ + 1);
     auto again = Retry(options_.retry, [&] { return transport_.Join(join); });
     if (absl::IsAlreadyExists(again.status())) {

@@ -67,6 +67,7 @@ struct SessionOptions {
   std::string run_id;
   std::string name;
   uint64_t config_hash = 0;  // of the island's [model]
+  uint32_t data_parallel = 1;  // the island's data-parallel ranks (its weight per step)
   double heartbeat_s = 1;
   RetryPolicy retry;
   // Where the session credential is kept while the island is a member (mode 0600). An island that

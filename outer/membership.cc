@@ -99,6 +99,7 @@ std::vector<std::string> Membership::Mirror(const pb::ShardSyncResponse& view,
     m.last_seen = now;
     m.session = v->session_sha256();  // a mirror keeps the digest only
     m.finished = v->finished();
+    m.data_parallel = std::max<uint32_t>(1, v->data_parallel());
     m.required_from = RequiredFrom(rounds, first_rounds);
     members_[name] = std::move(m);
     if (departed_.erase(name)) {
@@ -123,6 +124,7 @@ void Membership::FillView(pb::ShardSyncResponse* view) const {
     v->set_session_sha256(CredentialDigest(m.session));
     v->set_data_stream(m.data_stream);
     v->set_finished(m.finished);
+    v->set_data_parallel(m.data_parallel);
   }
   for (const auto& [name, state] : departed_) {
     auto* d = view->add_departed();

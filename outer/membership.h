@@ -58,6 +58,12 @@ struct Member {
   absl::Time last_seen;
   bool finished = false;  // async: pushed its last contribution
   std::string session;    // credential handed out at join (a mirror: its SHA-256, hex)
+  uint32_t data_parallel = 1;  // its data-parallel ranks, as declared at join
+  // For the bound on the tokens it claims (SyncServer::CheckClaimLocked): the earliest step it can
+  // have resumed from when it joined (-1: not set yet), and the fragments it has contributed to
+  // since; a first contribution may reach back to that step, later ones cover their round only.
+  int64_t resume_floor = -1;
+  std::vector<bool> contributed;
   uint64_t inner_step = 0;             // as of its latest heartbeat
   pb::IslandTelemetry telemetry;       // likewise
 };

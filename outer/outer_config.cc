@@ -130,6 +130,11 @@ absl::Status ValidateDefences(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.trim_fraction must be in [0, 0.5), got ", c.trim_fraction));
   }
+  AggregationOptions rule;
+  rule.rule = c.aggregation;
+  rule.clip_multiple = c.clip_multiple;
+  rule.trim_fraction = c.trim_fraction;
+  ATL_RETURN_IF_ERROR(CheckActs(rule, c.islands));
   if (!(c.max_update_norm >= 0) || !(c.max_update_value >= 0) || std::isinf(c.max_update_norm) ||
       std::isinf(c.max_update_value)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -162,11 +167,12 @@ absl::Status ValidateService(const OuterConfig& c) {
         "outer.shards > 1 serves sync rounds: async mode and outer.auto_tune need the whole "
         "service in one process (outer.shards = 1)");
   }
-  if (!(c.stream_idle_timeout_s > 0) || c.max_pending_calls < 1 || c.max_calls_per_island < 1) {
+  if (!(c.stream_idle_timeout_s > 0) || !(c.stream_first_message_s > 0) ||
+      c.max_pending_calls < 1 || c.max_calls_per_island < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "outer.stream_idle_timeout_s, outer.max_pending_calls and outer.max_calls_per_island must "
-        "be positive, got ", c.stream_idle_timeout_s, ", ", c.max_pending_calls, " and ",
-        c.max_calls_per_island));
+        "outer.stream_idle_timeout_s, outer.stream_first_message_s, outer.max_pending_calls and "
+        "outer.max_calls_per_island must be positive, got ", c.stream_idle_timeout_s, ", ",
+        c.stream_first_message_s, ", ", c.max_pending_calls, " and ", c.max_calls_per_island));
   }
   return absl::OkStatus();
 }

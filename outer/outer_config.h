@@ -75,6 +75,7 @@ struct OuterConfig {
   double max_update_value = 1000;         // largest magnitude of any value (0: none)
   // The coordinator's resource limits (see src/net/grpc_server.h).
   double stream_idle_timeout_s = 60;      // a push stream silent this long is cancelled
+  double stream_first_message_s = 10;    // ... or without its first message this long
   int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
   int max_calls_per_island = 32;          // calls running at once for one island
   int service_threads = 1;                // threads for a commit's data work (1..256)
@@ -165,6 +166,8 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "refuse contributions holding a value of larger magnitude (0: off)");
   v("stream_idle_timeout_s", c.stream_idle_timeout_s,
     "coordinator: cancel a push stream silent for this long");
+  v("stream_first_message_s", c.stream_first_message_s,
+    "coordinator: cancel a push stream whose first message (one chunk) has not arrived by then");
   v("max_pending_calls", c.max_pending_calls,
     "coordinator: calls not tied to a member (joins, queries), at once");
   v("max_calls_per_island", c.max_calls_per_island,

@@ -85,6 +85,13 @@ absl::StatusOr<std::vector<pb::Chunk>> EncodeChunks(const PayloadId& id,
   return out;
 }
 
+absl::Status CheckRange(uint64_t offset, uint64_t count, uint64_t total, uint32_t fragment) {
+  if (offset <= total && count <= total - offset) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("elements [", offset, ", +", count,
+                                            ") are outside fragment ", fragment, "'s ", total,
+                                            " elements"));
+}
+
 absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec,
                         uint64_t fragment_elements, uint64_t begin, uint64_t end,
                         const pb::Chunk& chunk) {

@@ -87,6 +87,11 @@ absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const flo
 absl::Status SampleChunkError(const pb::Chunk& chunk, const float* exact, uint64_t max_elements,
                               EncodingError* error);
 
+// The range a request names: elements [offset, offset + count) of fragment `fragment` of `total`
+// elements (count 0: to its end), checked with overflow-safe arithmetic. OUT_OF_RANGE naming the
+// range otherwise: every RPC that names a range (AwaitUpdate, FetchState) refuses alike.
+absl::Status CheckRange(uint64_t offset, uint64_t count, uint64_t total, uint32_t fragment);
+
 // The checks a chunk passes before its bytes are kept or decoded: it belongs to the payload (run,
 // island, round, fragment), uses the payload's codec, carries elements inside [begin, end) of a
 // fragment of `fragment_elements`, exactly the bytes those elements take, and a matching checksum.

@@ -1,7 +1,5 @@
 #include "outer/service_options.h"
 
-#include <algorithm>
-
 namespace atl::outer {
 
 SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run, int shard) {
@@ -29,10 +27,7 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
     o.auto_tune_target = outer.target_utilization;
     o.auto_tune_headroom = outer.auto_tune_headroom;
   }
-  // A contribution weighs the tokens of the steps since the island's last push: at most H steps
-  // (twice that, for slack), never the 2^64 a broken or hostile peer may claim.
-  const int longest_round = std::max(outer.sync_every, outer.phases.early_sync_every);
-  o.max_tokens = 2 * uint64_t(longest_round) * run.tokens_per_step;
+  o.tokens_per_step = run.tokens_per_step;
   if (outer.async()) {
     o.async = true;
     o.max_staleness = uint32_t(outer.max_staleness);

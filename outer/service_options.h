@@ -14,7 +14,7 @@ namespace atl::outer {
 // What the service needs to know of the run besides its [outer] section.
 struct RunBudget {
   uint64_t total_inner_steps = 0;  // train.steps
-  uint64_t tokens_per_step = 0;    // tokens of one island's inner step (batch x accumulation x context)
+  uint64_t tokens_per_step = 0;    // of one data-parallel rank's inner step (batch x accum x context)
   uint64_t config_hash = 0;        // of the model config: islands of another model are refused
 };
 

@@ -114,6 +114,7 @@ void SyncServer::FillSchedule(pb::OuterSchedule* sched) const {
   sched->set_warm_start_steps(uint64_t(options_.phases.warm_start_steps));
   sched->set_early_sync_every(uint32_t(options_.phases.early_sync_every));
   sched->set_early_sync_steps(uint64_t(options_.phases.early_sync_steps));
+  sched->set_tokens_per_step(options_.tokens_per_step);
 }
 
 absl::Status SyncServer::CheckMembershipCall() const {
@@ -132,6 +133,12 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
         "must build the same model",
         request.config_hash(), options_.config_hash));
   }
+  const uint32_t data_parallel = std::max<uint32_t>(1, request.data_parallel());
+  if (data_parallel > kMaxDataParallel) {
+    return absl::InvalidArgumentError(absl::StrCat("the island declares ", data_parallel,
+                                                   " data-parallel ranks; at most ",
+                                                   kMaxDataParallel, " are taken"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (uint32_t k = 0; k < shard_addresses_.size(); ++k) {
     if (shard_addresses_[k].empty()) {
@@ -146,13 +153,17 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
   ATL_ASSIGN_OR_RETURN(auto joined,
                        membership_.Join(request.name(), int(request.preferred_data_stream()) - 1,
                                         rounds, absl::Now(), first_rounds_));
+  joined.data_parallel = data_parallel;
+  joined.resume_floor = ResumeFloorLocked();
+  *membership_.FindMutable(joined.name) = joined;
   const Member& m = joined;
   complement_reached_ |= membership_.size() >= options_.num_data_streams;
   membership_cv_.notify_all();
-  if (on_event_ && fragments_[0].round > 0) {
-    on_event_(absl::StrCat("island '", m.name, "' joined at round ", fragments_[0].round,
-                           " (data stream ", m.data_stream, "); rounds wait for it from round ",
-                           m.required_from[0], " on"));
+  if (fragments_[0].round > 0) {
+    MemberEventLocked(absl::StrCat("island '", m.name, "' joined"),
+                      absl::StrCat(" at round ", fragments_[0].round, " (data stream ",
+                                   m.data_stream, "); rounds wait for it from round ",
+                                   m.required_from[0], " on"));
   }
 
   pb::JoinResponse r;
@@ -182,9 +193,9 @@ absl::Status SyncServer::Leave(const pb::LeaveRequest& request) {
     ATL_RETURN_IF_ERROR(membership_.Leave(request.island_id()));
     membership_cv_.notify_all();
     ForgetIslandLocked(request.island_id());
-    if (on_event_ && !AllDoneLocked()) {
-      on_event_(absl::StrCat("island '", request.island_id(), "' left at round ",
-                             fragments_[0].round));
+    if (!AllDoneLocked()) {
+      MemberEventLocked(absl::StrCat("island '", request.island_id(), "' left"),
+                        absl::StrCat(" at round ", fragments_[0].round));
     }
     // Rounds may now be complete without the island that left.
     jobs = TakeReadyLocked(absl::Now());
@@ -239,6 +250,7 @@ SyncServer::Status SyncServer::GetStatus() const {
     i.island_id = id;
     i.state = StateName(m.state);
     i.data_stream = m.data_stream;
+    i.data_parallel = m.data_parallel;
     i.member = true;
     i.finished = m.finished;
     i.silent_s = absl::ToDoubleSeconds(now - m.last_seen);
@@ -316,13 +328,20 @@ void SyncServer::Tick(absl::Time now) {
     for (const auto& name : expired) {
       ForgetIslandLocked(name);
       ++lease_expiries_;
-      if (on_event_) on_event_(absl::StrCat("island '", name, "' declared dead after ",
-                                            absl::FormatDuration(membership_.lease()),
-                                            " of silence; rounds go on without it"));
+      MemberEventLocked(absl::StrCat("island '", name, "' declared dead"),
+                        absl::StrCat(" after ", absl::FormatDuration(membership_.lease()),
+                                     " of silence; rounds go on without it"));
+    }
+    if (on_event_) {
+      for (const auto& line : event_limiter_.Flush(now)) on_event_(line);
     }
     jobs = TakeReadyLocked(now);
   }
   RunCommits(std::move(jobs));
+}
+
+void SyncServer::MemberEventLocked(const std::string& key, const std::string& rest) {
+  if (on_event_ && event_limiter_.Allow(key, absl::Now())) on_event_(key + rest);
 }
 
 void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> listener) {
@@ -333,6 +352,11 @@ void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> li
 void SyncServer::SetEventListener(std::function<void(const std::string&)> listener) {
   std::lock_guard<std::mutex> lock(mu_);
   on_event_ = std::move(listener);
+}
+
+bool SyncServer::KnowsIsland(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return membership_.Find(name) != nullptr || membership_.departed_states().count(name) > 0;
 }
 
 size_t SyncServer::num_members() const {
@@ -444,6 +468,9 @@ void SyncServer::MirrorMembership(const pb::ShardSyncResponse& view) {
     for (const auto& f : fragments_) rounds.push_back(f.round);
     for (const auto& name : membership_.Mirror(view, rounds, absl::Now(), first_rounds_)) {
       ForgetIslandLocked(name);
+    }
+    for (const auto& [name, m] : membership_.members()) {
+      if (m.resume_floor < 0) membership_.FindMutable(name)->resume_floor = ResumeFloorLocked();
     }
     complement_reached_ = view.complement_reached();
     // Rounds may now be complete without the islands that left.

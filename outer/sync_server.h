@@ -33,6 +33,7 @@
 #include "outer/auto_tune.h"
 #include "outer/fragment_data.h"
 #include "outer/fragments.h"
+#include "outer/log_limiter.h"
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
@@ -67,11 +68,14 @@ struct SyncServerOptions {
   int service_threads = 1;
   AggregationOptions aggregation;   // how a round's contributions are combined
   // Bounds on a contribution, refused with INVALID_ARGUMENT beyond them (0: no bound): its L2 norm
-  // relative to the fragment's parameter norm, the magnitude of any of its values, and the tokens
-  // it claims to weigh.
+  // relative to the fragment's parameter norm and the magnitude of any of its values.
   double max_update_norm = 0;
   double max_update_value = 0;
-  uint64_t max_tokens = 0;
+  // The tokens one data-parallel rank trains in one inner step (batch x accumulation x context;
+  // 0: claims unbounded). A contribution may claim at most its round's steps (ClaimBound) x this x
+  // the island's declared data-parallel ranks: the weight of a contribution follows the round
+  // actually run (a warm-start round is one step), whatever a peer claims.
+  uint64_t tokens_per_step = 0;
   // Sync mode: choose tau for the islands from their measured throughput and links, to reach this
   // compute utilization (outer/auto_tune.h). 0: off (islands keep their configured tau).
   double auto_tune_target = 0;
@@ -167,6 +171,8 @@ class SyncServer {
   SyncServer(SyncServerOptions options, std::vector<FragmentLayout> layouts,
              std::vector<std::vector<float>> initial);
 
+  // An island declares its data-parallel ranks at join (JoinRequest.data_parallel): at most this.
+  static constexpr uint32_t kMaxDataParallel = 1 << 20;
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request);
   // OK when `island` is a member and `session` its credential (see Membership::Authenticate).
   absl::Status Authenticate(const std::string& island, const std::string& session) const;
@@ -260,6 +266,8 @@ class SyncServer {
   // Called (under the lock) with a line for each membership event worth logging.
   void SetEventListener(std::function<void(const std::string&)> listener);
   size_t num_members() const;
+  // Whether `name` is a member or a former member still remembered (an island coming back).
+  bool KnowsIsland(const std::string& name) const;
 
   // What the service knows of the run now (status page, metrics): members with their latest
   // heartbeat and telemetry, former members with their end state.
@@ -267,6 +275,7 @@ class SyncServer {
     std::string island_id;
     std::string state;  // membership state name
     uint32_t data_stream = 0;
+    uint32_t data_parallel = 1;  // as it declared at join (its claims' bound per step)
     bool member = false;
     bool finished = false;
     double silent_s = 0;     // since the island was last heard of
@@ -409,6 +418,14 @@ class SyncServer {
   void Renew(const std::string& island);
   // The cheap checks of a push, at its start and again before it is recorded.
   absl::Status CheckPushLocked(const PayloadId& id) const;
+  // Refuses a contribution claiming more tokens than its round allows the island (see
+  // SyncServerOptions::tokens_per_step).
+  absl::Status CheckClaimLocked(const PayloadId& id, uint64_t tokens) const;
+  // The earliest step an island joining now can resume from (Member::resume_floor).
+  int64_t ResumeFloorLocked() const;
+  void NoteContributedLocked(const PayloadId& id);
+  // Logs "<key><rest>" unless the key's lines are over their rate (outer/log_limiter.h).
+  void MemberEventLocked(const std::string& key, const std::string& rest);
   void ClosePush(const PayloadId& id, uint64_t first_offset);
   // Adds a verified stream to the island's contribution; returns the complete contribution when
   // this stream completed it.
@@ -456,6 +473,8 @@ class SyncServer {
   std::condition_variable membership_cv_;  // notified when the membership epoch changes
   std::function<void(const CommittedRound&)> on_commit_;
   std::function<void(const std::string&)> on_event_;
+  // Membership events (joins, leaves, deaths) are logged per island at a bounded rate.
+  LogLimiter event_limiter_;
   std::function<void(uint32_t)> commit_hook_;
 };
 

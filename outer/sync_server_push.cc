@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/checksum.h"
@@ -159,11 +160,6 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
   const uint64_t tokens = stream->tokens_;
   if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
   const PayloadId id = stream->chunks_.id();
-  if (options_.max_tokens > 0 && tokens > options_.max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "contribution of island '", id.island_id, "' claims ", tokens,
-        " tokens; a round of this run trains at most ", options_.max_tokens));
-  }
   ATL_RETURN_IF_ERROR(ValidateFigures(stream->figures_));
   const double steps_per_s = stream->figures_.steps_per_s;
   EncodedPayload payload = std::move(stream->chunks_).Take();
@@ -187,6 +183,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
     // session) while this one arrived.
     ATL_RETURN_IF_ERROR(membership_.Authenticate(id.island_id, stream->session_));
     ATL_RETURN_IF_ERROR(CheckPushLocked(id));
+    ATL_RETURN_IF_ERROR(CheckClaimLocked(id, tokens));
     ATL_ASSIGN_OR_RETURN(auto complete,
                          AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares));
     Fragment& frag = fragments_[id.fragment];
@@ -254,6 +251,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
   membership_.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
+  NoteContributedLocked(id);
   if (frag.contributions.size() == 1) {
     frag.deadline = now + absl::Seconds(options_.round_timeout_s);
     frag.opened = now;
@@ -286,6 +284,53 @@ absl::Status SyncServer::CheckAsyncLocked(const Fragment& f, uint32_t fragment,
                                                  " of fragment ", fragment));
   }
   return absl::OkStatus();
+}
+
+absl::Status SyncServer::CheckClaimLocked(const PayloadId& id, uint64_t tokens) const {
+  if (options_.tokens_per_step == 0) return absl::OkStatus();
+  const Member* m = membership_.Find(id.island_id);
+  const uint64_t ranks = m != nullptr ? m->data_parallel : 1;
+  // Sync: the round's own steps (one in a warm-start round); an island's first contribution after
+  // it joined reaches back to the step it resumed at. Async: the run's H. An island's own H (dynamic
+  // local steps) is at most that, and a fragment's next push follows the H the island held at its
+  // last one, which may be any it was told: the run's H is the tightest bound that holds.
+  uint64_t steps = options_.sync_every;
+  if (!options_.async) {
+    const SyncSchedule schedule = Schedule();
+    int64_t start = schedule.RoundStart(int(id.fragment), id.round);
+    const bool first = m == nullptr || id.fragment >= m->contributed.size() ||
+                       !m->contributed[id.fragment];
+    if (first) start = std::min(start, std::max<int64_t>(0, m ? m->resume_floor : 0));
+    steps = uint64_t(schedule.DueStep(int(id.fragment), id.round) - start);
+  }
+  const absl::uint128 bound = absl::uint128(steps) * options_.tokens_per_step * ranks;
+  if (tokens <= bound) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "contribution of island '", id.island_id, "' to round ", id.round, " of fragment ",
+      id.fragment, " claims ", tokens, " tokens; it covers at most ", steps, " inner steps of ",
+      options_.tokens_per_step, " tokens on each of the island's ", ranks,
+      " data-parallel ranks: ", absl::Uint128Low64(bound)));
+}
+
+int64_t SyncServer::ResumeFloorLocked() const {
+  // An island resumes at a round start of one of the fragments (the latest, or the earliest when
+  // they disagree); a shard knows only its own fragments' rounds, which stand within a round of
+  // the others': one round back covers them.
+  const SyncSchedule schedule = Schedule();
+  int64_t floor = INT64_MAX;
+  for (uint32_t f = 0; f < fragments_.size(); ++f) {
+    if (!ShardOwns(options_, f)) continue;
+    const uint64_t r = fragments_[f].round;
+    floor = std::min(floor, schedule.RoundStart(int(f), r > 0 ? r - 1 : 0));
+  }
+  return floor == INT64_MAX ? 0 : floor;
+}
+
+void SyncServer::NoteContributedLocked(const PayloadId& id) {
+  Member* m = membership_.FindMutable(id.island_id);
+  if (m == nullptr) return;
+  if (m->contributed.size() < fragments_.size()) m->contributed.resize(fragments_.size());
+  m->contributed[id.fragment] = true;
 }
 
 uint32_t SyncServer::SyncEveryLocked(const std::string& island) const {
@@ -336,6 +381,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   PublishLocked(id.fragment, *std::move(result), now);
   frag.last_base[id.island_id] = id.round;
   membership_.Contributed(id.island_id, now).IgnoreError();  // a member, or one that just left
+  NoteContributedLocked(id);
   if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
   if (id.fragment == 0) tokens_committed_ += c.tokens;
   pb::PushResponse response;

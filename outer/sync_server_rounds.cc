@@ -237,6 +237,9 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
     std::lock_guard<std::mutex> lock(mu_);
     ATL_RETURN_IF_ERROR(membership_.Authenticate(request.island_id(), request.session()));
   }
+  ATL_ASSIGN_OR_RETURN(const uint32_t fid, CheckFragment(request.fragment()));
+  ATL_RETURN_IF_ERROR(CheckRange(request.offset(), request.num_elements(),
+                                 fragments_[fid].layout.total(), fid));
   return AwaitRound(request.round(), deadline, request.fragment(), cancelled);
 }
 
@@ -281,13 +284,8 @@ absl::Status SyncServer::FetchState(const pb::FetchStateRequest& request,
     std::lock_guard<std::mutex> lock(mu_);
     ATL_RETURN_IF_ERROR(membership_.Authenticate(request.island_id(), request.session()));
     total = f.data.params().size();
-    if (request.offset() > total) {
-      return absl::OutOfRangeError(absl::StrCat("offset ", request.offset(),
-                                                " is past the fragment's ", total, " elements"));
-    }
-    n = request.num_elements() == 0
-            ? total - request.offset()
-            : std::min<uint64_t>(request.num_elements(), total - request.offset());
+    ATL_RETURN_IF_ERROR(CheckRange(request.offset(), request.num_elements(), total, fid));
+    n = request.num_elements() == 0 ? total - request.offset() : request.num_elements();
     round = f.round;
     hash = f.params_hash;
     range_hash = HashParams(f.data.params().data() + request.offset(), n);

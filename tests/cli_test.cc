@@ -151,6 +151,23 @@ TEST_F(CliTest, CoordinatorStartUpErrorsExitTwoWithAReason) {
   unsetenv("ATOLL_TOKEN");
 }
 
+// A robust rule that cannot act for the configured islands is refused at start (issue 36, gap 4):
+// trimmed_mean at the default fraction trims floor(0.25 x 3) = 0 values with 3 islands, so it
+// was the mean, silently; median with 2 islands is their mean (config_test: enough islands load).
+TEST_F(CliTest, CoordinatorRefusesARobustRuleThatCannotAct) {
+  setenv("ATOLL_TOKEN", "t0k3n", 1);
+  const std::string coordinator = "coordinator --config " + dir_.Join("tiny.toml") +
+                                  " --listen 127.0.0.1:0 --run-dir " + dir_.Join("coord") + " ";
+  auto r = Atoll(coordinator + "--outer.aggregation=trimmed_mean --outer.islands=3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("trims floor(0.25 x 3) = 0 values at each end: it would be the "
+                                  "mean. It needs at least 4 islands at this fraction"));
+  r = Atoll(coordinator + "--outer.aggregation=median --outer.islands=2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("median cannot outvote a faulty island with outer.islands = 2"));
+  unsetenv("ATOLL_TOKEN");
+}
+
 TEST_F(CliTest, CompareWritesTheReport) {
   auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
                  dir_.Join("cmp") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=2" +

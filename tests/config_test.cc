@@ -95,6 +95,10 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        "unknown aggregation 'mode'"},
       {base, {{"outer.trim_fraction", "0.5"}}, absl::StatusCode::kInvalidArgument,
        "outer.trim_fraction"},
+      {base, {{"outer.aggregation", "trimmed_mean"}, {"outer.islands", "3"}},
+       absl::StatusCode::kInvalidArgument, "trims floor(0.25 x 3) = 0 values at each end"},
+      {base, {{"outer.aggregation", "clipped_mean"}, {"outer.islands", "2"}},
+       absl::StatusCode::kInvalidArgument, "clipped_mean cannot outvote a faulty island"},
       {base, {{"outer.max_update_norm", "-1"}}, absl::StatusCode::kInvalidArgument,
        "outer.max_update_norm"},
       {base, {{"outer.run_id", "a b"}}, absl::StatusCode::kInvalidArgument, "outer.run_id 'a b'"},
@@ -140,6 +144,12 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
     auto s = LoadText(c.toml, c.overrides);
     EXPECT_EQ(s.code(), c.code) << c.toml << " -> " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.toml;
+  }
+  // Each robust rule loads from the smallest island count it acts on (outer/aggregation.h).
+  for (const auto& [rule, islands] : std::vector<std::pair<std::string, std::string>>{
+           {"trimmed_mean", "4"}, {"median", "3"}, {"clipped_mean", "3"}, {"mean", "1"}}) {
+    EXPECT_TRUE(LoadText(base, {{"outer.aggregation", rule}, {"outer.islands", islands}}).ok())
+        << rule << " with " << islands << " islands";
   }
   auto missing = LoadConfig("/nonexistent/c.toml", {});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);

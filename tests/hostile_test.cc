@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -11,9 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "atoll/v1/outer.grpc.pb.h"
 #include "compression/checksum.h"
 #include "outer/payload.h"
+#include "outer/sync_server.h"
 #include "src/config/config.h"
 #include "src/service/coordinator.h"
 #include "src/store/flat_params.h"
@@ -36,7 +40,8 @@ class HostileClientTest : public ::testing::Test {
                        "[data]\npath = \"" + dir_.Join("text.txt") + "\"\nval_fraction = 0.1\n"
                        "[train]\nsteps = 1000\nbatch_size = 2\n"
                        "[outer]\nislands = 2\nsync_every = 10\nlease_s = 60\n"
-                       "stream_idle_timeout_s = 1\nmax_pending_calls = 40\nmax_calls_per_island = 4\n");
+                       "stream_idle_timeout_s = 1\nmax_pending_calls = 40\nmax_calls_per_island = 4\n" +
+                           OuterExtra());
     auto config = LoadConfig(dir_.Join("run.toml"), {});
     ASSERT_TRUE(config.ok()) << config.status();
     config_ = *config;
@@ -54,6 +59,8 @@ class HostileClientTest : public ::testing::Test {
     sync_stub_ = pb::OuterSync::NewStub(channel_);
   }
   void TearDown() override { unsetenv("ATOLL_TOKEN"); }
+  // More [outer] keys for a fixture of its own.
+  virtual std::string OuterExtra() const { return ""; }
 
   // Each index is its own TCP connection.
   std::shared_ptr<grpc::Channel> NewChannel(int index) {
@@ -75,6 +82,16 @@ class HostileClientTest : public ::testing::Test {
     grpc::ClientContext ctx;
     Prepare(&ctx);
     return coordinator_stub_->Join(&ctx, j, out);
+  }
+  grpc::Status Leave(const pb::JoinResponse& member) {
+    pb::LeaveRequest l;
+    l.set_run_id(config_.outer.run_id);
+    l.set_island_id(member.island_id());
+    l.set_session(member.session());
+    pb::LeaveResponse r;
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    return coordinator_stub_->Leave(&ctx, l, &r);
   }
   // The global parameters as the service streams them to a member.
   std::string GlobalBytes(const pb::JoinResponse& member) {
@@ -105,14 +122,14 @@ class HostileClientTest : public ::testing::Test {
     return writer->Finish();
   }
   std::vector<pb::PushRequest> Contribution(const pb::JoinResponse& from, const std::string& as,
-                                            float value) {
+                                            float value, uint64_t tokens = 100) {
     const uint64_t n = fragment_elements();
     std::vector<float> delta(n, value);
     auto chunks = *outer::EncodeChunks({config_.outer.run_id, as, 0, 0}, {}, delta.data(), 0, n, n);
     std::vector<pb::PushRequest> out(chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) {
       *out[i].mutable_chunk() = chunks[i];
-      out[i].set_tokens(100);
+      out[i].set_tokens(tokens);
     }
     out[0].set_session(from.session());
     return out;
@@ -288,6 +305,220 @@ TEST_F(HostileClientTest, EveryAttackIsRefusedBoundedAndChangesNothing) {
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->fragments(0).round(), 0u);
   EXPECT_EQ(state->fragments(0).params(), before);
+}
+
+// Ranges in requests (issue 36, gap 3): an offset near 2^64, a count that wraps past it, or a range
+// past the fragment's end is refused OUT_OF_RANGE at once by AwaitUpdate and FetchState alike; a
+// range inside the fragment is still served.
+TEST_F(HostileClientTest, WrappedAndOutOfRangeRangesAreRefusedAlike) {
+  pb::JoinResponse member;
+  ASSERT_TRUE(Join("ranges", &member).ok());
+  const uint64_t n = fragment_elements();
+  struct Range { uint64_t offset, count; };
+  const std::vector<Range> bad = {
+      {UINT64_MAX - 4, 10}, {0, UINT64_MAX}, {1, UINT64_MAX}, {n + 1, 0}, {n - 1, 2}, {n, 1}};
+  for (const Range& r : bad) {
+    SCOPED_TRACE(::testing::Message() << "offset " << r.offset << " count " << r.count);
+    pb::UpdateRequest u;
+    u.set_run_id(config_.outer.run_id);
+    u.set_island_id(member.island_id());
+    u.set_session(member.session());
+    u.set_round(0);
+    u.set_offset(r.offset);
+    u.set_num_elements(r.count);
+    grpc::ClientContext uctx;
+    Prepare(&uctx, 5);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto updates = sync_stub_->AwaitUpdate(&uctx, u);
+    pb::UpdateChunk chunk;
+    int chunks = 0;
+    while (updates->Read(&chunk)) ++chunks;
+    const auto us = updates->Finish();
+    EXPECT_EQ(us.error_code(), grpc::StatusCode::OUT_OF_RANGE) << us.error_message();
+    EXPECT_EQ(chunks, 0);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+
+    pb::FetchStateRequest f;
+    f.set_run_id(config_.outer.run_id);
+    f.set_island_id(member.island_id());
+    f.set_session(member.session());
+    f.set_offset(r.offset);
+    f.set_num_elements(r.count);
+    grpc::ClientContext fctx;
+    Prepare(&fctx, 5);
+    auto state = sync_stub_->FetchState(&fctx, f);
+    pb::StateChunk piece;
+    chunks = 0;
+    while (state->Read(&piece)) ++chunks;
+    const auto fs = state->Finish();
+    EXPECT_EQ(fs.error_code(), grpc::StatusCode::OUT_OF_RANGE) << fs.error_message();
+    EXPECT_EQ(chunks, 0);
+    // One code, one message shape for both.
+    EXPECT_EQ(us.error_message(), fs.error_message());
+  }
+  // A range inside the fragment (its last element) is served.
+  pb::FetchStateRequest f;
+  f.set_run_id(config_.outer.run_id);
+  f.set_island_id(member.island_id());
+  f.set_session(member.session());
+  f.set_offset(n - 1);
+  f.set_num_elements(1);
+  grpc::ClientContext ctx;
+  Prepare(&ctx, 5);
+  auto state = sync_stub_->FetchState(&ctx, f);
+  std::string bytes;
+  pb::StateChunk piece;
+  while (state->Read(&piece)) bytes += piece.chunk().data();
+  EXPECT_TRUE(state->Finish().ok());
+  EXPECT_EQ(bytes, GlobalBytes(member).substr(4 * (n - 1)));
+  EXPECT_TRUE(coordinator_->Alive());
+}
+
+// Idle anonymous push streams (any holder of the run token can open them) never make a member
+// wait: 80 streams over 4 connections, each reopened as soon as it ends, while an island leaves
+// and comes back (join, state download, heartbeat) three times; then a first-time join.
+TEST_F(HostileClientTest, IdleStreamsDoNotStarveJoins) {
+  pb::JoinResponse honest, mallory;
+  ASSERT_TRUE(Join("honest", &honest).ok());
+  ASSERT_TRUE(Join("mallory", &mallory).ok());
+  // What an island coming back does; its time.
+  auto come_back = [&](pb::JoinResponse* member) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(Leave(*member).ok());
+    const auto joined = Join(member->island_id(), member);
+    EXPECT_TRUE(joined.ok()) << joined.error_message();
+    EXPECT_EQ(GlobalBytes(*member).size(), 4 * fragment_elements());
+    pb::HeartbeatRequest beat;
+    beat.set_run_id(config_.outer.run_id);
+    beat.set_island_id(member->island_id());
+    beat.set_session(member->session());
+    pb::HeartbeatResponse r;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, 5);
+    const auto beaten = coordinator_stub_->Heartbeat(&ctx, beat, &r);
+    EXPECT_TRUE(beaten.ok()) << beaten.error_message();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double usual_s = come_back(&honest);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> opened{0};
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int c = 0; c < 4; ++c) channels.push_back(NewChannel(c + 1));
+  std::vector<std::thread> flood;
+  for (int i = 0; i < 80; ++i) {
+    flood.emplace_back([&, i] {
+      auto stub = pb::OuterSync::NewStub(channels[size_t(i % 4)]);
+      while (!stop.load()) {
+        grpc::ClientContext ctx;
+        Prepare(&ctx, 30);
+        pb::PushResponse response;
+        auto writer = stub->Push(&ctx, &response);
+        ++opened;
+        if (writer->Finish().error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every place they can take
+  double worst_s = 0;
+  for (int k = 0; k < 3; ++k) worst_s = std::max(worst_s, come_back(&honest));
+  pb::JoinResponse newcomer;
+  ASSERT_TRUE(Leave(mallory).ok());
+  const auto first = Join("newcomer", &newcomer);
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  stop = true;
+  for (auto& t : flood) t.join();
+  std::printf("an island comes back in %.3f s alone, at worst %.3f s beside %d idle streams\n",
+              usual_s, worst_s, opened.load());
+  EXPECT_GT(opened.load(), 80);
+  EXPECT_LT(worst_s, std::max(1.0, 5 * usual_s));
+  EXPECT_TRUE(coordinator_->Alive());
+}
+
+// Join/leave churn (a member that leaves and rejoins thousands of times, and peers with a new name
+// each time) writes a bounded log: a few lines per island and kind, a few per minute in all.
+TEST_F(HostileClientTest, ChurnWritesABoundedLog) {
+  pb::JoinResponse honest, mallory;
+  ASSERT_TRUE(Join("honest", &honest).ok());
+  ASSERT_TRUE(Join("mallory", &mallory).ok());
+  // Joins are logged once the run has started: complete round 0.
+  ASSERT_TRUE(Push(Contribution(honest, "honest", 1e-3f)).ok());
+  ASSERT_TRUE(Push(Contribution(mallory, "mallory", 1e-3f)).ok());
+  coordinator_->WaitForOutput("round 1/", 10);
+  auto log_size = [this] { return testing::ReadFile(dir_.Join("coordinator.log")).size(); };
+  const size_t before = log_size();
+  constexpr int kCycles = 2000;
+  for (int i = 0; i < kCycles; ++i) {
+    ASSERT_TRUE(Leave(mallory).ok());
+    ASSERT_TRUE(Join("mallory", &mallory).ok()) << i;
+  }
+  ASSERT_TRUE(Leave(mallory).ok());
+  for (int i = 0; i < kCycles; ++i) {
+    pb::JoinResponse churn;
+    ASSERT_TRUE(Join(absl::StrCat("churn", i), &churn).ok()) << i;
+    ASSERT_TRUE(Leave(churn).ok());
+  }
+  const std::string log = testing::ReadFile(dir_.Join("coordinator.log"));
+  const size_t grown = log.size() - before;
+  // Unbounded, 8,000 lines of ~80 bytes (640 kB); here at most the window's 100 lines.
+  EXPECT_LT(grown, 16000u) << log.substr(before, 4000);
+  EXPECT_THAT(log, HasSubstr("island 'mallory' left at round 1"));
+  EXPECT_THAT(log, HasSubstr("island 'mallory' joined at round 1"));
+  EXPECT_TRUE(coordinator_->Alive());
+}
+
+// A run that starts with a warm start: its first rounds are one inner step each.
+class WarmStartHostileTest : public HostileClientTest {
+ protected:
+  std::string OuterExtra() const override { return "warm_start_steps = 5\n"; }
+};
+
+// A member claiming far more tokens than its round trained (100 x a warm-start round's one step,
+// or a whole H, which the run-wide bound used to let through) would set the average's direction
+// alone under the token-weighted mean: refused by name, nothing changes; the true weight is taken.
+TEST_F(WarmStartHostileTest, TokenClaimsBeyondTheRoundAreRefused) {
+  pb::JoinResponse honest, mallory;
+  ASSERT_TRUE(Join("honest", &honest).ok());
+  ASSERT_TRUE(Join("mallory", &mallory).ok());
+  const std::string before = GlobalBytes(honest);
+  const uint64_t step = config_.tokens_per_rank_step();  // 2 x 32
+  ASSERT_EQ(step, 64u);
+  for (const uint64_t claim : {100 * step, 10 * step, 2 * step}) {
+    auto greedy = Push(Contribution(mallory, "mallory", -1e-3f, claim));
+    EXPECT_EQ(greedy.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << greedy.error_message();
+    EXPECT_THAT(greedy.error_message(),
+                HasSubstr(absl::StrCat("claims ", claim, " tokens; it covers at most 1 inner steps "
+                                       "of 64 tokens on each of the island's 1 data-parallel "
+                                       "ranks: 64")));
+  }
+  EXPECT_EQ(GlobalBytes(honest), before);
+  // One step's tokens from each: the round commits (the global state moves).
+  ASSERT_TRUE(Push(Contribution(honest, "honest", 1e-3f, step)).ok());
+  ASSERT_TRUE(Push(Contribution(mallory, "mallory", 1e-3f, step)).ok());
+  for (int i = 0; i < 100 && GlobalBytes(honest) == before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(GlobalBytes(honest), before);
+  // Round 1 is one step too, and mallory has contributed since she joined: no slack.
+  auto again = Contribution(mallory, "mallory", 1e-3f, 2 * step);
+  for (auto& m : again) m.mutable_chunk()->mutable_header()->set_round(1);
+  auto s = Push(again);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  // An island may declare its data-parallel ranks (its weight per step), within a bound.
+  pb::JoinRequest wide;
+  wide.set_run_id(config_.outer.run_id);
+  wide.set_name("wide");
+  wide.set_config_hash(ModelConfigHash(config_.model));
+  wide.set_data_parallel(outer::SyncServer::kMaxDataParallel + 1);
+  pb::JoinResponse ignored;
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  const auto refused = coordinator_stub_->Join(&ctx, wide, &ignored);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("data-parallel ranks"));
+  EXPECT_TRUE(coordinator_->Alive());
 }
 
 }  // namespace

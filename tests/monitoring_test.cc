@@ -231,6 +231,40 @@ TEST(HttpServerTest, ServesItsRoutesAndRefusesTheRest) {
   EXPECT_EQ(calls, 1);
 }
 
+// --http-token-file: every path but the probes needs the token, in a header or the query string
+// (what a browser opening the status page can give); a refused request never reaches its handler.
+TEST(HttpServerTest, ATokenGuardsEveryPathButTheProbes) {
+  int calls = 0;
+  auto server = HttpServer::Start(
+      "127.0.0.1:0",
+      {{"/api/status",
+        [&calls] {
+          ++calls;
+          return HttpResponse{200, "application/json", "{}"};
+        }},
+       {"/healthz", [] { return HttpResponse{200, "text/plain", "ok\n"}; }}},
+      HttpAccess{"s3cret", {"/healthz"}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  int status = 0;
+  EXPECT_THAT(Get(address, "/api/status", &status), HasSubstr("--http-token-file"));
+  EXPECT_EQ(status, 401);
+  Get(address, "/api/status?token=wrong", &status);
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(Get(address, "/api/status?token=s3cret", &status), "{}");
+  EXPECT_EQ(status, 200);
+  httplib::Client client("http://" + address);
+  auto wrong = client.Get("/api/status", httplib::Headers{{"Authorization", "Bearer s3cre"}});
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto right = client.Get("/api/status", httplib::Headers{{"Authorization", "Bearer s3cret"}});
+  ASSERT_TRUE(right);
+  EXPECT_EQ(right->status, 200);
+  EXPECT_EQ(Get(address, "/healthz", &status), "ok\n");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(HttpServerTest, BadAddressesAreNamed) {
   auto bad = HttpServer::Start("localhost", {});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);

@@ -34,6 +34,7 @@ int Fail(const absl::Status& status);
 struct CommandLine {
   std::string config_path, run_dir, token_file;
   std::string metrics_listen, http_listen;  // off when empty
+  std::string http_token_file;              // the status page's token (off when empty)
   TlsFiles tls;
   int argc = 0;
   char** argv = nullptr;

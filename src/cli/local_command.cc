@@ -317,6 +317,9 @@ absl::Status LocalRun::StartShard(int shard, const std::string& listen, bool res
 void LocalRun::AddCoordinatorMonitoring(std::vector<std::string>& argv) const {
   if (!options_.metrics_listen.empty()) argv.insert(argv.end(), {"--metrics-listen", options_.metrics_listen});
   if (!options_.http_listen.empty()) argv.insert(argv.end(), {"--http-listen", options_.http_listen});
+  if (!options_.http_token_file.empty()) {
+    argv.insert(argv.end(), {"--http-token-file", options_.http_token_file});
+  }
 }
 
 absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {

@@ -36,6 +36,7 @@ struct LocalOptions {
   std::string run_dir;                 // coordinator/, island0/, ... and a log per process
   // The coordinator's metrics and status page; island i's metrics on the metrics port + 1 + i.
   std::string metrics_listen, http_listen;
+  std::string http_token_file;         // passed on to the coordinator
   std::string atoll_binary;            // default: this executable
   FILE* out = stdout;
   const std::atomic<bool>* stop = nullptr;  // Ctrl-C: stop every child

@@ -73,6 +73,9 @@ void AddMonitoringFlags(CLI::App* c, CommandLine& cl, bool status_page) {
     c->add_option("--http-listen", cl.http_listen,
                   "HOST:PORT to serve the status page on (/, /api/status, /metrics, /healthz, "
                   "/readyz)");
+    c->add_option("--http-token-file", cl.http_token_file,
+                  "file holding a token the status page, /api/status and /metrics then require "
+                  "(Authorization: Bearer TOKEN, or ?token=TOKEN); probes stay open");
   }
 }
 
@@ -120,6 +123,11 @@ int RunService(CommandLine& cl, const ServiceFlags& f, const std::vector<atl::Ov
   options.resume = !f.resume_dir.empty();
   options.metrics_listen = cl.metrics_listen;
   options.http_listen = cl.http_listen;
+  if (!cl.http_token_file.empty()) {
+    auto http_token = atl::LoadToken(cl.http_token_file, "ATOLL_HTTP_TOKEN");
+    if (!http_token.ok()) return Fail(http_token.status());
+    options.http_token = *http_token;
+  }
   options.rpc_timeout_s = config->outer.rpc_timeout_s;
   options.stop = &g_stop;
   if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
@@ -328,6 +336,7 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
             options.nproc = f->nproc;
             options.metrics_listen = cl.metrics_listen;
             options.http_listen = cl.http_listen;
+            options.http_token_file = cl.http_token_file;
             options.max_restarts = f->max_restarts;
             options.config_path = cl.config_path;
             options.overrides = c->remaining();

@@ -13,6 +13,8 @@
 #include "compression/checksum.h"
 #include "compression/status_macros.h"
 #include "inner/loop.h"
+#include "outer/fragments.h"
+#include "outer/outer_step.h"
 #include "outer/payload.h"
 #include "src/net/rpc_security.h"
 #include "src/store/flat_params.h"
@@ -37,9 +39,10 @@ class SyntheticIsland {
   SyntheticIsland(int index, const Config& config, const std::string& address,
                   const std::string& token)
       : index_(index), config_(config), token_(token) {
-    auto channel = Channel(address);
-    coordinator_ = pb::Coordinator::NewStub(channel);
-    sync_.push_back(pb::OuterSync::NewStub(channel));
+    // Membership calls and heartbeats on a connection of their own, so that a lease never waits
+    // behind a push's megabytes.
+    coordinator_ = pb::Coordinator::NewStub(Channel(address, kControlLane));
+    sync_.push_back(pb::OuterSync::NewStub(Channel(address, kDataLane)));
   }
   ~SyntheticIsland() { StopHeartbeats(); }
 
@@ -61,7 +64,7 @@ class SyntheticIsland {
     if (join_.shards_size() > 0) {
       sync_.clear();
       for (const auto& address : join_.shards()) {
-        sync_.push_back(pb::OuterSync::NewStub(Channel(address)));
+        sync_.push_back(pb::OuterSync::NewStub(Channel(address, kDataLane)));
       }
     }
     for (const auto& f : join_.fragments()) {
@@ -165,9 +168,11 @@ class SyntheticIsland {
     pb::Chunk tail;
   };
 
-  std::shared_ptr<grpc::Channel> Channel(const std::string& address) const {
+  static constexpr int kControlLane = 0, kDataLane = 1;
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address, int lane) const {
     grpc::ChannelArguments args;
     args.SetInt("atoll.loadtest.island", index_);  // a TCP connection of its own
+    args.SetInt("atoll.loadtest.lane", lane);
     args.SetMaxReceiveMessageSize(64 << 20);
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
@@ -176,6 +181,19 @@ class SyntheticIsland {
     ctx->AddMetadata(kAuthMetadata, "Bearer " + token_);
     ctx->set_deadline(std::chrono::system_clock::now() +
                       std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+  }
+
+  // What an island trains in the round: its steps (the schedule's; H in async mode) x the tokens
+  // of a step, as the service bounds the claim.
+  uint64_t RoundTokens(uint32_t fragment, uint64_t round) const {
+    const auto& schedule = join_.schedule();
+    uint64_t steps = schedule.sync_every();
+    if (!schedule.async()) {
+      const outer::SyncSchedule s(int(schedule.sync_every()), int(schedule.num_fragments()),
+                                  outer::PhasesOf(schedule));
+      steps = uint64_t(s.DueStep(int(fragment), round) - s.RoundStart(int(fragment), round));
+    }
+    return steps * config_.tokens_per_rank_step();
   }
 
   absl::StatusOr<RoundTimes> FragmentRound(const Fragment& f, uint64_t round) {
@@ -195,7 +213,7 @@ class SyntheticIsland {
         h->set_round(round);
         h->set_offset(uint64_t(c) * f.plan.per_chunk);
         h->set_chunk_index(c);
-        m.set_tokens(tokens_);
+        m.set_tokens(RoundTokens(f.index, round));
         if (c == 0) m.set_session(join_.session());
         t.bytes_pushed += m.ByteSizeLong();
         if (!writer->Write(m)) break;
@@ -243,8 +261,6 @@ class SyntheticIsland {
     f.index = index;
     f.elements = elements;
     f.plan = outer::PlanChunks(codec, elements);
-    tokens_ = uint64_t(config_.outer.sync_every) * uint64_t(config_.train.batch_size) *
-              uint64_t(config_.train.grad_accum) * uint64_t(config_.model.context);
     uint64_t state = 0x9e3779b97f4a7c15ULL * uint64_t(index_ + 1) + index;
     std::vector<float> values(f.plan.per_chunk);
     auto encode = [&](uint64_t count, uint32_t chunk) -> absl::StatusOr<pb::Chunk> {
@@ -277,7 +293,6 @@ class SyntheticIsland {
   std::vector<std::unique_ptr<pb::OuterSync::Stub>> sync_;  // by shard (one: unsharded)
   pb::JoinResponse join_;
   std::vector<Fragment> fragments_;
-  uint64_t tokens_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> step_{0};
   std::thread heartbeat_;

@@ -46,6 +46,10 @@ struct Config {
   inner::TrainerConfig trainer() const {
     return {model, optim, train, activation_checkpoint, parallelism};
   }
+  // The tokens one data-parallel rank trains per inner step (batch x accumulation x context).
+  uint64_t tokens_per_rank_step() const {
+    return uint64_t(train.batch_size) * uint64_t(train.grad_accum) * uint64_t(model.context);
+  }
 };
 
 // One command-line override: key "train.steps", value "200".

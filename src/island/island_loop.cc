@@ -76,6 +76,14 @@ absl::Status CheckRunMatches(const Config& config, const pb::JoinResponse& joine
         "\" but the run is ",
         joined.schedule().async() ? "async" : "sync"));
   }
+  const uint64_t tokens_per_rank = config.tokens_per_rank_step();
+  if (joined.schedule().tokens_per_step() > 0 &&
+      tokens_per_rank > joined.schedule().tokens_per_step()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this island trains ", tokens_per_rank, " tokens per inner step on each rank (train.batch_size x "
+        "train.grad_accum x model.context); the run weighs contributions by at most ",
+        joined.schedule().tokens_per_step(), ": use the coordinator's [train] batch"));
+  }
   if (!(options.throttle >= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--throttle must be a factor >= 1, got ", options.throttle));
@@ -267,9 +275,10 @@ absl::Status IslandRun::Setup() {
 absl::Status IslandRun::JoinAndBuild() {
   // A coordinator that is restarting, or a run whose data streams are all held (by an island
   // whose lease has not expired yet), is retried with backoff and jitter.
-  const outer::SessionOptions so = outer::SessionOptionsOf(
+  outer::SessionOptions so = outer::SessionOptionsOf(
       config_.outer, options_.name, ModelConfigHash(config_.model),
       (fs::path(options_.run_dir) / "session.credential").string());
+  so.data_parallel = uint32_t(mesh_->shape().dp());
   ATL_ASSIGN_OR_RETURN(auto session, outer::IslandSession::JoinAsIsland(transport_, so, *ranks_));
   session_ = std::move(session);
   joined_ = session_->joined();

@@ -3,10 +3,12 @@
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/resource_quota.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,22 +27,27 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(grpc::StatusCode(int(s.code())), std::string(s.message()));
 }
 
-// Counts running calls per member island, and calls not (yet) tied to a member: joins, state
-// queries, pushes before their first message, refused calls. A Slot holds one place until it is
-// destroyed. A flood of anonymous calls fills only the pending places: members keep theirs.
+// Counts running calls in budgets of their own, so that no kind of caller takes another's places
+// (GrpcServer's header lists them). A call takes a place under one or more keys at once (an
+// anonymous call: the anonymous budget and its peer address's share), or is refused; its Slot
+// holds the places until it is destroyed or moved on (a push, once its first message names a
+// member, moves to that island's budget).
 class CallLimits {
  public:
-  CallLimits(int max_pending, int max_per_island)
-      : max_pending_(max_pending), max_per_island_(max_per_island) {}
+  struct Place {
+    std::string key;      // what is counted
+    int max;              // at most this many at once
+    std::string refusal;  // the RESOURCE_EXHAUSTED message when full
+  };
 
   class Slot {
    public:
     Slot() = default;
-    Slot(Slot&& o) noexcept : limits_(std::exchange(o.limits_, nullptr)), key_(std::move(o.key_)) {}
+    Slot(Slot&& o) noexcept : limits_(std::exchange(o.limits_, nullptr)), keys_(std::move(o.keys_)) {}
     Slot& operator=(Slot&& o) noexcept {
       Release();
       limits_ = std::exchange(o.limits_, nullptr);
-      key_ = std::move(o.key_);
+      keys_ = std::move(o.keys_);
       return *this;
     }
     ~Slot() { Release(); }
@@ -48,46 +55,44 @@ class CallLimits {
    private:
     friend class CallLimits;
     void Release() {
-      if (limits_ != nullptr) limits_->Leave(key_);
+      if (limits_ != nullptr) limits_->Leave(keys_);
       limits_ = nullptr;
     }
     CallLimits* limits_ = nullptr;
-    std::string key_;  // "" for the pending calls
+    std::vector<std::string> keys_;
   };
 
-  // key "": a place among the pending calls; otherwise among the island's calls.
-  absl::Status Enter(const std::string& key, Slot* slot) {
+  // A place under every key of `places`, or none (RESOURCE_EXHAUSTED naming the full budget).
+  absl::Status Enter(const std::vector<Place>& places, Slot* slot) {
     std::lock_guard<std::mutex> lock(mu_);
-    int& count = key.empty() ? pending_ : per_island_[key];
-    const int max = key.empty() ? max_pending_ : max_per_island_;
-    if (count >= max) {
-      return absl::ResourceExhaustedError(
-          key.empty() ? absl::StrCat("the service is handling its maximum of ", max,
-                                     " calls not tied to a member; retry later")
-                      : absl::StrCat("island '", key, "' already has ", max,
-                                     " calls running; retry later"));
+    for (const Place& p : places) {
+      auto it = counts_.find(p.key);
+      if (it != counts_.end() && it->second >= p.max) {
+        return absl::ResourceExhaustedError(p.refusal);
+      }
     }
-    ++count;
+    std::vector<std::string> keys;
+    for (const Place& p : places) {
+      ++counts_[p.key];
+      keys.push_back(p.key);
+    }
     *slot = Slot();
     slot->limits_ = this;
-    slot->key_ = key;
+    slot->keys_ = std::move(keys);
     return absl::OkStatus();
   }
 
  private:
-  void Leave(const std::string& key) {
+  void Leave(const std::vector<std::string>& keys) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (key.empty()) {
-      --pending_;
-    } else if (--per_island_[key] == 0) {
-      per_island_.erase(key);
+    for (const auto& key : keys) {
+      auto it = counts_.find(key);
+      if (--it->second == 0) counts_.erase(it);
     }
   }
 
-  const int max_pending_, max_per_island_;
   std::mutex mu_;
-  int pending_ = 0;
-  std::map<std::string, int> per_island_;
+  std::map<std::string, int> counts_;  // keys with calls running only: bounded by the calls
 };
 
 // Push streams in progress, with the time each last delivered a message; the ticker cancels
@@ -101,12 +106,18 @@ class IdleStreams {
     void Touch() {
       last_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
     }
+    // The stream's first message has arrived: from now on the idle timeout applies.
+    void Started() {
+      started_ = true;
+      Touch();
+    }
 
    private:
     friend class IdleStreams;
     IdleStreams* owner_;
     grpc::ServerContext* ctx_;
     std::atomic<int64_t> last_ns_{0};
+    std::atomic<bool> started_{false};
   };
 
   std::unique_ptr<Watch> Register(grpc::ServerContext* ctx) {
@@ -116,12 +127,13 @@ class IdleStreams {
     return w;
   }
 
-  void CancelIdle(double timeout_s) {
+  // Cancels streams silent for longer than `idle_s`, or than `first_s` before their first message.
+  void CancelIdle(double idle_s, double first_s) {
     const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    const int64_t limit = int64_t(timeout_s * 1e9);
     std::lock_guard<std::mutex> lock(mu_);
     for (Watch* w : watches_) {
-      if (now - w->last_ns_.load() > limit) w->ctx_->TryCancel();
+      const double limit_s = w->started_.load() ? idle_s : first_s;
+      if (now - w->last_ns_.load() > int64_t(limit_s * 1e9)) w->ctx_->TryCancel();
     }
   }
 
@@ -136,7 +148,6 @@ class IdleStreams {
 
 }  // namespace
 
-// Everything a call must get past before it reaches the SyncServer.
 void TrafficCounters::Add(const std::string& island, uint64_t received, uint64_t sent) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = bytes_.find(island);
@@ -153,6 +164,37 @@ std::map<std::string, TrafficCounters::Bytes> TrafficCounters::Snapshot() const 
   return bytes_;
 }
 
+namespace {
+
+// The budgets of calls a server admits at once (see the header).
+struct CallBudgets {
+  int anonymous, per_address, joins, rejoins, shards, per_island;
+  double idle_s, first_message_s;
+};
+
+CallBudgets BudgetsOf(const GrpcServerOptions& o, const outer::SyncServerOptions& service) {
+  CallBudgets b;
+  b.anonymous = o.max_pending_calls;
+  b.per_address = std::max(1, o.max_pending_calls / 4);
+  b.joins = o.max_pending_calls;
+  b.rejoins = int(std::max<uint32_t>(1, service.num_data_streams));
+  b.shards = 2 * int(std::max<uint32_t>(1, service.num_shards));
+  b.per_island = o.max_calls_per_island;
+  b.idle_s = o.stream_idle_timeout_s;
+  b.first_message_s = std::min(o.stream_first_message_s, o.stream_idle_timeout_s);
+  return b;
+}
+
+// "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7": a peer's address without its port.
+std::string PeerAddress(const grpc::ServerContext* ctx) {
+  const std::string peer = ctx->peer();
+  const auto colon = peer.rfind(':');
+  return colon == std::string::npos || colon < 5 ? peer : peer.substr(0, colon);
+}
+
+}  // namespace
+
+// Everything a call must get past before it reaches the SyncServer.
 class GrpcServer::Guard {
  public:
   Guard(outer::SyncServer* sync, const GrpcServerOptions& options)
@@ -160,9 +202,16 @@ class GrpcServer::Guard {
         token_(options.token),
         shard_token_(options.shard_token),
         mutual_tls_(!options.tls.ca.empty()),
-        idle_timeout_s_(options.stream_idle_timeout_s),
-        limits_(options.max_pending_calls, options.max_calls_per_island),
+        budgets_(BudgetsOf(options, sync->options())),
         traffic_(options.traffic) {}
+
+  // Handler threads to cap gRPC's pool at: every budget full, plus room for calls refused at the
+  // door.
+  int MaxThreads() const {
+    const CallBudgets& b = budgets_;
+    return b.anonymous + b.joins + b.rejoins + b.shards +
+           int(sync_->options().num_data_streams) * b.per_island + 32;
+  }
 
   void Count(const std::string& island, uint64_t received, uint64_t sent) {
     if (traffic_ != nullptr) traffic_->Add(island, received, sent);
@@ -185,8 +234,44 @@ class GrpcServer::Guard {
     return grpc::Status::OK;
   }
 
-  // A place among the calls not tied to a member.
-  grpc::Status Pending(CallLimits::Slot* slot) { return ToGrpc(limits_.Enter("", slot)); }
+  // A place among the calls not tied to a member, within its peer address's share.
+  grpc::Status Pending(grpc::ServerContext* ctx, CallLimits::Slot* slot) {
+    const std::string address = PeerAddress(ctx);
+    return ToGrpc(limits_.Enter(
+        {{"anonymous", budgets_.anonymous,
+          absl::StrCat("the service is handling its maximum of ", budgets_.anonymous,
+                       " calls not tied to a member; retry later")},
+         {"anonymous " + address, budgets_.per_address,
+          absl::StrCat("the service is handling its maximum of ", budgets_.per_address,
+                       " calls not tied to a member from ", outer::Printable(address),
+                       "; retry later")}},
+        slot));
+  }
+
+  // A place among the joins; an island coming back (a member's or former member's name) may take
+  // one of the places kept for rejoins when the joins are full.
+  grpc::Status Joining(const std::string& name, CallLimits::Slot* slot) {
+    const absl::Status s = limits_.Enter(
+        {{"join", budgets_.joins,
+          absl::StrCat("the service is handling its maximum of ", budgets_.joins,
+                       " joins; retry later")}},
+        slot);
+    if (s.ok() || !sync_->KnowsIsland(name)) return ToGrpc(s);
+    return ToGrpc(limits_.Enter(
+        {{"rejoin", budgets_.rejoins,
+          absl::StrCat("the service is handling its maximum of ", budgets_.rejoins,
+                       " rejoins; retry later")}},
+        slot));
+  }
+
+  // A shard server's long poll.
+  grpc::Status ShardPoll(CallLimits::Slot* slot) {
+    return ToGrpc(limits_.Enter(
+        {{"shard", budgets_.shards,
+          absl::StrCat("the service is handling its maximum of ", budgets_.shards,
+                       " shard polls; retry later")}},
+        slot));
+  }
 
   // With mutual TLS, the certificate must be the named island's.
   grpc::Status CheckPeer(grpc::ServerContext* ctx, const std::string& island) const {
@@ -210,21 +295,26 @@ class GrpcServer::Guard {
   grpc::Status Identify(grpc::ServerContext* ctx, const std::string& island,
                         const std::string& session, CallLimits::Slot* slot) {
     if (auto s = CheckPeer(ctx, island); !s.ok()) return s;
-    if (!sync_->Authenticate(island, session).ok()) return Pending(slot);
-    return ToGrpc(limits_.Enter(island, slot));
+    if (!sync_->Authenticate(island, session).ok()) return Pending(ctx, slot);
+    return ToGrpc(limits_.Enter(
+        {{"island " + island, budgets_.per_island,
+          absl::StrCat("island '", island, "' already has ", budgets_.per_island,
+                       " calls running; retry later")}},
+        slot));
   }
 
   std::unique_ptr<IdleStreams::Watch> Watch(grpc::ServerContext* ctx) {
     return idle_.Register(ctx);
   }
-  void CancelIdleStreams() { idle_.CancelIdle(idle_timeout_s_); }
-  double idle_timeout_s() const { return idle_timeout_s_; }
+  void CancelIdleStreams() { idle_.CancelIdle(budgets_.idle_s, budgets_.first_message_s); }
+  double idle_timeout_s() const { return budgets_.idle_s; }
+  double first_message_timeout_s() const { return budgets_.first_message_s; }
 
  private:
   outer::SyncServer* sync_;
   const std::string token_, shard_token_;
   const bool mutual_tls_;
-  const double idle_timeout_s_;
+  const CallBudgets budgets_;
   CallLimits limits_;
   TrafficCounters* traffic_;
   IdleStreams idle_;
@@ -239,7 +329,7 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx); !s.ok()) return s;
     if (auto s = guard_->CheckPeer(ctx, req->name()); !s.ok()) return s;
-    if (auto s = guard_->Pending(&call); !s.ok()) return s;
+    if (auto s = guard_->Joining(req->name(), &call); !s.ok()) return s;
     auto r = sync_->Join(*req);
     if (!r.ok()) return ToGrpc(r.status());
     *resp = *std::move(r);
@@ -266,7 +356,7 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
                         pb::GetStateResponse* resp) override {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx); !s.ok()) return s;
-    if (auto s = guard_->Pending(&call); !s.ok()) return s;
+    if (auto s = guard_->Pending(ctx, &call); !s.ok()) return s;
     if (req->run_id() != sync_->options().run_id) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           "unknown run " + outer::Printable(req->run_id()));
@@ -280,7 +370,7 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx, /*shard=*/true); !s.ok()) return s;
     if (auto s = guard_->CheckPeer(ctx, absl::StrCat("shard-", req->shard())); !s.ok()) return s;
-    if (auto s = guard_->Pending(&call); !s.ok()) return s;
+    if (auto s = guard_->ShardPoll(&call); !s.ok()) return s;
     // Never past the caller's deadline, nor past a second (a shutdown waits for it).
     const absl::Time deadline = std::min(absl::Now() + absl::Seconds(1),
                                          absl::FromChrono(ctx->deadline()) - absl::Milliseconds(50));
@@ -303,13 +393,13 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
                     pb::PushResponse* resp) override {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx); !s.ok()) return s;
-    if (auto s = guard_->Pending(&call); !s.ok()) return s;
+    if (auto s = guard_->Pending(ctx, &call); !s.ok()) return s;
     auto watch = guard_->Watch(ctx);
     // Every message is checked as it arrives, before it is kept (PushStream::Add): a peer cannot
     // make the service hold more than the encoded size of one fragment per push.
     pb::PushRequest r;
-    if (!reader->Read(&r)) return Ended(ctx, "empty push: no chunks");
-    watch->Touch();
+    if (!reader->Read(&r)) return Ended(ctx, "empty push: no chunks", /*started=*/false);
+    watch->Started();
     const auto& h = r.chunk().header();
     CallLimits::Slot island;
     if (auto s = guard_->Identify(ctx, h.island_id(), r.session(), &island); !s.ok()) return s;
@@ -322,7 +412,7 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
       guard_->Count(island_id, r.ByteSizeLong(), 0);
       if (auto s = (*stream)->Add(std::move(r)); !s.ok()) return ToGrpc(s);
     } while (reader->Read(&r));
-    if (ctx->IsCancelled()) return Ended(ctx, "push cancelled");
+    if (ctx->IsCancelled()) return Ended(ctx, "push cancelled", /*started=*/true);
     auto result = sync_->FinishPush(*std::move(stream));
     if (!result.ok()) return ToGrpc(result.status());
     *resp = *std::move(result);
@@ -357,11 +447,15 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
 
  private:
   // A stream that ended early: cancelled for idleness (the ticker), by the client, or empty.
-  grpc::Status Ended(grpc::ServerContext* ctx, const char* otherwise) const {
+  grpc::Status Ended(grpc::ServerContext* ctx, const char* otherwise, bool started) const {
     if (ctx->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          absl::StrCat("push stream cancelled (idle for more than ",
-                                       guard_->idle_timeout_s(), " s, or the client went away)"));
+      return grpc::Status(
+          grpc::StatusCode::CANCELLED,
+          started ? absl::StrCat("push stream cancelled (idle for more than ",
+                                 guard_->idle_timeout_s(), " s, or the client went away)")
+                  : absl::StrCat("push stream cancelled (no first message within ",
+                                 guard_->first_message_timeout_s(),
+                                 " s, or the client went away)"));
     }
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, otherwise);
   }
@@ -375,7 +469,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(outer::SyncServer*
   if (options.token.empty()) return absl::InvalidArgumentError("the server needs a run token");
   if (auto s = CheckListenAddress(options.listen); !s.ok()) return s;
   if (options.max_pending_calls < 1 || options.max_calls_per_island < 1 ||
-      !(options.stream_idle_timeout_s > 0)) {
+      !(options.stream_idle_timeout_s > 0) || !(options.stream_first_message_s > 0)) {
     return absl::InvalidArgumentError("server limits must be positive");
   }
   auto creds = ServerCredentials(options.tls);
@@ -395,11 +489,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(outer::SyncServer*
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60 * 1000);
-  // Handler threads: every admitted call (members are at most the run's data streams), plus room
-  // for those refused at the door.
   grpc::ResourceQuota quota("atoll-coordinator");
-  quota.SetMaxThreads(options.max_pending_calls +
-                      int(sync->options().num_data_streams) * options.max_calls_per_island + 32);
+  quota.SetMaxThreads(server->guard_->MaxThreads());
   builder.SetResourceQuota(quota);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {

@@ -6,11 +6,17 @@
 // that, and no peer can make the server hold unbounded memory or threads:
 //   - messages are at most kMaxMessageBytes (chunks are 1 MiB by default, 4 MiB at most);
 //   - a push is checked message by message before anything is kept (PushStream);
-//   - a member island runs at most max_calls_per_island calls at a time; calls not tied to a
-//     member (joins, state queries, pushes before their first message, refused calls) at most
-//     max_pending_calls together, so that a flood of them never takes a member's places; more are
-//     refused with RESOURCE_EXHAUSTED (islands retry), and the gRPC thread pool is capped to match;
-//   - a push stream that sends nothing for stream_idle_timeout_s is cancelled;
+//   - calls are counted in budgets of their own, so that no kind of caller takes another's
+//     places; over its budget a call is refused with RESOURCE_EXHAUSTED (islands retry), and the
+//     gRPC thread pool is capped to match:
+//       a member island: max_calls_per_island calls at a time;
+//       joins: max_pending_calls, plus one place per data stream kept for islands coming back (a
+//         member's or former member's name), which a flood of joins under new names cannot take;
+//       calls not tied to a member (state queries, pushes before their first message, refused
+//         calls): max_pending_calls together, and a quarter of that from any one peer address;
+//       a sharded service's shard servers: two long polls per shard;
+//   - a push stream is cancelled when its first message has not arrived within
+//     stream_first_message_s, or when it then sends nothing for stream_idle_timeout_s;
 //   - HTTP/2: a bounded number of concurrent streams per connection, keepalive pings from clients
 //     no more often than every 10 s, idle connections closed after 10 minutes;
 //   - the listening port is never shared (SO_REUSEPORT off): a second coordinator on the same
@@ -58,6 +64,7 @@ struct GrpcServerOptions {
   TlsFiles tls;         // tls.ca set: mutual TLS, the certificate's common name is the island
   double tick_s = 0.1;  // how often round deadlines, leases and idle streams are checked
   double stream_idle_timeout_s = 60;
+  double stream_first_message_s = 10;
   int max_pending_calls = 64;
   int max_calls_per_island = 32;
   TrafficCounters* traffic = nullptr;  // counts per island when set

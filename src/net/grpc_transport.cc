@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
         absl::StrCat("connections must be in 1..256, got ", options.connections));
   }
   std::unique_ptr<GrpcTransport> t(new GrpcTransport(options));
-  for (int i = 0; i < options.connections; ++i) {
+  auto connect = [&] {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(16 << 20);
     // Each channel its own subchannel pool: its own TCP connection, shared with no other channel.
@@ -54,8 +54,12 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     auto stubs = std::make_unique<Stubs>();
     stubs->coordinator = pb::Coordinator::NewStub(channel);
     stubs->outer_sync = pb::OuterSync::NewStub(channel);
-    t->stubs_.push_back(std::move(stubs));
-  }
+    return stubs;
+  };
+  // Membership calls (joins, heartbeats, leaves, state queries) on a connection of their own: a
+  // lease never waits behind a push's megabytes in a connection's queue.
+  t->control_ = connect();
+  for (int i = 0; i < options.connections; ++i) t->stubs_.push_back(connect());
   return t;
 }
 
@@ -75,7 +79,7 @@ absl::StatusOr<pb::JoinResponse> GrpcTransport::Join(const pb::JoinRequest& requ
   // Wait for a coordinator that is still starting, within the deadline.
   ctx.set_wait_for_ready(true);
   pb::JoinResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->Join(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->Join(&ctx, request, &response)));
   return response;
 }
 
@@ -83,14 +87,14 @@ absl::Status GrpcTransport::Leave(const pb::LeaveRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::LeaveResponse response;
-  return FromGrpc(stubs_[0]->coordinator->Leave(&ctx, request, &response));
+  return FromGrpc(control_->coordinator->Leave(&ctx, request, &response));
 }
 
 absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::HeartbeatRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::HeartbeatResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->Heartbeat(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->Heartbeat(&ctx, request, &response)));
   return response;
 }
 
@@ -100,7 +104,7 @@ absl::StatusOr<pb::ShardSyncResponse> GrpcTransport::ShardSync(
   Prepare(&ctx, options_.rpc_timeout_s + 1);
   ctx.set_wait_for_ready(true);  // a coordinator that is (re)starting
   pb::ShardSyncResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->ShardSync(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->ShardSync(&ctx, request, &response)));
   return response;
 }
 
@@ -108,7 +112,7 @@ absl::StatusOr<pb::GetStateResponse> GrpcTransport::GetState(const pb::GetStateR
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::GetStateResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(stubs_[0]->coordinator->GetState(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->GetState(&ctx, request, &response)));
   return response;
 }
 

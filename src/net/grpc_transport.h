@@ -51,6 +51,7 @@ class GrpcTransport : public outer::Transport {
   GrpcTransportOptions options_;
   const Stubs& Lane(int lane) const;
   std::vector<std::unique_ptr<Stubs>> stubs_;  // one per connection
+  std::unique_ptr<Stubs> control_;             // membership calls: a connection of their own
 };
 
 }  // namespace atl

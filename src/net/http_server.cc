@@ -4,8 +4,10 @@
 
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
+#include "outer/credentials.h"
 #include "outer/names.h"
 #include "src/net/rpc_security.h"
 
@@ -18,8 +20,21 @@ HttpServer::~HttpServer() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+bool Allowed(const HttpAccess& access, const std::string& path, const httplib::Request& req) {
+  if (access.token.empty() || access.open.count(path) > 0) return true;
+  const std::string auth = req.get_header_value("Authorization");
+  if (absl::StartsWith(auth, "Bearer ") && outer::CredentialMatches(access.token, auth.substr(7))) {
+    return true;
+  }
+  return req.has_param("token") && outer::CredentialMatches(access.token, req.get_param_value("token"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
-    const std::string& address, std::map<std::string, HttpHandler> routes) {
+    const std::string& address, std::map<std::string, HttpHandler> routes, HttpAccess access) {
   ATL_ASSIGN_OR_RETURN(auto split, SplitAddress(address));
   const auto& [host, port] = split;
   std::unique_ptr<HttpServer> self(new HttpServer());
@@ -36,7 +51,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   for (auto& [path, handler] : routes) {
-    server.Get(path, [handler = std::move(handler)](const httplib::Request&, httplib::Response& res) {
+    server.Get(path, [handler = std::move(handler), path = path, access](
+                         const httplib::Request& req, httplib::Response& res) {
+      if (!Allowed(access, path, req)) {
+        res.status = 401;
+        res.set_header("WWW-Authenticate", "Bearer");
+        res.set_content("missing or wrong token (the server's --http-token-file)\n",
+                        "text/plain; charset=utf-8");
+        return;
+      }
       HttpResponse r = handler();
       res.status = r.status;
       res.set_content(std::move(r.body), r.content_type.c_str());

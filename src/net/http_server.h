@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -25,12 +26,21 @@ struct HttpResponse {
 // Called on the server's threads: must be thread-safe.
 using HttpHandler = std::function<HttpResponse()>;
 
+// Who may read: with a token, every path but `open` (health probes) requires it, as
+// "Authorization: Bearer TOKEN" or "?token=TOKEN" (what a browser opening the status page can
+// give); others get 401. Without one, everything is open.
+struct HttpAccess {
+  std::string token;
+  std::set<std::string> open;
+};
+
 class HttpServer {
  public:
   // Listens on "HOST:PORT" (port 0: any free port) and serves `routes` until destroyed.
   // INVALID_ARGUMENT for a malformed address, UNAVAILABLE when it cannot be bound (saying why).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address,
-                                                           std::map<std::string, HttpHandler> routes);
+                                                           std::map<std::string, HttpHandler> routes,
+                                                           HttpAccess access = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

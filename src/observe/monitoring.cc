@@ -304,6 +304,7 @@ std::string ServiceMonitor::StatusJson() {
                           {"member", i.member},
                           {"finished", i.finished},
                           {"data_stream", i.data_stream},
+                          {"data_parallel", i.data_parallel},
                           {"step", i.inner_step},
                           {"silent_s", i.silent_s},
                           {"loss", t.loss()},

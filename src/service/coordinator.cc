@@ -35,10 +35,9 @@
 namespace atl {
 
 absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config, int shard) {
-  const uint64_t tokens_per_step = uint64_t(config.train.batch_size) *
-                                   uint64_t(config.train.grad_accum) * uint64_t(config.model.context);
   const outer::SyncServerOptions o = outer::ServiceOptions(
-      config.outer, {uint64_t(config.train.steps), tokens_per_step, ModelConfigHash(config.model)},
+      config.outer,
+      {uint64_t(config.train.steps), config.tokens_per_rank_step(), ModelConfigHash(config.model)},
       shard);
   std::vector<outer::FragmentLayout> layouts;
   std::vector<std::vector<float>> initial;
@@ -168,12 +167,13 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
 absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const CoordinatorOptions& options,
                                                                    ServiceMonitor& monitor) {
   std::vector<std::unique_ptr<HttpServer>> servers;
+  const HttpAccess access{options.http_token, {"/healthz", "/readyz"}};
   auto metrics = [&monitor] {
     return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", monitor.PrometheusText()};
   };
   if (!options.metrics_listen.empty()) {
-    ATL_ASSIGN_OR_RETURN(auto server,
-                         HttpServer::Start(options.metrics_listen, {{"/metrics", metrics}}));
+    ATL_ASSIGN_OR_RETURN(auto server, HttpServer::Start(options.metrics_listen,
+                                                        {{"/metrics", metrics}}, access));
     std::fprintf(options.out, "atoll coordinator: metrics on http://%s/metrics\n",
                  server->address().c_str());
     servers.push_back(std::move(server));
@@ -187,7 +187,8 @@ absl::StatusOr<std::vector<std::unique_ptr<HttpServer>>> StartHttp(const Coordin
           [&monitor] { return HttpResponse{200, "application/json", monitor.StatusJson()}; }},
          {"/metrics", metrics},
          {"/healthz", ok},
-         {"/readyz", ok}});  // served once the gRPC services listen
+         {"/readyz", ok}},  // served once the gRPC services listen
+        access);
     if (!server.ok()) return server.status();
     std::fprintf(options.out, "atoll coordinator: status page on http://%s/\n",
                  (*server)->address().c_str());
@@ -488,6 +489,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   });
   GrpcServerOptions server_options = options.server;
   server_options.stream_idle_timeout_s = config.outer.stream_idle_timeout_s;
+  server_options.stream_first_message_s = config.outer.stream_first_message_s;
   server_options.max_pending_calls = config.outer.max_pending_calls;
   server_options.max_calls_per_island = config.outer.max_calls_per_island;
   server_options.traffic = &traffic;

@@ -36,6 +36,8 @@ struct CoordinatorOptions {
   // (/healthz, /readyz).
   std::string metrics_listen;
   std::string http_listen;
+  // Non-empty: every path of those servers but the probes requires it (HttpAccess).
+  std::string http_token;
   // `atoll sync-server --shard K/N`: shard server K of a sharded service (outer.shards = N). It
   // serves the fragments f with f mod N == K, keeps their durable state in run_dir, and mirrors
   // the membership of the coordinator at `coordinator` (HOST:PORT), telling it `advertise` as the

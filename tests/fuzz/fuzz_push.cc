@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.async = flags & 16;
   o.max_update_norm = 10;
   o.max_update_value = 1000;
-  o.max_tokens = 1000;
+  o.tokens_per_step = 10;  // H = 100: at most 1000 tokens
   outer::SyncServer server(o, {{"w", "v"}, {40, 24}}, std::vector<float>(64, 0.5f));
   pb::JoinRequest join;
   join.set_run_id("run");

@@ -1,5 +1,8 @@
 #include "outer/membership.h"
 
+#include "absl/strings/str_cat.h"
+#include "outer/log_limiter.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -132,6 +135,31 @@ TEST(MembershipTest, FormerMembersAreRememberedInBoundedSpace) {
   // Rejoining a remembered name forgets its end state (no double bookkeeping).
   ASSERT_TRUE(m.Join("island" + std::to_string(cycles - 1), -1, {0}, kT0).ok());
   EXPECT_EQ(m.departed(), Membership::kMaxDeparted - 1);
+}
+
+// Per key, then in total, then per window; what is held back is counted and reported once.
+TEST(LogLimiterTest, BoundsLinesPerKeyAndInTotalAndReportsTheRest) {
+  LogLimiter limiter({/*per_key=*/3, /*total=*/5, absl::Minutes(1), /*max_keys=*/4});
+  int written = 0;
+  for (int i = 0; i < 1000; ++i) written += limiter.Allow("island 'm' joined", kT0);
+  EXPECT_EQ(written, 3);
+  EXPECT_EQ(limiter.suppressed(), 997u);
+  // Another key has its own 3, but the window's total is 5.
+  for (int i = 0; i < 10; ++i) written += limiter.Allow("island 'n' left", kT0);
+  EXPECT_EQ(written, 5);
+  // Keys that arrive once the total is spent share one bucket: memory and reports stay bounded.
+  for (int i = 0; i < 5000; ++i) {
+    EXPECT_FALSE(limiter.Allow(absl::StrCat("island 'x", i, "' joined"), kT0));
+  }
+  EXPECT_TRUE(limiter.Flush(kT0 + absl::Seconds(30)).empty());  // no window has ended
+  const auto lines = limiter.Flush(kT0 + absl::Minutes(1));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines, ::testing::Contains("island 'm' joined: 997 more such lines in the last 1m (not logged)"));
+  EXPECT_THAT(lines, ::testing::Contains("island 'n' left: 8 more such lines in the last 1m (not logged)"));
+  EXPECT_THAT(lines, ::testing::Contains(HasSubstr("(other keys): 5000 more")));
+  // A new window writes again; an ended window without held lines reports nothing.
+  EXPECT_TRUE(limiter.Allow("island 'm' joined", kT0 + absl::Minutes(2)));
+  EXPECT_TRUE(limiter.Flush(kT0 + absl::Minutes(4)).empty());
 }
 
 }  // namespace

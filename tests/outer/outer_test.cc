@@ -392,7 +392,8 @@ TEST_F(SyncServerTest, OutOfBoundsContributionsAreRefusedAndChangeNothing) {
   options_.num_data_streams = 2;
   options_.max_update_norm = 10;
   options_.max_update_value = 1000;
-  options_.max_tokens = 100;
+  options_.sync_every = 10;
+  options_.tokens_per_step = 10;  // a round of 10 steps weighs at most 100 tokens
   auto s = Make();  // parameter norm sqrt(30) = 5.48
   Join(*s, "a");
   Join(*s, "b");
