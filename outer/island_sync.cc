@@ -151,6 +151,16 @@ absl::Status IslandSync::FetchPiece(uint64_t offset, uint64_t count, float* out,
   }
 }
 
+absl::Status IslandSync::Adopt(std::vector<float> values, uint64_t round, uint64_t hash) {
+  if (!carried() || !whole() || values.size() != n_ || hash == 0 ||
+      compression::Checksum(values.data(), n_ * sizeof(float)) != hash) {
+    return absl::FailedPreconditionError("the island's parameters are not the service's");
+  }
+  global_ = std::move(values);
+  round_ = round;
+  return device_ ? device_->Load(global_) : absl::OkStatus();
+}
+
 absl::Status IslandSync::FetchGlobal() {
   if (!carried()) return absl::OkStatus();
   absl::Status last = absl::OkStatus();

@@ -203,6 +203,18 @@ absl::Status OuterStepHook::FetchGlobal() {
   const uint64_t bytes0 = fetched_bytes();
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    // Before the fragment's first commit, a joiner's seeded initial parameters are the service's:
+    // no download (the hash says). With auto-tune the download is the island's measure of its
+    // link: kept.
+    const auto& joined = session_.joined();
+    if (!options_.island.auto_tune && int(f) < joined.fragments_size() &&
+        joined.fragments(int(f)).round() == 0 && joined.fragments(int(f)).params_hash() != 0 &&
+        syncs_[f]->Adopt(model_.Snapshot(f), joined.fragments(int(f)).round(),
+                         joined.fragments(int(f)).params_hash())
+            .ok()) {
+      ++stats_.seeded_fragments;
+      continue;
+    }
     // A coordinator that restarts right now is waited for, as for a join.
     if (auto s = Retry(options_.island.retry, [&] { return syncs_[f]->FetchGlobal(); }); !s.ok()) {
       return s;

@@ -115,6 +115,7 @@ struct OuterStepStats {
   std::vector<uint32_t> staleness;  // async: of each contribution, in order
   uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
   double link_bps = 0;              // goodput of the last full-state fetch (join, resync)
+  int seeded_fragments = 0;         // taken from the island's own parameters (hash-checked)
   int64_t tau = 0;                  // inner steps between a push and its merge, now
 };
 

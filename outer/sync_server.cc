@@ -178,6 +178,10 @@ absl::StatusOr<pb::JoinResponse> SyncServer::Join(const pb::JoinRequest& request
     frag->set_fragment(f);
     for (const auto& n : fragments_[f].layout.names) frag->add_parameters(n);
     frag->set_num_elements(fragments_[f].layout.total());
+    if (ShardOwns(options_, f)) {
+      frag->set_params_hash(fragments_[f].params_hash);
+      frag->set_round(fragments_[f].round);
+    }
   }
   for (const auto& address : shard_addresses_) r.add_shards(address);
   return r;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_split.h"
 #include "inner/data.h"
+#include "src/cli/chaos.h"
 #include "tests/test_util.h"
 
 namespace atl {
@@ -166,6 +167,12 @@ TEST_F(CliTest, CoordinatorRefusesARobustRuleThatCannotAct) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("median cannot outvote a faulty island with outer.islands = 2"));
   unsetenv("ATOLL_TOKEN");
+  // atoll local checks the M it starts (--islands), before starting anything.
+  r = Atoll("local --islands 3 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+            dir_.Join("local") + " --outer.aggregation=trimmed_mean");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("outer.islands = 3 trims floor(0.25 x 3) = 0"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("local")));
 }
 
 TEST_F(CliTest, CompareWritesTheReport) {
@@ -464,6 +471,45 @@ TEST_F(CliTest, PlanPrintsEachMethodsNeedsAndPlotsThem) {
   r = Atoll("plan --params 1e9 --step-time 0.1 --bandwidth 1gbit --tau 500");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("tau must be in [0, H = 100)"));
+}
+
+// --chaos: the spec's parts are checked by name; the failures are the same for the same seed,
+// every island and kind is drawn, and the mean gap is the asked one.
+TEST(ChaosSpecTest, ParsesChecksAndDrawsTheSameFailuresForTheSameSeed) {
+  auto spec = ParseChaos("seed=7,every=30,kinds=kill+stop,down=12");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->seed, 7u);
+  EXPECT_EQ(spec->every_s, 30);
+  EXPECT_EQ(spec->down_s, 12);
+  EXPECT_EQ(spec->kinds.size(), 2u);
+  EXPECT_TRUE(ParseChaos("").ok());  // every key optional
+  for (const char* bad : {"seed=x", "every=0", "down=inf", "kinds=kill+nap", "often=3", "seed"}) {
+    auto s = ParseChaos(bad);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(std::string("'") + bad + "'"));
+  }
+  ChaosPlan a(*spec, 3), b(*spec, 3);
+  spec->seed = 8;
+  ChaosPlan c(*spec, 3);
+  double last = 0;
+  int kills = 0, islands[3] = {0, 0, 0};
+  bool differs = false;
+  constexpr int kDraws = 20000;
+  for (int i = 0; i < kDraws; ++i) {
+    const auto fa = a.Next(), fb = b.Next(), fc = c.Next();
+    EXPECT_EQ(fa.at_s, fb.at_s);
+    EXPECT_EQ(fa.island, fb.island);
+    EXPECT_EQ(fa.kind, fb.kind);
+    differs |= fa.at_s != fc.at_s;
+    EXPECT_GT(fa.at_s, last);
+    last = fa.at_s;
+    kills += fa.kind == ChaosKind::kKill;
+    ++islands[fa.island];
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_NEAR(last / kDraws, 30, 1.5);  // exponential gaps: the mean within 5%
+  EXPECT_NEAR(kills, kDraws / 2, kDraws / 20);
+  for (int n : islands) EXPECT_NEAR(n, kDraws / 3, kDraws / 20);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "atoll/v1/outer.grpc.pb.h"
 #include "src/net/grpc_server.h"
 #include "src/net/grpc_transport.h"
+#include "src/cli/chaos.h"
 #include "tests/test_util.h"
 
 namespace atl {
@@ -700,6 +701,15 @@ TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
       "--join island1@round3");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, ::testing::HasSubstr("[island1] resumed from its checkpoint of step"));
+  // First joiners build the seeded initial parameters themselves and check them against the
+  // service's hash: nothing downloaded. The restarted island's own parameters are not the
+  // service's (3 rounds later): it downloads them.
+  EXPECT_THAT(run.output, ::testing::ContainsRegex(
+                              "\\[island0\\] joined sync run 'atoll' at round 0: [^\n]*state: 0.0 "
+                              "MiB in [^\n]*1 of 1 fragment\\(s\\) its own seeded parameters"));
+  EXPECT_THAT(run.output, ::testing::ContainsRegex(
+                              "\\[island1\\] joined sync run 'atoll' at round [1-9][^\n]*state: "
+                              "0.[1-9] MiB in [0-9.]*s\\)"));
   const auto service = ServiceHashes(dir);
   ASSERT_EQ(service.at(0).size(), 12u);
   for (const char* island : {"island0", "island1"}) {
@@ -709,6 +719,36 @@ TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
     EXPECT_EQ(summary["step"], 48) << island;
     EXPECT_GT(summary["checkpoints"].get<int>(), 0) << island;
   }
+}
+
+// --chaos, CI-sized: failures drawn from a seed (SIGKILL, then a restart from the checkpoint;
+// SIGSTOP past the lease) while 2 islands train. The run reaches its last round, the islands that
+// finish end on the same global parameters (one that comes back after the other has ended the run
+// alone finds no service), and the report counts the tokens that reached the global model.
+TEST(ChaosTest, RandomFailuresFromASeedAreSurvivedAndMeasured) {
+  testing::TempDir dir;
+  const std::string chaos = "seed=11,every=2,down=1.5";
+  ASSERT_LT(ChaosPlan(*ParseChaos(chaos), 2).Next().at_s, 2.0);  // the first comes early
+  // A victim that comes back after the other island has ended the run alone gives up within 5 s.
+  const auto run = RunTwoIslands(
+      dir, "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\nreconnect_timeout_s = 5\n",
+      "--throttle 8,8 --train.steps=48 --train.checkpoint_every=4 --chaos " + chaos);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll local: chaos: goodput "));
+  const auto report = nlohmann::json::parse(testing::ReadFile(dir.Join("run/chaos.json")));
+  EXPECT_GE(report["failures"].get<int>(), 1) << run.output;
+  EXPECT_TRUE(report["identical"].get<bool>()) << run.output;
+  EXPECT_GE(report["finished"].get<int>(), 1);
+  EXPECT_EQ(report["rounds"].get<int>(), 12);
+  EXPECT_EQ(report["tokens_expected"].get<uint64_t>(), 2u * 48 * 4 * 32);
+  const double goodput = report["goodput"].get<double>();
+  EXPECT_GT(goodput, 0);
+  EXPECT_LE(goodput, 1.0);
+  // What reached the global model is what the service's rounds record.
+  uint64_t tokens = 0;
+  std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
+  for (std::string line; std::getline(rounds, line);) tokens += nlohmann::json::parse(line)["tokens"].get<uint64_t>();
+  EXPECT_EQ(report["tokens_committed"].get<uint64_t>(), tokens);
 }
 
 }  // namespace

@@ -187,6 +187,10 @@ class LocalRun {
   // Until every child's output has closed: relays, fires events, stops all on a failure.
   void Supervise();
   void CheckChildren();
+  // Whether a child that ended failed the run.
+  bool Failed(Child& c);
+  // --chaos: the goodput report at the end (RUN_DIR/chaos.json).
+  absl::Status ChaosReport();
   void Stop(absl::Status why);
   void StopAll(int sig);
   void WaitAll(double seconds);
@@ -210,6 +214,38 @@ class LocalRun {
   absl::Status failure_;
   bool stopping_ = false;
   Clock::time_point islands_done_{};
+  // --chaos
+  class Target;
+  std::unique_ptr<Target> chaos_target_;
+  std::optional<Chaos> chaos_;
+};
+
+// The island processes, as a chaos run acts on them.
+class LocalRun::Target final : public ChaosTarget {
+ public:
+  explicit Target(LocalRun& run) : run_(run) {}
+  bool Running(const std::string& island) override { return Find(island) != nullptr; }
+  void Signal(const std::string& island, int sig) override {
+    Child* c = Find(island);
+    if (c == nullptr) return;
+    if (sig == SIGKILL) c->expected_end = true;
+    for (const auto& [rank, pid] : c->rank_pids) kill(pid, sig);
+    if (c->pid > 0) kill(c->pid, sig);
+  }
+  absl::Status Restart(const std::string& island) override { return run_.StartIsland(island, 1.0); }
+  void Say(const std::string& line) override {
+    std::fprintf(run_.options_.out, "atoll local: chaos: %s\n", line.c_str());
+  }
+
+ private:
+  // Stopped (SIGSTOP) islands are found too: their process still runs.
+  Child* Find(const std::string& island) {
+    for (auto& c : run_.children_) {
+      if (c->name == island && !c->exited && !c->expected_end) return c.get();
+    }
+    return nullptr;
+  }
+  LocalRun& run_;
 };
 
 absl::StatusOr<LocalSummary> LocalRun::Run() {
@@ -232,18 +268,22 @@ absl::StatusOr<LocalSummary> LocalRun::Run() {
     }
   }
   fired_.assign(options_.events.size(), false);
+  if (options_.chaos) {
+    chaos_.emplace(*options_.chaos, options_.islands);
+    chaos_target_ = std::make_unique<Target>(*this);
+  }
   Supervise();
   // Pipes closed: every child has ended or is about to.
   WaitAll(stopping_ ? 10 : 30);
   for (auto& c : children_) {
-    const bool failed = !c->expected_end && !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
-    if (failed && failure_.ok() && c->is_island) {
+    if (Failed(*c) && failure_.ok() && c->is_island) {
       failure_ = absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
                                                  options_.run_dir, "/", c->name, ".log"));
     }
   }
   summary_.wall_s = now_s();
   if (!failure_.ok()) return failure_;
+  if (chaos_) ATL_RETURN_IF_ERROR(ChaosReport());
   return summary_;
 }
 
@@ -448,6 +488,8 @@ void LocalRun::OnLine(Child& c, const std::string& line) {
       std::sscanf(line.c_str(), "atoll island: rank %d of %d started as pid %d", &r, &n, &pid) == 3) {
     c.rank_pids[r] = pid_t(pid);
   }
+  if (chaos_ && c.is_island) chaos_->OnIslandLine(c.name, line);
+  if (chaos_ && !c.is_island) chaos_->OnCoordinatorLine(line, now_s(), *chaos_target_);
   // "round K/N committed ..." (sync) or "version K applied ..." (async)
   uint64_t k = 0;
   const auto space = line.find_first_of(" /", line.find(' ') + 1);
@@ -475,7 +517,8 @@ void LocalRun::Supervise() {
         owners.push_back(c.get());
       }
     }
-    if (fds.empty()) return;
+    // Every child ended: done, unless a failed island is still to come back.
+    if (fds.empty() && !(chaos_ && chaos_->recovering())) return;
     poll(fds.data(), fds.size(), 100);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -485,17 +528,33 @@ void LocalRun::Supervise() {
     }
     if (!stopping_) {
       if (auto s = FireEvents(); !s.ok()) Stop(s);
+      if (chaos_) {
+        if (auto s = chaos_->Tick(now_s(), committed_, *chaos_target_); !s.ok()) Stop(s);
+      }
     }
     Reap(children_);
     CheckChildren();
   }
 }
 
+bool LocalRun::Failed(Child& c) {
+  if (!c.exited || c.expected_end || (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+    return false;
+  }
+  // A chaos victim that came back after the others ended the run finds no service: not a failure
+  // of the run (the report counts only the islands that finished).
+  if (chaos_ && chaos_->Casualty(c.name)) {
+    c.expected_end = true;
+    std::fprintf(options_.out, "atoll local: chaos: %s came back after the run had ended\n",
+                 c.name.c_str());
+    return false;
+  }
+  return true;
+}
+
 void LocalRun::CheckChildren() {
   for (auto& c : children_) {
-    const bool failed = c->exited && !c->expected_end &&
-                        !(WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0);
-    if (failed && failure_.ok() && !stopping_) {
+    if (Failed(*c) && failure_.ok() && !stopping_) {
       Stop(absl::AbortedError(absl::StrCat(c->name, " ", Describe(c->status), "; see ",
                                            options_.run_dir, "/", c->name, ".log")));
       std::fprintf(options_.out, "atoll local: %s: stopping the others\n",
@@ -504,7 +563,7 @@ void LocalRun::CheckChildren() {
   }
   // The coordinator ends by itself after the last round once every island has left; if it has
   // not within a grace period after the islands ended, it is told to.
-  bool islands_exited = true;
+  bool islands_exited = !(chaos_ && chaos_->recovering());
   for (auto& c : children_) islands_exited &= !c->is_island || c->exited;
   if (islands_exited && !stopping_) {
     if (islands_done_ == Clock::time_point{}) islands_done_ = Clock::now();
@@ -517,6 +576,16 @@ void LocalRun::CheckChildren() {
     std::fprintf(options_.out, "atoll local: stopping every process\n");
     Stop(absl::CancelledError("stopped by the user"));
   }
+}
+
+absl::Status LocalRun::ChaosReport() {
+  ATL_ASSIGN_OR_RETURN(auto report,
+                       chaos_->Report(RunPath("coordinator/rounds.jsonl"),
+                                      uint64_t(options_.islands) * options_.tokens_per_island));
+  std::fprintf(options_.out, "atoll local: chaos: %s\n", report.Text().c_str());
+  std::ofstream(RunPath("chaos.json")) << report.Json() << "\n";
+  summary_.goodput = report;
+  return absl::OkStatus();
 }
 
 // The first failure is the run's; every process is asked to end.

@@ -5,10 +5,12 @@
 
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/cli/chaos.h"
 
 namespace atl {
 
@@ -33,6 +35,10 @@ struct LocalOptions {
   std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
   std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)
   std::vector<LocalEvent> events;      // failures and joins to rehearse
+  // --chaos: failures at random times from the first commit until an island finishes, and the
+  // goodput under them against `tokens_per_island` (train.steps x tokens per step of one island).
+  std::optional<ChaosSpec> chaos;
+  uint64_t tokens_per_island = 0;
   std::string run_dir;                 // coordinator/, island0/, ... and a log per process
   // The coordinator's metrics and status page; island i's metrics on the metrics port + 1 + i.
   std::string metrics_listen, http_listen;
@@ -45,6 +51,7 @@ struct LocalOptions {
 struct LocalSummary {
   double wall_s = 0;
   std::vector<std::string> island_dirs;
+  std::optional<GoodputReport> goodput;  // with --chaos (also RUN_DIR/chaos.json)
 };
 
 // "1,3" -> {1, 3, 1, ...} for `islands` islands; every factor >= 1, at most one per island.

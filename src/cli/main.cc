@@ -306,6 +306,7 @@ CLI::App* AddIslandsCommand(CLI::App& app, CommandLine& cl, IslandsFlags& f, con
 struct LocalFlags {
   IslandsFlags islands;
   std::vector<std::string> kills, terms, joins;
+  std::string chaos;
   int nproc = 1, max_restarts = 0;
 };
 
@@ -318,6 +319,11 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
   c->add_option("--term", f->terms, "SIGTERM an island at a round: it leaves gracefully");
   c->add_option("--join", f->joins, "start an island at a round, e.g. island2@round5 or 1@round5");
   c->add_option("--nproc", f->nproc, "ranks per island (each island its own agent)");
+  c->add_option("--chaos", f->chaos,
+                "seed=N,every=S,kinds=kill+stop,down=S: from the first commit until an island "
+                "finishes, SIGKILL (restart from its checkpoint) or SIGSTOP an island at random "
+                "times (every S seconds on average, drawn from the seed) for S seconds; reports "
+                "goodput, rounds short of an island, rejoin times, final bit-identity");
   c->add_option("--max-restarts", f->max_restarts,
                 "per island: restarts from its checkpoint when one of its ranks fails "
                 "(--kill island0.1@round2 rehearses it)");
@@ -326,7 +332,10 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
       ->description("HOST:PORT of the coordinator's Prometheus metrics; island i serves its own on "
                     "PORT + 1 + i (port 0: each any free port; every process prints where)");
   return {c, [&cl, f, c](const std::vector<atl::Override>& overrides) {
-            auto config = RunConfig(cl, overrides);
+            // The islands it starts are the config's: the checks see outer.islands = --islands.
+            std::vector<atl::Override> with_islands = overrides;
+            with_islands.emplace_back("outer.islands", std::to_string(f->islands.islands));
+            auto config = RunConfig(cl, with_islands);
             if (!config.ok()) return Fail(config.status());
             auto throttle = atl::ParseThrottles(f->islands.throttles, f->islands.islands);
             if (!throttle.ok()) return Fail(throttle.status());
@@ -349,6 +358,16 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
                 if (!e.ok()) return Fail(e.status());
                 options.events.push_back(*e);
               }
+            }
+            if (!f->chaos.empty()) {
+              auto chaos = atl::ParseChaos(f->chaos);
+              if (!chaos.ok()) return Fail(chaos.status());
+              options.chaos = *chaos;
+              const int model_parallel = config->parallelism.tensor_parallel_degree *
+                                         config->parallelism.pipeline_parallel_degree;
+              options.tokens_per_island = uint64_t(config->train.steps) *
+                                          config->tokens_per_rank_step() *
+                                          uint64_t(std::max(1, f->nproc / model_parallel));
             }
             options.run_dir = cl.run_dir;
             options.stop = &g_stop;

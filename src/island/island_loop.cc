@@ -362,13 +362,17 @@ absl::Status IslandRun::OpenOutputs() {
   const auto& shape = mesh_->shape();
   progress_->Message(absl::StrFormat(
       "%sjoined %s run '%s' at %s %d: data stream %d of %d, %s, %s, %.2fM parameters (state: "
-      "%.1f MiB in %.2fs)%s%s",
+      "%.1f MiB in %.2fs%s)%s%s",
       label_, async_ ? "async" : "sync", config_.outer.run_id, async_ ? "version" : "round",
       outer_->round(), joined_.data_stream(), schedule.num_data_streams(), outer_->Describe(),
       async_ ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
              : absl::StrCat(train_.steps, " inner steps"),
       double(inner::ParameterCount(config_.model)) / 1e6,
       double(outer_->fetched_bytes()) / (1 << 20), fetch_s_,
+      outer_->stats().seeded_fragments > 0
+          ? absl::StrFormat("; %d of %d fragment(s) its own seeded parameters, hash-checked",
+                            outer_->stats().seeded_fragments, joined_.fragments_size())
+          : "",
       shape.size() > 1
           ? absl::StrFormat(", %d ranks (pp %d x dp_replicate %d x dp_shard %d x tp %d)",
                             shape.size(), shape.pp, shape.dp_replicate, shape.dp_shard, shape.tp)

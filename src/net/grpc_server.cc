@@ -492,6 +492,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(outer::SyncServer*
   grpc::ResourceQuota quota("atoll-coordinator");
   quota.SetMaxThreads(server->guard_->MaxThreads());
   builder.SetResourceQuota(quota);
+  // Threads waiting for new calls: a heartbeat that arrives while every poller is busy with a
+  // push's messages would otherwise wait for one to be made.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 4);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     server->server_.reset();
