@@ -147,7 +147,151 @@ class HostileClientTest : public ::testing::Test {
   std::unique_ptr<pb::OuterSync::Stub> sync_stub_;
 };
 
-TEST_F(HostileClientTest, EveryAttackIsRefusedBoundedAndChangesNothing) {
+// The attacks of EveryAttackIsRefusedBoundedAndChangesNothing, step by step.
+class HostileAttackTest : public HostileClientTest {
+ protected:
+  // Payloads a member or a stranger pushes: each refused with its status, nothing kept.
+  void ExpectPayloadAttacksRefused(const pb::JoinResponse& mallory) {
+    // Huge finite values (3e38 everywhere) from a member: refused, not averaged into the state.
+    auto huge = Push(Contribution(mallory, "mallory", 3e38f));
+    EXPECT_EQ(huge.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << huge.error_message();
+    EXPECT_THAT(huge.error_message(), HasSubstr("outer.max_update_value"));
+
+    // Unbounded pushes: 60 messages of 3.9 MiB whose headers claim 1 element, from a non-member
+    // and from a member; and one message beyond the 4 MiB limit. Each is refused at its first
+    // message; nothing is buffered.
+    std::vector<pb::PushRequest> flood(60);
+    for (size_t i = 0; i < flood.size(); ++i) {
+      auto& m = flood[i];
+      auto* h = m.mutable_chunk()->mutable_header();
+      h->set_chunk_index(uint32_t(i));
+      h->set_num_chunks(60);
+      h->set_run_id(config_.outer.run_id);
+      h->set_island_id("zed");
+      h->set_num_elements(1);
+      h->set_fragment_elements(fragment_elements());
+      h->set_codec(pb::CODEC_FP32);
+      m.mutable_chunk()->set_data(std::string(3900 << 10, 'x'));
+    }
+    auto stranger = Push(flood);
+    EXPECT_EQ(stranger.error_code(), grpc::StatusCode::PERMISSION_DENIED) << stranger.error_message();
+    for (auto& m : flood) m.mutable_chunk()->mutable_header()->set_island_id("mallory");
+    flood[0].set_session(mallory.session());
+    auto member = Push(flood);
+    EXPECT_EQ(member.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << member.error_message();
+    EXPECT_THAT(member.error_message(), HasSubstr("1 elements need 4 bytes"));
+    flood.resize(1);
+    flood[0].mutable_chunk()->set_data(std::string(6 << 20, 'x'));
+    EXPECT_EQ(Push(flood).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+    // An overlapping or repeated chunk inside one payload, and chunks out of order.
+    auto repeated = Contribution(mallory, "mallory", 1e-3f);
+    ASSERT_GE(repeated.size(), 1u);
+    repeated.push_back(repeated.back());
+    auto dup = Push(repeated);
+    EXPECT_EQ(dup.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dup.error_message();
+    EXPECT_THAT(dup.error_message(), HasSubstr("after the last chunk"));
+  }
+
+  // Forged names: newlines that would forge log lines, NUL, 1 MiB; and 5 MiB (past the limit).
+  void ExpectForgedNamesRefused() {
+    pb::JoinResponse ignored;
+    for (const std::string& name :
+         {std::string("x\nround 99/30 committed: all, params 0"), std::string("nul\0name", 8),
+          std::string(1 << 20, 'n')}) {
+      auto s = Join(name, &ignored);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      EXPECT_LT(s.error_message().size(), 400u);
+    }
+    EXPECT_EQ(Join(std::string(5 << 20, 'n'), &ignored).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+
+  // Impersonation: mallory, holding the run token and her own session, acts as honest.
+  void ExpectImpersonationRefused(const pb::JoinResponse& honest, const pb::JoinResponse& mallory) {
+    {
+      pb::HeartbeatRequest beat;
+      beat.set_run_id(config_.outer.run_id);
+      beat.set_island_id("honest");
+      beat.set_session(mallory.session());
+      pb::HeartbeatResponse r;
+      grpc::ClientContext ctx;
+      Prepare(&ctx);
+      EXPECT_EQ(coordinator_stub_->Heartbeat(&ctx, beat, &r).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+      pb::LeaveRequest leave;
+      leave.set_run_id(config_.outer.run_id);
+      leave.set_island_id("honest");
+      leave.set_session(mallory.session());
+      pb::LeaveResponse lr;
+      grpc::ClientContext ctx2;
+      Prepare(&ctx2);
+      EXPECT_EQ(coordinator_stub_->Leave(&ctx2, leave, &lr).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(Push(Contribution(mallory, "honest", 1e-3f)).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
+
+  // Idle streams: 400 push streams over 10 connections that never send. The coordinator's threads
+  // stay bounded by its call limits; every stream ends (refused or cancelled after 1 s of
+  // silence); a member's heartbeat is answered meanwhile: the flood takes no member's place.
+  // Returns the coordinator's threads before the flood and at its peak.
+  std::pair<int, int> ExpectIdleStreamsBounded(const pb::JoinResponse& honest) {
+    const int threads0 = coordinator_->Threads();
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    std::vector<std::unique_ptr<pb::OuterSync::Stub>> stubs;
+    for (int c = 0; c < 10; ++c) {
+      channels.push_back(NewChannel(c + 1));
+      stubs.push_back(pb::OuterSync::NewStub(channels.back()));
+    }
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::vector<std::unique_ptr<grpc::ClientWriter<pb::PushRequest>>> idle;
+    std::vector<pb::PushResponse> responses(400);
+    for (int i = 0; i < 400; ++i) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      Prepare(contexts.back().get(), 60);
+      idle.push_back(stubs[size_t(i % 10)]->Push(contexts.back().get(), &responses[size_t(i)]));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const int threads_peak = coordinator_->Threads();
+    {
+      pb::HeartbeatRequest beat;
+      beat.set_run_id(config_.outer.run_id);
+      beat.set_island_id("honest");
+      beat.set_session(honest.session());
+      pb::HeartbeatResponse r;
+      grpc::ClientContext ctx;
+      Prepare(&ctx, 5);
+      const auto t0 = std::chrono::steady_clock::now();
+      EXPECT_TRUE(coordinator_stub_->Heartbeat(&ctx, beat, &r).ok());
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    }
+    int ended = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& w : idle) {
+      const auto s = w->Finish();
+      ended += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+               s.error_code() == grpc::StatusCode::CANCELLED;
+    }
+    EXPECT_EQ(ended, 400);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
+    EXPECT_LT(threads_peak, threads0 + 40 + 40) << "threads before " << threads0;
+    return {threads0, threads_peak};
+  }
+
+  // 600 join/leave cycles under distinct 64-character names: remembered in bounded space.
+  void CycleNames() {
+    for (int i = 0; i < 600; ++i) {
+      std::string name = "cycle" + std::to_string(i);
+      name.resize(64, 'x');
+      pb::JoinResponse j;
+      if (Join(name, &j).ok()) Leave(j);
+    }
+  }
+};
+
+TEST_F(HostileAttackTest, EveryAttackIsRefusedBoundedAndChangesNothing) {
   pb::JoinResponse honest, mallory;
   ASSERT_TRUE(Join("honest", &honest).ok());
   ASSERT_TRUE(Join("mallory", &mallory).ok());
@@ -155,141 +299,11 @@ TEST_F(HostileClientTest, EveryAttackIsRefusedBoundedAndChangesNothing) {
   ASSERT_EQ(before.size(), 4 * fragment_elements());
   const int64_t rss0 = coordinator_->PeakRssBytes();
 
-  // Huge finite values (3e38 everywhere) from a member: refused, not averaged into the state.
-  auto huge = Push(Contribution(mallory, "mallory", 3e38f));
-  EXPECT_EQ(huge.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << huge.error_message();
-  EXPECT_THAT(huge.error_message(), HasSubstr("outer.max_update_value"));
-
-  // Unbounded pushes: 60 messages of 3.9 MiB whose headers claim 1 element, from a non-member
-  // and from a member; and one message beyond the 4 MiB limit. Each is refused at its first
-  // message; nothing is buffered.
-  std::vector<pb::PushRequest> flood(60);
-  for (size_t i = 0; i < flood.size(); ++i) {
-    auto& m = flood[i];
-    auto* h = m.mutable_chunk()->mutable_header();
-    h->set_chunk_index(uint32_t(i));
-    h->set_num_chunks(60);
-    h->set_run_id(config_.outer.run_id);
-    h->set_island_id("zed");
-    h->set_num_elements(1);
-    h->set_fragment_elements(fragment_elements());
-    h->set_codec(pb::CODEC_FP32);
-    m.mutable_chunk()->set_data(std::string(3900 << 10, 'x'));
-  }
-  auto stranger = Push(flood);
-  EXPECT_EQ(stranger.error_code(), grpc::StatusCode::PERMISSION_DENIED) << stranger.error_message();
-  for (auto& m : flood) m.mutable_chunk()->mutable_header()->set_island_id("mallory");
-  flood[0].set_session(mallory.session());
-  auto member = Push(flood);
-  EXPECT_EQ(member.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << member.error_message();
-  EXPECT_THAT(member.error_message(), HasSubstr("1 elements need 4 bytes"));
-  flood.resize(1);
-  flood[0].mutable_chunk()->set_data(std::string(6 << 20, 'x'));
-  EXPECT_EQ(Push(flood).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-
-  // An overlapping or repeated chunk inside one payload, and chunks out of order.
-  auto repeated = Contribution(mallory, "mallory", 1e-3f);
-  ASSERT_GE(repeated.size(), 1u);
-  repeated.push_back(repeated.back());
-  auto dup = Push(repeated);
-  EXPECT_EQ(dup.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dup.error_message();
-  EXPECT_THAT(dup.error_message(), HasSubstr("after the last chunk"));
-
-  // Forged names: newlines that would forge log lines, NUL, 1 MiB; and 5 MiB (past the limit).
-  pb::JoinResponse ignored;
-  for (const std::string& name :
-       {std::string("x\nround 99/30 committed: all, params 0"), std::string("nul\0name", 8),
-        std::string(1 << 20, 'n')}) {
-    auto s = Join(name, &ignored);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-    EXPECT_LT(s.error_message().size(), 400u);
-  }
-  EXPECT_EQ(Join(std::string(5 << 20, 'n'), &ignored).error_code(),
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
-
-  // Impersonation: mallory, holding the run token and her own session, acts as honest.
-  {
-    pb::HeartbeatRequest beat;
-    beat.set_run_id(config_.outer.run_id);
-    beat.set_island_id("honest");
-    beat.set_session(mallory.session());
-    pb::HeartbeatResponse r;
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    EXPECT_EQ(coordinator_stub_->Heartbeat(&ctx, beat, &r).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
-    pb::LeaveRequest leave;
-    leave.set_run_id(config_.outer.run_id);
-    leave.set_island_id("honest");
-    leave.set_session(mallory.session());
-    pb::LeaveResponse lr;
-    grpc::ClientContext ctx2;
-    Prepare(&ctx2);
-    EXPECT_EQ(coordinator_stub_->Leave(&ctx2, leave, &lr).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
-    EXPECT_EQ(Push(Contribution(mallory, "honest", 1e-3f)).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
-  }
-
-  // Idle streams: 400 push streams over 10 connections that never send. The coordinator's threads
-  // stay bounded by its call limits; every stream ends (refused or cancelled after 1 s of
-  // silence); a member's heartbeat is answered meanwhile: the flood takes no member's place.
-  const int threads0 = coordinator_->Threads();
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<pb::OuterSync::Stub>> stubs;
-  for (int c = 0; c < 10; ++c) {
-    channels.push_back(NewChannel(c + 1));
-    stubs.push_back(pb::OuterSync::NewStub(channels.back()));
-  }
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::ClientWriter<pb::PushRequest>>> idle;
-  std::vector<pb::PushResponse> responses(400);
-  for (int i = 0; i < 400; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    Prepare(contexts.back().get(), 60);
-    idle.push_back(stubs[size_t(i % 10)]->Push(contexts.back().get(), &responses[size_t(i)]));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  const int threads_peak = coordinator_->Threads();
-  {
-    pb::HeartbeatRequest beat;
-    beat.set_run_id(config_.outer.run_id);
-    beat.set_island_id("honest");
-    beat.set_session(honest.session());
-    pb::HeartbeatResponse r;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, 5);
-    const auto t0 = std::chrono::steady_clock::now();
-    EXPECT_TRUE(coordinator_stub_->Heartbeat(&ctx, beat, &r).ok());
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
-  }
-  int ended = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto& w : idle) {
-    const auto s = w->Finish();
-    ended += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-             s.error_code() == grpc::StatusCode::CANCELLED;
-  }
-  EXPECT_EQ(ended, 400);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15.0);
-  EXPECT_LT(threads_peak, threads0 + 40 + 40) << "threads before " << threads0;
-
-  // 600 join/leave cycles under distinct 64-character names: remembered in bounded space.
-  for (int i = 0; i < 600; ++i) {
-    std::string name = "cycle" + std::to_string(i);
-    name.resize(64, 'x');
-    pb::JoinResponse j;
-    ASSERT_TRUE(Join(name, &j).ok() || true);
-    if (j.session().empty()) continue;
-    pb::LeaveRequest leave;
-    leave.set_run_id(config_.outer.run_id);
-    leave.set_island_id(name);
-    leave.set_session(j.session());
-    pb::LeaveResponse lr;
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    coordinator_stub_->Leave(&ctx, leave, &lr);
-  }
+  ExpectPayloadAttacksRefused(mallory);
+  ExpectForgedNamesRefused();
+  ExpectImpersonationRefused(honest, mallory);
+  const auto [threads0, threads_peak] = ExpectIdleStreamsBounded(honest);
+  CycleNames();
 
   // Alive, state untouched, memory bounded.
   EXPECT_TRUE(coordinator_->Alive());

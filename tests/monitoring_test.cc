@@ -291,10 +291,11 @@ outer::SyncServerOptions TwoIslands() {
   return o;
 }
 
-pb::JoinResponse Join(outer::SyncServer& sync, const std::string& name) {
+pb::JoinResponse Join(outer::SyncServer& sync, const std::string& name, uint32_t ranks = 0) {
   pb::JoinRequest j;
   j.set_run_id("mon");
   j.set_name(name);
+  j.set_data_parallel(ranks);
   auto r = sync.Join(j);
   EXPECT_TRUE(r.ok()) << r.status();
   return *r;
@@ -360,7 +361,7 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
   TrafficCounters traffic;
   ServiceMonitor monitor(sync, &traffic, RunFacts{"mon", false, 2, 4, 1, 10, 40});
   sync.SetCommitListener([&](const outer::CommittedRound& r) { monitor.OnCommit(r); });
-  const auto a = Join(sync, "a"), b = Join(sync, "b");
+  const auto a = Join(sync, "a"), b = Join(sync, "b", /*ranks=*/2);
   for (uint64_t round = 0; round < 3; ++round) {
     ASSERT_TRUE(sync.Heartbeat(Beat(a, 4 * (round + 1), 3.0 - round)).ok());
     ASSERT_TRUE(sync.Heartbeat(Beat(b, 4 * (round + 1), 3.1 - round)).ok());
@@ -394,6 +395,8 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
   EXPECT_EQ(status["committed_rounds"], 3);
   ASSERT_EQ(status["islands"].size(), 2u);
   for (const auto& i : status["islands"]) {
+    // The data-parallel ranks each declared at join (none said: one).
+    EXPECT_EQ(i["data_parallel"], i["id"] == b.island_id() ? 2 : 1);
     EXPECT_EQ(i["state"], "active");
     EXPECT_EQ(i["contributions"], 3);
     EXPECT_EQ(i["step"], 12);
