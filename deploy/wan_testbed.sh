@@ -7,7 +7,11 @@
 #   deploy/wan_testbed.sh RATE [atoll config overrides...]
 #   deploy/wan_testbed.sh 20mbit --train.steps=200 --outer.codec=fp4_e2m1
 #
-# Environment: ISLANDS (2), CONFIG (deploy/configs/tiny.toml), RUN_DIR (runs/wan-<rate>-<time>).
+# Environment: ISLANDS (2), CONFIG (deploy/configs/tiny.toml), RUN_DIR (runs/wan-<rate>-<time>),
+# LINK_CHAOS: "seed=N,every=S,down=S" takes a random island's link down (ip link set down) for
+# `down` seconds at exponential gaps of mean `every` seconds, drawn from the seed, from 10 s after
+# the islands start until the run ends; the run then reports its goodput (tokens that reached the
+# global model / tokens the run trains without failures) and the islands' bit-identity.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rate="${1:?usage: wan_testbed.sh RATE [--key=value ...]}"
@@ -60,8 +64,38 @@ for ((i = 0; i < islands; i++)); do
     > "$run_dir/island$i.log" 2>&1 &
   pids+=($!)
 done
+chaos_pid=
+if [[ -n "${LINK_CHAOS:-}" ]]; then
+  seed=1 every=30 down=10
+  IFS=, read -ra chaos_keys <<< "$LINK_CHAOS"
+  for kv in "${chaos_keys[@]}"; do
+    case "$kv" in
+      seed=*) seed="${kv#seed=}" ;; every=*) every="${kv#every=}" ;; down=*) down="${kv#down=}" ;;
+      *) echo "wan_testbed: LINK_CHAOS: unknown key '$kv' (seed, every, down)" >&2; exit 2 ;;
+    esac
+  done
+  (
+    # awk's srand/rand: the same seed gives the same failures on any machine with this awk.
+    awk -v seed="$seed" -v every="$every" -v n="$islands" \
+      'BEGIN {srand(seed); for (k = 0; k < 1000; ++k) printf "%.2f %d\n", -every * log(1 - rand()), int(rand() * n)}' |
+      { sleep 10; while read -r gap island; do
+          sleep "$gap"
+          echo "wan_testbed: chaos: link of island$island down for ${down}s"
+          ip -n "$ns-i$island" link set "v$$i$island" down
+          sleep "$down"
+          ip -n "$ns-i$island" link set "v$$i$island" up
+          echo "wan_testbed: chaos: link of island$island up"
+        done; }
+  ) &
+  chaos_pid=$!
+fi
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+if [[ -n "$chaos_pid" ]]; then
+  pkill -P "$chaos_pid" 2>/dev/null || true
+  kill "$chaos_pid" 2>/dev/null || true
+  for ((i = 0; i < islands; i++)); do ip -n "$ns-i$i" link set "v$$i$i" up 2>/dev/null || true; done
+fi
 # A run whose islands failed never ends on the coordinator's side: stop it.
 if ((status != 0)); then kill "$coordinator" 2>/dev/null || true; fi
 wait "$coordinator" || true
@@ -76,4 +110,14 @@ for ((i = 0; i < islands; i++)); do
     END {printf "wan_testbed: %s: utilization %.1f%% (compute %.1fs, sync %.1fs, wall %.1fs), sent %.1f MiB, val_loss %.4f\n",
          name, 100 * c / w, c, s, w, b / 1048576, v}' "$run_dir/island$i/summary.json"
 done
+if [[ -n "$chaos_pid" ]]; then
+  # Fragment 0's rounds carry every contribution's tokens once (as atoll local --chaos counts).
+  committed=$(awk -F'"tokens":' '/"fragment":0[,}]/ {split($2, a, /[,}]/); t += a[1]} END {printf "%d", t}' \
+    "$run_dir/coordinator/rounds.jsonl")
+  expected=$(cat "$run_dir"/island*/summary.json | awk -F': ' '/"tokens"/ {t += $2 + 0} END {printf "%d", t}')
+  hashes=$(cat "$run_dir"/island*/summary.json | awk -F'"' '/"global_hash"/ {print $4}' | sort -u | wc -l)
+  awk -v c="$committed" -v e="$expected" -v h="$hashes" 'BEGIN {
+    printf "wan_testbed: chaos: goodput %.1f%% (%d of %d tokens reached the global model), global parameters %s\n",
+      100 * c / e, c, e, h == 1 ? "bit-identical" : "DIFFER"}'
+fi
 echo "wan_testbed: outputs in $run_dir"

@@ -64,6 +64,13 @@ struct Member {
   // since; a first contribution may reach back to that step, later ones cover their round only.
   int64_t resume_floor = -1;
   std::vector<bool> contributed;
+  // For flagging claims above its throughput (SyncServer::FlagClaimLocked): when it joined, the
+  // tokens its contributions have claimed since (summed over the fragments), the highest
+  // throughput its heartbeats reported, and how many of its contributions were flagged.
+  absl::Time joined_at;
+  uint64_t tokens_claimed = 0;
+  double peak_tokens_per_s = 0;
+  uint32_t flagged_claims = 0;
   uint64_t inner_step = 0;             // as of its latest heartbeat
   pb::IslandTelemetry telemetry;       // likewise
 };

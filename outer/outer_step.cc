@@ -230,11 +230,16 @@ absl::Status OuterStepHook::FetchGlobal() {
     ATL_RETURN_IF_ERROR(AgreeOnRound(f));
     model_.Merge(f, syncs_[f]->global(), 0.0);
   }
-  // Sync: a round may have committed between the join's answer and the fetch (the round an island
-  // joins in does not wait for it): the island takes part from the round it holds, its step count
-  // at it, as after a rejoin. Otherwise its pushes would come a round early for its steps.
-  if (!options_.schedule.async && syncs_[0]->round() > session_.joined().round()) {
-    policy_->Rejoined(Rounds(), model_);
+  // Sync: a late joiner takes part from the rounds it holds, at the step they put it (as after a
+  // rejoin), so that its step count, its learning-rate schedule and its last step line up with the
+  // other islands'. With fragments the step follows every fragment's round, not fragment 0's
+  // alone (a fragment's round starts up to H steps after fragment 0's), and a round may have
+  // committed between the join's answer and the fetch (the round an island joins in does not wait
+  // for it).
+  const std::vector<uint64_t> rounds = Rounds();
+  if (!options_.schedule.async &&
+      std::any_of(rounds.begin(), rounds.end(), [](uint64_t r) { return r > 0; })) {
+    policy_->Rejoined(rounds, model_);
     std::fill(last_push_.begin(), last_push_.end(), model_.step());
   }
   return absl::OkStatus();

@@ -219,6 +219,7 @@ absl::StatusOr<pb::HeartbeatResponse> SyncServer::Heartbeat(const pb::HeartbeatR
   if (request.finished()) member->finished = true;
   member->inner_step = request.inner_step();
   member->telemetry = request.telemetry();
+  member->peak_tokens_per_s = std::max(member->peak_tokens_per_s, request.telemetry().tokens_per_s());
   pb::HeartbeatResponse r;
   r.set_round(fragments_[0].round);
   r.set_membership_epoch(membership_.epoch());
@@ -260,6 +261,7 @@ SyncServer::Status SyncServer::GetStatus() const {
     i.silent_s = absl::ToDoubleSeconds(now - m.last_seen);
     i.inner_step = m.inner_step;
     i.telemetry = m.telemetry;
+    i.flagged_claims = m.flagged_claims;
   }
   for (const auto& [id, state] : membership_.departed_states()) {
     if (membership_.Find(id) != nullptr) continue;  // it joined again

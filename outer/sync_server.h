@@ -173,6 +173,10 @@ class SyncServer {
 
   // An island declares its data-parallel ranks at join (JoinRequest.data_parallel): at most this.
   static constexpr uint32_t kMaxDataParallel = 1 << 20;
+  // A member's claims since it joined are flagged past this many times what the highest
+  // throughput its heartbeats reported could have trained in that time (an honest island's are at
+  // most about 1x: its claims count the steps it trained, its throughput their wall-clock rate).
+  static constexpr double kClaimFlagFactor = 3.0;
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request);
   // OK when `island` is a member and `session` its credential (see Membership::Authenticate).
   absl::Status Authenticate(const std::string& island, const std::string& session) const;
@@ -281,6 +285,7 @@ class SyncServer {
     double silent_s = 0;     // since the island was last heard of
     uint64_t inner_step = 0;
     pb::IslandTelemetry telemetry;
+    uint32_t flagged_claims = 0;  // its contributions that claimed more than its throughput allows
   };
   struct Status {
     std::vector<IslandStatus> islands;  // members, then former members
@@ -423,7 +428,12 @@ class SyncServer {
   absl::Status CheckClaimLocked(const PayloadId& id, uint64_t tokens) const;
   // The earliest step an island joining now can resume from (Member::resume_floor).
   int64_t ResumeFloorLocked() const;
-  void NoteContributedLocked(const PayloadId& id);
+  // Notes an accepted contribution of `tokens` (the bound on later claims, the flag below).
+  void NoteContributedLocked(const PayloadId& id, uint64_t tokens);
+  // Flags (counts, and logs at a bounded rate) a member whose claims since it joined exceed
+  // kClaimFlagFactor times what its reported throughput could have trained in that time: a claim
+  // the round's bound lets through when the island's declared data-parallel ranks are false.
+  void FlagClaimLocked(Member& m, absl::Time now);
   // Logs "<key><rest>" unless the key's lines are over their rate (outer/log_limiter.h).
   void MemberEventLocked(const std::string& key, const std::string& rest);
   void ClosePush(const PayloadId& id, uint64_t first_offset);

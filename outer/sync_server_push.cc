@@ -251,7 +251,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
   membership_.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
-  NoteContributedLocked(id);
+  NoteContributedLocked(id, frag.contributions.at(id.island_id).tokens);
   if (frag.contributions.size() == 1) {
     frag.deadline = now + absl::Seconds(options_.round_timeout_s);
     frag.opened = now;
@@ -326,11 +326,32 @@ int64_t SyncServer::ResumeFloorLocked() const {
   return floor == INT64_MAX ? 0 : floor;
 }
 
-void SyncServer::NoteContributedLocked(const PayloadId& id) {
+void SyncServer::NoteContributedLocked(const PayloadId& id, uint64_t tokens) {
   Member* m = membership_.FindMutable(id.island_id);
   if (m == nullptr) return;
   if (m->contributed.size() < fragments_.size()) m->contributed.resize(fragments_.size());
   m->contributed[id.fragment] = true;
+  m->tokens_claimed += tokens;
+  FlagClaimLocked(*m, absl::Now());
+}
+
+void SyncServer::FlagClaimLocked(Member& m, absl::Time now) {
+  if (m.peak_tokens_per_s <= 0) return;  // no throughput reported yet (or a shard: none heard)
+  // Each fragment's contributions count the island's training once.
+  uint32_t owned = 0;
+  for (uint32_t f = 0; f < fragments_.size(); ++f) owned += ShardOwns(options_, f) ? 1 : 0;
+  const double trained = double(m.tokens_claimed) / std::max<uint32_t>(1, owned);
+  const double elapsed_s = absl::ToDoubleSeconds(now - m.joined_at);
+  const double possible = m.peak_tokens_per_s * elapsed_s;
+  if (trained <= kClaimFlagFactor * possible) return;
+  ++m.flagged_claims;
+  MemberEventLocked(
+      absl::StrCat("island '", m.name, "' claims more tokens than its throughput allows"),
+      absl::StrFormat(": %.0f tokens in %.1f s since it joined, %.1fx what %.0f tokens/s (the most "
+                      "its heartbeats reported) train; its declared data-parallel ranks (%u) may "
+                      "be false",
+                      trained, elapsed_s, possible > 0 ? trained / possible : 0.0,
+                      m.peak_tokens_per_s, m.data_parallel));
 }
 
 uint32_t SyncServer::SyncEveryLocked(const std::string& island) const {
@@ -381,7 +402,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   PublishLocked(id.fragment, *std::move(result), now);
   frag.last_base[id.island_id] = id.round;
   membership_.Contributed(id.island_id, now).IgnoreError();  // a member, or one that just left
-  NoteContributedLocked(id);
+  NoteContributedLocked(id, c.tokens);
   if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
   if (id.fragment == 0) tokens_committed_ += c.tokens;
   pb::PushResponse response;

@@ -509,9 +509,9 @@ std::map<int, std::vector<std::string>> ServiceHashes(const testing::TempDir& di
 
 // Returns the service's hashes and the run's output.
 std::pair<std::map<int, std::vector<std::string>>, std::string> RunAndCheckBitIdentical(
-    const std::string& outer_toml, int fragments) {
+    const std::string& outer_toml, int fragments, const std::string& extra_args = "") {
   testing::TempDir dir;
-  const auto run = RunTwoIslands(dir, outer_toml);
+  const auto run = RunTwoIslands(dir, outer_toml, extra_args);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   if (run.exit_code != 0) return {};
 
@@ -718,6 +718,45 @@ TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
     EXPECT_EQ(summary["global_hash"], service.at(0).back()) << island;
     EXPECT_EQ(summary["step"], 48) << island;
     EXPECT_GT(summary["checkpoints"].get<int>(), 0) << island;
+  }
+}
+
+// A fresh process joining a Streaming run late takes part at the step its fragments' rounds put it,
+// not fragment 0's alone (a fragment's round starts up to H steps after fragment 0's): each of its
+// pushes comes at the step the other island pushes the same round at, and both reach the last step.
+// Pushing at fragment 0's step, it ran H steps behind and waited on the other island at the end
+// until the round deadline.
+TEST(ChaosTest, ALateJoinerOfAStreamingRunPushesEachRoundAtTheRunsStep) {
+  testing::TempDir dir;
+  const auto run = RunTwoIslands(
+      dir,
+      "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
+      "lease_s = 1.0\nround_timeout_s = 20\n",
+      "--throttle 8,8 --train.steps=64 --kill island1@round6 --join island1@round10");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
+  // (fragment, round) -> the step each island pushed it at.
+  std::map<std::pair<int, int>, int> pushed[2];
+  const char* islands[] = {"island0", "island1.2"};  // island1's second process
+  for (int i = 0; i < 2; ++i) {
+    std::ifstream metrics(dir.Join(std::string("run/") + islands[i] + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("round")) continue;
+      pushed[i][{j["fragment"].get<int>(), j["round"].get<int>()}] = j["pushed_at"].get<int>();
+    }
+  }
+  int shared = 0;
+  for (const auto& [round, step] : pushed[1]) {
+    if (!pushed[0].count(round)) continue;
+    ++shared;
+    EXPECT_EQ(step, pushed[0].at(round)) << "fragment " << round.first << " round " << round.second;
+  }
+  EXPECT_GE(shared, 8) << run.output;  // the restarted island's rounds, at least two per fragment
+  for (const char* island : islands) {
+    auto summary = nlohmann::json::parse(
+        testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["step"], 64) << island;
   }
 }
 

@@ -483,6 +483,54 @@ TEST_F(HostileClientTest, ChurnWritesABoundedLog) {
   EXPECT_TRUE(coordinator_->Alive());
 }
 
+// A member that declares 16 data-parallel ranks may claim 16 x the round's tokens (the bound per
+// round follows the declared ranks), but its own heartbeats report what one rank trains: its
+// claims are flagged, by name, in the log and on the status API; an honest island's are not.
+TEST_F(HostileClientTest, ClaimsAboveTheReportedThroughputAreFlagged) {
+  pb::JoinResponse honest, mallory;
+  ASSERT_TRUE(Join("honest", &honest).ok());
+  pb::JoinRequest wide;
+  wide.set_run_id(config_.outer.run_id);
+  wide.set_name("mallory");
+  wide.set_config_hash(ModelConfigHash(config_.model));
+  wide.set_data_parallel(16);
+  {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    ASSERT_TRUE(coordinator_stub_->Join(&ctx, wide, &mallory).ok());
+  }
+  auto beat = [&](const pb::JoinResponse& m, double tokens_per_s) {
+    pb::HeartbeatRequest b;
+    b.set_run_id(config_.outer.run_id);
+    b.set_island_id(m.island_id());
+    b.set_session(m.session());
+    b.mutable_telemetry()->set_tokens_per_s(tokens_per_s);
+    pb::HeartbeatResponse r;
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    EXPECT_TRUE(coordinator_stub_->Heartbeat(&ctx, b, &r).ok());
+  };
+  // Honest: 640 tokens (a round of H = 10 steps of 64) at 1e5 tokens/s takes 6.4 ms, less than
+  // the calls here do. Mallory: 16 x 640 tokens at the 100 tokens/s she reports would take 102 s.
+  beat(honest, 1e5);
+  beat(mallory, 100);
+  const uint64_t round = 10 * config_.tokens_per_rank_step();
+  ASSERT_TRUE(Push(Contribution(honest, "honest", 1e-3f, round)).ok());
+  const auto greedy = Push(Contribution(mallory, "mallory", 1e-3f, 16 * round));
+  ASSERT_TRUE(greedy.ok()) << greedy.error_message();  // within the declared ranks' bound
+  std::string log;
+  for (int i = 0; i < 100; ++i) {
+    log = testing::ReadFile(dir_.Join("coordinator.log"));
+    if (log.find("island 'mallory' claims more tokens") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_THAT(log, HasSubstr("island 'mallory' claims more tokens than its throughput allows: "
+                             "10240 tokens in "));
+  EXPECT_THAT(log, HasSubstr("its declared data-parallel ranks (16) may be false"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("island 'honest' claims more tokens")));
+  EXPECT_TRUE(coordinator_->Alive());
+}
+
 // A run that starts with a warm start: its first rounds are one inner step each.
 class WarmStartHostileTest : public HostileClientTest {
  protected:

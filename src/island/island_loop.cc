@@ -124,16 +124,11 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
   if (resumed) {
     ATL_RETURN_IF_ERROR(trainer->ImportState(resumed->state));
   }
-  if (!joined.schedule().async() && joined.round() > 0) {
-    // A late joiner takes part from the run's current round: its step count (and so its
-    // learning-rate schedule and its last step) line up with the other islands'.
-    const outer::SyncSchedule schedule(int(joined.schedule().sync_every()),
-                                       int(joined.schedule().num_fragments()),
-                                       outer::PhasesOf(joined.schedule()));
-    trainer->SetStep(schedule.RoundStart(0, joined.round()));
-    if (!resumed && config.outer.join_warmup_steps > 0) {
-      trainer->RampLearningRate(config.outer.join_warmup_steps);
-    }
+  // A late joiner's step is the rounds' it fetches (outer::OuterStepHook::FetchGlobal); a fresh
+  // one ramps its learning rate up.
+  if (!joined.schedule().async() && joined.round() > 0 && !resumed &&
+      config.outer.join_warmup_steps > 0) {
+    trainer->RampLearningRate(config.outer.join_warmup_steps);
   }
   return trainer;
 }

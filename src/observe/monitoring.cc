@@ -147,6 +147,8 @@ struct ServiceMonitor::State {
   Family<Gauge>& island_utilization =
       Gauges("atoll_island_compute_utilization", "Its compute time over its wall time");
   Family<Gauge>& island_step = Gauges("atoll_island_inner_step", "Its latest inner step");
+  Family<Gauge>& island_flagged = Gauges(
+      "atoll_island_flagged_claims", "Its contributions that claimed more tokens than its throughput allows");
 
   std::mutex mu;  // what follows
   struct Island {
@@ -229,7 +231,7 @@ void ServiceMonitor::Sample() {
     if (!i.member) {
       // A former member: its gauges go (its counters and curves stay).
       for (auto* f : {&s.island_loss, &s.island_val_loss, &s.island_tokens_per_s,
-                      &s.island_utilization, &s.island_step}) {
+                      &s.island_utilization, &s.island_step, &s.island_flagged}) {
         if (f->Has(labels)) f->Remove(&f->Add(labels));
       }
       continue;
@@ -238,6 +240,7 @@ void ServiceMonitor::Sample() {
     s.island_step.Add(labels).Set(double(i.inner_step));
     s.island_tokens_per_s.Add(labels).Set(t.tokens_per_s());
     s.island_utilization.Add(labels).Set(t.utilization());
+    s.island_flagged.Add(labels).Set(double(i.flagged_claims));
     if (int64_t(i.inner_step) != mine.last_step && t.tokens() > 0) {
       s.island_loss.Add(labels).Set(t.loss());
       mine.loss.Add(double(i.inner_step), t.loss());
@@ -305,6 +308,7 @@ std::string ServiceMonitor::StatusJson() {
                           {"finished", i.finished},
                           {"data_stream", i.data_stream},
                           {"data_parallel", i.data_parallel},
+                          {"flagged_claims", i.flagged_claims},
                           {"step", i.inner_step},
                           {"silent_s", i.silent_s},
                           {"loss", t.loss()},
