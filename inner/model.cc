@@ -4,19 +4,27 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
+#include "absl/strings/match.h"
 #include "inner/model/gpt.h"
+#include "inner/model/llama.h"
+#include "inner/torch_compat.h"
 
 namespace atl::inner {
 namespace {
 
 namespace F = torch::nn::functional;
 
-// The families of this build (the first is the default).
-const ModelFamily* const kFamilies[] = {&gpt::kFamily};
-
 }  // namespace
 
-const ModelFamily& FamilyOf(const ModelConfig&) { return *kFamilies[0]; }
+const ModelFamily& FamilyOf(const ModelConfig& config) {
+  switch (config.arch) {
+    case ModelArch::kLlama: return llama::kFamily;
+    case ModelArch::kGpt2: break;
+  }
+  return gpt::kFamily;
+}
 
 torch::Tensor CausalLmImpl::forward(const torch::Tensor& tokens) {
   auto x = Embed(tokens);
@@ -33,6 +41,26 @@ torch::Tensor ResidualDropout(const torch::Tensor& x, double p, bool training,
                               SequenceStyle* style) {
   if (style != nullptr) return style->Dropout(x, p, training);
   return F::dropout(x, F::DropoutFuncOptions().p(p).training(training));
+}
+
+void InitializeParameters(CausalLmImpl& model, const ParallelPlan& plan) {
+  torch::NoGradGuard no_grad;
+  const ModelConfig& c = model.config();
+  auto gen = compat::MakeCpuGenerator(c.init_seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  for (const auto& [name, p] : NamedParameters(model)) {
+    auto whole = torch::empty(p.sizes(), p.options());
+    if (absl::EndsWith(name, ".bias")) {
+      whole.zero_();
+    } else if (p.dim() == 1) {  // a norm's gain
+      whole.fill_(1.0);
+    } else if (PlanOf(plan, name).input_major) {  // the residual projections
+      whole.normal_(0.0, residual_std, gen);
+    } else {
+      whole.normal_(0.0, 0.02, gen);
+    }
+    p.copy_(whole);
+  }
 }
 
 CausalLm BuildModel(const ModelConfig& config) { return FamilyOf(config).build(config); }

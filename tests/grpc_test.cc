@@ -559,6 +559,16 @@ TEST(MultiProcessTest, StreamingFourFragmentsOverlappedFp4OnOneServiceAndOnTwoSh
   EXPECT_EQ(sharded, one.first);
 }
 
+// The Llama family (grouped-query attention: 2 query heads share 1 key/value head) through the
+// same Streaming run: its fragments are groups of its blocks, and every copy stays bit-identical.
+TEST(MultiProcessTest, ALlamaModelStreamsFourFragmentsFp4BitIdentical) {
+  const auto [service, output] = RunAndCheckBitIdentical(
+      "sync_every = 4\nnum_fragments = 4\nfragment_sync_delay = 2\ncodec = \"fp4_e2m1\"\n", 4,
+      "--model.arch=llama --model.n_kv_head=1 --model.ffn_hidden=64");
+  EXPECT_THAT(output, ::testing::HasSubstr("fp4_e2m1"));
+  for (const auto& [fragment, hashes] : service) EXPECT_GE(hashes.size(), 3u) << fragment;
+}
+
 // A shard server SIGKILLed mid-run comes back on its address from its durable state: the islands
 // retry or rejoin, every round of its fragments commits exactly once and in order, and the run
 // ends with every copy bit-identical.

@@ -4,7 +4,8 @@
 // plan, and a sequence style a plan may set.
 //
 // Adding a family: its modules built from inner/model/layers.h, its closed-form parameter shapes,
-// its plan and FLOP rule, and a row of kFamilies (inner/model.cc).
+// its plan and FLOP rule, its model.arch value (inner/model_config.h) and a case of FamilyOf
+// (inner/model.cc).
 #ifndef ATOLL_INNER_MODEL_CAUSAL_LM_H_
 #define ATOLL_INNER_MODEL_CAUSAL_LM_H_
 
@@ -46,6 +47,13 @@ class CausalLmImpl : public torch::nn::Module {
  private:
   ModelConfig config_;
 };
+
+// GPT-2's initialization, which every family here uses: deterministic from config.init_seed and
+// independent of the global generator, each whole parameter in turn in registration order (a
+// tensor-parallel rank then takes its part of the same values): biases 0, norm gains (the 1-D
+// weights) 1, the residual projections (the plan's row-parallel weights) N(0, 0.02 /
+// sqrt(2 n_layer)), every other weight N(0, 0.02).
+void InitializeParameters(CausalLmImpl& model, const ParallelPlan& plan);
 
 // A model: the module behind a shared pointer (`*model`, `model->` as with torch's holders).
 using CausalLm = std::shared_ptr<CausalLmImpl>;

@@ -3,9 +3,6 @@
 #include <torch/nn/functional/dropout.h>
 #include <torch/torch.h>
 
-#include <cmath>
-
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "inner/model.h"
 #include "inner/torch_compat.h"
@@ -138,25 +135,7 @@ GptImpl::GptImpl(const ModelConfig& c) : CausalLmImpl(c) {
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   head_ = register_module("head", Linear(torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
 
-  // Deterministic init, independent of the global generator and of registration side effects:
-  // each whole parameter in turn (a tensor-parallel rank takes its part of the same values).
-  torch::NoGradGuard no_grad;
-  auto gen = compat::MakeCpuGenerator(c.init_seed);
-  const double residual_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  const ParallelPlan plan = Plan(c);
-  for (const auto& [name, p] : NamedParameters(*this)) {
-    auto whole = torch::empty(p.sizes(), p.options());
-    if (absl::EndsWith(name, ".bias")) {
-      whole.zero_();
-    } else if (absl::StartsWith(name, "ln") || absl::StrContains(name, ".ln")) {
-      whole.fill_(1.0);
-    } else if (PlanOf(plan, name).input_major) {  // the residual projections
-      whole.normal_(0.0, residual_std, gen);
-    } else {
-      whole.normal_(0.0, 0.02, gen);
-    }
-    p.copy_(whole);
-  }
+  InitializeParameters(*this, Plan(c));
 }
 
 torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {

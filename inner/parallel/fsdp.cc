@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<FsdpModel>> FsdpModel::Create(const ModelConfig& 
   ATL_RETURN_IF_ERROR(Validate(config));
   ATL_RETURN_IF_ERROR(ValidatePipeline(config.n_layer, mesh.shape().pp));
   ATL_RETURN_IF_ERROR(ValidateTensorParallel(config, mesh.shape().tp, options.sequence_parallel));
+  ATL_RETURN_IF_ERROR(ValidateTiedEmbeddings(config, mesh.shape().dp_shard, mesh.shape().pp));
   // Initialized from config.init_seed on the CPU: every rank's part of the same model.
   std::unique_ptr<FsdpModel> f(new FsdpModel(config, mesh, options));
   if (f->tp_ != nullptr) ApplyTensorParallel(*f->model_, f->plan_, f->tp_);

@@ -48,6 +48,15 @@ absl::Status Validate(const ParallelismConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateTiedEmbeddings(const ModelConfig& model, int dp_shard, int pp) {
+  if (!model.tie_embeddings || (dp_shard <= 1 && pp <= 1)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.tie_embeddings needs the embedding matrix whole where the head is: it works with "
+      "tensor parallelism and replicas, not with FSDP sharding (parallelism.data_parallel_shard_degree = ",
+      dp_shard, ") or pipeline stages (parallelism.pipeline_parallel_degree = ", pp,
+      "), which put the embeddings and the head in different units"));
+}
+
 absl::Status ValidateForModel(const ParallelismConfig& c, const ModelConfig& model,
                               const TrainConfig& train) {
   if (c.pipeline_microbatches <= 0 || train.batch_size % c.pipeline_microbatches != 0) {
@@ -58,6 +67,8 @@ absl::Status ValidateForModel(const ParallelismConfig& c, const ModelConfig& mod
   if (c.pipeline_parallel_degree > 1) {
     ATL_RETURN_IF_ERROR(ValidatePipeline(model.n_layer, c.pipeline_parallel_degree));
   }
+  ATL_RETURN_IF_ERROR(ValidateTiedEmbeddings(model, c.data_parallel_shard_degree,
+                                             c.pipeline_parallel_degree));
   if (c.tensor_parallel_degree > 1) {
     return ValidateTensorParallel(model, c.tensor_parallel_degree, c.sequence_parallel);
   }

@@ -55,6 +55,9 @@ void VisitKeys(ParallelismConfig& c, V&& v) {
 }
 
 absl::Status Validate(const ParallelismConfig& config);
+// Tied embeddings (model.tie_embeddings) under `dp_shard` FSDP shards and `pp` stages (-1, the
+// rest of the ranks, is judged where the mesh is resolved: inner::parallel::FsdpModel::Create).
+absl::Status ValidateTiedEmbeddings(const ModelConfig& model, int dp_shard, int pp);
 // What the mesh asks of the model and the batch, checked before any rank starts.
 absl::Status ValidateForModel(const ParallelismConfig& config, const ModelConfig& model,
                               const TrainConfig& train);

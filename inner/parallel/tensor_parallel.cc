@@ -30,17 +30,17 @@ struct EnterFunction : public torch::autograd::Function<EnterFunction> {
 };
 
 // f and the column-parallel layer, sequence-parallel: the ranks' slices gathered and multiplied
-// by this rank's rows of the weight. Only the slice is kept for backward, which gathers it again
-// for the weight's gradient (Megatron's trade: activation memory for one more all-gather), and
-// the input's gradient is reduce-scattered back to the slices.
+// by this rank's rows of the weight (the bias, if any, is added after, outside: a custom function
+// takes no undefined input in libtorch 1.13). Only the slice is kept for backward, which gathers it
+// again for the weight's gradient (Megatron's trade: activation memory for one more all-gather),
+// and the input's gradient is reduce-scattered back to the slices.
 struct GatherLinearFunction : public torch::autograd::Function<GatherLinearFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const torch::Tensor& bias,
-                               int64_t group) {
+                               const torch::Tensor& weight, int64_t group) {
     ctx->saved_data["group"] = group;
     ctx->save_for_backward({x, weight});
     return torch::nn::functional::linear(
-        reinterpret_cast<TpGroup*>(group)->GatherSequenceOrThrow(x), weight, bias);
+        reinterpret_cast<TpGroup*>(group)->GatherSequenceOrThrow(x), weight);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     TpGroup* tp = GroupOf(ctx);
@@ -52,10 +52,9 @@ struct GatherLinearFunction : public torch::autograd::Function<GatherLinearFunct
     const auto dtype = g.scalar_type();
     const auto rows = g.view({-1, g.size(-1)});
     torch::Tensor grad_weight = rows.t().mm(whole.reshape({-1, whole.size(-1)}).to(dtype));
-    torch::Tensor grad_bias = rows.sum(0);
     torch::Tensor grad_x = tp->ReduceScatterSequenceOrThrow(g.matmul(weight.to(dtype)));
     return {grad_x.to(saved[0].scalar_type()), grad_weight.to(weight.scalar_type()),
-            grad_bias.to(weight.scalar_type()), torch::Tensor()};
+            torch::Tensor()};
   }
 };
 
@@ -106,16 +105,19 @@ struct JoinFunction : public torch::autograd::Function<JoinFunction> {
 torch::Tensor TpGroup::ColumnParallel(const torch::Tensor& x, const torch::Tensor& weight,
                                       const torch::Tensor& bias) {
   const auto group = reinterpret_cast<int64_t>(this);
-  if (sequence_parallel_) return GatherLinearFunction::apply(x, weight, bias, group);
+  if (sequence_parallel_) {
+    auto y = GatherLinearFunction::apply(x, weight, group);
+    return bias.defined() ? y + bias : y;
+  }
   return torch::nn::functional::linear(EnterFunction::apply(x, group), weight, bias);
 }
 
 torch::Tensor TpGroup::RowParallel(const torch::Tensor& y, const torch::Tensor& weight,
                                    const torch::Tensor& bias) {
   // The partial products are summed before the (whole) bias is added once.
-  return ReduceFunction::apply(torch::nn::functional::linear(y, weight),
-                               reinterpret_cast<int64_t>(this)) +
-         bias;
+  auto sum = ReduceFunction::apply(torch::nn::functional::linear(y, weight),
+                                   reinterpret_cast<int64_t>(this));
+  return bias.defined() ? sum + bias : sum;
 }
 
 torch::Tensor TpGroup::Split(const torch::Tensor& x) {

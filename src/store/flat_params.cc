@@ -74,8 +74,12 @@ void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
 uint64_t ModelConfigHash(const inner::ModelConfig& m) {
   // "layout 2": row-parallel weights flatten input-major (their plan's input_major); the states of
   // earlier builds hold them row-major and are refused as another model's.
-  const std::string s = absl::StrCat("layout 2/", m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
+  std::string s = absl::StrCat("layout 2/", m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
                                      m.vocab, "/", m.dropout, "/", m.init_seed);
+  if (m.arch == inner::ModelArch::kLlama) {  // GPT-2's hash stays what earlier builds wrote
+    absl::StrAppend(&s, "/llama/", m.kv_heads(), "/", m.FfnHidden(), "/", m.norm_eps, "/",
+                    m.rope_theta, "/", m.tie_embeddings ? 1 : 0);
+  }
   return compression::Checksum(s.data(), s.size());
 }
 

@@ -67,12 +67,22 @@ struct Preset {
   int batch = 8;
 };
 
+inner::ModelConfig Gpt(int n_layer, int d_model, int n_head, int context, int vocab) {
+  inner::ModelConfig m;
+  m.n_layer = n_layer;
+  m.d_model = d_model;
+  m.n_head = n_head;
+  m.context = context;
+  m.vocab = vocab;
+  return m;
+}
+
 std::map<std::string, Preset> Presets() {
   std::map<std::string, Preset> p;
   // GPT-2 small's shape (with an untied LM head), and a 1B GPT of 16 layers of width 2048.
-  p["125m"] = {{12, 768, 12, 1024, 50304, 0.0, 1337}, 16};
-  p["1b"] = {{16, 2048, 16, 2048, 50304, 0.0, 1337}, 8};
-  p["tiny"] = {{4, 64, 2, 64, 256, 0.0, 1337}, 4};
+  p["125m"] = {Gpt(12, 768, 12, 1024, 50304), 16};
+  p["1b"] = {Gpt(16, 2048, 16, 2048, 50304), 8};
+  p["tiny"] = {Gpt(4, 64, 2, 64, 256), 4};
   return p;
 }
 

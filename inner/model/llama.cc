@@ -1,0 +1,205 @@
+#include "inner/model/llama.h"
+
+#include <torch/nn/functional/dropout.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "inner/model.h"
+#include "inner/torch_compat.h"
+
+namespace atl::inner::llama {
+namespace {
+
+namespace F = torch::nn::functional;
+
+using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+Shapes ShapesOf(const ModelConfig& c) {
+  const int64_t d = c.d_model, hd = c.d_model / c.n_head, kv = int64_t(c.kv_heads()) * hd,
+                f = c.FfnHidden();
+  Shapes shapes = {{"embed_tokens.weight", {c.vocab, d}}};
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string b = "layers." + std::to_string(l) + ".";
+    for (auto& [name, shape] : Shapes{{"input_layernorm.weight", {d}},
+                                      {"self_attn.q_proj.weight", {d, d}},
+                                      {"self_attn.k_proj.weight", {kv, d}},
+                                      {"self_attn.v_proj.weight", {kv, d}},
+                                      {"self_attn.o_proj.weight", {d, d}},
+                                      {"post_attention_layernorm.weight", {d}},
+                                      {"mlp.gate_proj.weight", {f, d}},
+                                      {"mlp.up_proj.weight", {f, d}},
+                                      {"mlp.down_proj.weight", {d, f}}}) {
+      shapes.emplace_back(b + name, std::move(shape));
+    }
+  }
+  shapes.push_back({"norm.weight", {d}});
+  if (!c.tie_embeddings) shapes.push_back({"lm_head.weight", {c.vocab, d}});
+  return shapes;
+}
+
+ParallelPlan Plan(const ModelConfig&) {
+  ParallelPlan p;
+  p.blocks = "layers";
+  p.embeddings = {"embed_tokens"};
+  p.tensor_parallel = {{"layers.*.self_attn.q_proj", TpStyle::kColumn, 1},
+                       {"layers.*.self_attn.k_proj", TpStyle::kColumn, 1},
+                       {"layers.*.self_attn.v_proj", TpStyle::kColumn, 1},
+                       {"layers.*.self_attn.o_proj", TpStyle::kRow, 1},
+                       {"layers.*.mlp.gate_proj", TpStyle::kColumn, 1},
+                       {"layers.*.mlp.up_proj", TpStyle::kColumn, 1},
+                       {"layers.*.mlp.down_proj", TpStyle::kRow, 1}};
+  return p;
+}
+
+CausalLm Build(const ModelConfig& c) { return std::make_shared<LlamaImpl>(c); }
+
+// 6 FLOPs per parameter of a matrix product per token (forward + backward: every parameter but
+// the embedding lookup's, the head's product counted once, tied or not; the norms' few are
+// counted too), plus attention's scores and values, 6 * n_layer * context * d_model (the query
+// heads' width: grouped-query attention shares keys and values, not the products with them).
+double TrainFlops(const ModelConfig& c) {
+  const double embedding = double(c.vocab) * c.d_model;
+  const double n = double(ParameterCount(c)) - (c.tie_embeddings ? 0.0 : embedding);
+  return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
+}
+
+absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
+  if (tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
+  }
+  if (c.n_head % tp != 0 || c.kv_heads() % tp != 0 || c.FfnHidden() % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
+        "), the key/value heads (model.n_kv_head: ", c.kv_heads(), ") and the SwiGLU width (",
+        c.FfnHidden(), "): each rank holds n_head / ", tp, " query heads, n_kv_head / ", tp,
+        " key/value heads and ffn_hidden / ", tp, " MLP units"));
+  }
+  if (sequence_parallel && c.context % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.enable_sequence_parallel needs model.context (", c.context,
+        ") to divide by parallelism.tensor_parallel_degree = ", tp,
+        ": each rank holds context / ", tp, " positions of every sequence"));
+  }
+  return absl::OkStatus();
+}
+
+Linear Projection(int64_t in, int64_t out) {
+  return Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+}  // namespace
+
+const ModelFamily kFamily = {"llama", ShapesOf, Plan, Build, TrainFlops, ValidateTensorParallel};
+
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  const auto h = x.to(torch::kFloat);
+  const auto normed = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight * normed.to(x.scalar_type());
+}
+
+torch::Tensor ApplyRotary(const torch::Tensor& x, double theta, int64_t start) {
+  const int64_t t = x.size(2), hd = x.size(3);
+  const auto f32 = x.options().dtype(torch::kFloat);
+  const auto inv_freq =
+      1.0 / torch::pow(theta, torch::arange(0, hd, 2, f32) / double(hd));  // [hd / 2]
+  const auto angles = torch::outer(torch::arange(start, start + t, f32), inv_freq);
+  const auto both = torch::cat({angles, angles}, -1);  // [T, hd]: dimension i and i + hd / 2
+  const auto cos = both.cos().to(x.scalar_type()), sin = both.sin().to(x.scalar_type());
+  const auto halves = x.chunk(2, -1);
+  const auto rotated = torch::cat({-halves[1], halves[0]}, -1);
+  return x * cos + rotated * sin;
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : head_dim_(c.d_model / c.n_head), theta_(c.rope_theta), dropout_(c.dropout) {
+  const int64_t kv = int64_t(c.kv_heads()) * head_dim_;
+  q_ = register_module("q_proj", Projection(c.d_model, c.d_model));
+  k_ = register_module("k_proj", Projection(c.d_model, kv));
+  v_ = register_module("v_proj", Projection(c.d_model, kv));
+  o_ = register_module("o_proj", Projection(c.d_model, c.d_model));
+}
+
+// The heads of this rank: all of them, or its part under tensor parallelism (its query heads and
+// the key/value heads they share, consecutive in both).
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  auto heads = [&](const torch::Tensor& y) {
+    return y.view({y.size(0), y.size(1), y.size(2) / head_dim_, head_dim_}).transpose(1, 2);
+  };
+  auto q = ApplyRotary(heads(q_->forward(x)), theta_);
+  auto k = ApplyRotary(heads(k_->forward(x)), theta_);
+  auto v = heads(v_->forward(x));
+  // Grouped-query attention: query head h reads key/value head h / (heads per key/value head).
+  if (const int64_t rep = q.size(1) / k.size(1); rep > 1) {
+    k = k.repeat_interleave(rep, 1);
+    v = v.repeat_interleave(rep, 1);
+  }
+  auto y = compat::CausalAttention(q, k, v);
+  const int64_t b = y.size(0), t = y.size(2);
+  y = y.transpose(1, 2).contiguous().view({b, t, y.size(1) * head_dim_});
+  return ResidualDropout(o_->forward(y), dropout_, is_training(), style_);
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) {
+  const int64_t f = c.FfnHidden();
+  gate_ = register_module("gate_proj", Projection(c.d_model, f));
+  up_ = register_module("up_proj", Projection(c.d_model, f));
+  down_ = register_module("down_proj", Projection(f, c.d_model));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_->forward(torch::silu(gate_->forward(x)) * up_->forward(x));
+}
+
+BlockImpl::BlockImpl(const ModelConfig& c) : dropout_(c.dropout) {
+  input_norm_ = register_module("input_layernorm", RmsNorm(c.d_model, c.norm_eps));
+  attn_ = register_module("self_attn", Attention(c));
+  post_attention_norm_ = register_module("post_attention_layernorm", RmsNorm(c.d_model, c.norm_eps));
+  mlp_ = register_module("mlp", Mlp(c));
+}
+
+void BlockImpl::set_sequence_style(SequenceStyle* style) {
+  style_ = style;
+  attn_->set_sequence_style(style);
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn_->forward(input_norm_->forward(x));
+  auto m = mlp_->forward(post_attention_norm_->forward(x));
+  return x + ResidualDropout(m, dropout_, is_training(), style_);
+}
+
+LlamaImpl::LlamaImpl(const ModelConfig& c) : CausalLmImpl(c) {
+  embed_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.d_model));
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  for (int i = 0; i < c.n_layer; ++i) layers_->push_back(Block(c));
+  norm_ = register_module("norm", RmsNorm(c.d_model, c.norm_eps));
+  if (!c.tie_embeddings) head_ = register_module("lm_head", Projection(c.d_model, c.vocab));
+
+  InitializeParameters(*this, Plan(c));
+}
+
+torch::Tensor LlamaImpl::Embed(const torch::Tensor& tokens) {
+  auto x = embed_->forward(tokens);
+  x = F::dropout(x, F::DropoutFuncOptions().p(config().dropout).training(is_training()));
+  return style_ ? style_->Split(x) : x;
+}
+
+torch::Tensor LlamaImpl::RunBlock(int i, const torch::Tensor& x) {
+  return layers_[size_t(i)]->as<Block>()->forward(x);
+}
+
+torch::Tensor LlamaImpl::Logits(const torch::Tensor& x) {
+  auto h = norm_->forward(style_ ? style_->Join(x) : x);
+  return head_ ? head_->forward(h) : torch::matmul(h, embed_->weight.t());
+}
+
+void LlamaImpl::SetSequenceStyle(std::shared_ptr<SequenceStyle> style) {
+  style_ = std::move(style);
+  for (int i = 0; i < num_blocks(); ++i) layers_[size_t(i)]->as<Block>()->set_sequence_style(style_.get());
+}
+
+}  // namespace atl::inner::llama
