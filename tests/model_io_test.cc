@@ -8,10 +8,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 #include "inner/model.h"
+#include "src/store/hf_format.h"
 #include "src/store/model_io.h"
 #include "src/store/safetensors.h"
 #include "tests/test_util.h"
@@ -38,7 +44,7 @@ TEST(SafetensorsTest, WritesTheFormatAndReadsItBackBitExact) {
   TempDir dir;
   const std::vector<float> a = {1.5f, -0.0f, 3.4028235e38f, 1e-45f, 0.1f, -7.25f};
   const std::vector<float> b = {42.0f};
-  ASSERT_TRUE(safetensors::WriteF32(dir.Join("x.safetensors"),
+  ASSERT_TRUE(safetensors::Write(dir.Join("x.safetensors"),
                                     {{"a", {2, 3}, a.data()}, {"b.c", {1}, b.data()}},
                                     {{"k", "v"}})
                   .ok());
@@ -173,7 +179,7 @@ TEST(ModelIoTest, SafetensorsRoundTripIsBitExactInBothNameStyles) {
   TempDir dir;
   const auto m = SmallModel();
   const ModelWeights w = WeightsOf(m);
-  for (auto style : {NameStyle::kGpt2, NameStyle::kAtoll}) {
+  for (auto style : {NameStyle::kHf, NameStyle::kAtoll}) {
     ASSERT_TRUE(WriteSafetensors(w, dir.Join("m.safetensors"), style).ok());
     auto back = LoadWeights(dir.Join("m.safetensors"), nullptr);  // the metadata says the model
     ASSERT_TRUE(back.ok()) << back.status();
@@ -181,7 +187,7 @@ TEST(ModelIoTest, SafetensorsRoundTripIsBitExactInBothNameStyles) {
     ExpectBitIdentical(w, *back);
   }
   // GPT-2 layout: Conv1D weights [in, out].
-  ASSERT_TRUE(WriteSafetensors(w, dir.Join("g.safetensors"), NameStyle::kGpt2).ok());
+  ASSERT_TRUE(WriteSafetensors(w, dir.Join("g.safetensors"), NameStyle::kHf).ok());
   auto file = safetensors::File::Open(dir.Join("g.safetensors"));
   ASSERT_TRUE(file.ok());
   EXPECT_EQ(file->Find("transformer.h.1.attn.c_attn.weight")->shape, (std::vector<int64_t>{16, 48}));
@@ -210,7 +216,7 @@ TEST(ModelIoTest, ReadsForeignGpt2FilesAndRefusesOtherModelsByName) {
     add(stored, transposed ? tensor.t() : tensor);
   }
   add("transformer.h.0.attn.bias", torch::ones({1, 1, 8, 8}));
-  ASSERT_TRUE(safetensors::WriteF32(dir.Join("hf.safetensors"), views, {{"format", "pt"}}).ok());
+  ASSERT_TRUE(safetensors::Write(dir.Join("hf.safetensors"), views, {{"format", "pt"}}).ok());
 
   auto no_heads = LoadWeights(dir.Join("hf.safetensors"), nullptr);
   EXPECT_THAT(std::string(no_heads.status().message()), HasSubstr("give --config with model.n_head"));
@@ -223,22 +229,22 @@ TEST(ModelIoTest, ReadsForeignGpt2FilesAndRefusesOtherModelsByName) {
 
   // A tensor of no parameter, a wrong shape, a NaN: each refused by name.
   add("transformer.h.9.mlp.c_fc.weight", torch::zeros({2}));
-  ASSERT_TRUE(safetensors::WriteF32(dir.Join("extra.safetensors"), views, {}).ok());
+  ASSERT_TRUE(safetensors::Write(dir.Join("extra.safetensors"), views, {}).ok());
   EXPECT_THAT(std::string(LoadWeights(dir.Join("extra.safetensors"), &config).status().message()),
               HasSubstr("tensor transformer.h.9.mlp.c_fc.weight is not a parameter of this model"));
   views.pop_back();
   views[4].shape = {16, 24, 2};  // transformer.h.0.attn.c_attn.weight
-  ASSERT_TRUE(safetensors::WriteF32(dir.Join("shape.safetensors"), views, {}).ok());
+  ASSERT_TRUE(safetensors::Write(dir.Join("shape.safetensors"), views, {}).ok());
   EXPECT_THAT(std::string(LoadWeights(dir.Join("shape.safetensors"), &config).status().message()),
               HasSubstr("has shape [16, 24, 2], the model needs [16, 48]"));
   ModelWeights nan = w;
   nan.params[5].second = nan.params[5].second.clone();  // blocks.0.attn.qkv.bias
   nan.params[5].second[0] = std::nanf("");
-  ASSERT_TRUE(WriteSafetensors(nan, dir.Join("nan.safetensors"), NameStyle::kGpt2).ok());
+  ASSERT_TRUE(WriteSafetensors(nan, dir.Join("nan.safetensors"), NameStyle::kHf).ok());
   EXPECT_THAT(std::string(LoadWeights(dir.Join("nan.safetensors"), nullptr).status().message()),
               HasSubstr("transformer.h.0.attn.c_attn.bias holds a non-finite value"));
   // Metadata that claims more than the file holds is refused before anything is listed.
-  ASSERT_TRUE(safetensors::WriteF32(dir.Join("claim.safetensors"), views,
+  ASSERT_TRUE(safetensors::Write(dir.Join("claim.safetensors"), views,
                                     {{"atoll.model", R"({"n_layer":1000000000,"d_model":16,)"
                                                      R"("n_head":2,"context":8,"vocab":256})"}})
                   .ok());
@@ -341,6 +347,169 @@ TEST(ModelCommandsTest, ExportImportThenOneMoreRoundIsBitExact) {
   r = Atoll(generate + "--temperature -1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--temperature must be in [0, 100]"));
+}
+
+inner::ModelConfig SmallLlama(bool tied = false) {
+  inner::ModelConfig m = SmallModel();
+  m.arch = inner::ModelArch::kLlama;
+  m.n_head = 4;
+  m.n_kv_head = 2;
+  m.ffn_hidden = 24;
+  m.rope_theta = 500000;
+  m.tie_embeddings = tied;
+  return m;
+}
+
+// A Hugging Face directory of each family (Llama tied and untied, GPT-2) reads back bit for bit
+// in f32, with config.json's keys; Llama's names are Hugging Face's, its tensors in their layout.
+TEST(HfFormatTest, DirectoriesRoundTripBitExactInF32) {
+  TempDir dir;
+  for (const auto& m : {SmallLlama(), SmallLlama(/*tied=*/true), SmallModel()}) {
+    const ModelWeights w = WeightsOf(m);
+    const std::string out = dir.Join(absl::StrCat("hf-", inner::ConfigValueText(m.arch), m.tie_embeddings));
+    auto files = hf::Write(w, out, {});
+    ASSERT_TRUE(files.ok()) << files.status();
+    EXPECT_EQ(*files, (std::vector<std::string>{"model.safetensors", "config.json",
+                                                "generation_config.json"}));
+    auto back = LoadWeights(out, nullptr);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(CheckSameArchitecture(m, back->model, "directory").ok());
+    ExpectBitIdentical(w, *back);
+    // Writing over an export is refused.
+    EXPECT_EQ(hf::Write(w, out, {}).status().code(), absl::StatusCode::kAlreadyExists);
+  }
+  const auto config = nlohmann::json::parse(testing::ReadFile(dir.Join("hf-llama0/config.json")));
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(config["hidden_size"], 16);
+  EXPECT_EQ(config["intermediate_size"], 24);
+  EXPECT_EQ(config["num_attention_heads"], 4);
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["num_hidden_layers"], 2);
+  EXPECT_EQ(config["rope_theta"], 500000.0);
+  EXPECT_EQ(config["max_position_embeddings"], 8);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  auto file = safetensors::File::Open(dir.Join("hf-llama0/model.safetensors"));
+  ASSERT_TRUE(file.ok());
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.1.self_attn.k_proj.weight",
+                           "model.layers.0.mlp.gate_proj.weight", "model.layers.0.input_layernorm.weight",
+                           "model.layers.0.post_attention_layernorm.weight", "model.norm.weight",
+                           "lm_head.weight"}) {
+    EXPECT_NE(file->Find(name), nullptr) << name;
+  }
+  EXPECT_EQ(file->Find("model.layers.1.self_attn.k_proj.weight")->shape, (std::vector<int64_t>{8, 16}));
+  auto tied = safetensors::File::Open(dir.Join("hf-llama1/model.safetensors"));
+  ASSERT_TRUE(tied.ok());
+  EXPECT_EQ(tied->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ(nlohmann::json::parse(testing::ReadFile(dir.Join("hf-gpt20/config.json")))["n_embd"], 16);
+}
+
+// bf16: every value rounded to nearest even (the same words torch's conversion gives), read back
+// widened exactly; past the shard bound, shards and an index that maps every tensor.
+TEST(HfFormatTest, Bf16RoundsToNearestEvenAndShardsCarryAnIndex) {
+  TempDir dir;
+  const auto m = SmallLlama();
+  ModelWeights w = WeightsOf(m);
+  // Values that sit exactly between two bf16 neighbours round to the even one.
+  w.params[0].second.view({-1})[0] = 1.0f + 1.0f / 256;        // halfway: down to 1.0
+  w.params[0].second.view({-1})[1] = 1.0f + 3.0f / 256;        // halfway: up to 1 + 4/256
+  hf::ExportOptions o;
+  o.bf16 = true;
+  o.max_shard_bytes = 4096;
+  auto files = hf::Write(w, dir.Join("bf16"), o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_GT(files->size(), 4u);  // several shards, the index, the two configs
+  EXPECT_EQ((*files)[0], absl::StrFormat("model-00001-of-%05d.safetensors", files->size() - 3));
+  const auto index = nlohmann::json::parse(testing::ReadFile(dir.Join("bf16/model.safetensors.index.json")));
+  EXPECT_EQ(index["weight_map"].size(), w.params.size());
+  EXPECT_EQ(index["weight_map"]["lm_head.weight"], (*files)[files->size() - 4]);
+  EXPECT_EQ(nlohmann::json::parse(testing::ReadFile(dir.Join("bf16/config.json")))["torch_dtype"], "bfloat16");
+  auto back = LoadWeights(dir.Join("bf16"), nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    const auto want = w.params[i].second.to(torch::kBFloat16).to(torch::kFloat32);
+    EXPECT_TRUE(torch::equal(back->params[i].second, want)) << w.params[i].first;
+  }
+  EXPECT_EQ(back->params[0].second.view({-1})[0].item<float>(), 1.0f);
+  EXPECT_EQ(back->params[0].second.view({-1})[1].item<float>(), 1.0f + 4.0f / 256);
+}
+
+// What does not fit is refused by name: a config.json whose sizes the tensors do not have, keys
+// atoll's Llama cannot be, a tensor the model lacks.
+TEST(HfFormatTest, DirectoriesThatDoNotFitAreRefusedByName) {
+  TempDir dir;
+  const auto m = SmallLlama();
+  ASSERT_TRUE(hf::Write(WeightsOf(m), dir.Join("d"), {}).ok());
+  const std::string path = dir.Join("d/config.json");
+  const auto original = nlohmann::json::parse(testing::ReadFile(path));
+  auto with = [&](const std::string& key, const nlohmann::json& value) {
+    auto j = original;
+    j[key] = value;
+    testing::WriteFile(path, j.dump());
+    return LoadWeights(dir.Join("d"), nullptr).status();
+  };
+  auto s = with("intermediate_size", 32);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.layers.0.mlp.gate_proj.weight has shape [24,16], "
+                                                  "the model of config.json needs [32,16]"));
+  s = with("rope_scaling", nlohmann::json{{"rope_type", "llama3"}, {"factor", 8.0}});
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rope_scaling"));
+  s = with("attention_bias", true);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("attention_bias = true"));
+  s = with("num_key_value_heads", 3);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("model.n_kv_head (3)"));
+  s = with("architectures", nlohmann::json::array({"BertModel"}));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("LlamaForCausalLM and GPT2LMHeadModel"));
+  testing::WriteFile(path, original.dump());
+  // A tensor of another model beside the weights.
+  auto w = WeightsOf(m);
+  w.params.emplace_back("layers.0.self_attn.q_norm.weight", torch::ones({4}));
+  ASSERT_TRUE(hf::Write(w, dir.Join("extra"), {}).ok());
+  s = LoadWeights(dir.Join("extra"), nullptr).status();
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("model.layers.0.self_attn.q_norm.weight (in model.safetensors) is not a parameter"));
+}
+
+// An independent reader of an exported Llama directory (tests/hf_llama_reference.py: numpy in
+// float64, written from Hugging Face's definition of LlamaForCausalLM, no code shared with atoll)
+// continues a prompt greedily as `atoll generate` does from the same directory, token for token:
+// names, layouts, the rotary convention, grouped-query attention and the tied head are Hugging
+// Face's. (transformers itself is not packaged for Debian 12.)
+TEST(HfFormatTest, AnIndependentReaderGeneratesWhatAtollGenerates) {
+  // Debian's python3 (and its python3-numpy), whatever else is first on PATH.
+  if (testing::RunCommand("/usr/bin/python3 -c 'import numpy'").exit_code != 0) {
+    GTEST_SKIP() << "python3-numpy is not installed (deploy/test.sh installs it)";
+  }
+  TempDir dir;
+  for (const bool tied : {false, true}) {
+    auto m = SmallLlama(tied);
+    m.context = 12;
+    ModelWeights w = WeightsOf(m);
+    // Weights 25 x init's scale: peaked logits that follow the context (no argmax is a near tie
+    // between float32 and float64 arithmetic, and the continuation varies); norm gains not all 1.
+    for (auto& [name, t] : w.params) {
+      if (absl::EndsWith(name, "norm.weight")) {
+        t.uniform_(0.5, 1.5);
+      } else {
+        t.mul_(25);
+      }
+    }
+    const std::string out = dir.Join(tied ? "tied" : "untied");
+    ASSERT_TRUE(hf::Write(w, out, {}).ok());
+    const auto atoll = Atoll("generate --checkpoint " + out + " --prompt 'islands ' --temperature 0 --tokens 20");
+    ASSERT_EQ(atoll.exit_code, 0) << atoll.output;
+    ASSERT_EQ(atoll.output.size(), 8u + 20u + 1u) << atoll.output;
+    std::string want;
+    std::set<int> distinct;
+    for (size_t i = 8; i < 28; ++i) {
+      absl::StrAppend(&want, int(uint8_t(atoll.output[i])), "\n");
+      distinct.insert(uint8_t(atoll.output[i]));
+    }
+    EXPECT_GE(distinct.size(), 4u) << "a continuation that says little: " << want;
+    const auto reference = testing::RunCommand("/usr/bin/python3 " ATOLL_SOURCE_DIR "/tests/hf_llama_reference.py " +
+                                               out + " 'islands ' 20");
+    ASSERT_EQ(reference.exit_code, 0) << reference.output;
+    EXPECT_EQ(reference.output, want) << (tied ? "tied" : "untied");
+  }
 }
 
 }  // namespace

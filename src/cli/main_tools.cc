@@ -109,15 +109,25 @@ static int NoOverrides(const std::vector<atl::Override>& overrides) {
 Command AddExport(CLI::App& app, CommandLine& cl) {
   auto o = std::make_shared<atl::ExportOptions>();
   auto* c = app.add_subcommand(
-      "export", "write a model as safetensors: the global model of a run (its coordinator's "
-      "state, or an `atoll local` run directory) or an island's / the baseline's checkpoint");
+      "export", "write a model as safetensors or as a Hugging Face directory: the global model "
+      "of a run (its coordinator's state, or an `atoll local` run directory) or an island's / "
+      "the baseline's checkpoint");
   c->add_option("source", o->source,
                 "run directory, coordinator directory or service-state.pb, checkpoint, or "
-                "safetensors file")->required();
-  c->add_option("--out", o->out, "the safetensors file to write")->required();
-  c->add_option("--format", o->format, "safetensors (the only format)");
+                "safetensors file, or Hugging Face directory")->required();
+  c->add_option("--out", o->out,
+                "the safetensors file to write (--format safetensors), or the directory (hf)")
+      ->required();
+  c->add_option("--format", o->format,
+                "safetensors (one file) or hf (a directory transformers' from_pretrained loads: "
+                "config.json, model.safetensors or shards with their index, "
+                "generation_config.json)");
   c->add_option("--names", o->names,
-                "gpt2 (Hugging Face GPT-2 names and layout, default) or atoll (atoll's own)");
+                "safetensors: hf (Hugging Face's names and layout of the model's family, "
+                "default; gpt2 is the same) or atoll (atoll's own)");
+  c->add_option("--dtype", o->dtype, "hf: f32 (default) or bf16 (rounded to nearest even)");
+  c->add_option("--max-shard-bytes", o->max_shard_bytes,
+                "hf: shards of at most this many bytes past it, with model.safetensors.index.json");
   c->add_option("--config", cl.config_path,
                 "the run's config, for a service state without config.toml beside it");
   return {c, [&cl, o](const std::vector<atl::Override>& overrides) {
@@ -133,7 +143,8 @@ Command AddImport(CLI::App& app, CommandLine& cl) {
   auto* c = app.add_subcommand(
       "import", "start runs from a safetensors file: check every tensor against the model it "
       "describes and write a run config with that [model] and train.init_from set");
-  c->add_option("file", o->file, "safetensors file (GPT-2 or atoll names)")->required();
+  c->add_option("file", o->file,
+                "safetensors file (Hugging Face or atoll names) or Hugging Face directory")->required();
   c->add_option("--out", o->out, "the run config to write (TOML, must not exist)")->required();
   c->add_option("--config", cl.config_path,
                 "base config: data, training, outer settings (and model.n_head when the file has "

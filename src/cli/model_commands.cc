@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -10,9 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "compression/status_macros.h"
 #include "inner/torch_compat.h"
 #include "src/store/atomic_file.h"
+#include "src/store/hf_format.h"
 #include "src/store/model_io.h"
 
 namespace atl {
@@ -34,10 +37,12 @@ absl::StatusOr<ModelWeights> Load(const std::string& source, const std::optional
 
 std::string Describe(const ModelWeights& w) {
   const auto& m = w.model;
-  std::string what = absl::StrFormat("%d-layer GPT, d_model %d, %d heads, context %d, vocab %d "
-                                     "(%.2fM parameters)",
-                                     m.n_layer, m.d_model, m.n_head, m.context, m.vocab,
-                                     double(inner::ParameterCount(m)) / 1e6);
+  const bool llama = m.arch == inner::ModelArch::kLlama;
+  std::string what = absl::StrFormat(
+      "%d-layer %s, d_model %d, %d heads%s, context %d, vocab %d (%.2fM parameters)", m.n_layer,
+      llama ? "Llama" : "GPT", m.d_model, m.n_head,
+      llama ? absl::StrFormat(" (%d key/value)", m.kv_heads()) : std::string(), m.context, m.vocab,
+      double(inner::ParameterCount(m)) / 1e6);
   auto fact = [&](const char* key) {
     auto it = w.facts.find(key);
     return it == w.facts.end() ? std::string() : it->second;
@@ -54,14 +59,30 @@ std::string Describe(const ModelWeights& w) {
 }  // namespace
 
 absl::Status RunExport(const ExportOptions& o) {
-  if (o.format != "safetensors") {
+  if (o.format != "safetensors" && o.format != "hf") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--format must be safetensors (the only format), got '", o.format, "'"));
+        absl::StrCat("--format must be safetensors or hf, got '", o.format, "'"));
+  }
+  if (o.dtype != "f32" && o.dtype != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("--dtype must be f32 or bf16, got '", o.dtype, "'"));
+  }
+  if (o.format == "safetensors" && o.dtype != "f32") {
+    return absl::InvalidArgumentError("--dtype bf16 is for --format hf; safetensors files are F32");
   }
   ATL_ASSIGN_OR_RETURN(auto style, ParseNameStyle(o.names));
   if (o.out.empty()) return absl::InvalidArgumentError("--out is required");
   ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
   ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
+  if (o.format == "hf") {
+    hf::ExportOptions hf_options;
+    hf_options.bf16 = o.dtype == "bf16";
+    hf_options.max_shard_bytes = std::max<uint64_t>(1, o.max_shard_bytes);
+    ATL_ASSIGN_OR_RETURN(auto files, hf::Write(weights, o.out, hf_options));
+    std::fprintf(o.out_stream, "atoll export: %s\n  from %s\n  to %s (Hugging Face, %s): %s\n",
+                 Describe(weights).c_str(), o.source.c_str(), o.out.c_str(), o.dtype.c_str(),
+                 absl::StrJoin(files, ", ").c_str());
+    return absl::OkStatus();
+  }
   ATL_RETURN_IF_ERROR(WriteSafetensors(weights, o.out, style));
   std::fprintf(o.out_stream, "atoll export: %s\n  from %s\n  to %s (%s names, %s bytes)\n",
                Describe(weights).c_str(), o.source.c_str(), o.out.c_str(), o.names.c_str(),
@@ -77,7 +98,7 @@ absl::Status RunImport(const ImportOptions& o) {
   ATL_ASSIGN_OR_RETURN(auto base, LoadConfig(o.config_path, o.overrides));
   ATL_ASSIGN_OR_RETURN(auto weights, LoadWeights(o.file, &base));
   Config config = base;  // its dropout and init seed stay; the shapes are the file's (validated)
-  for (const auto& [key, field] : ArchitectureFields()) config.model.*field = weights.model.*field;
+  CopyArchitecture(weights.model, config.model);
   config.train.init_from = fs::absolute(o.file).lexically_normal().string();
   ATL_RETURN_IF_ERROR(WriteFileAtomic(o.out, ToToml(config)));
   std::fprintf(o.out_stream,

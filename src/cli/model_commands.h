@@ -1,5 +1,6 @@
-// The commands that take a model out of a run and back in: `atoll export` (safetensors),
-// `atoll import` (a run config that starts from a safetensors file) and `atoll generate` (samples
+// The commands that take a model out of a run and back in: `atoll export` (safetensors, or a
+// Hugging Face directory), `atoll import` (a run config that starts from a safetensors file or
+// such a directory) and `atoll generate` (samples
 // text from any model source of src/store/model_io.h).
 #ifndef ATOLL_SRC_CLI_MODEL_COMMANDS_H_
 #define ATOLL_SRC_CLI_MODEL_COMMANDS_H_
@@ -16,9 +17,11 @@ namespace atl {
 
 struct ExportOptions {
   std::string source;       // a model source (src/store/model_io.h)
-  std::string out;          // the safetensors file to write
-  std::string format = "safetensors";
-  std::string names = "gpt2";  // "gpt2" or "atoll"
+  std::string out;          // the safetensors file (or, format hf, directory) to write
+  std::string format = "safetensors";  // or "hf" (src/store/hf_format.h)
+  std::string names = "hf";  // safetensors: "hf" (alias "gpt2") or "atoll"
+  std::string dtype = "f32";  // hf: "f32" or "bf16"
+  uint64_t max_shard_bytes = 5'000'000'000;
   std::string config_path;  // the run's config, where the source does not carry it
   FILE* out_stream = stdout;
 };

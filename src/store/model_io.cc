@@ -15,6 +15,7 @@
 #include "outer/fragments.h"
 #include "src/store/checkpoint.h"
 #include "src/store/flat_params.h"
+#include "src/store/hf_format.h"
 #include "src/store/safetensors.h"
 #include "src/store/service_state_file.h"
 
@@ -50,10 +51,46 @@ constexpr NamePiece kTopPieces[] = {{"tok_emb.", "transformer.wte.", false},
                                     {"ln_f.", "transformer.ln_f.", false},
                                     {"head.", "lm_head.", false}};
 
+// The model's architecture in a file's metadata: the integer fields, and for Llama its own keys.
 nlohmann::json ModelJson(const inner::ModelConfig& m) {
   nlohmann::json j;
   for (const auto& [key, field] : ArchitectureFields()) j[key] = m.*field;
+  if (m.arch == inner::ModelArch::kLlama) {
+    j["arch"] = "llama";
+    j["n_kv_head"] = m.kv_heads();
+    j["ffn_hidden"] = m.FfnHidden();
+    j["norm_eps"] = m.norm_eps;
+    j["rope_theta"] = m.rope_theta;
+    j["tie_embeddings"] = m.tie_embeddings;
+  }
   return j;
+}
+
+// Reads ModelJson's keys into `m` (files of earlier builds carry the integer fields only: GPT-2).
+bool ParseModelJson(const nlohmann::json& j, inner::ModelConfig& m) {
+  if (!j.is_object()) return false;
+  for (const auto& [key, field] : ArchitectureFields()) {
+    if (!j.contains(key) || !j[key].is_number_integer()) return false;
+    m.*field = j[key].get<int>();
+  }
+  m.arch = inner::ModelArch::kGpt2;
+  m.n_kv_head = m.ffn_hidden = 0;
+  m.tie_embeddings = false;
+  if (!j.contains("arch")) return true;
+  if (j["arch"] != "llama" || !j.value("n_kv_head", nlohmann::json()).is_number_integer() ||
+      !j.value("ffn_hidden", nlohmann::json()).is_number_integer() ||
+      !j.value("norm_eps", nlohmann::json()).is_number() ||
+      !j.value("rope_theta", nlohmann::json()).is_number() ||
+      !j.value("tie_embeddings", nlohmann::json()).is_boolean()) {
+    return false;
+  }
+  m.arch = inner::ModelArch::kLlama;
+  m.n_kv_head = j["n_kv_head"].get<int>();
+  m.ffn_hidden = j["ffn_hidden"].get<int>();
+  m.norm_eps = j["norm_eps"].get<double>();
+  m.rope_theta = j["rope_theta"].get<double>();
+  m.tie_embeddings = j["tie_embeddings"].get<bool>();
+  return true;
 }
 
 std::vector<int64_t> Transposed(std::vector<int64_t> shape) {
@@ -81,24 +118,26 @@ absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, Name
   inner::ModelConfig m = config != nullptr ? config->model : inner::ModelConfig{};
   auto it = file.metadata().find("atoll.model");
   if (it != file.metadata().end()) {
-    auto j = nlohmann::json::parse(it->second, nullptr, false);
-    bool ok = j.is_object();
-    for (const auto& [key, field] : ArchitectureFields()) {
-      ok = ok && j.contains(key) && j[key].is_number_integer();
-      if (ok) m.*field = j[key].get<int>();
-    }
-    if (!ok) {
+    if (!ParseModelJson(nlohmann::json::parse(it->second, nullptr, false), m)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          file.path(), ": metadata atoll.model is not {n_layer, d_model, n_head, context, vocab}"));
+          file.path(), ": metadata atoll.model is not {n_layer, d_model, n_head, context, vocab} "
+          "(with, for Llama, arch, n_kv_head, ffn_hidden, norm_eps, rope_theta, tie_embeddings)"));
     }
-    // Each block is 12 tensors: a claim the file cannot back is refused before anything is listed.
-    if (m.n_layer < 0 || size_t(m.n_layer) > file.tensors().size() / 12) {
+    // Each block is 12 tensors (Llama: 9): a claim the file cannot back is refused before
+    // anything is listed.
+    const size_t per_block = m.arch == inner::ModelArch::kLlama ? 9 : 12;
+    if (m.n_layer < 0 || size_t(m.n_layer) > file.tensors().size() / per_block) {
       return absl::InvalidArgumentError(absl::StrCat(file.path(), ": metadata says ", m.n_layer,
                                                      " blocks, the file holds ",
                                                      file.tensors().size(), " tensors"));
     }
+  } else if (file.Find("model.embed_tokens.weight") != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), " is a Llama file without atoll's metadata: its shapes do not show the heads, "
+        "the norms' epsilon or the rotary base; read the directory that holds it with its "
+        "config.json"));
   } else {
-    const bool gpt2 = style == NameStyle::kGpt2;
+    const bool gpt2 = style == NameStyle::kHf;
     const auto* wte = file.Find(gpt2 ? "transformer.wte.weight" : "tok_emb.weight");
     const auto* wpe = file.Find(gpt2 ? "transformer.wpe.weight" : "pos_emb.weight");
     if (wte == nullptr || wpe == nullptr || wte->shape.size() != 2 || wpe->shape.size() != 2) {
@@ -126,8 +165,10 @@ absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, Name
 
 absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Config* config) {
   ATL_ASSIGN_OR_RETURN(auto file, safetensors::File::Open(path));
-  const NameStyle style =
-      file.Find("transformer.wte.weight") != nullptr ? NameStyle::kGpt2 : NameStyle::kAtoll;
+  const NameStyle style = file.Find("transformer.wte.weight") != nullptr ||
+                                  file.Find("model.embed_tokens.weight") != nullptr
+                              ? NameStyle::kHf
+                              : NameStyle::kAtoll;
   ATL_ASSIGN_OR_RETURN(auto model, FileModel(file, style, config));
   ModelWeights w;
   w.model = model;
@@ -139,9 +180,9 @@ absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Conf
   std::set<std::string> expected;
   for (const auto& [name, shape] : inner::ParameterShapes(w.model)) {
     bool transposed = false;
-    std::string stored = style == NameStyle::kGpt2 ? Gpt2Name(name, &transposed) : name;
+    std::string stored = style == NameStyle::kHf ? hf::Name(w.model, name, &transposed) : name;
     const auto* t = file.Find(stored);
-    if (t == nullptr && name == "head.weight" && style == NameStyle::kGpt2) {
+    if (t == nullptr && name == "head.weight" && style == NameStyle::kHf) {
       // GPT-2 files from other tools tie the head to the token embedding and omit it.
       stored = "transformer.wte.weight";
       t = file.Find(stored);
@@ -162,7 +203,7 @@ absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Conf
   }
   // Anything else is refused (a file of another model), except GPT-2's attention-mask buffers.
   for (const auto& t : file.tensors()) {
-    const bool mask = style == NameStyle::kGpt2 && (absl::EndsWith(t.name, ".attn.bias") ||
+    const bool mask = style == NameStyle::kHf && (absl::EndsWith(t.name, ".attn.bias") ||
                                                     absl::EndsWith(t.name, ".attn.masked_bias"));
     if (!expected.count(t.name) && !mask) {
       return absl::InvalidArgumentError(
@@ -277,9 +318,9 @@ bool StartsWithMagic(const fs::path& path, const char* magic) {
 }  // namespace
 
 absl::StatusOr<NameStyle> ParseNameStyle(const std::string& name) {
-  if (name == "gpt2") return NameStyle::kGpt2;
+  if (name == "hf" || name == "gpt2") return NameStyle::kHf;  // "gpt2": its name before Llama
   if (name == "atoll") return NameStyle::kAtoll;
-  return absl::InvalidArgumentError(absl::StrCat("--names must be gpt2 or atoll, got '", name, "'"));
+  return absl::InvalidArgumentError(absl::StrCat("--names must be hf or atoll, got '", name, "'"));
 }
 
 std::string Gpt2Name(const std::string& atoll_name, bool* transposed) {
@@ -308,6 +349,7 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat("no such file or directory: ", source));
   if (fs::is_directory(path)) {
+    if (hf::IsDirectory(source)) return hf::Load(source);
     if (fs::exists(path / kStateFile)) return LoadServiceState(path / kStateFile, config);
     if (fs::exists(path / "coordinator" / kStateFile)) {
       return LoadServiceState(path / "coordinator" / kStateFile, config);
@@ -319,11 +361,22 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
     }
     return absl::NotFoundError(absl::StrCat(
         source, " holds no model: expected a coordinator's ", kStateFile,
-        ", a run directory with checkpoints/, or a checkpoint directory"));
+        ", a run directory with checkpoints/, a checkpoint directory, or a Hugging Face "
+        "directory (config.json and model.safetensors or its index)"));
   }
   if (StartsWithMagic(path, "ATOLLSV")) return LoadServiceState(path, config);
   if (StartsWithMagic(path, "ATOLLCK")) return LoadCheckpoint(source);
   return LoadSafetensors(source, config);
+}
+
+void CopyArchitecture(const inner::ModelConfig& from, inner::ModelConfig& to) {
+  for (const auto& [key, field] : ArchitectureFields()) to.*field = from.*field;
+  to.arch = from.arch;
+  to.n_kv_head = from.n_kv_head;
+  to.ffn_hidden = from.ffn_hidden;
+  to.norm_eps = from.norm_eps;
+  to.rope_theta = from.rope_theta;
+  to.tie_embeddings = from.tie_embeddings;
 }
 
 const std::vector<ArchitectureField>& ArchitectureFields() {
@@ -336,6 +389,25 @@ const std::vector<ArchitectureField>& ArchitectureFields() {
 
 absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::ModelConfig& got,
                                    const std::string& what) {
+  if (want.arch != got.arch) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " has model.arch = \"",
+                                                      inner::ConfigValueText(got.arch), "\", the config \"",
+                                                      inner::ConfigValueText(want.arch), "\""));
+  }
+  if (want.arch == inner::ModelArch::kLlama) {
+    const std::pair<const char*, std::pair<double, double>> llama[] = {
+        {"n_kv_head", {want.kv_heads(), got.kv_heads()}},
+        {"ffn_hidden", {want.FfnHidden(), got.FfnHidden()}},
+        {"norm_eps", {want.norm_eps, got.norm_eps}},
+        {"rope_theta", {want.rope_theta, got.rope_theta}},
+        {"tie_embeddings", {want.tie_embeddings, got.tie_embeddings}}};
+    for (const auto& [key, values] : llama) {
+      if (values.first != values.second) {
+        return absl::FailedPreconditionError(absl::StrCat(what, " has model.", key, " = ",
+                                                          values.second, ", the config ", values.first));
+      }
+    }
+  }
   for (const auto& [key, field] : ArchitectureFields()) {
     if (want.*field != got.*field) {
       return absl::FailedPreconditionError(
@@ -351,20 +423,20 @@ absl::Status WriteSafetensors(const ModelWeights& weights, const std::string& pa
   std::vector<safetensors::TensorView> views;
   for (const auto& [name, tensor] : weights.params) {
     bool transposed = false;
-    const std::string stored = style == NameStyle::kGpt2 ? Gpt2Name(name, &transposed) : name;
+    const std::string stored = style == NameStyle::kHf ? hf::Name(weights.model, name, &transposed) : name;
     at::Tensor t = (transposed ? tensor.t() : tensor).to(torch::kFloat32).contiguous();
     keep.push_back(t);
-    views.push_back({stored, t.sizes().vec(), t.data_ptr<float>()});
+    views.push_back({stored, t.sizes().vec(), t.data_ptr<float>(), "F32"});
   }
   std::map<std::string, std::string> metadata = {
       {"format", "pt"},
       {"atoll.model", ModelJson(weights.model).dump()},
-      {"atoll.names", style == NameStyle::kGpt2 ? "gpt2" : "atoll"}};
+      {"atoll.names", style == NameStyle::kHf ? "hf" : "atoll"}};
   for (const auto& [key, value] : weights.facts) {
     if (key != "source") metadata["atoll." + key] = value;
   }
   for (const auto& [key, value] : extra) metadata[key] = value;
-  return safetensors::WriteF32(path, views, metadata);
+  return safetensors::Write(path, views, metadata);
 }
 
 absl::StatusOr<ModelWeights> InitialWeights(const Config& config) {

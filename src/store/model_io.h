@@ -34,7 +34,8 @@
 
 namespace atl {
 
-enum class NameStyle { kGpt2, kAtoll };
+// kHf: Hugging Face's names of the model's family (GPT-2's below; Llama's in src/store/hf_format.h).
+enum class NameStyle { kHf, kAtoll };
 absl::StatusOr<NameStyle> ParseNameStyle(const std::string& name);
 
 // The GPT-2 name of an atoll parameter, and whether its tensor is stored transposed there.
@@ -64,7 +65,11 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
 using ArchitectureField = std::pair<const char*, int inner::ModelConfig::*>;
 const std::vector<ArchitectureField>& ArchitectureFields();
 
-// An error naming the first field (n_layer, d_model, n_head, context, vocab) that differs.
+// Sets `to`'s architecture (every field that shapes a tensor or the forward) to `from`'s.
+void CopyArchitecture(const inner::ModelConfig& from, inner::ModelConfig& to);
+
+// An error naming the first field (arch, Llama's keys, n_layer, d_model, n_head, context, vocab)
+// that differs.
 absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::ModelConfig& got,
                                    const std::string& what);
 

@@ -207,16 +207,21 @@ absl::StatusOr<std::vector<float>> File::ReadFloats(const TensorInfo& t) const {
   return out;
 }
 
-absl::Status WriteF32(const std::string& path, const std::vector<TensorView>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+absl::Status Write(const std::string& path, const std::vector<TensorView>& tensors,
+                   const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
+  std::vector<uint64_t> sizes;
   for (const auto& t : tensors) {
+    if (t.dtype != "F32" && t.dtype != "BF16") {
+      return absl::InvalidArgumentError(absl::StrCat("safetensors: cannot write ", t.dtype, " (", t.name, ")"));
+    }
     uint64_t numel = 1;
     for (int64_t d : t.shape) numel *= uint64_t(d);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + 4 * numel}}};
-    offset += 4 * numel;
+    sizes.push_back(numel * (t.dtype == "F32" ? 4 : 2));
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + sizes.back()}}};
+    offset += sizes.back();
   }
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
@@ -225,10 +230,8 @@ absl::Status WriteF32(const std::string& path, const std::vector<TensorView>& te
   ATL_ASSIGN_OR_RETURN(auto file, AtomicFile::Create(path));
   ATL_RETURN_IF_ERROR(file->Append(prefix, 8));
   ATL_RETURN_IF_ERROR(file->Append(text.data(), text.size()));
-  for (const auto& t : tensors) {
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) numel *= uint64_t(d);
-    ATL_RETURN_IF_ERROR(file->Append(t.data, 4 * numel));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    ATL_RETURN_IF_ERROR(file->Append(tensors[i].data, sizes[i]));
   }
   return file->Commit();
 }

@@ -56,13 +56,14 @@ class File {
 struct TensorView {
   std::string name;
   std::vector<int64_t> shape;
-  const float* data = nullptr;  // numel(shape) values
+  const void* data = nullptr;  // numel(shape) values of `dtype`, little-endian
+  std::string dtype = "F32";   // "F32" or "BF16"
 };
 
-// Writes F32 tensors (in the given order) and the metadata, atomically (temp file, fsync, rename).
+// Writes the tensors (in the given order) and the metadata, atomically (temp file, fsync, rename).
 // The header is padded with spaces so the data starts 8-byte aligned.
-absl::Status WriteF32(const std::string& path, const std::vector<TensorView>& tensors,
-                      const std::map<std::string, std::string>& metadata);
+absl::Status Write(const std::string& path, const std::vector<TensorView>& tensors,
+                   const std::map<std::string, std::string>& metadata);
 
 }  // namespace atl::safetensors
 
