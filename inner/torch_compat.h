@@ -53,6 +53,19 @@ inline at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, cons
 #endif
 }
 
+// Attention of the last q.size(-2) positions over all k.size(-2) of them (a decoding step over a
+// key/value cache): query i sits at position Tk - Tq + i and sees the keys up to it.
+inline at::Tensor CachedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t tq = q.size(-2), tk = k.size(-2);
+  if (tq == tk) return CausalAttention(q, k, v);
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(q.size(-1))));
+  if (tq > 1) {
+    auto future = at::ones({tq, tk}, q.options().dtype(at::kBool)).triu(tk - tq + 1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  }
+  return at::matmul(at::softmax(scores, -1), v);
+}
+
 // While alive: autocast to bf16 on the CPU or CUDA (matrix products in bf16, reductions, norms and
 // the loss in fp32; parameters and their gradients stay fp32). The API moved from per-device
 // functions (1.x) to functions of the device type (2.4+). Nothing when not enabled.

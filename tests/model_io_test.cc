@@ -263,6 +263,11 @@ testing::CommandResult Atoll(const std::string& args) {
   return testing::RunCommand(std::string(ATOLL_BIN) + " " + args);
 }
 
+// Its standard output alone (generate's tokens per second go to stderr).
+testing::CommandResult AtollStdout(const std::string& args) {
+  return testing::RunCommand("{ " + std::string(ATOLL_BIN) + " " + args + " 2>/dev/null; }");
+}
+
 std::vector<std::string> RoundHashes(const std::string& run) {
   std::vector<std::string> out;
   std::ifstream in(run + "/coordinator/rounds.jsonl");
@@ -338,15 +343,27 @@ TEST(ModelCommandsTest, ExportImportThenOneMoreRoundIsBitExact) {
   EXPECT_THAT(r.output, HasSubstr("has model.d_model = 32, the config 64"));
 
   // Generation: the prompt and 24 sampled bytes; the same seed, the same text.
+  // (stdout only: the tokens per second go to stderr.)
   const std::string generate = "generate --checkpoint " + dir.Join("a") + " --prompt 'The ' --tokens 24 ";
-  r = Atoll(generate + "--seed 5 --temperature 0.9 --top-k 20");
+  r = AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.size(), 4u + 24u + 1u);
   EXPECT_EQ(r.output.substr(0, 4), "The ");
-  EXPECT_EQ(Atoll(generate + "--seed 5 --temperature 0.9 --top-k 20").output, r.output);
+  EXPECT_EQ(AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9").output,
+            r.output);
+  // The key/value cache samples what the whole window's forward samples (28 bytes fit the
+  // context): the same seed, the same text.
+  EXPECT_EQ(AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9 --no-cache").output,
+            r.output);
+  EXPECT_THAT(Atoll(generate + "--seed 5").output, ::testing::ContainsRegex(
+                                                       "atoll generate: 24 tokens in [0-9.]+ s \\([0-9.]+ "
+                                                       "tokens/s, key/value cache\\)"));
   r = Atoll(generate + "--temperature -1");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--temperature must be in [0, 100]"));
+  r = Atoll(generate + "--top-p 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--top-p must be in (0, 1]"));
 }
 
 inner::ModelConfig SmallLlama(bool tied = false) {
@@ -482,7 +499,7 @@ TEST(HfFormatTest, AnIndependentReaderGeneratesWhatAtollGenerates) {
   TempDir dir;
   for (const bool tied : {false, true}) {
     auto m = SmallLlama(tied);
-    m.context = 12;
+    m.context = 32;  // the prompt and the continuation fit: no window slides
     ModelWeights w = WeightsOf(m);
     // Weights 25 x init's scale: peaked logits that follow the context (no argmax is a near tie
     // between float32 and float64 arithmetic, and the continuation varies); norm gains not all 1.
@@ -495,7 +512,8 @@ TEST(HfFormatTest, AnIndependentReaderGeneratesWhatAtollGenerates) {
     }
     const std::string out = dir.Join(tied ? "tied" : "untied");
     ASSERT_TRUE(hf::Write(w, out, {}).ok());
-    const auto atoll = Atoll("generate --checkpoint " + out + " --prompt 'islands ' --temperature 0 --tokens 20");
+    const auto atoll =
+        AtollStdout("generate --checkpoint " + out + " --prompt 'islands ' --temperature 0 --tokens 20");
     ASSERT_EQ(atoll.exit_code, 0) << atoll.output;
     ASSERT_EQ(atoll.output.size(), 8u + 20u + 1u) << atoll.output;
     std::string want;

@@ -24,6 +24,13 @@
 
 namespace atl::inner {
 
+// Incremental decoding's state: each block's keys and values of the positions seen so far
+// ([B, kv heads, length, head_dim]).
+struct KvCache {
+  std::vector<torch::Tensor> keys, values;
+  int64_t length = 0;
+};
+
 class CausalLmImpl : public torch::nn::Module {
  public:
   explicit CausalLmImpl(const ModelConfig& config) : config_(config) {}
@@ -35,6 +42,10 @@ class CausalLmImpl : public torch::nn::Module {
   virtual torch::Tensor Logits(const torch::Tensor& x) = 0;
   // Sequence parallelism's boundaries and dropout (nullptr: none).
   virtual void SetSequenceStyle(std::shared_ptr<SequenceStyle> style) = 0;
+  // Generation (a whole model, no dropout): the logits [B, T, vocab] of `tokens` [B, T] placed
+  // after the cache's positions, whose keys and values join the cache: one new token costs one
+  // position's work. The cache's length plus T must stay within the context.
+  virtual torch::Tensor Decode(const torch::Tensor& tokens, KvCache& cache) = 0;
 
   int num_blocks() const { return config_.n_layer; }
   int64_t hidden_size() const { return config_.d_model; }

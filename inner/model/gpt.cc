@@ -100,6 +100,17 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return ResidualDropout(proj_->forward(y), dropout_, is_training(), style_);
 }
 
+torch::Tensor CausalSelfAttentionImpl::Decode(const torch::Tensor& x, torch::Tensor& keys,
+                                              torch::Tensor& values) {
+  auto qkv = qkv_->forward(x);
+  const int64_t b = qkv.size(0), t = qkv.size(1), local = proj_->weight.size(1);
+  qkv = qkv.view({b, t, 3, local / head_dim_, head_dim_}).permute({2, 0, 3, 1, 4});
+  keys = keys.defined() ? torch::cat({keys, qkv[1]}, 2) : qkv[1];
+  values = values.defined() ? torch::cat({values, qkv[2]}, 2) : qkv[2];
+  auto y = compat::CachedAttention(qkv[0], keys, values);
+  return proj_->forward(y.transpose(1, 2).contiguous().view({b, t, local}));
+}
+
 MlpImpl::MlpImpl(const ModelConfig& c) {
   fc_ = register_module("fc", Linear(c.d_model, 4 * c.d_model));
   proj_ = register_module("proj", Linear(4 * c.d_model, c.d_model));
@@ -127,6 +138,11 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
   return x + ResidualDropout(m, dropout_, is_training(), style_);
 }
 
+torch::Tensor BlockImpl::Decode(torch::Tensor x, torch::Tensor& keys, torch::Tensor& values) {
+  x = x + attn_->Decode(ln1_->forward(x), keys, values);
+  return x + mlp_->forward(ln2_->forward(x));
+}
+
 GptImpl::GptImpl(const ModelConfig& c) : CausalLmImpl(c) {
   tok_emb_ = register_module("tok_emb", torch::nn::Embedding(c.vocab, c.d_model));
   pos_emb_ = register_module("pos_emb", torch::nn::Embedding(c.context, c.d_model));
@@ -152,6 +168,19 @@ torch::Tensor GptImpl::RunBlock(int i, const torch::Tensor& x) {
 
 torch::Tensor GptImpl::Logits(const torch::Tensor& x) {
   return head_->forward(ln_f_->forward(style_ ? style_->Join(x) : x));
+}
+
+torch::Tensor GptImpl::Decode(const torch::Tensor& tokens, KvCache& cache) {
+  const int64_t t = tokens.size(1);
+  auto pos = torch::arange(cache.length, cache.length + t, tokens.options().dtype(torch::kLong));
+  auto x = tok_emb_->forward(tokens) + pos_emb_->forward(pos);
+  cache.keys.resize(size_t(num_blocks()));
+  cache.values.resize(size_t(num_blocks()));
+  for (int i = 0; i < num_blocks(); ++i) {
+    x = blocks_[size_t(i)]->as<Block>()->Decode(x, cache.keys[size_t(i)], cache.values[size_t(i)]);
+  }
+  cache.length += t;
+  return head_->forward(ln_f_->forward(x));
 }
 
 void GptImpl::SetSequenceStyle(std::shared_ptr<SequenceStyle> style) {

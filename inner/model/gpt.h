@@ -21,6 +21,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
+  // x's positions after the cached ones; their keys and values join the cache.
+  torch::Tensor Decode(const torch::Tensor& x, torch::Tensor& keys, torch::Tensor& values);
   void set_sequence_style(SequenceStyle* style) { style_ = style; }
 
  private:
@@ -45,6 +47,7 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& config);
   torch::Tensor forward(torch::Tensor x);
+  torch::Tensor Decode(torch::Tensor x, torch::Tensor& keys, torch::Tensor& values);
   void set_sequence_style(SequenceStyle* style);
 
  private:
@@ -66,6 +69,7 @@ class GptImpl : public CausalLmImpl {
   torch::Tensor RunBlock(int i, const torch::Tensor& x) override;
   torch::Tensor Logits(const torch::Tensor& x) override;
   void SetSequenceStyle(std::shared_ptr<SequenceStyle> style) override;
+  torch::Tensor Decode(const torch::Tensor& tokens, KvCache& cache) override;
 
  private:
   std::shared_ptr<SequenceStyle> style_;

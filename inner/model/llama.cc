@@ -126,21 +126,30 @@ AttentionImpl::AttentionImpl(const ModelConfig& c)
 // The heads of this rank: all of them, or its part under tensor parallelism (its query heads and
 // the key/value heads they share, consecutive in both).
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  torch::Tensor keys, values;  // no cache: the whole sequence at once
+  return ResidualDropout(Decode(x, 0, keys, values), dropout_, is_training(), style_);
+}
+
+torch::Tensor AttentionImpl::Decode(const torch::Tensor& x, int64_t start, torch::Tensor& keys,
+                                    torch::Tensor& values) {
   auto heads = [&](const torch::Tensor& y) {
     return y.view({y.size(0), y.size(1), y.size(2) / head_dim_, head_dim_}).transpose(1, 2);
   };
-  auto q = ApplyRotary(heads(q_->forward(x)), theta_);
-  auto k = ApplyRotary(heads(k_->forward(x)), theta_);
+  auto q = ApplyRotary(heads(q_->forward(x)), theta_, start);
+  auto k = ApplyRotary(heads(k_->forward(x)), theta_, start);
   auto v = heads(v_->forward(x));
+  keys = keys.defined() ? torch::cat({keys, k}, 2) : k;
+  values = values.defined() ? torch::cat({values, v}, 2) : v;
+  k = keys;
+  v = values;
   // Grouped-query attention: query head h reads key/value head h / (heads per key/value head).
   if (const int64_t rep = q.size(1) / k.size(1); rep > 1) {
     k = k.repeat_interleave(rep, 1);
     v = v.repeat_interleave(rep, 1);
   }
-  auto y = compat::CausalAttention(q, k, v);
+  auto y = compat::CachedAttention(q, k, v);
   const int64_t b = y.size(0), t = y.size(2);
-  y = y.transpose(1, 2).contiguous().view({b, t, y.size(1) * head_dim_});
-  return ResidualDropout(o_->forward(y), dropout_, is_training(), style_);
+  return o_->forward(y.transpose(1, 2).contiguous().view({b, t, y.size(1) * head_dim_}));
 }
 
 MlpImpl::MlpImpl(const ModelConfig& c) {
@@ -172,6 +181,12 @@ torch::Tensor BlockImpl::forward(torch::Tensor x) {
   return x + ResidualDropout(m, dropout_, is_training(), style_);
 }
 
+torch::Tensor BlockImpl::Decode(torch::Tensor x, int64_t start, torch::Tensor& keys,
+                                torch::Tensor& values) {
+  x = x + attn_->Decode(input_norm_->forward(x), start, keys, values);
+  return x + mlp_->forward(post_attention_norm_->forward(x));
+}
+
 LlamaImpl::LlamaImpl(const ModelConfig& c) : CausalLmImpl(c) {
   embed_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab, c.d_model));
   layers_ = register_module("layers", torch::nn::ModuleList());
@@ -195,6 +210,18 @@ torch::Tensor LlamaImpl::RunBlock(int i, const torch::Tensor& x) {
 torch::Tensor LlamaImpl::Logits(const torch::Tensor& x) {
   auto h = norm_->forward(style_ ? style_->Join(x) : x);
   return head_ ? head_->forward(h) : torch::matmul(h, embed_->weight.t());
+}
+
+torch::Tensor LlamaImpl::Decode(const torch::Tensor& tokens, KvCache& cache) {
+  auto x = embed_->forward(tokens);
+  cache.keys.resize(size_t(num_blocks()));
+  cache.values.resize(size_t(num_blocks()));
+  for (int i = 0; i < num_blocks(); ++i) {
+    x = layers_[size_t(i)]->as<Block>()->Decode(x, cache.length, cache.keys[size_t(i)],
+                                                cache.values[size_t(i)]);
+  }
+  cache.length += tokens.size(1);
+  return Logits(x);
 }
 
 void LlamaImpl::SetSequenceStyle(std::shared_ptr<SequenceStyle> style) {

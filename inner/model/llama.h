@@ -41,6 +41,9 @@ class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
+  // x's positions from `start` on; their keys and values (the key/value heads') join the cache.
+  torch::Tensor Decode(const torch::Tensor& x, int64_t start, torch::Tensor& keys,
+                       torch::Tensor& values);
   void set_sequence_style(SequenceStyle* style) { style_ = style; }
 
  private:
@@ -65,6 +68,7 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const ModelConfig& config);
   torch::Tensor forward(torch::Tensor x);
+  torch::Tensor Decode(torch::Tensor x, int64_t start, torch::Tensor& keys, torch::Tensor& values);
   void set_sequence_style(SequenceStyle* style);
 
  private:
@@ -87,6 +91,7 @@ class LlamaImpl : public CausalLmImpl {
   torch::Tensor RunBlock(int i, const torch::Tensor& x) override;
   torch::Tensor Logits(const torch::Tensor& x) override;
   void SetSequenceStyle(std::shared_ptr<SequenceStyle> style) override;
+  torch::Tensor Decode(const torch::Tensor& tokens, KvCache& cache) override;
 
  private:
   std::shared_ptr<SequenceStyle> style_;

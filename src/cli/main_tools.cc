@@ -162,11 +162,16 @@ Command AddGenerate(CLI::App& app, CommandLine& cl) {
   auto o = std::make_shared<atl::GenerateOptions>();
   auto* c = app.add_subcommand("generate", "sample text from a model (byte-level, vocab 256)");
   c->add_option("--checkpoint", o->source,
-                "run directory, coordinator directory, checkpoint, or safetensors file")->required();
+                "run directory, coordinator directory, checkpoint, safetensors file, or Hugging "
+                "Face directory")->required();
   c->add_option("--prompt", o->prompt, "text to continue")->required();
   c->add_option("--tokens", o->tokens, "new tokens (bytes) to sample");
   c->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)");
   c->add_option("--top-k", o->top_k, "sample among the k likeliest tokens (0: all)");
+  c->add_option("--top-p", o->top_p,
+                "sample among the likeliest tokens whose probabilities sum to p (1: all)");
+  c->add_flag("!--no-cache", o->kv_cache,
+              "run the whole context again for each token instead of the key/value cache");
   c->add_option("--seed", o->seed, "sampling seed");
   c->add_option("--config", cl.config_path,
                 "the run's config, for a service state without config.toml beside it");

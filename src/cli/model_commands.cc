@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -54,6 +55,28 @@ std::string Describe(const ModelWeights& w) {
     absl::StrAppend(&what, "; run '", fact("run_id"), "' at step ", fact("step"));
   }
   return what;
+}
+
+// The distribution to sample from: temperature, then the k likeliest, then the smallest set of the
+// likeliest whose probabilities reach top_p (the first token always stays).
+torch::Tensor SamplingProbabilities(torch::Tensor logits, const GenerateOptions& o) {
+  logits = logits / o.temperature;
+  const int64_t vocab = logits.size(0);
+  if (o.top_k > 0 && o.top_k < vocab) {
+    const auto kth = std::get<0>(logits.topk(o.top_k))[o.top_k - 1];
+    logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+  }
+  auto probs = torch::softmax(logits, 0);
+  if (o.top_p < 1.0) {
+    auto [sorted, order] = probs.sort(/*dim=*/0, /*descending=*/true);
+    // A token stays when the likelier ones before it sum to less than top_p.
+    const auto before = sorted.cumsum(0) - sorted;
+    const auto drop_sorted = before >= o.top_p;
+    const auto drop = torch::zeros_like(drop_sorted).scatter(0, order, drop_sorted);
+    probs = probs.masked_fill(drop, 0);
+    probs = probs / probs.sum();
+  }
+  return probs;
 }
 
 }  // namespace
@@ -128,6 +151,9 @@ absl::Status RunGenerate(const GenerateOptions& o) {
         "atoll generate reads and writes byte-level text (model.vocab = 256); this model has vocab ",
         m.vocab, " (token shards) and atoll has no tokenizer for it"));
   }
+  if (!(o.top_p > 0 && o.top_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--top-p must be in (0, 1], got ", o.top_p));
+  }
   if (o.top_k < 0 || o.top_k > m.vocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("--top-k must be in [0, ", m.vocab, "] (0: all tokens), got ", o.top_k));
@@ -143,27 +169,46 @@ absl::Status RunGenerate(const GenerateOptions& o) {
   std::vector<int64_t> tokens(o.prompt.begin(), o.prompt.end());
   for (auto& t : tokens) t &= 0xFF;  // bytes, whatever char's signedness
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), o.out_stream);
+  auto row = [](std::vector<int64_t>::const_iterator begin, std::vector<int64_t>::const_iterator end) {
+    return torch::tensor(std::vector<int64_t>(begin, end), torch::kLong).unsqueeze(0);
+  };
+  // The next token's logits: from the cache (the new token's position only), or the whole window.
+  inner::KvCache cache;
+  auto next_logits = [&]() {
+    if (!o.kv_cache) {
+      const size_t window = std::min(tokens.size(), size_t(m.context));
+      return model->forward(row(tokens.end() - long(window), tokens.end()))[0][long(window) - 1];
+    }
+    if (cache.length > 0 && cache.length < m.context) {
+      return model->Decode(row(tokens.end() - 1, tokens.end()), cache)[0][0];
+    }
+    // First call: the prompt (its last context's worth); the cache full: restart from the last
+    // half context.
+    const bool first = cache.length == 0;
+    cache = {};
+    const size_t keep = std::min(tokens.size(), size_t(first ? m.context : std::max(1, m.context / 2)));
+    auto logits = model->Decode(row(tokens.end() - long(keep), tokens.end()), cache);
+    return logits[0][long(keep) - 1];
+  };
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < o.tokens; ++i) {
-    const size_t window = std::min(tokens.size(), size_t(m.context));
-    auto input = torch::tensor(std::vector<int64_t>(tokens.end() - long(window), tokens.end()),
-                               torch::kLong).unsqueeze(0);
-    auto logits = model->forward(input)[0][long(window) - 1];
+    auto logits = next_logits();
     int64_t next;
     if (o.temperature == 0) {
       next = logits.argmax().item<int64_t>();
     } else {
-      logits = logits / o.temperature;
-      if (o.top_k > 0 && o.top_k < m.vocab) {
-        const auto kth = std::get<0>(logits.topk(o.top_k))[o.top_k - 1];
-        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-      }
-      next = torch::multinomial(torch::softmax(logits, 0), 1, false, generator).item<int64_t>();
+      next = torch::multinomial(SamplingProbabilities(logits, o), 1, false, generator).item<int64_t>();
     }
     tokens.push_back(next);
     std::fputc(int(next), o.out_stream);
     std::fflush(o.out_stream);
   }
   std::fputc('\n', o.out_stream);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "atoll generate: %d tokens in %.2f s (%.1f tokens/s, %s)\n", o.tokens,
+               seconds, seconds > 0 ? o.tokens / seconds : 0.0,
+               o.kv_cache ? "key/value cache" : "no cache");
   return absl::OkStatus();
 }
 

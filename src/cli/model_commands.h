@@ -45,10 +45,15 @@ struct GenerateOptions {
   int tokens = 200;         // new tokens to sample
   double temperature = 0.8;  // 0: greedy
   int top_k = 40;           // sample among the k likeliest tokens (0: all)
+  double top_p = 1.0;       // then among the likeliest whose probabilities sum to p (1: all)
+  bool kv_cache = true;     // one new position's work per token; else the whole window again
   uint64_t seed = 1;
   FILE* out_stream = stdout;
 };
-// Byte-level models (model.vocab = 256): prints the prompt and the sampled continuation as it goes.
+// Byte-level models (model.vocab = 256): prints the prompt and the sampled continuation as it goes
+// (stdout), then the tokens per second (stderr). With the key/value cache, each token costs one
+// position's work; when the cache reaches the model's context it restarts from the last half
+// context of text (without it, each token re-runs the last context's worth).
 absl::Status RunGenerate(const GenerateOptions& options);
 
 }  // namespace atl

@@ -182,5 +182,37 @@ TEST(LlamaTest, ConfigsThatDoNotFitAreRefusedByKey) {
   EXPECT_DOUBLE_EQ(TrainFlopsPerToken(f), 6 * n + 6.0 * f.n_layer * f.context * f.d_model);
 }
 
+// Decoding with the key/value cache (the prompt at once, then one position per token) gives the
+// logits the whole sequence's forward gives at every position, for both families.
+TEST(DecodeTest, TheKeyValueCacheGivesTheFullForwardsLogits) {
+  ModelConfig gpt;
+  gpt.n_layer = 2;
+  gpt.d_model = 32;
+  gpt.n_head = 4;
+  gpt.context = 16;
+  gpt.vocab = 64;
+  for (const auto& c : {SmallLlama(), gpt}) {
+    const CausalLm model = BuildModel(c);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(7);
+    const auto tokens = torch::randint(0, c.vocab, {1, c.context}, torch::kLong);
+    const auto full = model->forward(tokens)[0];  // [T, vocab]
+    KvCache cache;
+    const int64_t prompt = 5;
+    auto got = model->Decode(tokens.narrow(1, 0, prompt), cache)[0];
+    EXPECT_EQ(cache.length, prompt);
+    EXPECT_LT((got - full.narrow(0, 0, prompt)).abs().max().item<double>(), 1e-5);
+    for (int64_t t = prompt; t < c.context; ++t) {
+      const auto step = model->Decode(tokens.narrow(1, t, 1), cache)[0][0];
+      EXPECT_LT((step - full[t]).abs().max().item<double>(), 1e-5)
+          << inner::ConfigValueText(c.arch) << " position " << t;
+    }
+    EXPECT_EQ(cache.length, c.context);
+    EXPECT_EQ(cache.keys[0].size(2), c.context);
+    EXPECT_EQ(cache.keys[0].size(1), c.kv_heads());  // the cache holds key/value heads only
+  }
+}
+
 }  // namespace
 }  // namespace atl::inner
