@@ -7,6 +7,8 @@
 #include <cmath>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "compression/status_macros.h"
 #include "inner/model/gpt.h"
 #include "inner/model/llama.h"
 #include "inner/torch_compat.h"
@@ -83,8 +85,20 @@ int64_t ParameterCount(const ModelConfig& c) {
 
 double TrainFlopsPerToken(const ModelConfig& c) { return FamilyOf(c).train_flops_per_token(c); }
 
+// What any family needs (a positive degree; sequence parallelism splits every sequence's
+// positions), then what its own layers split.
 absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
-  return FamilyOf(c).validate_tensor_parallel(c, tp, sequence_parallel);
+  if (tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
+  }
+  ATL_RETURN_IF_ERROR(FamilyOf(c).validate_tensor_parallel(c, tp));
+  if (sequence_parallel && c.context % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.enable_sequence_parallel needs model.context (", c.context,
+        ") to divide by parallelism.tensor_parallel_degree = ", tp,
+        ": each rank holds context / ", tp, " positions of every sequence"));
+  }
+  return absl::OkStatus();
 }
 
 torch::Tensor ShapedView(const ParamPlan& plan, const torch::Tensor& flat,

@@ -79,8 +79,9 @@ struct ModelFamily {
   CausalLm (*build)(const ModelConfig&);
   // Training FLOPs per token (forward and backward).
   double (*train_flops_per_token)(const ModelConfig&);
-  // What keeps the model from splitting over `tp` ranks, named (OK when it can).
-  absl::Status (*validate_tensor_parallel)(const ModelConfig&, int tp, bool sequence_parallel);
+  // What keeps the family's layers from splitting over `tp` (>= 1) ranks, named (OK when they
+  // can); the checks every family shares are ValidateTensorParallel's (inner/model.h).
+  absl::Status (*validate_tensor_parallel)(const ModelConfig&, int tp);
 };
 
 const ModelFamily& FamilyOf(const ModelConfig& config);

@@ -60,21 +60,12 @@ double TrainFlops(const ModelConfig& c) {
   return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
 }
 
-absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
-  if (tp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
-  }
+absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
   if (c.n_head % tp != 0 || c.d_model % tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
         ") and model.d_model (", c.d_model, "): each rank holds n_head / ", tp,
         " heads and 4 d_model / ", tp, " MLP units"));
-  }
-  if (sequence_parallel && c.context % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.enable_sequence_parallel needs model.context (", c.context,
-        ") to divide by parallelism.tensor_parallel_degree = ", tp,
-        ": each rank holds context / ", tp, " positions of every sequence"));
   }
   return absl::OkStatus();
 }

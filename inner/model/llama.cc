@@ -63,22 +63,13 @@ double TrainFlops(const ModelConfig& c) {
   return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
 }
 
-absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
-  if (tp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
-  }
+absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
   if (c.n_head % tp != 0 || c.kv_heads() % tp != 0 || c.FfnHidden() % tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
         "), the key/value heads (model.n_kv_head: ", c.kv_heads(), ") and the SwiGLU width (",
         c.FfnHidden(), "): each rank holds n_head / ", tp, " query heads, n_kv_head / ", tp,
         " key/value heads and ffn_hidden / ", tp, " MLP units"));
-  }
-  if (sequence_parallel && c.context % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.enable_sequence_parallel needs model.context (", c.context,
-        ") to divide by parallelism.tensor_parallel_degree = ", tp,
-        ": each rank holds context / ", tp, " positions of every sequence"));
   }
   return absl::OkStatus();
 }
