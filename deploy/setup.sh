@@ -13,14 +13,14 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
-  prometheus-cpp-dev libcpp-httplib-dev
+  prometheus-cpp-dev libcpp-httplib-dev libsentencepiece-dev
 )
 
 # The test suite also drives a real Prometheus and a headless Chromium (tests/monitoring_test.cc),
 # checks the Kubernetes manifests (kubectl, python3-kubernetes) and runs the Slurm batch script on
 # a one-node Slurm (deploy/slurm/check_local.sh).
 if [[ -n "${ATOLL_TEST_TOOLS:-}" ]]; then
-  packages+=(prometheus chromium python3-kubernetes python3-yaml python3-numpy slurmctld slurmd
+  packages+=(prometheus chromium python3-kubernetes python3-yaml python3-numpy python3-sentencepiece slurmctld slurmd
     slurm-client munge)
   # Any kubectl will do (Google's kubectl package conflicts with Debian's kubernetes-client).
   command -v kubectl >/dev/null || packages+=(kubernetes-client)

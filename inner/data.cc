@@ -25,9 +25,9 @@ namespace fs = std::filesystem;
 class OwnedSegment final : public TokenSegment {
  public:
   OwnedSegment(std::vector<uint16_t> tokens, std::string source)
-      : tokens_(std::move(tokens)), source_(std::move(source)) {}
-  const uint16_t* data() const override { return tokens_.data(); }
-  size_t size() const override { return tokens_.size(); }
+      : tokens_(std::move(tokens)), source_(std::move(source)) {
+    Set(tokens_.data(), tokens_.size(), 2);
+  }
   const std::string& source() const override { return source_; }
 
  private:
@@ -38,20 +38,27 @@ class OwnedSegment final : public TokenSegment {
 // A shard's token region, mapped read-only; shards can be far larger than memory.
 class MappedSegment final : public TokenSegment {
  public:
-  MappedSegment(void* base, size_t bytes, size_t tokens, std::string source)
-      : base_(base), bytes_(bytes), tokens_(tokens), source_(std::move(source)) {}
-  ~MappedSegment() override { munmap(base_, bytes_); }
-  const uint16_t* data() const override {
-    return reinterpret_cast<const uint16_t*>(static_cast<const char*>(base_) + kShardHeaderBytes);
+  MappedSegment(void* base, size_t bytes, size_t tokens, int width, std::string source)
+      : base_(base), bytes_(bytes), source_(std::move(source)) {
+    Set(static_cast<const char*>(base_) + kShardHeaderBytes, tokens, width);
   }
-  size_t size() const override { return tokens_; }
+  ~MappedSegment() override { munmap(base_, bytes_); }
   const std::string& source() const override { return source_; }
 
  private:
   void* base_;
-  size_t bytes_, tokens_;
+  size_t bytes_;
   std::string source_;
 };
+
+// The largest token of a segment and where it is.
+std::pair<uint32_t, size_t> LargestToken(const TokenSegment& s) {
+  std::pair<uint32_t, size_t> worst{0, 0};
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] > worst.first) worst = {s[i], i};
+  }
+  return worst;
+}
 
 absl::StatusOr<std::unique_ptr<TokenSegment>> MapShard(const std::string& path, int vocab) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -77,22 +84,24 @@ absl::StatusOr<std::unique_ptr<TokenSegment>> MapShard(const std::string& path, 
     munmap(base, bytes);
     return absl::InvalidArgumentError(absl::StrCat("shard ", path, ": ", message));
   };
-  if (header[0] != kShardMagic) {
-    return fail(absl::StrCat("bad magic ", header[0], " (expected ", kShardMagic, ")"));
+  if (header[0] != kShardMagic && header[0] != kShardMagic32) {
+    return fail(absl::StrCat("bad magic ", header[0], " (expected ", kShardMagic, " for uint16 or ",
+                             kShardMagic32, " for uint32 tokens)"));
   }
-  if (header[1] != kShardVersion) {
-    return fail(absl::StrCat("unsupported version ", header[1], " (expected ", kShardVersion, ")"));
+  const int width = header[0] == kShardMagic ? 2 : 4;
+  const int32_t version = width == 2 ? kShardVersion : kShardVersion32;
+  if (header[1] != version) {
+    return fail(absl::StrCat("unsupported version ", header[1], " (expected ", version, ")"));
   }
-  if (header[2] < 0 || kShardHeaderBytes + 2 * size_t(header[2]) != bytes) {
+  if (header[2] < 0 || kShardHeaderBytes + size_t(width) * size_t(header[2]) != bytes) {
     return fail(absl::StrCat("header says ", header[2], " tokens but the file holds ",
-                             (bytes - kShardHeaderBytes) / 2.0, " tokens"));
+                             double(bytes - kShardHeaderBytes) / width, " tokens"));
   }
-  auto segment = std::make_unique<MappedSegment>(base, bytes, size_t(header[2]), path);
-  const uint16_t* tokens = segment->data();
-  const auto* worst = std::max_element(tokens, tokens + segment->size());
-  if (segment->size() > 0 && *worst >= vocab) {
+  auto segment = std::make_unique<MappedSegment>(base, bytes, size_t(header[2]), width, path);
+  const auto [worst, at] = LargestToken(*segment);
+  if (segment->size() > 0 && int64_t(worst) >= vocab) {
     return absl::InvalidArgumentError(
-        absl::StrCat("shard ", path, ": token ", *worst, " at position ", worst - tokens,
+        absl::StrCat("shard ", path, ": token ", worst, " at position ", at,
                      " is outside the vocabulary (model.vocab = ", vocab, ")"));
   }
   return segment;
@@ -113,7 +122,9 @@ absl::Status AppendText(const std::string& path, std::vector<uint16_t>* out) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::string>> ResolveSpec(const std::string& spec) {
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ResolveFiles(const std::string& spec) {
   std::vector<std::string> files;
   std::error_code ec;
   if (spec.find_first_of("*?[") != std::string::npos) {
@@ -129,7 +140,7 @@ absl::StatusOr<std::vector<std::string>> ResolveSpec(const std::string& spec) {
   } else if (fs::is_directory(spec, ec)) {
     for (const auto& entry : fs::directory_iterator(spec, ec)) {
       const std::string name = entry.path().filename().string();
-      if (entry.is_regular_file() && !absl::StartsWith(name, ".")) {
+      if (entry.is_regular_file() && !absl::StartsWith(name, ".") && name != kShardManifest) {
         files.push_back(entry.path().string());
       }
     }
@@ -143,24 +154,94 @@ absl::StatusOr<std::vector<std::string>> ResolveSpec(const std::string& spec) {
   return files;
 }
 
+absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Open(const std::string& path,
+                                                                int width) {
+  if (width != 2 && width != 4) {
+    return absl::InvalidArgumentError(absl::StrCat("shard width must be 2 or 4 bytes, got ", width));
+  }
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create shard ", path, ": ", strerror(errno)));
+  }
+  auto writer = std::unique_ptr<ShardWriter>(new ShardWriter(path, fd, width));
+  writer->buffer_.assign(kShardHeaderBytes, 0);  // the header, rewritten by Close
+  return writer;
+}
+
+ShardWriter::~ShardWriter() {
+  if (fd_ >= 0) close(fd_);
+}
+
+namespace {
+absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return absl::DataLossError(absl::StrCat("cannot write shard ", path, ": ", strerror(errno)));
+    data += w;
+    n -= size_t(w);
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
-absl::Status WriteShard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  int32_t header[256] = {};
-  header[0] = kShardMagic;
-  header[1] = kShardVersion;
-  header[2] = int32_t(tokens.size());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(header), sizeof(header));
-  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write shard ", path));
+absl::Status ShardWriter::Append(const uint32_t* tokens, size_t n) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("shard ", path_, " is closed"));
+  if (count_ + int64_t(n) > kMaxShardTokens) {
+    return absl::OutOfRangeError(absl::StrCat("shard ", path_, " would exceed ", kMaxShardTokens, " tokens"));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (width_ == 2) {
+      if (tokens[i] > 0xFFFF) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token ", tokens[i], " does not fit a uint16 shard (", path_, "); use 4-byte tokens"));
+      }
+      const uint16_t t = uint16_t(tokens[i]);
+      buffer_.insert(buffer_.end(), reinterpret_cast<const char*>(&t), reinterpret_cast<const char*>(&t) + 2);
+    } else {
+      buffer_.insert(buffer_.end(), reinterpret_cast<const char*>(tokens + i),
+                     reinterpret_cast<const char*>(tokens + i) + 4);
+    }
+  }
+  count_ += int64_t(n);
+  if (buffer_.size() >= (1u << 20)) {
+    ATL_RETURN_IF_ERROR(WriteAll(fd_, buffer_.data(), buffer_.size(), path_));
+    buffer_.clear();
+  }
   return absl::OkStatus();
+}
+
+absl::Status ShardWriter::Close() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat("shard ", path_, " is closed"));
+  ATL_RETURN_IF_ERROR(WriteAll(fd_, buffer_.data(), buffer_.size(), path_));
+  buffer_.clear();
+  int32_t header[256] = {};
+  header[0] = width_ == 2 ? kShardMagic : kShardMagic32;
+  header[1] = width_ == 2 ? kShardVersion : kShardVersion32;
+  header[2] = int32_t(count_);
+  const bool ok = pwrite(fd_, header, sizeof(header), 0) == ssize_t(sizeof(header));
+  const bool closed = close(fd_) == 0;
+  fd_ = -1;
+  if (!ok || !closed) return absl::DataLossError(absl::StrCat("cannot finish shard ", path_));
+  return absl::OkStatus();
+}
+
+absl::Status WriteShard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  ATL_ASSIGN_OR_RETURN(auto writer, ShardWriter::Open(path, 2));
+  const std::vector<uint32_t> wide(tokens.begin(), tokens.end());
+  ATL_RETURN_IF_ERROR(writer->Append(wide.data(), wide.size()));
+  return writer->Close();
+}
+
+absl::Status WriteShard32(const std::string& path, const std::vector<uint32_t>& tokens) {
+  ATL_ASSIGN_OR_RETURN(auto writer, ShardWriter::Open(path, 4));
+  ATL_RETURN_IF_ERROR(writer->Append(tokens.data(), tokens.size()));
+  return writer->Close();
 }
 
 absl::StatusOr<std::shared_ptr<const TokenCorpus>> TokenCorpus::Load(const std::string& spec,
                                                                      int vocab) {
-  ATL_ASSIGN_OR_RETURN(auto files, ResolveSpec(spec));
+  ATL_ASSIGN_OR_RETURN(auto files, ResolveFiles(spec));
   auto corpus = std::make_shared<TokenCorpus>();
   const bool any_bin = std::any_of(files.begin(), files.end(),
                                    [](const auto& f) { return absl::EndsWith(f, ".bin"); });
@@ -225,12 +306,23 @@ void WindowSet::Fill(size_t i, int64_t* inputs, int64_t* targets) const {
   const size_t w = begin_ + i;
   const size_t seg = std::upper_bound(first_window_.begin(), first_window_.end(), w) -
                      first_window_.begin() - 1;
-  const uint16_t* src =
-      corpus_->segments()[seg]->data() + (w - first_window_[seg]) * size_t(context_);
+  const TokenSegment& s = *corpus_->segments()[seg];
+  const size_t first = (w - first_window_[seg]) * size_t(context_);
   for (int t = 0; t < context_; ++t) {
-    inputs[t] = src[t];
-    targets[t] = src[t + 1];
+    inputs[t] = s[first + size_t(t)];
+    targets[t] = s[first + size_t(t) + 1];
   }
+}
+
+double WindowSet::TargetBytes(size_t begin, size_t count, const std::vector<float>& bytes) const {
+  if (bytes.empty()) return double(count) * double(context_);
+  std::vector<int64_t> in(static_cast<size_t>(context_)), tg(static_cast<size_t>(context_));
+  double total = 0;
+  for (size_t i = begin; i < begin + count; ++i) {
+    Fill(i, in.data(), tg.data());
+    for (int64_t t : tg) total += size_t(t) < bytes.size() ? bytes[size_t(t)] : 0.0;
+  }
+  return total;
 }
 
 absl::Status Validate(const DataConfig& c) {
@@ -256,17 +348,18 @@ absl::StatusOr<std::shared_ptr<const Dataset>> MakeDataset(std::shared_ptr<const
     WindowSet v(val, context);
     if (all.size() == 0) return too_small("data.path", train->num_tokens());
     if (v.size() == 0) return too_small("data.val_path", val->num_tokens());
-    return std::make_shared<const Dataset>(Dataset{all, v, order_seed, train->is_text()});
+    return std::make_shared<const Dataset>(Dataset{all, v, order_seed, train->is_text(), {}});
   }
   const size_t n = all.size();
   const size_t n_val = size_t(std::ceil(double(n) * val_fraction));
   if (n < n_val + 2 || n_val == 0) return too_small("data.path", train->num_tokens());
   return std::make_shared<const Dataset>(
-      Dataset{all.Slice(0, n - n_val - 1), all.Slice(n - n_val, n), order_seed, train->is_text()});
+      Dataset{all.Slice(0, n - n_val - 1), all.Slice(n - n_val, n), order_seed, train->is_text(), {}});
 }
 
 absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& c, int context,
-                                                           int vocab) {
+                                                           int vocab,
+                                                           std::vector<float> token_bytes) {
   ATL_RETURN_IF_ERROR(Validate(c));
   auto train = TokenCorpus::Load(c.path, vocab);
   if (!train.ok()) {
@@ -280,7 +373,11 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& c, 
     }
     val = *v;
   }
-  return MakeDataset(*train, val, c.val_fraction, context, c.seed);
+  ATL_ASSIGN_OR_RETURN(auto dataset, MakeDataset(*train, val, c.val_fraction, context, c.seed));
+  if (token_bytes.empty() || dataset->per_byte) return dataset;
+  auto with_bytes = std::make_shared<Dataset>(*dataset);
+  with_bytes->token_bytes = std::move(token_bytes);
+  return std::shared_ptr<const Dataset>(std::move(with_bytes));
 }
 
 std::vector<uint32_t> SeededPermutation(size_t n, uint64_t seed) {

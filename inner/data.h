@@ -15,21 +15,72 @@
 
 namespace atl::inner {
 
-// llm.c shard format: 256 int32 header words (magic, version, token count, ...), then uint16 tokens.
+// llm.c shard formats: 256 int32 header words (magic, version, token count, ...), then the tokens,
+// little-endian: uint16 (llm.c's GPT-2 shards) or uint32 (llm.c's Llama 3 shards, for
+// vocabularies over 65,536).
 inline constexpr int32_t kShardMagic = 20240520;
 inline constexpr int32_t kShardVersion = 1;
+inline constexpr int32_t kShardMagic32 = 20240801;
+inline constexpr int32_t kShardVersion32 = 7;
 inline constexpr size_t kShardHeaderBytes = 256 * sizeof(int32_t);
+inline constexpr int64_t kMaxShardTokens = INT32_MAX;  // the header's count is an int32
+// The name `atoll tokenize` gives its manifest in a directory of shards; TokenCorpus::Load skips it.
+inline constexpr const char* kShardManifest = "manifest.json";
 
-// Writes an llm.c shard (used by tests and by `atoll` users converting their data).
+// The narrowest shard width for a vocabulary: 2 bytes up to 65,536 tokens, else 4.
+inline int ShardWidth(int64_t vocab) { return vocab <= 65536 ? 2 : 4; }
+
+// Writes one shard as it goes (tokens are never all in memory): the header's count is written on
+// Close. width 2 or 4; Append refuses tokens the width cannot hold.
+class ShardWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShardWriter>> Open(const std::string& path, int width);
+  ~ShardWriter();
+  absl::Status Append(const uint32_t* tokens, size_t n);
+  absl::Status Close();
+  int64_t tokens() const { return count_; }
+  int64_t bytes() const { return int64_t(kShardHeaderBytes) + count_ * width_; }
+
+ private:
+  ShardWriter(std::string path, int fd, int width) : path_(std::move(path)), fd_(fd), width_(width) {}
+  std::string path_;
+  int fd_;
+  int width_;
+  int64_t count_ = 0;
+  std::vector<char> buffer_;
+};
+
+// Writes a whole shard at once (tests, small data).
 absl::Status WriteShard(const std::string& path, const std::vector<uint16_t>& tokens);
+absl::Status WriteShard32(const std::string& path, const std::vector<uint32_t>& tokens);
 
-// A read-only run of tokens: an mmapped shard or a buffer of text bytes widened to uint16.
+// The files a path spec names: a file, a directory's regular files (not hidden ones, not a shard
+// manifest), or a glob's matches; sorted by name.
+absl::StatusOr<std::vector<std::string>> ResolveFiles(const std::string& spec);
+
+// A read-only run of tokens: an mmapped shard or a buffer of text bytes, 2 or 4 bytes a token.
 class TokenSegment {
  public:
   virtual ~TokenSegment() = default;
-  virtual const uint16_t* data() const = 0;
-  virtual size_t size() const = 0;
   virtual const std::string& source() const = 0;
+  size_t size() const { return size_; }
+  int width() const { return width_; }
+  uint32_t operator[](size_t i) const {
+    return width_ == 2 ? static_cast<const uint16_t*>(tokens_)[i]
+                       : static_cast<const uint32_t*>(tokens_)[i];
+  }
+
+ protected:
+  void Set(const void* tokens, size_t size, int width) {
+    tokens_ = tokens;
+    size_ = size;
+    width_ = width;
+  }
+
+ private:
+  const void* tokens_ = nullptr;
+  size_t size_ = 0;
+  int width_ = 2;
 };
 
 // The tokens named by a path spec: a text file, a directory (its regular files, sorted by name),
@@ -62,6 +113,9 @@ class WindowSet {
   int context() const { return context_; }
   // Copies window i (relative to this set) into inputs[context] and targets[context].
   void Fill(size_t i, int64_t* inputs, int64_t* targets) const;
+  // The text bytes the targets of windows [begin, begin + count) stand for, with bytes[token] the
+  // length of each token's text (empty: one byte per token).
+  double TargetBytes(size_t begin, size_t count, const std::vector<float>& bytes) const;
 
  private:
   std::shared_ptr<const TokenCorpus> corpus_;
@@ -78,6 +132,9 @@ struct Dataset {
   WindowSet val;
   uint64_t order_seed = 0;  // seeds the permutation of training windows
   bool per_byte = true;     // tokens are bytes (text), so bits per token are bits per byte
+  // Token shards: each token's length in bytes of text (from the tokenizer that made them), so
+  // validation reports bits per byte too; empty when unknown.
+  std::vector<float> token_bytes;
 };
 
 // The [data] section.
@@ -87,6 +144,7 @@ struct DataConfig {
   std::string val_path;     // optional separate validation data
   double val_fraction = 0.05;
   uint64_t seed = 1234;     // order of training windows
+  std::string tokenizer;    // the SentencePiece model the shards were made with (src/text/)
 };
 
 template <class V>
@@ -95,11 +153,16 @@ void VisitKeys(DataConfig& c, V&& v) {
   v("val_path", c.val_path, "separate validation data (same forms as data.path)");
   v("val_fraction", c.val_fraction, "held-out tail when data.val_path is unset");
   v("seed", c.seed, "seed of the training-window order");
+  v("tokenizer", c.tokenizer,
+    "SentencePiece model (tokenizer.model) the .bin shards were made with: checked against their "
+    "manifest; gives bits per byte and `atoll generate` its text");
 }
 
 absl::Status Validate(const DataConfig& config);
+// token_bytes: Dataset::token_bytes for token shards (src/text/ reads them from the tokenizer).
 absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& config, int context,
-                                                           int vocab);
+                                                           int vocab,
+                                                           std::vector<float> token_bytes = {});
 // Same split rule over a corpus already in memory.
 absl::StatusOr<std::shared_ptr<const Dataset>> MakeDataset(std::shared_ptr<const TokenCorpus> train,
                                                            std::shared_ptr<const TokenCorpus> val,

@@ -35,6 +35,9 @@ struct EvalStats {
   double loss = 0;        // mean validation loss (nats per token)
   double bits = 0;        // loss in bits per token
   bool per_byte = false;  // tokens are bytes (text data): `bits` is bits per byte
+  // Bits per byte of the evaluated text, whatever the tokenizer (bytes: `bits`; token shards: from
+  // their tokenizer's token lengths); < 0 when unknown.
+  double bits_per_byte = -1;
 };
 
 // What the loop steps: a Trainer, or anything that stands for one.

@@ -80,10 +80,6 @@ absl::Status Validate(const ModelConfig& c) {
                                                    ") must be divisible by model.n_head (",
                                                    c.n_head, ")"));
   }
-  if (c.vocab > 65536) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.vocab must be at most 65536 (uint16 tokens), got ", c.vocab));
-  }
   if (!(c.dropout >= 0.0 && c.dropout < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.dropout must be in [0, 1), got ", c.dropout));

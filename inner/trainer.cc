@@ -228,7 +228,7 @@ absl::StatusOr<EvalStats> Trainer::Evaluate() {
   // collectives (a rank without a batch of its own evaluates an empty share).
   const int dp = mesh_->shape().dp();
   const size_t batches = (total + size_t(train_.batch_size) - 1) / size_t(train_.batch_size);
-  double weighted = 0;
+  double weighted = 0, bytes = 0;
   for (size_t k = 0; k < batches; k += size_t(dp)) {
     const size_t mine = k + size_t(mesh_->dp_rank());
     const size_t begin = std::min(total, mine * size_t(train_.batch_size));
@@ -245,15 +245,26 @@ absl::StatusOr<EvalStats> Trainer::Evaluate() {
       fsdp_->module()->train();
       return loss.status();
     }
-    if (n > 0) weighted += *loss * double(n);
+    if (n > 0) {
+      weighted += *loss * double(n);
+      bytes += val.TargetBytes(begin, size_t(n), data_->token_bytes);
+    }
   }
   fsdp_->module()->train();
-  auto sum = torch::full({1}, weighted, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  auto sum = torch::tensor(std::vector<double>{weighted, bytes},
+                           torch::TensorOptions().dtype(torch::kDouble)).to(device);
   ATL_RETURN_IF_ERROR(mesh_->dp().AllReduceSum(sum));
+  const auto sums = sum.cpu();
   EvalStats out;
-  out.loss = sum.item<double>() / double(total);
+  out.loss = sums[0].item<double>() / double(total);
   out.bits = out.loss / std::log(2.0);
   out.per_byte = data_->per_byte;
+  if (out.per_byte) {
+    out.bits_per_byte = out.bits;
+  } else if (!data_->token_bytes.empty() && sums[1].item<double>() > 0) {
+    // Every target's loss in bits over the bytes of text the targets stand for.
+    out.bits_per_byte = out.bits * double(total) * double(t) / sums[1].item<double>();
+  }
   return out;
 }
 

@@ -234,6 +234,7 @@ absl::Status ValidateTelemetry(const pb::IslandTelemetry& t) {
   const std::pair<const char*, std::pair<double, double>> bounds[] = {
       {"loss", {t.loss(), 1e4}},
       {"val_loss", {t.val_loss(), 1e4}},
+      {"val_bpb", {t.val_bpb(), 1e4}},
       {"tokens_per_s", {t.tokens_per_s(), 1e12}},
       {"utilization", {t.utilization(), 1}}};
   for (const auto& [name, value_max] : bounds) {

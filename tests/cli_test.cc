@@ -187,7 +187,7 @@ TEST_F(CliTest, CompareWritesTheReport) {
   std::getline(lines, baseline);
   std::getline(lines, diloco);
   std::getline(lines, async);
-  EXPECT_EQ(header, "method,setting,val_loss,tokens,wan_bytes,wall_s,best");
+  EXPECT_EQ(header, "method,setting,val_loss,val_bpb,tokens,wan_bytes,wall_s,best");
   EXPECT_THAT(baseline, ::testing::StartsWith("baseline,,"));
   EXPECT_THAT(diloco, ::testing::StartsWith("diloco,,"));
   EXPECT_THAT(diloco, ::testing::EndsWith(",1"));  // one run per method: each its best
@@ -255,9 +255,10 @@ TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {
   int rows = 0;
   for (; std::getline(lines, line); ++rows) {
     const std::vector<std::string> f = absl::StrSplit(line, ',');
-    ASSERT_EQ(f.size(), 7u) << line;
-    by_method[f[0]].emplace_back(std::stod(f[2]), f[6] == "1");
-    EXPECT_EQ(f[3], "512") << line;  // equal tokens in every run
+    ASSERT_EQ(f.size(), 8u) << line;
+    by_method[f[0]].emplace_back(std::stod(f[2]), f[7] == "1");
+    EXPECT_NEAR(std::stod(f[3]), std::stod(f[2]) / std::log(2.0), 1e-5) << line;  // bytes: bits/byte
+    EXPECT_EQ(f[4], "512") << line;  // equal tokens in every run
   }
   EXPECT_EQ(rows, 6);
   ASSERT_EQ(by_method["baseline"].size(), 2u);
@@ -306,8 +307,8 @@ std::map<std::string, std::pair<double, int64_t>> CompareRuns(const std::string&
   std::getline(lines, line);
   while (std::getline(lines, line)) {
     const std::vector<std::string> f = absl::StrSplit(line, ',');
-    EXPECT_EQ(f.size(), 7u) << line;
-    if (f.size() == 7) runs[f[0] + " " + f[1]] = {std::stod(f[2]), std::stoll(f[3])};
+    EXPECT_EQ(f.size(), 8u) << line;
+    if (f.size() == 8) runs[f[0] + " " + f[1]] = {std::stod(f[2]), std::stoll(f[4])};
   }
   return runs;
 }

@@ -17,7 +17,8 @@ out="${1:-$root/build-gpu/bundle}"
 build_deps=(
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev googletest libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
-  libxxhash-dev prometheus-cpp-dev libcpp-httplib-dev libre2-dev libc-ares-dev libssl-dev
+  libxxhash-dev prometheus-cpp-dev libcpp-httplib-dev libsentencepiece-dev libre2-dev libc-ares-dev
+  libssl-dev
   zlib1g-dev libbrotli-dev libcivetweb-dev libcurl4-openssl-dev pkgconf pkgconf-bin libpkgconf3
 )
 # Taken alone, without what they depend on: gloo's headers, which c10d's ProcessGroupGloo.hpp

@@ -49,12 +49,14 @@ struct Command {
 // The run's config: --config and the --key=value overrides.
 absl::StatusOr<Config> RunConfig(const CommandLine& cl, const std::vector<Override>& overrides);
 
-// The tools (main_tools.cc): the load test, the planner, export, import, generate.
+// The tools (main_tools.cc): the load test, the planner, export, import, generate, tokenizers.
 Command AddLoadtest(CLI::App& app, CommandLine& cl);
 Command AddPlan(CLI::App& app, CommandLine& cl);
 Command AddExport(CLI::App& app, CommandLine& cl);
 Command AddImport(CLI::App& app, CommandLine& cl);
 Command AddGenerate(CLI::App& app, CommandLine& cl);
+Command AddTokenizer(CLI::App& app, CommandLine& cl);
+Command AddTokenize(CLI::App& app, CommandLine& cl);
 
 }  // namespace atl::cli
 

@@ -22,6 +22,7 @@
 #include "src/config/config.h"
 #include "src/cli/local_command.h"
 #include "src/cli/train_command.h"
+#include "src/text/token_shards.h"
 
 namespace atl {
 namespace {
@@ -53,6 +54,7 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   MethodResult r;
   r.method = "baseline";
   r.val_loss = summary.last_eval ? summary.last_eval->loss : NAN;
+  if (summary.last_eval && summary.last_eval->bits_per_byte >= 0) r.val_bpb = summary.last_eval->bits_per_byte;
   r.tokens = summary.tokens;
   r.wall_s = summary.wall_s;
   // What data-parallel training across the islands would send: a ring all-reduce of the fp32
@@ -152,7 +154,10 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
     if (s.contains("staleness")) {
       for (const auto& v : s["staleness"]) ++staleness[v.get<uint32_t>()];
     }
-    if (i == 0) r.val_loss = s.value("val_loss", NAN);
+    if (i == 0) {
+      r.val_loss = s.value("val_loss", NAN);
+      r.val_bpb = s.value("val_bpb", NAN);
+    }
   }
   for (const auto& j : ReadJsonLines(local.island_dirs[0] + "/metrics.jsonl")) {
     if (!j.contains("round") && j.contains("val_loss") && !j.contains("loss")) {
@@ -258,6 +263,7 @@ constexpr char kResultFile[] = "result.json";
 
 absl::Status SaveResult(const std::string& dir, const MethodResult& r) {
   nlohmann::json j = {{"method", r.method}, {"setting", r.setting}, {"val_loss", r.val_loss},
+                      {"val_bpb", std::isnan(r.val_bpb) ? nlohmann::json() : nlohmann::json(r.val_bpb)},
                       {"tokens", r.tokens}, {"wan_bytes", r.wan_bytes}, {"wall_s", r.wall_s},
                       {"note", r.note}, {"curve", r.curve}};
   return WriteFileAtomic((fs::path(dir) / kResultFile).string(), j.dump() + "\n");
@@ -272,6 +278,7 @@ std::optional<MethodResult> LoadResult(const std::string& dir) {
     r.method = j.at("method");
     r.setting = j.at("setting");
     r.val_loss = j.at("val_loss").is_number() ? j["val_loss"].get<double>() : NAN;
+    r.val_bpb = j.contains("val_bpb") && j["val_bpb"].is_number() ? j["val_bpb"].get<double>() : NAN;
     r.tokens = j.at("tokens");
     r.wan_bytes = j.at("wan_bytes");
     r.wall_s = j.at("wall_s");
@@ -425,7 +432,7 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   overrides.emplace_back("outer.islands", std::to_string(o.islands));
   ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides));
   // Check the data before starting anything.
-  ATL_RETURN_IF_ERROR(inner::LoadDataset(config.data, config.model.context, config.model.vocab));
+  ATL_RETURN_IF_ERROR(text::LoadDataset(config.data, config.model));
   ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
   std::vector<std::string> methods = absl::StrSplit(config.compare.methods, ',', absl::SkipEmpty());
   ATL_RETURN_IF_ERROR(CheckRuns(o, overrides, methods, sweeps, config));

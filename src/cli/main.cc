@@ -28,7 +28,9 @@
 #include "src/cli/plan_command.h"
 #include "src/cli/train_command.h"
 #include "src/cli/command_line.h"
+#include "src/observe/metrics.h"
 #include "src/cli/version.h"
+#include "src/text/token_shards.h"
 
 namespace atl::cli {
 namespace {
@@ -52,9 +54,7 @@ Command AddTrain(CLI::App& app, CommandLine& cl) {
             if (!summary.ok()) return Fail(summary.status());
             std::string val = "no evaluation";
             if (summary->last_eval) {
-              val = absl::StrFormat("val_loss %.4f (%.3f %s)", summary->last_eval->loss,
-                                    summary->last_eval->bits,
-                                    summary->last_eval->per_byte ? "bits/byte" : "bits/token");
+              val = atl::EvalText(*summary->last_eval);
             }
             std::printf(
                 "%s at step %lld: %s, %lld tokens, %.0f tokens/s, wall %.1fs; checkpoint in %s\n",
@@ -337,6 +337,8 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
             with_islands.emplace_back("outer.islands", std::to_string(f->islands.islands));
             auto config = RunConfig(cl, with_islands);
             if (!config.ok()) return Fail(config.status());
+            // The data and its tokenizer, checked before any process starts.
+            if (auto s = atl::text::CheckData(config->data, config->model); !s.ok()) return Fail(s);
             auto throttle = atl::ParseThrottles(f->islands.throttles, f->islands.islands);
             if (!throttle.ok()) return Fail(throttle.status());
             atl::LocalOptions options;
@@ -426,7 +428,7 @@ int Main(int argc, char** argv) {
                                    AddCompare(app, cl), AddLoadtest(app, cl),
                                    AddPlan(app, cl)};
   for (auto& command : commands) command.app->footer(KeysHelp());
-  for (auto* add : {AddExport, AddImport, AddGenerate}) commands.push_back(add(app, cl));
+  for (auto* add : {AddExport, AddImport, AddGenerate, AddTokenizer, AddTokenize}) commands.push_back(add(app, cl));
   for (auto& command : commands) command.app->allow_extras();
   try {
     app.parse(argc, argv);

@@ -9,6 +9,7 @@
 #include "src/cli/command_line.h"
 #include "src/cli/loadtest_command.h"
 #include "src/cli/model_commands.h"
+#include "src/cli/text_commands.h"
 #include "src/cli/plan_command.h"
 
 namespace atl::cli {
@@ -126,6 +127,8 @@ Command AddExport(CLI::App& app, CommandLine& cl) {
                 "safetensors: hf (Hugging Face's names and layout of the model's family, "
                 "default; gpt2 is the same) or atoll (atoll's own)");
   c->add_option("--dtype", o->dtype, "hf: f32 (default) or bf16 (rounded to nearest even)");
+  c->add_option("--tokenizer", o->tokenizer,
+                "hf: the SentencePiece model to put beside it (default: the run's data.tokenizer)");
   c->add_option("--max-shard-bytes", o->max_shard_bytes,
                 "hf: shards of at most this many bytes past it, with model.safetensors.index.json");
   c->add_option("--config", cl.config_path,
@@ -160,12 +163,15 @@ Command AddImport(CLI::App& app, CommandLine& cl) {
 
 Command AddGenerate(CLI::App& app, CommandLine& cl) {
   auto o = std::make_shared<atl::GenerateOptions>();
-  auto* c = app.add_subcommand("generate", "sample text from a model (byte-level, vocab 256)");
+  auto* c = app.add_subcommand("generate", "sample text from a model, with the run's tokenizer "
+                               "(or bytes for a byte-level model)");
   c->add_option("--checkpoint", o->source,
                 "run directory, coordinator directory, checkpoint, safetensors file, or Hugging "
                 "Face directory")->required();
   c->add_option("--prompt", o->prompt, "text to continue")->required();
-  c->add_option("--tokens", o->tokens, "new tokens (bytes) to sample");
+  c->add_option("--tokens", o->tokens, "new tokens to sample at most (stops at the tokenizer's eos)");
+  c->add_option("--tokenizer", o->tokenizer,
+                "SentencePiece model (default: the one the run's config or the directory records)");
   c->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)");
   c->add_option("--top-k", o->top_k, "sample among the k likeliest tokens (0: all)");
   c->add_option("--top-p", o->top_p,
@@ -179,6 +185,48 @@ Command AddGenerate(CLI::App& app, CommandLine& cl) {
             if (int rc = NoOverrides(overrides)) return rc;
             o->config_path = cl.config_path;
             if (auto s = atl::RunGenerate(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddTokenizer(CLI::App& app, CommandLine&) {
+  auto o = std::make_shared<atl::text::TrainOptions>();
+  auto* c = app.add_subcommand("tokenizer", "SentencePiece tokenizers: `atoll tokenizer train`");
+  auto* train = c->add_subcommand(
+      "train", "train a tokenizer (BPE or unigram) on text files, one sentence per line");
+  c->require_subcommand(1);
+  train->add_option("--input", o->inputs, "text files (repeat or separate by spaces)")->required();
+  train->add_option("--vocab-size", o->vocab_size, "tokens in the vocabulary (256 byte tokens included)");
+  train->add_option("--out", o->out, "the model file to write, e.g. tok.model")->required();
+  train->add_option("--model-type", o->model_type, "bpe (default) or unigram");
+  train->add_option("--threads", o->threads, "trainer threads (0: every core)");
+  train->add_option("--max-sentences", o->max_sentences,
+                    "lines sampled from large inputs (0: every line)");
+  return {c, [o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            if (auto s = atl::RunTokenizerTrain(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddTokenize(CLI::App& app, CommandLine&) {
+  auto o = std::make_shared<atl::text::TokenizeOptions>();
+  auto* c = app.add_subcommand(
+      "tokenize", "turn text into token shards (llm.c's uint16 format, or uint32 past 65,536 "
+      "tokens) with a manifest, streaming, on every core");
+  c->add_option("--tokenizer", o->tokenizer, "SentencePiece model (tokenizer.model)")->required();
+  c->add_option("--input", o->inputs, "text: files, directories or globs")->required();
+  c->add_option("--out", o->out, "directory for the shards and manifest.json (new)")->required();
+  c->add_option("--threads", o->threads, "encoding threads (0: every core)");
+  c->add_option("--shard-tokens", o->shard_tokens, "tokens per shard at most");
+  c->add_option("--token-bytes", o->token_width,
+                "2 (llm.c uint16) or 4 (uint32); default the narrowest that holds the vocabulary");
+  c->add_option("--chunk-bytes", o->chunk_bytes, "text per unit of work, cut at a line end");
+  c->add_flag("!--no-document-marks", o->document_marks,
+              "do not put the tokenizer's bos before and eos after each input file");
+  return {c, [o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            if (auto s = atl::RunTokenize(*o); !s.ok()) return Fail(s);
             return 0;
           }};
 }

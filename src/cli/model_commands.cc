@@ -18,6 +18,7 @@
 #include "src/store/atomic_file.h"
 #include "src/store/hf_format.h"
 #include "src/store/model_io.h"
+#include "src/text/tokenizer.h"
 
 namespace atl {
 namespace {
@@ -79,6 +80,32 @@ torch::Tensor SamplingProbabilities(torch::Tensor logits, const GenerateOptions&
   return probs;
 }
 
+// The tokenizer of a model: --tokenizer, else the one its source records; none for a byte-level
+// model without one. Its vocabulary must be the model's.
+absl::StatusOr<std::unique_ptr<const text::Tokenizer>> TokenizerFor(const std::string& flag,
+                                                                   const ModelWeights& w) {
+  std::string path = flag;
+  if (path.empty()) {
+    if (auto it = w.facts.find("tokenizer"); it != w.facts.end()) path = it->second;
+  }
+  if (path.empty()) {
+    if (w.model.vocab == 256) return std::unique_ptr<const text::Tokenizer>();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this model has vocab ", w.model.vocab, " and its source records no tokenizer: give "
+        "--tokenizer FILE (the SentencePiece model its shards were made with)"));
+  }
+  auto tokenizer = text::Tokenizer::Load(path);
+  if (!tokenizer.ok()) {
+    return absl::Status(tokenizer.status().code(), absl::StrCat("tokenizer: ", tokenizer.status().message()));
+  }
+  if ((*tokenizer)->vocab_size() != w.model.vocab) {
+    return absl::FailedPreconditionError(absl::StrCat("the tokenizer ", path, " has ",
+                                                      (*tokenizer)->vocab_size(),
+                                                      " tokens but the model's vocab is ", w.model.vocab));
+  }
+  return std::move(*tokenizer);
+}
+
 }  // namespace
 
 absl::Status RunExport(const ExportOptions& o) {
@@ -100,6 +127,13 @@ absl::Status RunExport(const ExportOptions& o) {
     hf::ExportOptions hf_options;
     hf_options.bf16 = o.dtype == "bf16";
     hf_options.max_shard_bytes = std::max<uint64_t>(1, o.max_shard_bytes);
+    ATL_ASSIGN_OR_RETURN(auto tokenizer, TokenizerFor(o.tokenizer, weights));
+    if (tokenizer) {
+      hf_options.tokenizer = tokenizer->path();
+      hf_options.bos_id = tokenizer->bos_id();
+      hf_options.eos_id = tokenizer->eos_id();
+      hf_options.unk_id = tokenizer->unk_id();
+    }
     ATL_ASSIGN_OR_RETURN(auto files, hf::Write(weights, o.out, hf_options));
     std::fprintf(o.out_stream, "atoll export: %s\n  from %s\n  to %s (Hugging Face, %s): %s\n",
                  Describe(weights).c_str(), o.source.c_str(), o.out.c_str(), o.dtype.c_str(),
@@ -123,6 +157,10 @@ absl::Status RunImport(const ImportOptions& o) {
   Config config = base;  // its dropout and init seed stay; the shapes are the file's (validated)
   CopyArchitecture(weights.model, config.model);
   config.train.init_from = fs::absolute(o.file).lexically_normal().string();
+  // A Hugging Face directory's tokenizer comes with it (its shards must then be made with it).
+  if (auto it = weights.facts.find("tokenizer"); it != weights.facts.end() && config.data.tokenizer.empty()) {
+    config.data.tokenizer = fs::absolute(it->second).lexically_normal().string();
+  }
   ATL_RETURN_IF_ERROR(WriteFileAtomic(o.out, ToToml(config)));
   std::fprintf(o.out_stream,
                "atoll import: %s: %s; every tensor checked\n"
@@ -134,6 +172,30 @@ absl::Status RunImport(const ImportOptions& o) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// What generate reads and writes: bytes, or a tokenizer's ids (a prompt starts with its bos).
+struct TextCodec {
+  const text::Tokenizer* tokenizer = nullptr;
+  absl::StatusOr<std::vector<int64_t>> Encode(const std::string& prompt) const {
+    std::vector<int64_t> ids;
+    if (!tokenizer) {
+      for (unsigned char c : prompt) ids.push_back(c);  // bytes, whatever char's signedness
+      return ids;
+    }
+    if (tokenizer->bos_id() >= 0) ids.push_back(tokenizer->bos_id());
+    ATL_ASSIGN_OR_RETURN(auto encoded, tokenizer->Encode(prompt));
+    ids.insert(ids.end(), encoded.begin(), encoded.end());
+    return ids;
+  }
+  std::string Text(int64_t id) const {
+    return tokenizer ? tokenizer->TokenText(uint32_t(id)) : std::string(1, char(id));
+  }
+  int64_t eos() const { return tokenizer ? tokenizer->eos_id() : -1; }
+};
+
+}  // namespace
+
 absl::Status RunGenerate(const GenerateOptions& o) {
   if (o.prompt.empty()) return absl::InvalidArgumentError("--prompt must not be empty");
   if (o.tokens < 1 || o.tokens > 1'000'000) {
@@ -143,21 +205,19 @@ absl::Status RunGenerate(const GenerateOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--temperature must be in [0, 100] (0: greedy), got ", o.temperature));
   }
-  ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
-  ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
-  const auto& m = weights.model;
-  if (m.vocab != 256) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "atoll generate reads and writes byte-level text (model.vocab = 256); this model has vocab ",
-        m.vocab, " (token shards) and atoll has no tokenizer for it"));
-  }
   if (!(o.top_p > 0 && o.top_p <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--top-p must be in (0, 1], got ", o.top_p));
   }
+  ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
+  ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
+  const auto& m = weights.model;
   if (o.top_k < 0 || o.top_k > m.vocab) {
     return absl::InvalidArgumentError(
         absl::StrCat("--top-k must be in [0, ", m.vocab, "] (0: all tokens), got ", o.top_k));
   }
+  ATL_ASSIGN_OR_RETURN(auto tokenizer, TokenizerFor(o.tokenizer, weights));
+  const TextCodec codec{tokenizer.get()};
+  ATL_ASSIGN_OR_RETURN(std::vector<int64_t> tokens, codec.Encode(o.prompt));
   inner::ModelConfig eval_config = m;
   eval_config.dropout = 0;
   const inner::CausalLm model = inner::BuildModel(eval_config);
@@ -166,8 +226,6 @@ absl::Status RunGenerate(const GenerateOptions& o) {
   torch::NoGradGuard no_grad;
   auto generator = inner::compat::MakeCpuGenerator(o.seed);
 
-  std::vector<int64_t> tokens(o.prompt.begin(), o.prompt.end());
-  for (auto& t : tokens) t &= 0xFF;  // bytes, whatever char's signedness
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), o.out_stream);
   auto row = [](std::vector<int64_t>::const_iterator begin, std::vector<int64_t>::const_iterator end) {
     return torch::tensor(std::vector<int64_t>(begin, end), torch::kLong).unsqueeze(0);
@@ -191,7 +249,9 @@ absl::Status RunGenerate(const GenerateOptions& o) {
     return logits[0][long(keep) - 1];
   };
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < o.tokens; ++i) {
+  size_t generated = 0;
+  bool at_eos = false;
+  for (int i = 0; i < o.tokens && !at_eos; ++i) {
     auto logits = next_logits();
     int64_t next;
     if (o.temperature == 0) {
@@ -199,16 +259,23 @@ absl::Status RunGenerate(const GenerateOptions& o) {
     } else {
       next = torch::multinomial(SamplingProbabilities(logits, o), 1, false, generator).item<int64_t>();
     }
+    if (next == codec.eos()) {
+      at_eos = true;
+      break;
+    }
     tokens.push_back(next);
-    std::fputc(int(next), o.out_stream);
+    ++generated;
+    const std::string text = codec.Text(next);
+    std::fwrite(text.data(), 1, text.size(), o.out_stream);
     std::fflush(o.out_stream);
   }
   std::fputc('\n', o.out_stream);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "atoll generate: %d tokens in %.2f s (%.1f tokens/s, %s)\n", o.tokens,
-               seconds, seconds > 0 ? o.tokens / seconds : 0.0,
-               o.kv_cache ? "key/value cache" : "no cache");
+  const size_t n = generated;
+  std::fprintf(stderr, "atoll generate: %zu tokens in %.2f s (%.1f tokens/s, %s)%s\n", n, seconds,
+               seconds > 0 ? double(n) / seconds : 0.0, o.kv_cache ? "key/value cache" : "no cache",
+               at_eos ? "; stopped at the end-of-text token" : "");
   return absl::OkStatus();
 }
 

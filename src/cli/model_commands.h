@@ -23,6 +23,7 @@ struct ExportOptions {
   std::string dtype = "f32";  // hf: "f32" or "bf16"
   uint64_t max_shard_bytes = 5'000'000'000;
   std::string config_path;  // the run's config, where the source does not carry it
+  std::string tokenizer;    // hf: the tokenizer to put beside the model (default: the source's)
   FILE* out_stream = stdout;
 };
 absl::Status RunExport(const ExportOptions& options);
@@ -47,11 +48,13 @@ struct GenerateOptions {
   int top_k = 40;           // sample among the k likeliest tokens (0: all)
   double top_p = 1.0;       // then among the likeliest whose probabilities sum to p (1: all)
   bool kv_cache = true;     // one new position's work per token; else the whole window again
+  std::string tokenizer;    // SentencePiece model (default: the one the source records)
   uint64_t seed = 1;
   FILE* out_stream = stdout;
 };
-// Byte-level models (model.vocab = 256): prints the prompt and the sampled continuation as it goes
-// (stdout), then the tokens per second (stderr). With the key/value cache, each token costs one
+// Prints the prompt and the sampled continuation as it goes (stdout), then the tokens per second
+// (stderr). Text is bytes for a byte-level model without a tokenizer, else the tokenizer's: the
+// prompt starts with its bos, and sampling stops at its eos. With the key/value cache, each token costs one
 // position's work; when the cache reaches the model's context it restarts from the last half
 // context of text (without it, each token re-runs the last context's worth).
 absl::Status RunGenerate(const GenerateOptions& options);

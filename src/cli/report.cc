@@ -48,13 +48,14 @@ std::vector<MethodResult> BestPerMethod(const std::vector<MethodResult>& runs) {
 
 std::string ReportCsv(const std::vector<MethodResult>& runs) {
   const auto best = BestPerMethod(runs);
-  std::string out = "method,setting,val_loss,tokens,wan_bytes,wall_s,best\n";
+  std::string out = "method,setting,val_loss,val_bpb,tokens,wan_bytes,wall_s,best\n";
   for (const auto& r : runs) {
     const bool is_best = std::any_of(best.begin(), best.end(), [&](const MethodResult& b) {
       return b.method == r.method && b.setting == r.setting;
     });
-    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%d,%d,%.2f,%d\n", r.method, r.setting,
-                                          r.val_loss, r.tokens, r.wan_bytes, r.wall_s, is_best));
+    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%.6f,%d,%d,%.2f,%d\n", r.method, r.setting,
+                                          r.val_loss, r.val_bpb, r.tokens, r.wan_bytes, r.wall_s,
+                                          is_best));
   }
   return out;
 }
@@ -63,11 +64,13 @@ namespace {
 
 void AppendTable(const std::vector<MethodResult>& results, std::string* out) {
   const double base = results.empty() ? 0 : results.front().val_loss;
-  *out += "| method | val_loss | vs first | tokens | WAN bytes | wall |\n";
-  *out += "| --- | ---: | ---: | ---: | ---: | ---: |\n";
+  *out += "| method | val_loss | bits/byte | vs first | tokens | WAN bytes | wall |\n";
+  *out += "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& r : results) {
-    absl::StrAppend(out, absl::StrFormat("| %s | %.4f | %+.2f%% | %d | %s | %.1f s |\n", Label(r),
-                                         r.val_loss, 100.0 * (r.val_loss / base - 1.0), r.tokens,
+    const std::string bpb = std::isnan(r.val_bpb) ? "-" : absl::StrFormat("%.4f", r.val_bpb);
+    absl::StrAppend(out, absl::StrFormat("| %s | %.4f | %s | %+.2f%% | %d | %s | %.1f s |\n",
+                                         Label(r), r.val_loss, bpb,
+                                         100.0 * (r.val_loss / base - 1.0), r.tokens,
                                          HumanBytes(r.wan_bytes), r.wall_s));
   }
 }

@@ -3,6 +3,7 @@
 #ifndef ATOLL_SRC_CLI_REPORT_H_
 #define ATOLL_SRC_CLI_REPORT_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@ struct MethodResult {
   std::string method;
   std::string setting;  // the sweep's values for this run ("optim.lr=0.002 outer.lr=0.7"), or ""
   double val_loss = 0;
+  double val_bpb = NAN;  // bits per byte of text: compares tokenizers fairly (NAN: unknown)
   int64_t tokens = 0;
   uint64_t wan_bytes = 0;
   double wall_s = 0;

@@ -9,6 +9,7 @@
 #include "src/store/checkpoint.h"
 #include "src/observe/metrics.h"
 #include "src/store/model_io.h"
+#include "src/text/token_shards.h"
 
 namespace atl {
 namespace {
@@ -92,7 +93,7 @@ class TrainHooks : public inner::LoopHooks {
 absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& options) {
   if (options.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   ATL_ASSIGN_OR_RETURN(auto data,
-                       inner::LoadDataset(config.data, config.model.context, config.model.vocab));
+                       text::LoadDataset(config.data, config.model));
   ATL_ASSIGN_OR_RETURN(auto trainer,
                        inner::Trainer::Create(config.trainer(), data));
 

@@ -29,6 +29,7 @@
 #include "src/observe/monitoring.h"
 #include "src/island/island_report.h"
 #include "src/island/shard_model.h"
+#include "src/text/token_shards.h"
 
 namespace atl {
 namespace {
@@ -237,7 +238,7 @@ absl::Status IslandRun::Setup() {
   // Everything that can be checked locally is checked before joining.
   ATL_RETURN_IF_ERROR(outer::ValidateName(options_.name, "island name (--name)"));
   ATL_ASSIGN_OR_RETURN(
-      auto data, inner::LoadDataset(config_.data, config_.model.context, config_.model.vocab));
+      auto data, text::LoadDataset(config_.data, config_.model));
   data_ = data;
   if (options_.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
   ATL_ASSIGN_OR_RETURN(auto resumed, LoadResumeState(options_));
@@ -389,6 +390,7 @@ pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
   pb::IslandTelemetry t;
   t.set_loss(bounded(loss, 1e4));
   t.set_val_loss(summary_.last_eval ? bounded(summary_.last_eval->loss, 1e4) : 0.0);
+  t.set_val_bpb(summary_.last_eval ? bounded(summary_.last_eval->bits_per_byte, 1e4) : 0.0);
   t.set_tokens_per_s(bounded(monitor_->tokens_per_s(), 1e12));
   t.set_utilization(bounded(summary_.compute_s / std::max(1e-9, Since(start_)), 1));
   t.set_tokens(uint64_t(trainer_->tokens()));
@@ -401,14 +403,11 @@ absl::Status IslandRun::Evaluate(int64_t t) {
   ATL_ASSIGN_OR_RETURN(auto eval, trainer_->Evaluate());
   summary_.last_eval = eval;
   monitor_->OnEval(eval.loss);
-  nlohmann::json record = {{"step", t},
-                           {"tokens", trainer_->tokens()},
-                           {"wall_s", Since(start_)},
-                           {"val_loss", eval.loss},
-                           {eval.per_byte ? "val_bpb" : "val_bits_per_token", eval.bits}};
+  nlohmann::json record = {{"step", t}, {"tokens", trainer_->tokens()}, {"wall_s", Since(start_)}};
+  AddEvalFields(eval, &record);
   if (async_) record["run_tokens"] = outer_->stats().run_tokens;
   if (lead()) metrics_->Write(record);
-  progress_->Message(absl::StrFormat("%sstep %d | val_loss %.4f", label_, t, eval.loss));
+  progress_->Message(absl::StrFormat("%sstep %d | %s", label_, t, EvalText(eval)));
   return absl::OkStatus();
 }
 

@@ -140,7 +140,10 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       // With several ranks: of rank 0's part (each rank logs its ranges' hashes).
                       {"global_hash", absl::StrFormat("%016x", summary.global_hash)},
                       {"global_copy", summary.global_copy}};
-  if (summary.last_eval) s["val_loss"] = summary.last_eval->loss;
+  if (summary.last_eval) {
+    s["val_loss"] = summary.last_eval->loss;
+    if (summary.last_eval->bits_per_byte >= 0) s["val_bpb"] = summary.last_eval->bits_per_byte;
+  }
   if (async) {
     s["staleness"] = summary.staleness;
     s["run_tokens"] = summary.run_tokens;

@@ -47,11 +47,21 @@ nlohmann::json StepRecord(const inner::StepStats& s, const inner::EvalStats* eva
   nlohmann::json j = {{"step", s.step},         {"loss", s.loss},           {"lr", s.lr},
                       {"tokens", s.tokens},     {"wall_s", wall_s},         {"grad_norm", s.grad_norm},
                       {"step_s", s.compute_s}};
-  if (eval != nullptr) {
-    j["val_loss"] = eval->loss;
-    j[eval->per_byte ? "val_bpb" : "val_bits_per_token"] = eval->bits;
-  }
+  if (eval != nullptr) AddEvalFields(*eval, &j);
   return j;
+}
+
+void AddEvalFields(const inner::EvalStats& eval, nlohmann::json* record) {
+  (*record)["val_loss"] = eval.loss;
+  if (!eval.per_byte) (*record)["val_bits_per_token"] = eval.bits;
+  if (eval.bits_per_byte >= 0) (*record)["val_bpb"] = eval.bits_per_byte;
+}
+
+std::string EvalText(const inner::EvalStats& eval) {
+  std::string text = absl::StrFormat("val_loss %.4f", eval.loss);
+  if (!eval.per_byte) absl::StrAppendFormat(&text, " | bits/token %.4f", eval.bits);
+  if (eval.bits_per_byte >= 0) absl::StrAppendFormat(&text, " | bpb %.4f", eval.bits_per_byte);
+  return text;
 }
 
 StepReporter::StepReporter(MetricsLog& metrics, Progress& progress, double wall_before)
@@ -98,8 +108,7 @@ void Progress::OnStep(const inner::StepStats& s, const inner::EvalStats* eval, d
       absl::StrFormat("%sstep %d/%d | loss %.4f | lr %.2e | %.1fk tok/s | ETA %s", label_, s.step,
                       total_, s.loss, s.lr, rate_ / 1000.0, FormatDuration(eta));
   if (eval != nullptr) {
-    Message(absl::StrFormat("%sstep %d | val_loss %.4f | %s %.4f | tokens %d | %s", label_, s.step,
-                            eval->loss, eval->per_byte ? "bpb" : "bits/token", eval->bits,
+    Message(absl::StrFormat("%sstep %d | %s | tokens %d | %s", label_, s.step, EvalText(*eval),
                             s.tokens, FormatDuration(wall_s)));
   }
   if (tty_) {

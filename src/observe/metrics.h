@@ -32,6 +32,11 @@ class MetricsLog {
 
 // The metrics record of one step: step, loss, lr, tokens, wall_s, and val_* on evaluation steps.
 nlohmann::json StepRecord(const inner::StepStats& step, const inner::EvalStats* eval, double wall_s);
+// An evaluation's fields of a metrics record: val_loss; val_bits_per_token (token shards);
+// val_bpb, bits per byte of text, whenever known (bytes, or shards with their tokenizer).
+void AddEvalFields(const inner::EvalStats& eval, nlohmann::json* record);
+// "val_loss 2.4767 | bpb 3.5731" and the like, for progress lines.
+std::string EvalText(const inner::EvalStats& eval);
 
 class Progress {
  public:

@@ -313,6 +313,7 @@ std::string ServiceMonitor::StatusJson() {
                           {"silent_s", i.silent_s},
                           {"loss", t.loss()},
                           {"val_loss", t.val_loss()},
+                          {"val_bpb", t.val_bpb()},
                           {"tokens", t.tokens()},
                           {"tokens_per_s", t.tokens_per_s()},
                           {"utilization", t.utilization()},

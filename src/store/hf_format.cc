@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -199,6 +200,36 @@ absl::StatusOr<inner::ModelConfig> ModelOf(const json& j, const std::string& pat
   return m;
 }
 
+namespace {
+
+// tokenizer.model and the files transformers' LlamaTokenizer reads beside it. The tokens' texts
+// are SentencePiece's own (<s>, </s>, <unk> for atoll's trained tokenizers).
+absl::StatusOr<std::vector<std::string>> WriteTokenizerFiles(const ExportOptions& o, int context,
+                                                             const fs::path& out) {
+  std::error_code ec;
+  fs::copy_file(o.tokenizer, out / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("cannot copy the tokenizer ", o.tokenizer, ": ", ec.message()));
+  }
+  json special = json::object();
+  for (const auto& [key, id, text] : {std::tuple<const char*, int, const char*>{"bos_token", o.bos_id, "<s>"},
+                                      {"eos_token", o.eos_id, "</s>"}, {"unk_token", o.unk_id, "<unk>"}}) {
+    if (id >= 0) special[key] = text;
+  }
+  json config = special;
+  config["tokenizer_class"] = "LlamaTokenizer";
+  config["model_max_length"] = context;
+  config["add_bos_token"] = o.bos_id >= 0;
+  config["add_eos_token"] = false;
+  config["legacy"] = true;  // SentencePiece's encoding as it is, no prefix space added
+  config["clean_up_tokenization_spaces"] = false;
+  ATL_RETURN_IF_ERROR(WriteFileAtomic((out / "tokenizer_config.json").string(), config.dump(2) + "\n"));
+  ATL_RETURN_IF_ERROR(WriteFileAtomic((out / "special_tokens_map.json").string(), special.dump(2) + "\n"));
+  return std::vector<std::string>{"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"};
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> Write(const ModelWeights& w, const std::string& dir,
                                                const ExportOptions& o) {
   const fs::path out(dir);
@@ -256,12 +287,20 @@ absl::StatusOr<std::vector<std::string>> Write(const ModelWeights& w, const std:
     ATL_RETURN_IF_ERROR(WriteFileAtomic((out / kIndex).string(), index.dump(2) + "\n"));
     files.push_back(kIndex);
   }
-  ATL_RETURN_IF_ERROR(WriteFileAtomic((out / kConfig).string(), Config(w.model, o.bf16).dump(2) + "\n"));
-  files.push_back(kConfig);
+  json config = Config(w.model, o.bf16);
   // Byte-level models have no special tokens: generation stops at the length asked for.
-  const json generation = {{"_from_model_config", true}, {"max_length", w.model.context}};
+  json generation = {{"_from_model_config", true}, {"max_length", w.model.context}};
+  for (const auto& [key, id] : {std::pair<const char*, int>{"bos_token_id", o.bos_id}, {"eos_token_id", o.eos_id}}) {
+    if (id >= 0) config[key] = generation[key] = id;
+  }
+  ATL_RETURN_IF_ERROR(WriteFileAtomic((out / kConfig).string(), config.dump(2) + "\n"));
+  files.push_back(kConfig);
   ATL_RETURN_IF_ERROR(WriteFileAtomic((out / "generation_config.json").string(), generation.dump(2) + "\n"));
   files.push_back("generation_config.json");
+  if (!o.tokenizer.empty()) {
+    ATL_ASSIGN_OR_RETURN(auto more, WriteTokenizerFiles(o, w.model.context, out));
+    files.insert(files.end(), more.begin(), more.end());
+  }
   return files;
 }
 

@@ -43,6 +43,11 @@ absl::StatusOr<inner::ModelConfig> ModelOf(const nlohmann::json& config, const s
 struct ExportOptions {
   bool bf16 = false;                        // BF16 tensors, rounded to nearest even; else F32
   uint64_t max_shard_bytes = 5'000'000'000;  // past this, shards and an index (Hugging Face's 5GB)
+  // The run's SentencePiece model, copied as tokenizer.model with tokenizer_config.json and
+  // special_tokens_map.json (LlamaTokenizer); its special ids go into config.json and
+  // generation_config.json. Empty: a byte-level model, no tokenizer files.
+  std::string tokenizer;
+  int bos_id = -1, eos_id = -1, unk_id = -1;  // -1: the tokenizer has none
 };
 // Writes the directory `dir` (created; must not hold a config.json already). Returns the files
 // written, in order.

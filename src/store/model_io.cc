@@ -344,7 +344,25 @@ std::string Gpt2Name(const std::string& atoll_name, bool* transposed) {
   return atoll_name;
 }
 
-absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config* config) {
+namespace {
+
+// The tokenizer a model source was trained with, where known: a Hugging Face directory's
+// tokenizer.model, else data.tokenizer of the run config next to the source (a run, coordinator or
+// checkpoint directory, or their files), else of `config`.
+std::string TokenizerOf(const fs::path& source, const Config* config) {
+  std::error_code ec;
+  const bool dir = fs::is_directory(source, ec);
+  if (dir && fs::is_regular_file(source / "tokenizer.model", ec)) return (source / "tokenizer.model").string();
+  const fs::path base = dir ? source : source.parent_path();
+  for (const fs::path& near : {base, base / "coordinator", base.parent_path(), base.parent_path().parent_path()}) {
+    if (!fs::is_regular_file(near / "config.toml", ec)) continue;
+    auto run = LoadConfig((near / "config.toml").string(), {});
+    if (run.ok()) return run->data.tokenizer;
+  }
+  return config ? config->data.tokenizer : std::string();
+}
+
+absl::StatusOr<ModelWeights> LoadFrom(const std::string& source, const Config* config) {
   const fs::path path(source);
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(absl::StrCat("no such file or directory: ", source));
@@ -367,6 +385,16 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
   if (StartsWithMagic(path, "ATOLLSV")) return LoadServiceState(path, config);
   if (StartsWithMagic(path, "ATOLLCK")) return LoadCheckpoint(source);
   return LoadSafetensors(source, config);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config* config) {
+  ATL_ASSIGN_OR_RETURN(auto weights, LoadFrom(source, config));
+  if (!weights.facts.count("tokenizer")) {
+    if (auto t = TokenizerOf(fs::path(source), config); !t.empty()) weights.facts["tokenizer"] = t;
+  }
+  return weights;
 }
 
 void CopyArchitecture(const inner::ModelConfig& from, inner::ModelConfig& to) {

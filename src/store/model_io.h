@@ -46,7 +46,8 @@ struct ModelWeights {
   // Every parameter in atoll's names and model order: fp32, CPU, full shapes.
   std::vector<std::pair<std::string, at::Tensor>> params;
   // What they are, for metadata and messages: "source", "kind" (global / checkpoint / file),
-  // "run_id", "round" or "step".
+  // "run_id", "round" or "step"; "tokenizer", the SentencePiece model the run trained with (a
+  // Hugging Face directory's tokenizer.model, or data.tokenizer of the run's config).
   std::map<std::string, std::string> facts;
 };
 

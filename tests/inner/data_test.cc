@@ -26,7 +26,7 @@ TEST(DataTest, TextIsByteTokens) {
   auto corpus = TokenCorpus::Load(dir.Join("a.txt"), 256);
   ASSERT_TRUE(corpus.ok()) << corpus.status();
   ASSERT_EQ((*corpus)->num_tokens(), 8u);
-  EXPECT_EQ((*corpus)->segments()[0]->data()[6], 0xc3);
+  EXPECT_EQ((*(*corpus)->segments()[0])[6], 0xc3u);
   EXPECT_TRUE((*corpus)->is_text());
 }
 
@@ -37,10 +37,10 @@ TEST(DataTest, DirectoryConcatenatesFilesInNameOrder) {
   testing::WriteFile(dir.Join(".hidden"), "zzz");
   auto corpus = TokenCorpus::Load(dir.path(), 256);
   ASSERT_TRUE(corpus.ok()) << corpus.status();
-  const auto* t = (*corpus)->segments()[0]->data();
+  const auto& t = *(*corpus)->segments()[0];
   ASSERT_EQ((*corpus)->num_tokens(), 6u);
-  EXPECT_EQ(t[0], 'A');
-  EXPECT_EQ(t[2], 'B');
+  EXPECT_EQ(t[0], uint32_t('A'));
+  EXPECT_EQ(t[2], uint32_t('B'));
 }
 
 TEST(DataTest, ShardRoundTripAndGlob) {
@@ -51,8 +51,77 @@ TEST(DataTest, ShardRoundTripAndGlob) {
   ASSERT_TRUE(corpus.ok()) << corpus.status();
   ASSERT_EQ((*corpus)->segments().size(), 2u);
   EXPECT_EQ((*corpus)->num_tokens(), 1500u);
-  EXPECT_EQ((*corpus)->segments()[0]->data()[699], 699);
+  EXPECT_EQ((*(*corpus)->segments()[0])[699], 699u);
+  EXPECT_EQ((*corpus)->segments()[0]->width(), 2);
   EXPECT_FALSE((*corpus)->is_text());
+}
+
+TEST(DataTest, Uint32ShardsHoldVocabulariesPast65536) {
+  TempDir dir;
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128255, 7};
+  ASSERT_TRUE(WriteShard32(dir.Join("big.bin"), tokens).ok());
+  // llm.c's Llama 3 header: magic 20240801, version 7, the count; then 4-byte tokens.
+  std::ifstream in(dir.Join("big.bin"), std::ios::binary);
+  int32_t header[3];
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(header[0], 20240801);
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 5);
+  auto corpus = TokenCorpus::Load(dir.Join("big.bin"), 128256);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  const auto& segment = *(*corpus)->segments()[0];
+  EXPECT_EQ(segment.width(), 4);
+  for (size_t i = 0; i < tokens.size(); ++i) EXPECT_EQ(segment[i], tokens[i]);
+  // A token past the model's vocabulary is refused with where it is.
+  EXPECT_THAT(std::string(TokenCorpus::Load(dir.Join("big.bin"), 100000).status().message()),
+              HasSubstr("token 128255 at position 3"));
+  // A uint16 shard cannot hold it.
+  auto narrow = ShardWriter::Open(dir.Join("narrow.bin"), 2);
+  ASSERT_TRUE(narrow.ok());
+  EXPECT_THAT(std::string((*narrow)->Append(tokens.data(), tokens.size()).message()),
+              HasSubstr("token 65536 does not fit a uint16 shard"));
+  EXPECT_EQ(ShardWidth(65536), 2);
+  EXPECT_EQ(ShardWidth(65537), 4);
+}
+
+TEST(DataTest, AShardWriterStreamsPastItsBufferAndWritesTheCountOnClose) {
+  TempDir dir;
+  auto writer = ShardWriter::Open(dir.Join("s.bin"), 2);
+  ASSERT_TRUE(writer.ok());
+  std::vector<uint32_t> piece(100000);
+  for (int k = 0; k < 12; ++k) {  // 1.2M tokens in pieces: past the 1 MiB buffer several times
+    for (size_t i = 0; i < piece.size(); ++i) piece[i] = uint32_t((k * piece.size() + i) % 60000);
+    ASSERT_TRUE((*writer)->Append(piece.data(), piece.size()).ok());
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto corpus = TokenCorpus::Load(dir.Join("s.bin"), 60000);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  const auto& s = *(*corpus)->segments()[0];
+  ASSERT_EQ(s.size(), 1200000u);
+  EXPECT_EQ(s[1199999], 1199999u % 60000);
+  EXPECT_EQ(s[654321], 654321u % 60000);
+}
+
+TEST(DataTest, TargetBytesSumTheTokensLengths) {
+  TempDir dir;
+  ASSERT_TRUE(WriteShard(dir.Join("s.bin"), Iota(17, 4)).ok());  // 0 1 2 3 0 1 2 3 ...: 2 windows of 8
+  auto corpus = TokenCorpus::Load(dir.Join("s.bin"), 4);
+  ASSERT_TRUE(corpus.ok());
+  WindowSet w(*corpus, 8);
+  ASSERT_EQ(w.size(), 2u);
+  // Targets of window 0 are tokens 1..8: 1 2 3 0 1 2 3 0, of lengths 2 3 4 1 2 3 4 1 = 20.
+  EXPECT_DOUBLE_EQ(w.TargetBytes(0, 1, {1, 2, 3, 4}), 20.0);
+  EXPECT_DOUBLE_EQ(w.TargetBytes(0, 2, {1, 2, 3, 4}), 40.0);
+  EXPECT_DOUBLE_EQ(w.TargetBytes(0, 2, {}), 16.0);  // bytes: one each
+}
+
+TEST(DataTest, ADirectorysManifestIsNotReadAsText) {
+  TempDir dir;
+  ASSERT_TRUE(WriteShard(dir.Join("shard_000000.bin"), Iota(100, 50)).ok());
+  testing::WriteFile(dir.Join("manifest.json"), "{}");
+  auto corpus = TokenCorpus::Load(dir.path(), 50);
+  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  EXPECT_EQ((*corpus)->num_tokens(), 100u);
 }
 
 void WriteRaw(const std::string& path, const std::vector<int32_t>& header, size_t tokens) {

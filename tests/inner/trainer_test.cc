@@ -261,6 +261,35 @@ TEST(TrainerTest, LossFallsWellBelowTheUnigramEntropy) {
   EXPECT_EQ(t->tokens(), 150 * 4 * 32);
 }
 
+TEST(TrainerTest, TokenShardsReportBitsPerByteFromTheirTokensLengths) {
+  // The same tokens as text (one byte each) and as "shards" whose every token stands for 2
+  // bytes, except token 'e' for 5: the loss is the same, bits per byte follow the lengths.
+  auto c = TinyConfig("");
+  auto bytes = Data(c);
+  auto shards = std::make_shared<Dataset>(*bytes);
+  shards->per_byte = false;
+  shards->token_bytes.assign(256, 2.0f);
+  shards->token_bytes['e'] = 5.0f;
+  const auto as_text = *Make(c, bytes)->Evaluate();
+  const auto as_shards = *Make(c, shards)->Evaluate();
+  EXPECT_EQ(as_text.loss, as_shards.loss);
+  EXPECT_DOUBLE_EQ(as_text.bits_per_byte, as_text.bits);
+  // Independently: the bytes of the evaluated windows' targets, counted here.
+  const size_t total = std::min(bytes->val.size(), size_t(c.train.eval_batches * c.train.batch_size));
+  std::vector<int64_t> in(size_t(c.model.context)), tg(size_t(c.model.context));
+  double text_bytes = 0;
+  for (size_t w = 0; w < total; ++w) {
+    bytes->val.Fill(w, in.data(), tg.data());
+    for (int64_t t : tg) text_bytes += t == 'e' ? 5 : 2;
+  }
+  const double tokens = double(total) * c.model.context;
+  EXPECT_NEAR(as_shards.bits_per_byte, as_shards.bits * tokens / text_bytes, 1e-12);
+  EXPECT_LT(as_shards.bits_per_byte, as_shards.bits / 2);
+  // Shards without a tokenizer: bits per byte unknown.
+  shards->token_bytes.clear();
+  EXPECT_LT(Make(c, shards)->Evaluate()->bits_per_byte, 0);
+}
+
 TEST(TrainerTest, GradientAccumulationMatchesTheLargerBatch) {
   auto c = TinyConfig("");
   c.optim.grad_clip = 0;
