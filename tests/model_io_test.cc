@@ -20,6 +20,7 @@
 #include "src/store/hf_format.h"
 #include "src/store/model_io.h"
 #include "src/store/safetensors.h"
+#include "src/text/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace atl {
@@ -379,6 +380,60 @@ inner::ModelConfig SmallLlama(bool tied = false) {
 
 // A Hugging Face directory of each family (Llama tied and untied, GPT-2) reads back bit for bit
 // in f32, with config.json's keys; Llama's names are Hugging Face's, its tensors in their layout.
+// A GPT whose final LayerNorm outputs e0 at every position (weight 0, bias e0) and whose head
+// scores only token `favourite`: greedy decoding emits that token, always.
+ModelWeights Always(const inner::ModelConfig& m, int64_t favourite) {
+  ModelWeights w = WeightsOf(m);
+  for (auto& [name, t] : w.params) {
+    if (name == "ln_f.weight") t.zero_();
+    if (name == "ln_f.bias") t.zero_()[0] = 1;
+    if (name == "head.weight") t.zero_()[favourite][0] = 10;
+  }
+  return w;
+}
+
+TEST(ModelCommandsTest, GenerateWritesTheTokenizersTextAndStopsAtItsEndOfText) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("corpus.txt"), testing::GeneratedText(50000, 2));
+  text::TrainOptions t;
+  t.inputs = {dir.Join("corpus.txt")};
+  t.out = dir.Join("tok.model");
+  t.vocab_size = 300;
+  ASSERT_TRUE(text::TrainTokenizer(t).ok());
+  auto tok = text::Tokenizer::Load(t.out);
+  ASSERT_TRUE(tok.ok());
+  inner::ModelConfig m = SmallModel();
+  m.vocab = 300;
+  const auto lengths = (*tok)->TokenBytes();  // the longest piece: several bytes
+  const int64_t word = std::max_element(lengths.begin(), lengths.end()) - lengths.begin();
+  ASSERT_GE((*tok)->TokenText(uint32_t(word)).size(), 3u);
+  ASSERT_TRUE(WriteSafetensors(Always(m, word), dir.Join("word.safetensors"), NameStyle::kAtoll).ok());
+  ASSERT_TRUE(WriteSafetensors(Always(m, (*tok)->eos_id()), dir.Join("eos.safetensors"), NameStyle::kAtoll).ok());
+  // stdout (the text) or stderr (the tokens' count), one at a time.
+  auto generate = [&](const std::string& file, const char* drop = "2>/dev/null") {
+    return testing::RunCommand("{ " + std::string(ATOLL_BIN) + " generate --checkpoint " + dir.Join(file) +
+                               " --tokenizer " + t.out + " --prompt 'A dog' --tokens 3 --temperature 0 " +
+                               drop + "; }");
+  };
+  const std::string piece = (*tok)->TokenText(uint32_t(word));
+  auto r = generate("word.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "A dog" + piece + piece + piece + "\n");
+  EXPECT_THAT(generate("word.safetensors", ">/dev/null").output, HasSubstr("3 tokens in"));
+  r = generate("eos.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "A dog\n");
+  r = generate("eos.safetensors", ">/dev/null");
+  EXPECT_THAT(r.output, HasSubstr("0 tokens in"));
+  EXPECT_THAT(r.output, HasSubstr("stopped at the end-of-text token"));
+  // A tokenizer of another vocabulary is refused.
+  m.vocab = 301;
+  ASSERT_TRUE(WriteSafetensors(WeightsOf(m), dir.Join("other.safetensors"), NameStyle::kAtoll).ok());
+  r = generate("other.safetensors", "");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("has 300 tokens but the model's vocab is 301"));
+}
+
 TEST(HfFormatTest, DirectoriesRoundTripBitExactInF32) {
   TempDir dir;
   for (const auto& m : {SmallLlama(), SmallLlama(/*tied=*/true), SmallModel()}) {

@@ -129,7 +129,7 @@ fi
 
 # 4. The GPU benchmark (prints its own table; see tests/bench/gpu_bench.cc for the formulas).
 if wants bench; then
-  step "gpu_bench: 125M and 1B GPTs, bf16" gpu_bench.log "$bin/tests/bench/gpu_bench" --models 125m,1b --steps 10
+  step "gpu_bench: 125M and 1B GPTs, a 1B Llama, bf16" gpu_bench.log "$bin/tests/bench/gpu_bench" --models 125m,1b,llama-1b --steps 10
   say ""
   grep -E '^(\||gpu_bench:)' "$report/gpu_bench.log" | tee -a "$summary" >/dev/null
   say ""

@@ -1,16 +1,20 @@
-// One device's throughput and MFU for GPTs of about 125M and 1B parameters (bf16 autocast, fp32
-// weights and AdamW, fused attention), and the cost of an outer round of each against H = 100 of
+// One device's throughput and MFU for GPTs of about 125M and 1B parameters and a ~1B Llama (bf16
+// autocast, fp32 weights and AdamW, fused attention), and the cost of an outer round of each against H = 100 of
 // its inner steps, measured on the code the islands run (inner::Trainer, TensorDeviceCopy with the
 // CUDA codecs; the host path for comparison).
 //
-//   build/tests/bench/gpu_bench [--device cuda] [--models 125m,1b] [--steps 10] [--peak-tflops 989.4]
+//   build/tests/bench/gpu_bench [--device cuda] [--models 125m,1b,llama-1b] [--steps 10] [--peak-tflops 989.4]
 //                               [--fragments 4] [--codec fp4_e2m1] [--precision bf16]
 //   build/tests/bench/gpu_bench --device cpu --models tiny --steps 2     (a smoke run on CPUs)
 //
 // MFU = model FLOPs per token x tokens/s / peak FLOP/s, with model FLOPs per token = 6 N + 12 L d T
 // (N: the parameters of matrix products, i.e. the blocks' and the LM head's, not the embedding
 // tables; L layers of width d over a context of T: the attention scores and their product with V,
-// forward and backward, counted whole as in PaLM's appendix B). The peak defaults to the H100 /
+// forward and backward, counted whole as in PaLM's appendix B). For Llama the same formula holds
+// term by term: SwiGLU's three matrices (gate, up, down: 3 d ffn_hidden) are in N, grouped-query
+// attention's narrower k and v projections (2 d n_kv_head head_dim) are in N at their own size,
+// and the attention term stays 12 L d T, since the scores and their product with V are computed for
+// every query head (the key/value heads are shared, not the products); a tied head counts once. The peak defaults to the H100 /
 // H200 SXM dense bf16 figure; an 8192^3 bf16 matrix product measured in the same run is printed
 // beside it, with the MFU against it.
 //
@@ -54,7 +58,7 @@ void Sync(const at::Device& device) {
 
 struct Options {
   std::string device = "cuda";
-  std::vector<std::string> models = {"125m", "1b"};
+  std::vector<std::string> models = {"125m", "1b", "llama-1b"};
   int steps = 10;
   double peak_tflops = 989.4;
   int fragments = 4;
@@ -77,19 +81,33 @@ inner::ModelConfig Gpt(int n_layer, int d_model, int n_head, int context, int vo
   return m;
 }
 
+inner::ModelConfig Llama(int n_layer, int d_model, int n_head, int n_kv_head, int ffn_hidden,
+                         int context, int vocab) {
+  inner::ModelConfig m = Gpt(n_layer, d_model, n_head, context, vocab);
+  m.arch = inner::ModelArch::kLlama;
+  m.n_kv_head = n_kv_head;
+  m.ffn_hidden = ffn_hidden;
+  return m;
+}
+
 std::map<std::string, Preset> Presets() {
   std::map<std::string, Preset> p;
   // GPT-2 small's shape (with an untied LM head), and a 1B GPT of 16 layers of width 2048.
   p["125m"] = {Gpt(12, 768, 12, 1024, 50304), 16};
   p["1b"] = {Gpt(16, 2048, 16, 2048, 50304), 8};
+  // Llama 3.2 1B's blocks (16 layers of 2048, 32 query heads sharing 8 key/value heads, SwiGLU
+  // 8192) with Llama 2's 32000-token vocabulary and an untied head: 1.10B parameters.
+  p["llama-1b"] = {Llama(16, 2048, 32, 8, 8192, 2048, 32000), 8};
   p["tiny"] = {Gpt(4, 64, 2, 64, 256), 4};
+  p["llama-tiny"] = {Llama(4, 64, 4, 2, 176, 64, 256), 4};
   return p;
 }
 
 double MatmulFlopsPerToken(const inner::ModelConfig& m) {
   double matmul_params = 0;
   for (const auto& [name, shape] : inner::ParameterShapes(m)) {
-    if (name == "tok_emb.weight" || name == "pos_emb.weight" || shape.size() != 2) continue;
+    const bool lookup = name == "tok_emb.weight" || name == "pos_emb.weight" || name == "embed_tokens.weight";
+    if (lookup || shape.size() != 2) continue;
     matmul_params += double(shape[0]) * double(shape[1]);
   }
   return 6 * matmul_params + 12.0 * m.n_layer * m.d_model * m.context;
