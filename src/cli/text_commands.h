@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "src/text/token_shards.h"
+#include "src/text/tokenize.h"
 #include "src/text/tokenizer.h"
 
 namespace atl {

@@ -137,6 +137,50 @@ struct RoundCost {
   uint64_t encoded_bytes = 0;
 };
 
+// The host path of one fragment's round, as ShardModel::Snapshot, IslandSync's push and
+// ShardModel::Merge do it (the same operations written out here, without a service): a copy of
+// the parameters to the host, global - local and the encoding there (one thread, as one
+// fragment's push task), the merge from a host copy.
+absl::Status MeasureHostPath(const std::vector<at::Tensor>& parts, std::vector<float>& global,
+                             const atl::compression::CodecSpec& spec,
+                             const atl::outer::ChunkPlan& chunks, const at::Device& device,
+                             std::vector<std::string>& encoded, RoundCost& cost) {
+  const uint64_t n = global.size();
+  auto t0 = Clock::now();
+  std::vector<float> local;
+  local.reserve(n);
+  for (const auto& p : parts) {
+    auto h = p.to(torch::kCPU).contiguous();
+    local.insert(local.end(), h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
+  }
+  cost.snapshot_s += Since(t0);
+  t0 = Clock::now();
+  std::vector<float> delta(chunks.per_chunk);
+  for (uint64_t c = 0; c < chunks.num_chunks; ++c) {
+    const uint64_t at = c * chunks.per_chunk, k = std::min(chunks.per_chunk, n - at);
+    for (uint64_t i = 0; i < k; ++i) delta[i] = global[at + i] - local[at + i];
+    if (auto s = atl::compression::Encode(spec, delta.data(), k,
+                                          reinterpret_cast<uint8_t*>(encoded[c].data()));
+        !s.ok()) {
+      return s;
+    }
+  }
+  cost.host_encode_s += Since(t0);
+  t0 = Clock::now();
+  {
+    torch::NoGradGuard no_grad;
+    uint64_t at = 0;
+    for (auto p : parts) {
+      auto src = torch::from_blob(global.data() + at, {p.numel()}, torch::kFloat);
+      p.mul_(0.5).add_(src.to(p.device()), 0.5);
+      at += uint64_t(p.numel());
+    }
+  }
+  Sync(device);
+  cost.host_merge_s += Since(t0);
+  return absl::OkStatus();
+}
+
 // One outer round of every fragment, on the device path and on the host path.
 absl::StatusOr<RoundCost> MeasureRound(inner::Trainer& trainer, const Options& o,
                                        const at::Device& device) {
@@ -205,42 +249,7 @@ absl::StatusOr<RoundCost> MeasureRound(inner::Trainer& trainer, const Options& o
     Sync(device);
     cost.merge_s += Since(t0);
 
-    // The host path, as ShardModel::Snapshot, IslandSync's push and ShardModel::Merge do it (the
-    // same operations written out here, without a service): a copy of the parameters to the host,
-    // global - local and the encoding there (one thread, as one fragment's push task), the merge
-    // from a host copy.
-    t0 = Clock::now();
-    std::vector<float> local;
-    local.reserve(n);
-    for (const auto& p : parts()) {
-      auto h = p.to(torch::kCPU).contiguous();
-      local.insert(local.end(), h.data_ptr<float>(), h.data_ptr<float>() + h.numel());
-    }
-    cost.snapshot_s += Since(t0);
-    t0 = Clock::now();
-    std::vector<float> delta(chunks.per_chunk);
-    for (uint64_t c = 0; c < chunks.num_chunks; ++c) {
-      const uint64_t at = c * chunks.per_chunk, k = std::min(chunks.per_chunk, n - at);
-      for (uint64_t i = 0; i < k; ++i) delta[i] = global[at + i] - local[at + i];
-      if (auto s = atl::compression::Encode(*spec, delta.data(), k,
-                                            reinterpret_cast<uint8_t*>(encoded[c].data()));
-          !s.ok()) {
-        return s;
-      }
-    }
-    cost.host_encode_s += Since(t0);
-    t0 = Clock::now();
-    {
-      torch::NoGradGuard no_grad;
-      uint64_t at = 0;
-      for (auto p : parts()) {
-        auto src = torch::from_blob(global.data() + at, {p.numel()}, torch::kFloat);
-        p.mul_(0.5).add_(src.to(p.device()), 0.5);
-        at += uint64_t(p.numel());
-      }
-    }
-    Sync(device);
-    cost.host_merge_s += Since(t0);
+    if (auto s = MeasureHostPath(parts(), global, *spec, chunks, device, encoded, cost); !s.ok()) return s;
   }
   return cost;
 }

@@ -11,6 +11,7 @@
 
 #include "inner/data.h"
 #include "src/text/token_shards.h"
+#include "src/text/tokenize.h"
 #include "tests/test_util.h"
 
 namespace atl::text {
