@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "compression/codec_rows.h"
+#include "compression/codec_simd.h"
 
 namespace atl::compression {
 namespace {
@@ -20,7 +21,9 @@ void DecodeFp32(uint32_t, const uint8_t* in, size_t, size_t first, size_t last, 
 
 uint32_t EncodeBf16(uint32_t, const float* in, size_t n, uint8_t* out, const Rounding& rounding) {
   if (rounding.stochastic) {
-    for (size_t i = 0; i < n; ++i) {
+    const size_t done =
+        simd::Enabled() ? simd::EncodeBf16Stochastic(in, n, rounding.seed, rounding.first_index, out) : 0;
+    for (size_t i = done; i < n; ++i) {
       const uint16_t h = Bf16Stochastic(in[i], rounding.seed, rounding.first_index + i);
       std::memcpy(out + 2 * i, &h, 2);
     }

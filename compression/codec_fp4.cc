@@ -48,6 +48,10 @@ uint32_t EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out,
     b = n / 32;  // whole blocks; the general loop does a partial last one
     all = simd::Enabled() ? simd::EncodeFp4Blocks32(F::kCodec, b, in, scales, codes)
                           : EncodeFp4FullBlocks<F, 32>(b, in, scales, codes);
+  } else if (kStochastic && block == 32 && simd::Enabled()) {
+    b = n / 32;
+    all = simd::EncodeFp4Blocks32Stochastic(F::kCodec, b, in, scales, codes, rounding.seed,
+                                            rounding.first_index);
   }
   uint8_t tmp[4096 + 1];  // + 1: the pad of an odd last block
   for (; b < nblocks; ++b) {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "compression/codec_rows.h"
+#include "compression/codec_simd.h"
 
 namespace atl::compression {
 namespace {
@@ -15,10 +16,16 @@ uint32_t EncodeInt8(uint32_t block, const float* in, size_t n, uint8_t* out,
   int8_t* q = reinterpret_cast<int8_t*>(out + 4 * nblocks);
   for (size_t b = 0; b < nblocks; ++b) {
     const size_t first = b * block, len = std::min<size_t>(block, n - first);
-    const float scale = Int8Scale(BlockAmax(in + first, len));
+    const float amax = simd::Enabled() ? FromBits(simd::BlockAmaxBits(in + first, len)) : BlockAmax(in + first, len);
+    const float scale = Int8Scale(amax);
     std::memcpy(out + 4 * b, &scale, 4);
     if (rounding.stochastic) {
-      for (size_t i = 0; i < len; ++i) {
+      size_t i = 0;
+      if (scale > 0 && simd::Enabled()) {
+        i = simd::EncodeInt8Stochastic(in + first, len, scale, rounding.seed,
+                                       rounding.first_index + first, q + first);
+      }
+      for (; i < len; ++i) {
         const uint64_t k = first + i;
         q[k] = Int8Stochastic(in[k], scale, Uniform(rounding.seed, rounding.first_index + k));
       }

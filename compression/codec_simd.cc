@@ -1,5 +1,6 @@
 #include "compression/codec_simd.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "compression/codec_math.h"
@@ -53,11 +54,91 @@ __attribute__((target("avx2"))) inline __m256i MagnitudeCodes(__m256i v,
   return _mm256_sub_epi32(_mm256_setzero_si256(), s);  // each passed threshold added -1
 }
 
+// The low 64 bits of a x b in each 64-bit lane (AVX2 multiplies 32 x 32 -> 64 only):
+// a_lo b_lo + ((a_hi b_lo + a_lo b_hi) << 32). b_hi is b >> 32, given by the caller.
+__attribute__((target("avx2"))) inline __m256i Mul64(__m256i a, __m256i b, __m256i b_hi) {
+  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(a, 32), b),
+                                         _mm256_mul_epu32(a, b_hi));
+  return _mm256_add_epi64(_mm256_mul_epu32(a, b), _mm256_slli_epi64(cross, 32));
+}
+
+// math::Uniform(seed, index + j) for j = 0..7, in lane j: splitmix64's finalizer (math::Mix64)
+// on four 64-bit lanes at a time, its top 24 bits as a float times 2^-24. Exact: the same
+// integers, and a 24-bit integer converts to float without rounding.
+struct UniformDraws {
+  __attribute__((target("avx2"))) UniformDraws()
+      : c1(_mm256_set1_epi64x(int64_t(0xBF58476D1CE4E5B9ull))),
+        c1_hi(_mm256_srli_epi64(c1, 32)),
+        c2(_mm256_set1_epi64x(int64_t(0x94D049BB133111EBull))),
+        c2_hi(_mm256_srli_epi64(c2, 32)),
+        steps_lo(_mm256_setr_epi64x(int64_t(1 * kGolden), int64_t(2 * kGolden), int64_t(3 * kGolden),
+                                    int64_t(4 * kGolden))),
+        steps_hi(_mm256_setr_epi64x(int64_t(5 * kGolden), int64_t(6 * kGolden), int64_t(7 * kGolden),
+                                    int64_t(8 * kGolden))) {}
+  template <int kShift>
+  __attribute__((target("avx2"))) __m256i Mix(__m256i z) const {
+    z = Mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), c1, c1_hi);
+    z = Mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), c2, c2_hi);
+    return _mm256_srli_epi64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 31)), kShift);
+  }
+  // The low 32 bits of math::Draw(seed, index + j) >> kShift, in lane j.
+  template <int kShift>
+  __attribute__((target("avx2"))) __m256i Raw(uint64_t seed, uint64_t index) const {
+    // z = seed + (index + 1 + j) x golden; index x golden wraps mod 2^64 as the scalar code's does.
+    const __m256i base = _mm256_set1_epi64x(int64_t(seed + index * kGolden));
+    const __m256i lo = Mix<kShift>(_mm256_add_epi64(base, steps_lo));
+    const __m256i hi = Mix<kShift>(_mm256_add_epi64(base, steps_hi));
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m128i a = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(lo, order));
+    const __m128i b = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(hi, order));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+  }
+  __attribute__((target("avx2"))) __m256 Eight(uint64_t seed, uint64_t index) const {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(Raw<40>(seed, index)), _mm256_set1_ps(5.9604644775390625e-08f));
+  }
+  static constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  __m256i c1, c1_hi, c2, c2_hi, steps_lo, steps_hi;
+};
+
+// Stochastic magnitude codes of eight |x| / scale values, as math::Fp4Stochastic: the largest
+// code at or below v, plus one with probability (v - its magnitude) / (the gap to the next).
 template <class F>
+struct StochasticCodes {
+  __attribute__((target("avx2"))) StochasticCodes() {
+    alignas(32) float lo[8], next[8];
+    for (int c = 0; c < 8; ++c) {
+      lo[c] = F::Magnitude(c);
+      next[c] = c < 7 ? F::Magnitude(c + 1) : 0.0f;
+    }
+    for (int k = 0; k < 7; ++k) floor_t[k] = _mm256_set1_epi32(int(math::Bits(F::Magnitude(k + 1)) - 1));
+    magnitude = _mm256_load_ps(lo);
+    next_magnitude = _mm256_load_ps(next);
+  }
+  __attribute__((target("avx2"))) __m256i Codes(__m256 v, __m256 r) const {
+    // Floor: thresholds passed with >= (bits(v) > bits(t) - 1; v is non-negative).
+    const __m256i vb = _mm256_castps_si256(v);
+    __m256i s = _mm256_cmpgt_epi32(vb, floor_t[0]);
+    for (int k = 1; k < 7; ++k) s = _mm256_add_epi32(s, _mm256_cmpgt_epi32(vb, floor_t[k]));
+    const __m256i c = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+    const __m256 lo = _mm256_permutevar8x32_ps(magnitude, c);
+    const __m256 gap = _mm256_sub_ps(_mm256_permutevar8x32_ps(next_magnitude, c), lo);
+    const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(r, gap), _mm256_sub_ps(v, lo), _CMP_LT_OQ);
+    const __m256i below_top = _mm256_cmpgt_epi32(_mm256_set1_epi32(7), c);
+    // up and below the top code: c - (-1).
+    return _mm256_sub_epi32(c, _mm256_and_si256(_mm256_castps_si256(up), below_top));
+  }
+  __m256i floor_t[7];
+  __m256 magnitude, next_magnitude;
+};
+
+// Rounding to nearest (kStochastic false) or stochastically with the draws of (seed, first + i).
+template <class F, bool kStochastic>
 __attribute__((target("avx2"))) uint32_t Encode(size_t nblocks, const float* in, uint8_t* scales,
-                                                uint8_t* codes) {
+                                                uint8_t* codes, uint64_t seed, uint64_t first) {
   uint32_t all = 0;
   const CodeThresholds<F> thresholds;
+  const StochasticCodes<F> stochastic;
+  const UniformDraws draws;
   const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
   const __m256i eight = _mm256_set1_epi32(8);
   const __m256i zero = _mm256_setzero_si256();
@@ -81,8 +162,13 @@ __attribute__((target("avx2"))) uint32_t Encode(size_t nblocks, const float* in,
     const __m256i max_code = _mm256_set1_epi32(F::MaxCode(e));
     __m256i c[4];
     for (int k = 0; k < 4; ++k) {
-      __m256i code = MagnitudeCodes<F>(
-          _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(a[k]), inv)), thresholds);
+      const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(a[k]), inv);
+      __m256i code;
+      if constexpr (kStochastic) {
+        code = stochastic.Codes(v, draws.Eight(seed, first + b * 32 + 8 * k));
+      } else {
+        code = MagnitudeCodes<F>(_mm256_castps_si256(v), thresholds);
+      }
       code = _mm256_min_epi32(code, max_code);
       // The sign bit, except on zero (always +0).
       const __m256i negative = _mm256_srai_epi32(x[k], 31);
@@ -127,6 +213,64 @@ __attribute__((target("avx2"))) void Decode(size_t nblocks, const uint8_t* scale
   }
 }
 
+// The largest |x| of in[0, n) as bits, eight at a time, the rest one by one.
+__attribute__((target("avx2"))) uint32_t AmaxBits(const float* in, size_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i m = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)), abs_mask));
+  }
+  __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4E));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xB1));
+  uint32_t all = uint32_t(_mm_cvtsi128_si32(m4));
+  for (; i < n; ++i) all = std::max(all, math::AbsBits(in[i]));
+  return all;
+}
+
+// math::Int8Stochastic on len values of one block (scale > 0), eight at a time; returns how many
+// it did (a multiple of 8: the caller does the rest).
+__attribute__((target("avx2"))) size_t Int8Stochastic(const float* in, size_t len, float scale,
+                                                      uint64_t seed, uint64_t first, int8_t* q) {
+  const UniformDraws draws;
+  const __m256 s = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f);
+  const __m256 lo_clamp = _mm256_set1_ps(-127.0f), hi_clamp = _mm256_set1_ps(127.0f);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 y = _mm256_div_ps(_mm256_loadu_ps(in + i), s);  // a division, as the scalar code
+    __m256 lo = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    lo = _mm256_sub_ps(lo, _mm256_and_ps(_mm256_cmp_ps(lo, y, _CMP_GT_OQ), one));
+    const __m256 up = _mm256_cmp_ps(draws.Eight(seed, first + i), _mm256_sub_ps(y, lo), _CMP_LT_OQ);
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(lo, _mm256_and_ps(up, one)), lo_clamp), hi_clamp);
+    const __m256i w = _mm256_cvtps_epi32(v);  // integral already
+    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packs_epi16(p16, p16));
+  }
+  return i;
+}
+
+// math::Bf16Stochastic on n values, eight at a time; returns how many it did.
+__attribute__((target("avx2"))) size_t Bf16Stochastic(const float* in, size_t n, uint64_t seed,
+                                                      uint64_t first, uint8_t* out) {
+  const UniformDraws draws;
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF), exponent = _mm256_set1_epi32(0x7F80);
+  const __m256i sign = _mm256_set1_epi32(0x8000), largest = _mm256_set1_epi32(0x7F7F);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    const __m256i r = _mm256_and_si256(draws.Raw<0>(seed, first + i), low16);
+    const __m256i h = _mm256_srli_epi32(_mm256_add_epi32(x, r), 16);
+    // math::Bf16Saturate: an all-ones exponent becomes the largest finite value of its sign.
+    const __m256i overflow = _mm256_cmpeq_epi32(_mm256_and_si256(h, exponent), exponent);
+    const __m256i saturated = _mm256_or_si256(_mm256_and_si256(h, sign), largest);
+    const __m256i v = _mm256_blendv_epi8(h, saturated, overflow);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), packed);
+  }
+  return i;
+}
+
 bool CpuHasAvx2() {
   static const bool has = [] {
     __builtin_cpu_init();
@@ -152,10 +296,51 @@ void SetEnabledForTesting(bool on) { g_disabled.store(!on); }
 uint32_t EncodeFp4Blocks32(Codec codec, size_t nblocks, const float* in, uint8_t* scales,
                            uint8_t* codes) {
 #if ATOLL_X86_SIMD
-  return codec == Codec::kFp4E2M1 ? Encode<E2M1>(nblocks, in, scales, codes)
-                                  : Encode<E3M0>(nblocks, in, scales, codes);
+  return codec == Codec::kFp4E2M1 ? Encode<E2M1, false>(nblocks, in, scales, codes, 0, 0)
+                                  : Encode<E3M0, false>(nblocks, in, scales, codes, 0, 0);
 #else
   (void)codec, (void)nblocks, (void)in, (void)scales, (void)codes;
+  return 0;
+#endif
+}
+
+uint32_t EncodeFp4Blocks32Stochastic(Codec codec, size_t nblocks, const float* in, uint8_t* scales,
+                                     uint8_t* codes, uint64_t seed, uint64_t first_index) {
+#if ATOLL_X86_SIMD
+  return codec == Codec::kFp4E2M1
+             ? Encode<E2M1, true>(nblocks, in, scales, codes, seed, first_index)
+             : Encode<E3M0, true>(nblocks, in, scales, codes, seed, first_index);
+#else
+  (void)codec, (void)nblocks, (void)in, (void)scales, (void)codes, (void)seed, (void)first_index;
+  return 0;
+#endif
+}
+
+uint32_t BlockAmaxBits(const float* in, size_t n) {
+#if ATOLL_X86_SIMD
+  return AmaxBits(in, n);
+#else
+  (void)in, (void)n;
+  return 0;
+#endif
+}
+
+size_t EncodeInt8Stochastic(const float* in, size_t len, float scale, uint64_t seed,
+                            uint64_t first_index, int8_t* q) {
+#if ATOLL_X86_SIMD
+  return Int8Stochastic(in, len, scale, seed, first_index, q);
+#else
+  (void)in, (void)len, (void)scale, (void)seed, (void)first_index, (void)q;
+  return 0;
+#endif
+}
+
+size_t EncodeBf16Stochastic(const float* in, size_t n, uint64_t seed, uint64_t first_index,
+                            uint8_t* out) {
+#if ATOLL_X86_SIMD
+  return Bf16Stochastic(in, n, seed, first_index, out);
+#else
+  (void)in, (void)n, (void)seed, (void)first_index, (void)out;
   return 0;
 #endif
 }

@@ -19,9 +19,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<uint8_t> Enc(CodecSpec spec, const std::vector<float>& x) {
+std::vector<uint8_t> Enc(CodecSpec spec, const std::vector<float>& x, const Rounding& rounding = {}) {
   std::vector<uint8_t> out(EncodedBytes(spec, x.size()));
-  auto s = Encode(spec, x.data(), x.size(), out.data());
+  auto s = Encode(spec, x.data(), x.size(), out.data(), rounding);
   EXPECT_TRUE(s.ok()) << s;
   return out;
 }
@@ -52,6 +52,17 @@ TEST(CodecTest, VectorKernelsEqualTheScalarCodeBitForBit) {
       const auto scalar = Enc(spec, x);
       simd::SetEnabledForTesting(true);
       ASSERT_EQ(Enc(spec, x), scalar) << CodecName(spec.codec) << " n=" << n;
+      // Stochastic rounding draws the same numbers for the same elements: a seed, and a payload
+      // that starts at an element index past 2^32 (the draws' counter wraps as the scalar one's).
+      for (const Rounding r : {Rounding{true, 7, 0}, Rounding{true, 0xDEADBEEFCAFEull, (1ull << 33) + 5}}) {
+        simd::SetEnabledForTesting(false);
+        const auto scalar_sr = Enc(spec, x, r);
+        simd::SetEnabledForTesting(true);
+        ASSERT_EQ(Enc(spec, x, r), scalar_sr) << CodecName(spec.codec) << "+sr n=" << n;
+        if (n >= 1000) {
+          ASSERT_NE(scalar_sr, scalar) << "stochastic rounding moved no code";
+        }
+      }
       for (int trial = 0; trial < 20; ++trial) {
         const size_t first = trial == 0 ? 0 : rng() % n;
         const size_t count = trial == 0 ? n : 1 + rng() % (n - first);
@@ -62,6 +73,22 @@ TEST(CodecTest, VectorKernelsEqualTheScalarCodeBitForBit) {
         ASSERT_TRUE(DecodeSlice(spec, scalar.data(), scalar.size(), n, first, count, b.data()).ok());
         ASSERT_EQ(std::memcmp(a.data(), b.data(), count * 4), 0)
             << CodecName(spec.codec) << " n=" << n << " [" << first << ", +" << count << ")";
+      }
+    }
+  }
+  // int8 (its block maxima) and stochastic int8 and bf16 take vector kernels too: the same bytes
+  // as the scalar code, with
+  // partial blocks, an all-zero block (scale 0) and bf16's saturation near FLT_MAX.
+  for (const CodecSpec spec : {CodecSpec{Codec::kInt8, 64}, CodecSpec{Codec::kInt8, 100}, CodecSpec{Codec::kBf16, 0}}) {
+    for (const size_t n : {size_t(7), size_t(64), size_t(1000), size_t(65536 + 17)}) {
+      auto x = HardInput(n, uint32_t(n) + 99);
+      for (size_t i = 0; i < std::min<size_t>(n, 64); ++i) x[i] = 0;  // a zero block
+      if (n > 100) x[100] = 3.4028234e38f, x[101] = -3.4028230e38f;
+      for (const Rounding r : {Rounding{}, Rounding{true, 11, 0}, Rounding{true, 0xFEEDull, (1ull << 35) + 3}}) {
+        simd::SetEnabledForTesting(false);
+        const auto scalar = Enc(spec, x, r);
+        simd::SetEnabledForTesting(true);
+        ASSERT_EQ(Enc(spec, x, r), scalar) << CodecName(spec.codec) << "+sr n=" << n;
       }
     }
   }
