@@ -28,6 +28,13 @@ double StarRate(const PlanInput& in) {
   return std::min(rate, in.service_bandwidth_bps / in.islands);
 }
 
+// The service's commit of one fragment's contributions from every island, on its threads.
+double CommitSeconds(const PlanInput& in, uint64_t elements) {
+  const double p = in.commit_parallel_fraction;
+  const double share = (1 - p) + p / double(std::max(1, in.service_threads));
+  return in.commit_s_per_param * double(elements) * in.islands * share;
+}
+
 // One island's run, replayed step by step (islands are alike: they push together, so the service
 // commits when the island's own push has arrived).
 class Replay {
@@ -68,8 +75,10 @@ class Replay {
       const double latency = in_.link.latency_s;
       link_up_free_ = std::max(now_, link_up_free_) + Bits(bytes) / rate_;
       const double arrived = link_up_free_ + latency;
-      const double committed =
-          arrived + in_.commit_s_per_param * double(in_.fragment_elements[f]) * in_.islands;
+      // Its shard commits one fragment at a time.
+      double& shard_free = shard_free_[f % shard_free_.size()];
+      const double committed = std::max(arrived, shard_free) + CommitSeconds(in_, in_.fragment_elements[f]);
+      shard_free = committed;
       // The wait for the update is sent once the push is acknowledged: two more latencies.
       const double start = std::max({committed, arrived + 2 * latency, link_down_free_});
       link_down_free_ = start + Bits(bytes) / rate_;
@@ -111,6 +120,7 @@ class Replay {
   std::vector<uint64_t> bytes_;  // encoded, per fragment
   double now_ = 0, compute_ = 0;
   double link_up_free_ = 0, link_down_free_ = 0;
+  std::vector<double> shard_free_ = std::vector<double>(size_t(std::max(1, in_.shards)), 0.0);
   std::deque<Job> in_flight_;
   uint64_t bytes_in_flight_ = 0, peak_in_flight_ = 0;
 };
@@ -184,6 +194,11 @@ absl::Status ValidatePlanInput(const PlanInput& in) {
   }
   if (!(in.commit_s_per_param >= 0) || in.commit_s_per_param > 1e-3) {
     return bad("commit time per parameter must be in [0, 1e-3] s");
+  }
+  if (in.service_threads < 1 || in.service_threads > 256) return bad("service threads must be in [1, 256]");
+  if (in.shards < 1 || in.shards > 1024) return bad("shards must be in [1, 1024]");
+  if (!(in.commit_parallel_fraction >= 0 && in.commit_parallel_fraction <= 1)) {
+    return bad("commit parallel fraction must be in [0, 1]");
   }
   return absl::OkStatus();
 }
@@ -262,8 +277,9 @@ absl::StatusOr<double> RequiredBandwidth(PlanInput in, double target) {
       uint64_t largest = 0;
       for (uint64_t n : in.fragment_elements) largest = std::max(largest, n);
       bounds.push_back(absl::StrFormat(
-          "the service's commit takes %.2f s for the largest fragment",
-          in.commit_s_per_param * double(largest) * in.islands));
+          "the service's commit takes %.2f s for the largest fragment (%d service thread(s), %d "
+          "shard(s))",
+          CommitSeconds(in, largest), in.service_threads, in.shards));
     }
     if (in.topology == PlanTopology::kStar && in.service_bandwidth_bps > 0) {
       bounds.push_back(absl::StrFormat("the service's link leaves each of the %d islands %s",

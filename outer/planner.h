@@ -66,6 +66,14 @@ struct PlanInput {
   double backward_fraction = 2.0 / 3.0;  // of the step (kRing, data parallel)
   // The service's commit (kStar): seconds per parameter per contributing island (one thread).
   double commit_s_per_param = 2.1e-9;
+  // The service as configured (outer.service_threads, outer.shards): a commit's data work on
+  // `service_threads` threads takes (1 - p + p / threads) of one thread's time (Amdahl, with the
+  // parallel fraction p measured by commit_bench: 1.61x on 2 threads is p = 0.76); fragment f
+  // commits on shard f mod shards, each shard one commit at a time (shards beyond the fragments
+  // hold none).
+  int service_threads = 1;
+  int shards = 1;
+  double commit_parallel_fraction = 0.76;
   // The service's own link (kStar), each way, shared by every island's pushes and updates (they
   // push together): an island's transfers go at most service_bandwidth / islands. 0: unlimited.
   double service_bandwidth_bps = 0;

@@ -85,6 +85,13 @@ Command AddPlan(CLI::App& app, CommandLine& cl) {
   c->add_option("--steps", o->steps, "a run of this many steps, ending synced (default: steady)");
   c->add_option("--commit-ns-per-param", o->commit_ns_per_param,
                 "the service's commit time per parameter per island (measured: atoll loadtest)");
+  c->add_option("--service-threads", o->service_threads,
+                "the service's threads for a commit (default: the config's outer.service_threads, or 1)");
+  c->add_option("--shards", o->shards,
+                "the service's shards: fragment f commits on shard f mod shards (default: the "
+                "config's outer.shards, or 1)");
+  c->add_option("--commit-parallel-fraction", o->commit_parallel_fraction,
+                "the share of a commit that spreads over the threads (measured: 0.76, commit_bench)");
   c->add_option("--service-bandwidth", o->service_bandwidth,
                 "the coordinator's own link, each way, shared by all islands (default: unlimited)");
   c->add_option("--svg", o->svg, "write utilization vs bandwidth per method to this SVG file");

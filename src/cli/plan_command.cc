@@ -30,6 +30,7 @@ struct Setting {
   int64_t params = 0;
   outer::FragmentPattern pattern = outer::FragmentPattern::kStrided;
   int islands = 2, sync_every = 100, fragments = 8, tau = 1, connections = 1;
+  int service_threads = 1, shards = 1;  // the service as configured (commits)
   std::string codec;
   outer::SyncPhases phases;  // the config's warm start and early H (a run of --steps)
 };
@@ -124,6 +125,8 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.connections = c.outer.connections;
     s.phases = c.outer.phases;
     s.pattern = c.outer.fragment_pattern;
+    s.service_threads = c.outer.service_threads;
+    s.shards = c.outer.shards;
   }
   if (o.params > 0) {
     s.params = o.params;
@@ -138,6 +141,8 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
   if (o.fragments > 0) s.fragments = o.fragments;
   if (o.tau >= 0) s.tau = o.tau;
   if (!o.codec.empty()) s.codec = o.codec;
+  if (o.service_threads != 0) s.service_threads = o.service_threads;  // the planner refuses < 1
+  if (o.shards != 0) s.shards = o.shards;
   if (o.connections != 0) s.connections = o.connections;  // the planner refuses < 1
   return s;
 }
@@ -153,6 +158,9 @@ absl::StatusOr<PlanInput> BaseInput(const PlanOptions& o, const Setting& s) {
   in.steps = o.steps;
   in.phases = s.phases;
   in.commit_s_per_param = o.commit_ns_per_param * 1e-9;
+  in.service_threads = s.service_threads;
+  in.shards = s.shards;
+  in.commit_parallel_fraction = o.commit_parallel_fraction;
   if (!o.service_bandwidth.empty()) {
     ATL_ASSIGN_OR_RETURN(auto bw, outer::ParseBandwidth(o.service_bandwidth));
     in.service_bandwidth_bps = bw;
@@ -195,9 +203,11 @@ void PrintHeader(const PlanOptions& o, const Setting& s, const PlanInput& base) 
       base.steps > 0 ? absl::StrCat("a run of ", base.steps, " steps, ending synced")
                      : "steady state",
       base.topology == outer::PlanTopology::kStar
-          ? absl::StrFormat("the service commits in %.2f ns per parameter per island (one "
-                            "service thread, measured by atoll loadtest)",
-                            1e9 * base.commit_s_per_param)
+          ? absl::StrFormat("the service commits in %.2f ns per parameter per island on one "
+                            "thread (measured by atoll loadtest), on %d service thread(s) "
+                            "(parallel fraction %.2f) and %d shard(s)",
+                            1e9 * base.commit_s_per_param, base.service_threads,
+                            base.commit_parallel_fraction, base.shards)
           : "no service");
 }
 

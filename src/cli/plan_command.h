@@ -34,6 +34,9 @@ struct PlanOptions {
   double target = 0;         // 0: none
   int64_t steps = 0;         // 0: steady state; else a finite run, ending synced
   double commit_ns_per_param = 2.1;
+  int service_threads = 0;   // 0: the config's outer.service_threads (or 1)
+  int shards = 0;            // 0: the config's outer.shards (or 1)
+  double commit_parallel_fraction = 0.76;
   std::string service_bandwidth;  // the service's own link, each way (empty: unlimited)
   std::string svg;           // optional: utilization vs bandwidth per method
   bool json = false;         // one JSON object per row instead of the table

@@ -104,6 +104,35 @@ TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
   EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.5), 1e-9);
 }
 
+TEST(PlannerTest, TheServicesThreadsAndShardsShortenItsCommits) {
+  // A commit of 0.5 s on one thread (1M parameters x 5 islands x 1e-7 s).
+  PlanInput in = OneFourMegabyteRound();
+  in.commit_s_per_param = 1e-7;
+  in.islands = 5;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.5), 1e-9);
+  // 4 threads, 76% of it parallel: 0.5 x (0.24 + 0.76 / 4) = 0.215 s.
+  in.service_threads = 4;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.215), 1e-9);
+  in.commit_parallel_fraction = 1;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.125), 1e-9);
+
+  // Shards: four fragments pushed a step apart (H = 4, tau = 3) whose commits take 0.25 s each (the
+  // links are fast): one shard commits them one after another, 1 s of commits for every 0.4 s of
+  // compute; four shards commit each within the 0.3 s that tau leaves it.
+  PlanInput s = FourFragments();
+  s.sync_every = 4;
+  s.tau = 3;
+  s.link.bandwidth_bps = 1e12;
+  s.commit_s_per_param = 0.25 / (250'000.0 * s.islands);
+  const double one = Simulate(s).utilization;
+  s.shards = 4;
+  const double four = Simulate(s).utilization;
+  EXPECT_NEAR(one, 0.4, 0.01);
+  EXPECT_GT(four, 0.999);
+  s.shards = 0;
+  EXPECT_FALSE(ValidatePlanInput(s).ok());
+}
+
 TEST(PlannerTest, IslandsShareTheServicesLink) {
   PlanInput in = OneFourMegabyteRound();
   in.islands = 4;
