@@ -190,17 +190,19 @@ absl::Status ShardWriter::Append(const uint32_t* tokens, size_t n) {
   if (count_ + int64_t(n) > kMaxShardTokens) {
     return absl::OutOfRangeError(absl::StrCat("shard ", path_, " would exceed ", kMaxShardTokens, " tokens"));
   }
-  for (size_t i = 0; i < n; ++i) {
-    if (width_ == 2) {
+  const size_t at = buffer_.size();
+  buffer_.resize(at + n * size_t(width_));
+  if (width_ == 4) {
+    std::memcpy(buffer_.data() + at, tokens, n * 4);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
       if (tokens[i] > 0xFFFF) {
+        buffer_.resize(at);  // nothing of this call stays
         return absl::InvalidArgumentError(absl::StrCat(
             "token ", tokens[i], " does not fit a uint16 shard (", path_, "); use 4-byte tokens"));
       }
       const uint16_t t = uint16_t(tokens[i]);
-      buffer_.insert(buffer_.end(), reinterpret_cast<const char*>(&t), reinterpret_cast<const char*>(&t) + 2);
-    } else {
-      buffer_.insert(buffer_.end(), reinterpret_cast<const char*>(tokens + i),
-                     reinterpret_cast<const char*>(tokens + i) + 4);
+      std::memcpy(buffer_.data() + at + 2 * i, &t, 2);
     }
   }
   count_ += int64_t(n);
@@ -314,13 +316,11 @@ void WindowSet::Fill(size_t i, int64_t* inputs, int64_t* targets) const {
   }
 }
 
-double WindowSet::TargetBytes(size_t begin, size_t count, const std::vector<float>& bytes) const {
-  if (bytes.empty()) return double(count) * double(context_);
-  std::vector<int64_t> in(static_cast<size_t>(context_)), tg(static_cast<size_t>(context_));
+double TextBytes(const int64_t* targets, size_t n, const std::vector<float>& bytes) {
+  if (bytes.empty()) return double(n);
   double total = 0;
-  for (size_t i = begin; i < begin + count; ++i) {
-    Fill(i, in.data(), tg.data());
-    for (int64_t t : tg) total += size_t(t) < bytes.size() ? bytes[size_t(t)] : 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    total += size_t(targets[i]) < bytes.size() ? bytes[size_t(targets[i])] : 0.0;
   }
   return total;
 }

@@ -113,9 +113,6 @@ class WindowSet {
   int context() const { return context_; }
   // Copies window i (relative to this set) into inputs[context] and targets[context].
   void Fill(size_t i, int64_t* inputs, int64_t* targets) const;
-  // The text bytes the targets of windows [begin, begin + count) stand for, with bytes[token] the
-  // length of each token's text (empty: one byte per token).
-  double TargetBytes(size_t begin, size_t count, const std::vector<float>& bytes) const;
 
  private:
   std::shared_ptr<const TokenCorpus> corpus_;
@@ -207,6 +204,10 @@ class BatchSampler {
   uint64_t perm_epoch_ = UINT64_MAX;
   std::vector<uint32_t> perm_;
 };
+
+// The bytes of text that n target tokens stand for, with bytes[token] the length of each token's
+// text (empty: one byte per token).
+double TextBytes(const int64_t* targets, size_t n, const std::vector<float>& bytes);
 
 // Seeded Fisher-Yates permutation of [0, n), identical on every platform and standard library.
 std::vector<uint32_t> SeededPermutation(size_t n, uint64_t seed);

@@ -247,7 +247,8 @@ absl::StatusOr<EvalStats> Trainer::Evaluate() {
     }
     if (n > 0) {
       weighted += *loss * double(n);
-      bytes += val.TargetBytes(begin, size_t(n), data_->token_bytes);
+      // The targets just filled (the first n rows are this rank's own).
+      bytes += TextBytes(tg.data_ptr<int64_t>(), size_t(n * t), data_->token_bytes);
     }
   }
   fsdp_->module()->train();

@@ -28,12 +28,8 @@ constexpr std::string_view kSpaceMark = "\xe2\x96\x81";
 
 }  // namespace
 
-struct Tokenizer::Impl {
-  spm::Processor processor;
-};
-
-Tokenizer::Tokenizer(std::unique_ptr<Impl> impl, std::string path, std::string hash)
-    : impl_(std::move(impl)), path_(std::move(path)), hash_(std::move(hash)) {}
+Tokenizer::Tokenizer(std::unique_ptr<spm::Processor> processor, std::string path, std::string hash)
+    : processor_(std::move(processor)), path_(std::move(path)), hash_(std::move(hash)) {}
 Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::string> FileHash(const std::string& path) {
@@ -54,25 +50,25 @@ absl::StatusOr<std::unique_ptr<const Tokenizer>> Tokenizer::Load(const std::stri
   if (!fs::is_regular_file(path, ec)) {
     return absl::NotFoundError(absl::StrCat("no tokenizer file ", path));
   }
-  auto impl = std::make_unique<Impl>();
-  const auto loaded = impl->processor.Load(path);
+  auto processor = std::make_unique<spm::Processor>();
+  const auto loaded = processor->Load(path);
   if (!loaded.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is not a SentencePiece model (tokenizer.model): ", loaded.message));
   }
   ATL_ASSIGN_OR_RETURN(auto hash, FileHash(path));
   return std::unique_ptr<const Tokenizer>(
-      new Tokenizer(std::move(impl), fs::absolute(path).lexically_normal().string(), std::move(hash)));
+      new Tokenizer(std::move(processor), fs::absolute(path).lexically_normal().string(), std::move(hash)));
 }
 
-int Tokenizer::vocab_size() const { return impl_->processor.size(); }
-int Tokenizer::bos_id() const { return impl_->processor.bos_id(); }
-int Tokenizer::eos_id() const { return impl_->processor.eos_id(); }
-int Tokenizer::unk_id() const { return impl_->processor.unk_id(); }
+int Tokenizer::vocab_size() const { return processor_->size(); }
+int Tokenizer::bos_id() const { return processor_->bos_id(); }
+int Tokenizer::eos_id() const { return processor_->eos_id(); }
+int Tokenizer::unk_id() const { return processor_->unk_id(); }
 
 absl::StatusOr<std::vector<uint32_t>> Tokenizer::Encode(std::string_view text) const {
   std::vector<int> ids;
-  ATL_RETURN_IF_ERROR(FromSentencePiece(impl_->processor.Encode(text, &ids), "tokenizing"));
+  ATL_RETURN_IF_ERROR(FromSentencePiece(processor_->Encode(text, &ids), "tokenizing"));
   return std::vector<uint32_t>(ids.begin(), ids.end());
 }
 
@@ -87,12 +83,12 @@ absl::StatusOr<std::string> Tokenizer::Decode(const std::vector<uint32_t>& ids) 
     in.push_back(int(id));
   }
   std::string text;
-  ATL_RETURN_IF_ERROR(FromSentencePiece(impl_->processor.Decode(in, &text), "decoding"));
+  ATL_RETURN_IF_ERROR(FromSentencePiece(processor_->Decode(in, &text), "decoding"));
   return text;
 }
 
 std::string Tokenizer::TokenText(uint32_t id) const {
-  const auto& p = impl_->processor;
+  const auto& p = *processor_;
   const int i = int(id);
   if (id >= uint32_t(vocab_size()) || p.IsControl(i) || p.IsUnknown(i) || p.IsUnused(i)) return {};
   const std::string piece = p.Piece(i);

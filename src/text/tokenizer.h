@@ -15,6 +15,10 @@
 
 namespace atl::text {
 
+namespace spm {
+class Processor;  // sentencepiece_bridge.h
+}
+
 class Tokenizer {
  public:
   // Reads a SentencePiece model file; a file that is not one is refused by name.
@@ -42,9 +46,8 @@ class Tokenizer {
   const std::string& hash() const { return hash_; }
 
  private:
-  struct Impl;
-  Tokenizer(std::unique_ptr<Impl> impl, std::string path, std::string hash);
-  std::unique_ptr<Impl> impl_;
+  Tokenizer(std::unique_ptr<spm::Processor> processor, std::string path, std::string hash);
+  std::unique_ptr<spm::Processor> processor_;
   std::string path_, hash_;
 };
 

@@ -102,17 +102,12 @@ TEST(DataTest, AShardWriterStreamsPastItsBufferAndWritesTheCountOnClose) {
   EXPECT_EQ(s[654321], 654321u % 60000);
 }
 
-TEST(DataTest, TargetBytesSumTheTokensLengths) {
-  TempDir dir;
-  ASSERT_TRUE(WriteShard(dir.Join("s.bin"), Iota(17, 4)).ok());  // 0 1 2 3 0 1 2 3 ...: 2 windows of 8
-  auto corpus = TokenCorpus::Load(dir.Join("s.bin"), 4);
-  ASSERT_TRUE(corpus.ok());
-  WindowSet w(*corpus, 8);
-  ASSERT_EQ(w.size(), 2u);
-  // Targets of window 0 are tokens 1..8: 1 2 3 0 1 2 3 0, of lengths 2 3 4 1 2 3 4 1 = 20.
-  EXPECT_DOUBLE_EQ(w.TargetBytes(0, 1, {1, 2, 3, 4}), 20.0);
-  EXPECT_DOUBLE_EQ(w.TargetBytes(0, 2, {1, 2, 3, 4}), 40.0);
-  EXPECT_DOUBLE_EQ(w.TargetBytes(0, 2, {}), 16.0);  // bytes: one each
+TEST(DataTest, TextBytesSumTheTokensLengths) {
+  const int64_t targets[] = {1, 2, 3, 0, 1, 2, 3, 0};
+  EXPECT_DOUBLE_EQ(TextBytes(targets, 8, {1, 2, 3, 4}), 20.0);  // 2 3 4 1 2 3 4 1
+  EXPECT_DOUBLE_EQ(TextBytes(targets, 3, {1, 2, 3, 4}), 9.0);
+  EXPECT_DOUBLE_EQ(TextBytes(targets, 8, {}), 8.0);  // bytes: one each
+  EXPECT_DOUBLE_EQ(TextBytes(targets, 8, {1, 2}), 6.0);  // ids past the table stand for nothing
 }
 
 TEST(DataTest, ADirectorysManifestIsNotReadAsText) {
