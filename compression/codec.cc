@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec_math.h"
+#include "compression/codec_sparse.h"
 #include "compression/codec_traits.h"
 #include "compression/status_macros.h"
 
@@ -62,9 +63,21 @@ absl::Status ParseConfigValue(const std::string& text, CodecSpec* value) {
 
 std::string ConfigValueText(const CodecSpec& value) { return CodecName(value.codec); }
 
-absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size) {
+absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size, uint32_t topk) {
   const CodecTraits* t = FindCodec(Codec(codec));
   if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("unsupported codec ", codec));
+  if (topk > 0) {
+    if (block_size < 1 || block_size > sparse::kMaxChunk) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse ", t->name, " chunk of ", block_size,
+                                                     " elements is invalid (1..",
+                                                     sparse::kMaxChunk, ")"));
+    }
+    if (topk > block_size) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse ", t->name, " keeps ", topk,
+                                                     " values of chunks of ", block_size));
+    }
+    return CodecSpec{t->id, block_size, topk};
+  }
   auto bad_block = [&](const std::string& rule) {
     return absl::InvalidArgumentError(
         absl::StrCat(t->name, " block size ", block_size, " is invalid (", rule, ")"));
@@ -72,16 +85,23 @@ absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size) {
   if (t->default_block == 0) {
     if (block_size != 0) return bad_block("this codec has no blocks");
   } else if (block_size < t->min_block || block_size > t->max_block ||
-             (t->even_block && block_size % 2 != 0)) {
-    return bad_block(absl::StrCat(t->even_block ? "even, " : "", t->min_block, "..",
-                                  t->max_block));
+             block_size % t->block_multiple != 0) {
+    return bad_block(absl::StrCat(
+        t->block_multiple > 1 ? absl::StrCat("a multiple of ", t->block_multiple, ", ") : "",
+        t->min_block, "..", t->max_block));
   }
   return CodecSpec{t->id, block_size};
+}
+
+std::string SpecText(const CodecSpec& spec) {
+  if (!spec.sparse()) return CodecName(spec.codec);
+  return absl::StrCat("top-", spec.topk, "/", spec.block_size, " ", CodecName(spec.codec));
 }
 
 size_t EncodedBytes(const CodecSpec& spec, size_t n) {
   const CodecTraits* t = FindCodec(spec.codec);
   if (t == nullptr) return 0;
+  if (spec.sparse()) return sparse::EncodedBytes(spec, n);
   const size_t nblocks = spec.block_size ? (n + spec.block_size - 1) / spec.block_size : 0;
   return nblocks * t->block_bytes + (n * t->element_bits + 7) / 8;
 }
@@ -92,6 +112,11 @@ absl::Status Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* o
   if (row == nullptr) return Unsupported(spec);
   if (n == 0) return absl::OkStatus();
   const CodecTraits& t = *row;
+  if (spec.sparse()) {
+    // The selection looks at every magnitude: non-finite input shows in its result.
+    if (sparse::Encode(spec, in, n, out, rounding) >= 0x7F800000u) return NonFiniteError(in, n);
+    return absl::OkStatus();
+  }
   // Encoders that see every magnitude anyway (block scales) find non-finite input in the same
   // pass; the others' input is checked first.
   if (!t.checks_finite && FirstNonFinite(in, n) < n) return NonFiniteError(in, n);
@@ -118,7 +143,11 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes,
                                               ") are outside the payload's ", n));
   }
   if (count == 0) return absl::OkStatus();
-  row->decode(spec.block_size, in, n, first, first + count, out);
+  if (spec.sparse()) {
+    ATL_RETURN_IF_ERROR(sparse::DecodeSlice(spec, in, n, first, first + count, out));
+  } else {
+    row->decode(spec.block_size, in, n, first, first + count, out);
+  }
   if (const size_t bad = FirstNonFinite(out, count); bad < count) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload decodes to a non-finite value at element ", first + bad));

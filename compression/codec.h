@@ -14,6 +14,10 @@
 //             block's largest magnitude lands in [1, 2).
 //   fp8_e4m3  nblocks x E8M0 scale byte, then n bytes of E4M3 codes (MXFP8: scale =
 //             2^(floor(log2 amax) - 8), magnitudes up to 448 x scale; compression/codec_fp8.cc).
+//   int2      nblocks x float32 step q = amax / 3, then 2-bit codes (4 per byte, element i at bit
+//             2 (i mod 4) of byte i / 4) decoding to -3q, -q, q, 3q (compression/codec_int2.cc).
+//   sparse    (CodecSpec::topk > 0) chunk-wise top-k, values in any of the above, indices
+//             Elias-Fano coded: compression/codec_sparse.h.
 // Each codec is a row of the traits table (codec_traits.h), in a file of its own.
 // 4-bit codes: bit 3 is the sign, bits 0-2 index the magnitudes; a value that rounds to zero is
 // encoded as +0. Rounding is to nearest, ties to the even code, deterministic; the scale byte is
@@ -51,8 +55,12 @@ std::string CodecsHelp(bool on_the_wire = true);
 absl::Status ParseConfigValue(const std::string& text, CodecSpec* value);
 std::string ConfigValueText(const CodecSpec& value);
 // Refuses codec numbers this build does not implement and block sizes that do not fit the codec's
-// rule (its row of codec_traits.h: int8 1..65536, fp4 even 2..4096, fp8 1..4096, fp32/bf16 0).
-absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size);
+// rule (its row of codec_traits.h: int8 1..65536, fp4 even 2..4096, fp8 1..4096, int2 a multiple
+// of 4, fp32/bf16 0). Sparse (topk > 0, compression/codec_sparse.h): chunks of 1..4096
+// elements, topk at most the chunk, values in any codec.
+absl::StatusOr<CodecSpec> MakeSpec(int codec, uint32_t block_size, uint32_t topk = 0);
+// "fp4_e2m1", or "top-41/4096 int2" for a sparse spec.
+std::string SpecText(const CodecSpec& spec);
 
 // Bytes needed to encode n elements.
 size_t EncodedBytes(const CodecSpec& spec, size_t n);

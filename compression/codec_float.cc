@@ -50,9 +50,9 @@ void DecodeBf16(uint32_t, const uint8_t* in, size_t, size_t first, size_t last, 
 
 }  // namespace
 
-const CodecTraits kFp32Codec = {Codec::kFp32, "fp32", 0, 0, 0, false, 0, 32, EncodeFp32, false,
+const CodecTraits kFp32Codec = {Codec::kFp32, "fp32", 0, 0, 0, 1, 0, 32, EncodeFp32, false,
                                 DecodeFp32, false, false, true};
-const CodecTraits kBf16Codec = {Codec::kBf16, "bf16", 0, 0, 0, false, 0, 16, EncodeBf16, false,
+const CodecTraits kBf16Codec = {Codec::kBf16, "bf16", 0, 0, 0, 1, 0, 16, EncodeBf16, false,
                                 DecodeBf16, true, false, true};
 
 }  // namespace atl::compression

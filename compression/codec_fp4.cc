@@ -115,9 +115,9 @@ uint32_t EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out,
 
 }  // namespace
 
-const CodecTraits kFp4E2M1Codec = {Codec::kFp4E2M1, "fp4_e2m1", 32, 2, 4096, true, 1, 4,
+const CodecTraits kFp4E2M1Codec = {Codec::kFp4E2M1, "fp4_e2m1", 32, 2, 4096, 2, 1, 4,
                                    EncodeFp4<E2M1>, true, DecodeFp4<E2M1>, true, true, true};
-const CodecTraits kFp4E3M0Codec = {Codec::kFp4E3M0, "fp4_e3m0", 32, 2, 4096, true, 1, 4,
+const CodecTraits kFp4E3M0Codec = {Codec::kFp4E3M0, "fp4_e3m0", 32, 2, 4096, 2, 1, 4,
                                    EncodeFp4<E3M0>, true, DecodeFp4<E3M0>, true, true, true};
 
 }  // namespace atl::compression

@@ -105,7 +105,7 @@ void DecodeFp8(uint32_t block, const uint8_t* in, size_t n, size_t first, size_t
 
 }  // namespace
 
-const CodecTraits kFp8E4M3Codec = {Codec::kFp8E4M3, "fp8_e4m3", 32, 1, 4096, false, 1, 8,
+const CodecTraits kFp8E4M3Codec = {Codec::kFp8E4M3, "fp8_e4m3", 32, 1, 4096, 1, 1, 8,
                                    EncodeFp8, true, DecodeFp8, true, false, false};
 
 }  // namespace atl::compression

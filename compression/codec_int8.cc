@@ -49,7 +49,7 @@ void DecodeInt8(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t h
 
 }  // namespace
 
-const CodecTraits kInt8Codec = {Codec::kInt8, "int8", 64, 1, 65536, false, 4, 8, EncodeInt8,
+const CodecTraits kInt8Codec = {Codec::kInt8, "int8", 64, 1, 65536, 1, 4, 8, EncodeInt8,
                                 false, DecodeInt8, true, false, true};
 
 }  // namespace atl::compression

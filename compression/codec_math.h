@@ -124,6 +124,32 @@ ATOLL_HD int8_t Int8Stochastic(float x, float scale, float r) {
   return int8_t(Clamp(q, -127.0f, 127.0f));
 }
 
+// ---- int2: per-block step q = amax / 3, codes c = 0..3 decode to (2c - 3) x q: -3q, -q, q, 3q,
+// a uniform grid over [-amax, amax] (no zero level: a 2-bit code spends nothing on values a top-k
+// selection has dropped). Nearest rounding has its thresholds at -2q, 0 and 2q, ties to the even
+// code (0 goes to +q); stochastic rounding picks a neighbour with probability by distance, so it
+// is unbiased inside [-amax, amax], where every value lies. q is one ulp lower when 3q would
+// overflow. A zero block has q = 0: every code decodes to 0.
+ATOLL_HD float Int2Step(float amax) {
+  const float q = amax / 3.0f;
+  return IsFinite(q * 3.0f) ? q : FromBits(Bits(q) - 1u);
+}
+ATOLL_HD uint8_t Int2Nearest(float x, float q) {
+  if (!(q > 0)) return 2;
+  const float y = x / q;
+  return uint8_t(int(y > -2.0f) + int(y >= 0.0f) + int(y > 2.0f));
+}
+ATOLL_HD uint8_t Int2Stochastic(float x, float q, float r) {
+  if (!(q > 0)) return 2;
+  const float y = Clamp(x / q, -3.0f, 3.0f);
+  // The level below y (the top level's lower neighbour at y = 3), then up with probability
+  // (y - lower) / 2.
+  const int c = int(y >= -1.0f) + int(y >= 1.0f);
+  const float lower = float(2 * c - 3);
+  return uint8_t(c + int(r * 2.0f < y - lower));
+}
+ATOLL_HD float Int2Value(uint8_t code, float q) { return float(2 * int(code & 3u) - 3) * q; }
+
 // ---- 4-bit formats: sign bit 3, magnitude index in bits 0-2; block scale 2^e stored as the
 // E8M0 byte e + 127, e = floor(log2 amax) - kScaleOffset, clamped to [-127, 127].
 struct E2M1 {  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6

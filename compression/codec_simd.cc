@@ -250,6 +250,31 @@ __attribute__((target("avx2"))) size_t Int8Stochastic(const float* in, size_t le
   return i;
 }
 
+// math::Int2Stochastic on len values, eight at a time; returns how many it did.
+__attribute__((target("avx2"))) size_t Int2Stochastic(const float* in, size_t len, float q,
+                                                      uint64_t seed, uint64_t first,
+                                                      uint8_t* codes) {
+  const UniformDraws draws;
+  const __m256 step = _mm256_set1_ps(q), one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+  const __m256 three = _mm256_set1_ps(3.0f), minus_three = _mm256_set1_ps(-3.0f);
+  const __m256 minus_one = _mm256_set1_ps(-1.0f);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    // y = clamp(x / q, -3, 3); c = (y >= -1) + (y >= 1); up when r x 2 < y - (2c - 3).
+    const __m256 y = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(in + i), step),
+                                                 minus_three), three);
+    const __m256 c = _mm256_add_ps(_mm256_and_ps(_mm256_cmp_ps(y, minus_one, _CMP_GE_OQ), one),
+                                   _mm256_and_ps(_mm256_cmp_ps(y, one, _CMP_GE_OQ), one));
+    const __m256 lower = _mm256_sub_ps(_mm256_mul_ps(c, two), three);
+    const __m256 up = _mm256_cmp_ps(_mm256_mul_ps(draws.Eight(seed, first + i), two),
+                                    _mm256_sub_ps(y, lower), _CMP_LT_OQ);
+    const __m256i w = _mm256_cvtps_epi32(_mm256_add_ps(c, _mm256_and_ps(up, one)));
+    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(p16, p16));
+  }
+  return i;
+}
+
 // math::Bf16Stochastic on n values, eight at a time; returns how many it did.
 __attribute__((target("avx2"))) size_t Bf16Stochastic(const float* in, size_t n, uint64_t seed,
                                                       uint64_t first, uint8_t* out) {
@@ -331,6 +356,16 @@ size_t EncodeInt8Stochastic(const float* in, size_t len, float scale, uint64_t s
   return Int8Stochastic(in, len, scale, seed, first_index, q);
 #else
   (void)in, (void)len, (void)scale, (void)seed, (void)first_index, (void)q;
+  return 0;
+#endif
+}
+
+size_t EncodeInt2Stochastic(const float* in, size_t len, float q, uint64_t seed,
+                            uint64_t first_index, uint8_t* codes) {
+#if ATOLL_X86_SIMD
+  return Int2Stochastic(in, len, q, seed, first_index, codes);
+#else
+  (void)in, (void)len, (void)q, (void)seed, (void)first_index, (void)codes;
   return 0;
 #endif
 }

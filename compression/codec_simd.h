@@ -33,6 +33,10 @@ uint32_t BlockAmaxBits(const float* in, size_t n);
 // does the rest).
 size_t EncodeInt8Stochastic(const float* in, size_t len, float scale, uint64_t seed,
                             uint64_t first_index, int8_t* q);
+// Stochastic int2 codes (math::Int2Stochastic, one code per byte) of in[0, len) at step q > 0,
+// element i drawing math::Uniform(seed, first_index + i): returns how many were done, as above.
+size_t EncodeInt2Stochastic(const float* in, size_t len, float q, uint64_t seed,
+                            uint64_t first_index, uint8_t* codes);
 // Stochastic bf16 (math::Bf16Stochastic) of in[0, n) into out (2 bytes each, little-endian):
 // returns how many were done, as above.
 size_t EncodeBf16Stochastic(const float* in, size_t n, uint64_t seed, uint64_t first_index,

@@ -13,11 +13,21 @@ enum class Codec : int {
   kFp4E2M1 = 4,
   kFp4E3M0 = 5,
   kFp8E4M3 = 6,
+  kInt2 = 7,
 };
 
+// Dense (topk 0): every element encoded with `codec`, a scale per block of `block_size`.
+// Sparse (topk > 0, compression/codec_sparse.h): each chunk of `block_size` elements keeps its
+// `topk` largest magnitudes, their values encoded with `codec` as one block (one scale per chunk).
 struct CodecSpec {
   Codec codec = Codec::kFp32;
-  uint32_t block_size = 0;  // elements per scale block; 0 for codecs without scales
+  uint32_t block_size = 0;  // elements per scale block (sparse: per chunk); 0 for codecs without
+  uint32_t topk = 0;        // values kept per chunk; 0: dense
+  bool sparse() const { return topk > 0; }
+  bool operator==(const CodecSpec& o) const {
+    return codec == o.codec && block_size == o.block_size && topk == o.topk;
+  }
+  bool operator!=(const CodecSpec& o) const { return !(*this == o); }
 };
 
 // How values are rounded to codes; decoding does not need to know.

@@ -1,13 +1,15 @@
 #include "compression/codec_traits.h"
 
 #include "compression/codec_rows.h"
+#include "compression/codec_sparse.h"
 
 namespace atl::compression {
 namespace {
 
 // Every codec of this build, in Codec order.
 const CodecTraits* const kCodecs[] = {&kFp32Codec,    &kBf16Codec,    &kInt8Codec,
-                                      &kFp4E2M1Codec, &kFp4E3M0Codec, &kFp8E4M3Codec};
+                                      &kFp4E2M1Codec, &kFp4E3M0Codec, &kFp8E4M3Codec,
+                                      &kInt2Codec};
 
 }  // namespace
 
@@ -34,6 +36,7 @@ SliceLayout SliceOf(const CodecSpec& spec, size_t n, size_t first, size_t last) 
   const CodecTraits* t = FindCodec(spec.codec);
   SliceLayout s;
   if (t == nullptr) return s;
+  if (spec.sparse()) return sparse::SliceOf(spec, n, first, last);
   const size_t block = spec.block_size > 0 ? spec.block_size : 1;
   const size_t nblocks = spec.block_size > 0 ? (n + block - 1) / block : 0;
   if (spec.block_size > 0) {

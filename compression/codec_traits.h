@@ -26,7 +26,7 @@ struct CodecTraits {
   // Elements per block: 0 for codecs without blocks; else the default and the range allowed.
   uint32_t default_block;
   uint32_t min_block, max_block;
-  bool even_block;  // sub-byte elements: a block starts on a whole byte
+  uint32_t block_multiple;  // sub-byte elements: blocks are multiples of this, so each starts on a byte
   uint32_t block_bytes;   // per block, before the elements
   uint32_t element_bits;  // per element
   // Encodes in[0, n) into out[EncodedBytes]. Returns the largest magnitude seen as float bits

@@ -45,15 +45,23 @@ int main(int argc, char** argv) {
   const double memcpy_s = MedianSeconds(reps, [&] { std::memcpy(copy.data(), x.data(), n * 4); });
   const double memcpy_gbs = bytes / memcpy_s / 1e9;
   std::printf("%zu MiB of fp32, %d repetitions, one thread\n", mib, reps);
-  std::printf("%-12s %10s %8s %10s %8s %8s\n", "codec", "encode", "vs cpy", "decode", "vs cpy",
+  std::printf("%-15s %10s %8s %10s %8s %8s\n", "codec", "encode", "vs cpy", "decode", "vs cpy",
               "ratio");
-  std::printf("%-12s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %8s\n", "memcpy", memcpy_gbs, 100.0,
+  std::printf("%-15s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %8s\n", "memcpy", memcpy_gbs, 100.0,
               memcpy_gbs, 100.0, "1x");
-  // "+sr": stochastic rounding.
-  for (const std::string row : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0", "bf16+sr", "int8+sr",
-                                "fp4_e2m1+sr", "fp4_e3m0+sr"}) {
+  // "+sr": stochastic rounding; "top1%:": sparse, 1% of each chunk of 4096 kept (SparseLoCo's).
+  for (const std::string name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0", "int2", "bf16+sr",
+                                 "int8+sr", "fp4_e2m1+sr", "fp4_e3m0+sr", "int2+sr", "top1%:int2",
+                                 "top1%:int2+sr", "top3%:int2", "top1%:fp4_e2m1", "top1%:fp32"}) {
+    std::string row = name;
+    uint32_t topk = 0;
+    if (row.rfind("top", 0) == 0) {
+      topk = uint32_t(std::lround(4096 * std::atof(row.c_str() + 3) / 100));
+      row = row.substr(row.find(':') + 1);
+    }
     const bool stochastic = row.size() > 3 && row.compare(row.size() - 3, 3, "+sr") == 0;
-    const auto spec = *atl::compression::ParseCodec(stochastic ? row.substr(0, row.size() - 3) : row);
+    auto spec = *atl::compression::ParseCodec(stochastic ? row.substr(0, row.size() - 3) : row);
+    if (topk > 0) spec = *atl::compression::MakeSpec(int(spec.codec), 4096, topk);
     const atl::compression::Rounding rounding{stochastic, 7, 0};
     std::vector<uint8_t> enc(atl::compression::EncodedBytes(spec, n));
     const double e = MedianSeconds(reps, [&] {
@@ -62,7 +70,7 @@ int main(int argc, char** argv) {
     const double d = MedianSeconds(reps, [&] {
       if (!atl::compression::Decode(spec, enc.data(), enc.size(), n, y.data()).ok()) std::abort();
     });
-    std::printf("%-12s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %7.2fx\n", row.c_str(), bytes / e / 1e9,
+    std::printf("%-15s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %7.2fx\n", name.c_str(), bytes / e / 1e9,
                 100.0 * memcpy_s / e, bytes / d / 1e9, 100.0 * memcpy_s / d, bytes / double(enc.size()));
   }
   return 0;

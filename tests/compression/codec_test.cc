@@ -76,10 +76,13 @@ TEST(CodecTest, VectorKernelsEqualTheScalarCodeBitForBit) {
       }
     }
   }
-  // int8 (its block maxima) and stochastic int8 and bf16 take vector kernels too: the same bytes
+  // int8 (its block maxima), int2 and stochastic int8, int2 (dense and as sparse values) and bf16
+  // take vector kernels too: the same bytes
   // as the scalar code, with
   // partial blocks, an all-zero block (scale 0) and bf16's saturation near FLT_MAX.
-  for (const CodecSpec spec : {CodecSpec{Codec::kInt8, 64}, CodecSpec{Codec::kInt8, 100}, CodecSpec{Codec::kBf16, 0}}) {
+  for (const CodecSpec spec : {CodecSpec{Codec::kInt8, 64}, CodecSpec{Codec::kInt8, 100},
+                               CodecSpec{Codec::kBf16, 0}, CodecSpec{Codec::kInt2, 64},
+                               CodecSpec{Codec::kInt2, 4096, 41}}) {
     for (const size_t n : {size_t(7), size_t(64), size_t(1000), size_t(65536 + 17)}) {
       auto x = HardInput(n, uint32_t(n) + 99);
       for (size_t i = 0; i < std::min<size_t>(n, 64); ++i) x[i] = 0;  // a zero block

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/codec.h"
 #include "compression/codec_cuda.h"
+#include "tests/compression/hard_input.h"
 
 namespace atl::compression {
 namespace {
@@ -23,14 +24,6 @@ std::vector<const CodecTraits*> AllRows() {
   size_t n = 0;
   const CodecTraits* const* rows = Codecs(&n);
   return std::vector<const CodecTraits*>(rows, rows + n);
-}
-
-std::vector<float> Normal(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1e-2f);
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(rng);
-  return x;
 }
 
 TEST(CodecTraitsTest, EveryRowIsFoundByNameAndNumberAndHasAValidDefault) {

@@ -1,4 +1,5 @@
-// Inputs for comparing two implementations of a codec byte for byte.
+// Inputs for codec tests: ordinary values, and those for comparing two implementations of a codec
+// byte for byte.
 #ifndef ATOLL_TESTS_COMPRESSION_HARD_INPUT_H_
 #define ATOLL_TESTS_COMPRESSION_HARD_INPUT_H_
 
@@ -9,6 +10,15 @@
 #include <vector>
 
 namespace atl::compression {
+
+// Pseudo-gradient-like values: N(0, 0.01), from `seed`.
+inline std::vector<float> Normal(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1e-2f);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
 
 // Values that exercise every rule: ties, subnormals, zero blocks, saturation, huge and tiny scales.
 inline std::vector<float> HardInput(size_t n, uint32_t seed) {

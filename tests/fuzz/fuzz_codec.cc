@@ -1,5 +1,6 @@
-// Every codec's decoder on arbitrary bytes (whole payloads and slices), and the encoder on
-// arbitrary floats: whatever an encoder writes, its decoder accepts (codec.h's promise).
+// Every codec's decoder on arbitrary bytes (whole payloads and slices), dense and sparse (chunk
+// top-k: arbitrary index lists must be refused, never followed), and the encoder on arbitrary
+// floats: whatever an encoder writes, its decoder accepts (codec.h's promise).
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -11,14 +12,15 @@ using namespace atl::compression;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   atl::fuzz::Input in(data, size);
-  const int codec = 1 + in.Number<uint8_t>() % 5;
+  const int codec = 1 + in.Number<uint8_t>() % 7;
   const uint32_t block = in.Number<uint16_t>();
-  auto spec = MakeSpec(codec, block);
-  if (!spec.ok()) spec = ParseCodec(CodecName(Codec(codec)));
   const size_t n = in.Number<uint16_t>() % 4097;
   const size_t first = n ? in.Number<uint16_t>() % n : 0;
   const size_t count = n ? in.Number<uint16_t>() % (n - first + 1) : 0;
   const bool stochastic = in.Number<uint8_t>() & 1;
+  const uint32_t topk = in.Number<uint16_t>();  // 0: dense
+  auto spec = MakeSpec(codec, block, topk);
+  if (!spec.ok()) spec = ParseCodec(CodecName(Codec(codec)));
   const std::string bytes = in.Rest();
 
   // Decoding arbitrary bytes: an error or finite values, never a crash.

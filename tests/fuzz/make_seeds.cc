@@ -49,14 +49,19 @@ std::vector<float> Values(size_t n, uint32_t seed) {
 const char* kCodecs[] = {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"};
 
 void CodecSeeds() {
-  for (const char* name : kCodecs) {
-    const auto spec = *compression::ParseCodec(name);
+  std::vector<compression::CodecSpec> specs;
+  for (const char* name : kCodecs) specs.push_back(*compression::ParseCodec(name));
+  for (const char* name : {"int2", "fp4_e2m1", "fp32"}) {  // sparse: top-3 of chunks of 64
+    specs.push_back(*compression::MakeSpec(int(compression::ParseCodec(name)->codec), 64, 3));
+  }
+  for (const auto& spec : specs) {
     const uint16_t n = 100;
     const auto v = Values(n, n);
     std::string payload(compression::EncodedBytes(spec, n), '\0');
     (void)compression::Encode(spec, v.data(), n, reinterpret_cast<uint8_t*>(payload.data()));
     Seed("codec", Le(uint8_t(int(spec.codec) - 1)) + Le(uint16_t(spec.block_size)) + Le(n) +
-                      Le(uint16_t(10)) + Le(uint16_t(50)) + Le(uint8_t(0)) + payload);
+                      Le(uint16_t(10)) + Le(uint16_t(50)) + Le(uint8_t(0)) +
+                      Le(uint16_t(spec.topk)) + payload);
   }
 }
 
