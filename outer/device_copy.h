@@ -30,8 +30,9 @@ class DeviceCopy {
   virtual uint64_t size() const = 0;
   // Replaces the copy with `global` (size() values): a fetch, a resync.
   virtual absl::Status Load(const std::vector<float>& global) = 0;
-  // The training thread, at a push: the pseudo-gradient of the model's parameters as they are now.
-  virtual absl::Status Capture(bool error_feedback) = 0;
+  // The training thread, at a push: the pseudo-gradient of the model's parameters as they are now
+  // (with error feedback plus decay x the residual).
+  virtual absl::Status Capture(bool error_feedback, float decay = 1.0f) = 0;
   // Encodes owned elements [at, at + n) of the captured pseudo-gradient into host memory
   // out[EncodedBytes(spec, n)], and copies its first min(n, sample) exact values to exact[] (the
   // encoding error is measured on them). With error feedback, what the encoding dropped is kept

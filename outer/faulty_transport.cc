@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
 #include "compression/codec.h"
+#include "outer/payload.h"
 
 namespace atl::outer {
 
@@ -69,7 +70,7 @@ absl::StatusOr<pb::PushResponse> FaultyTransport::Push(const PushSource& source,
 
 void FaultyTransport::Scale(pb::Chunk& chunk) const {
   const auto& h = chunk.header();
-  auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
+  auto spec = SpecOf(h);
   if (!spec.ok()) return;
   std::vector<float> values(h.num_elements());
   std::string& data = *chunk.mutable_data();

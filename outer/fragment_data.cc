@@ -44,21 +44,23 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
     const float* g, const PayloadId& id, const compression::CodecSpec& codec, size_t chunk_bytes,
     WorkerPool* pool) const {
   const uint64_t n = params_.size();
-  const ChunkPlan plan = PlanChunks(codec, n, chunk_bytes);
+  const Encoding encoding = UpdateEncoding(codec);
+  const ChunkPlan plan = PlanChunks(encoding.PlanSpec(), n, chunk_bytes);
   std::vector<pb::Chunk> chunks(plan.num_chunks);
   std::vector<absl::Status> status(plan.num_chunks);
   ForEach(pool, plan.num_chunks, [&](size_t c) {
     const uint64_t first = c * plan.per_chunk, count = std::min(plan.per_chunk, n - first);
     float* u = Scratch(0, count).data();
     optimizer_->Preview(g + first, u, first, count);
-    auto chunk = EncodeChunk(id, codec, u, first, count, n, uint32_t(c), plan.num_chunks);
+    const compression::CodecSpec spec = encoding.Choose(u, count);
+    auto chunk = EncodeChunk(id, spec, u, first, count, n, uint32_t(c), plan.num_chunks);
     if (!chunk.ok()) {
       status[c] = absl::InvalidArgumentError(
           absl::StrCat("the outer update is not finite (", chunk.status().message(), ")"));
       return;
     }
     float* d = Scratch(1, count).data();
-    if (auto s = DecodeChunk(codec, *chunk, d); !s.ok()) {
+    if (auto s = DecodeChunk(spec, *chunk, d); !s.ok()) {
       status[c] = s;
       return;
     }
@@ -79,17 +81,13 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
 }
 
 void FragmentData::Apply(const float* g, const std::vector<pb::Chunk>& update, WorkerPool* pool) {
-  const auto& codec_of = [](const pb::Chunk& c) {
-    return compression::CodecSpec{compression::Codec(int(c.header().codec())),
-                                  c.header().block_size()};
-  };
   ForEach(pool, update.size(), [&](size_t c) {
     const auto& h = update[c].header();
     const uint64_t first = h.offset(), count = h.num_elements();
     optimizer_->Advance(g + first, first, count);
     float* d = Scratch(1, count).data();
     // Made by PrepareUpdate and decoded there already: it decodes.
-    DecodeChunk(codec_of(update[c]), update[c], d).IgnoreError();
+    DecodeChunk(*SpecOf(update[c].header()), update[c], d).IgnoreError();
     ApplyUpdate(params_.data() + first, d, count);
   });
   optimizer_->EndStep();
@@ -124,14 +122,15 @@ void FragmentData::Reset(std::vector<float> params, std::unique_ptr<OuterOptimiz
 
 std::vector<pb::Chunk> ZeroUpdate(const PayloadId& id, const compression::CodecSpec& codec,
                                   uint64_t n, size_t chunk_bytes) {
-  const ChunkPlan plan = PlanChunks(codec, n, chunk_bytes);
+  const Encoding encoding = UpdateEncoding(codec);
+  const ChunkPlan plan = PlanChunks(encoding.PlanSpec(), n, chunk_bytes);
   const std::vector<float> zeros(std::min<uint64_t>(plan.per_chunk, n), 0.0f);
   std::vector<pb::Chunk> chunks;
   for (uint32_t c = 0; c < plan.num_chunks; ++c) {
-    const uint64_t first = c * plan.per_chunk;
+    const uint64_t first = c * plan.per_chunk, count = std::min(plan.per_chunk, n - first);
     // Zeros encode with every codec.
-    chunks.push_back(*EncodeChunk(id, codec, zeros.data(), first,
-                                  std::min(plan.per_chunk, n - first), n, c, plan.num_chunks));
+    chunks.push_back(*EncodeChunk(id, encoding.Choose(zeros.data(), count), zeros.data(), first,
+                                  count, n, c, plan.num_chunks));
   }
   return chunks;
 }

@@ -29,7 +29,7 @@ absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
     if (!overlaps(c)) continue;
     pb::UpdateChunk u;
     // A rank asks for its range: it receives that (on whole scale blocks), not whole chunks.
-    *u.mutable_chunk() = SliceChunk(c, server.options().codec, begin, end);
+    *u.mutable_chunk() = SliceChunk(c, begin, end);
     u.mutable_chunk()->mutable_header()->set_chunk_index(index++);
     u.mutable_chunk()->mutable_header()->set_num_chunks(num_chunks);
     u.set_params_hash(r.params_hash);

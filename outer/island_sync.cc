@@ -79,6 +79,24 @@ IslandSync::IslandSync(Transport* transport, std::string run_id,
   global_.assign(n_, 0.0f);
 }
 
+std::vector<float> IslandSync::ResidualSnapshot() const {
+  std::lock_guard<std::mutex> lock(residual_mu_);
+  return residual_;
+}
+
+absl::Status IslandSync::RestoreResidual(std::vector<float> residual) {
+  if (!options_.error_feedback || device_) {
+    return absl::FailedPreconditionError("this fragment keeps no host residual");
+  }
+  if (residual.size() != n_) {
+    return absl::InvalidArgumentError(absl::StrCat("a residual of ", residual.size(),
+                                                   " elements for ", n_, " owned"));
+  }
+  std::lock_guard<std::mutex> lock(residual_mu_);
+  residual_ = std::move(residual);
+  return absl::OkStatus();
+}
+
 uint64_t IslandSync::global_hash() const {
   return compression::Checksum(global_.data(), global_.size() * sizeof(float));
 }
@@ -333,7 +351,8 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
         delta.resize(n);
         for (uint64_t i = 0; i < n; ++i) delta[i] = global_[c.at + i] - (*local)[c.at + i];
         if (options_.error_feedback) {
-          for (uint64_t i = 0; i < n; ++i) delta[i] += residual_[c.at + i];
+          const float beta = options_.error_feedback_decay;
+          for (uint64_t i = 0; i < n; ++i) delta[i] += beta * residual_[c.at + i];
         }
         chunk = EncodeChunk(id, options_.codec, delta.data(), c.begin, n, fragment_elements_,
                             uint32_t(next), uint32_t(part.size()), rounding);
@@ -377,6 +396,7 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
     if (device_) {
       device_->KeepResidual();
     } else {
+      std::lock_guard<std::mutex> lock(residual_mu_);
       residual_.swap(next_residual_);
     }
   }
@@ -408,13 +428,17 @@ absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, 
                                                double steps_per_s) {
   RoundOutcome out;
   out.round = round_;
+  out.elements = n_;
   if (!carried()) {
     round_ += 1;
     out.version = round_;
     return out;
   }
   auto resync = [&](std::string reason) -> absl::StatusOr<RoundOutcome> {
-    std::fill(residual_.begin(), residual_.end(), 0.0f);
+    {
+      std::lock_guard<std::mutex> lock(residual_mu_);
+      std::fill(residual_.begin(), residual_.end(), 0.0f);
+    }
     if (device_) device_->ResetResidual();
     ATL_RETURN_IF_ERROR(FetchGlobal());
     out.resynced = true;
@@ -494,6 +518,7 @@ struct IslandSync::Received {
   uint32_t contributors = 0;
   struct Owned {
     uint64_t at = 0, count = 0;
+    compression::CodecSpec spec;
     std::string data;
   };
   std::vector<Owned> chunks;
@@ -537,7 +562,7 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
     got.bytes = 0;
     got.chunks.clear();
     Assembler assembler({run_id_, "", round, options_.fragment}, fragment_elements_, p.begin,
-                        p.end - p.begin, options_.codec,
+                        p.end - p.begin, UpdateEncoding(options_.codec),
                         [&](uint64_t first, const float* u, uint64_t k) {
                           ApplyUpdate(next.data() + p.at + (first - p.begin), u, size_t(k));
                         });
@@ -551,7 +576,7 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
           absl::Status added = assembler.Add(c.chunk());
           if (added.ok() && device_) {
             const auto& h = c.chunk().header();
-            got.chunks.push_back({p.at + (h.offset() - p.begin), h.num_elements(),
+            got.chunks.push_back({p.at + (h.offset() - p.begin), h.num_elements(), *SpecOf(h),
                                   std::move(*c.mutable_chunk()->mutable_data())});
           }
           return added;
@@ -618,7 +643,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
     // it fail there, the full state reloads both.
     for (const auto& r : received) {
       for (const auto& c : r.chunks) {
-        if (auto s = device_->Apply(options_.codec, c.at, c.count, c.data); !s.ok()) {
+        if (auto s = device_->Apply(c.spec, c.at, c.count, c.data); !s.ok()) {
           return absl::FailedPreconditionError(
               absl::StrCat("the device copy could not apply round ", round, ": ", s.message()));
         }

@@ -41,6 +41,7 @@ struct RoundOutcome {
   uint32_t contributors = 0;
   uint64_t bytes_sent = 0;      // serialized payload bytes
   uint64_t bytes_received = 0;
+  uint64_t elements = 0;        // parameters the round carried each way (this rank's ranges)
   double push_s = 0;            // encode + push
   double wait_s = 0;            // waiting for the round to commit + receiving the update
   // Relative RMS error of the pushed encoding against the exact pseudo-gradient (on a sample of
@@ -84,6 +85,9 @@ struct IslandSyncOptions {
   // residual stays on the island; it is reset when a contribution is refused (the round went on
   // without it and the island resyncs).
   bool error_feedback = false;
+  // beta: the residual is scaled by it before the next pseudo-gradient is added (SparseLoCo's
+  // accumulator e <- beta e + delta; 1: plain error feedback).
+  float error_feedback_decay = 1.0f;
   // Stochastic rounding of pseudo-gradients (unbiased; see compression/codec.h). Each round and
   // fragment draws from its own stream derived from `seed`, which should differ between islands.
   bool stochastic_rounding = false;
@@ -147,7 +151,16 @@ class IslandSync {
   uint64_t global_hash() const;
   // Total bytes of full-state fetches (joins and resyncs).
   uint64_t fetched_bytes() const { return fetched_bytes_; }
+  // The error-feedback residual of the owned ranges (as of the last accepted push); read while
+  // no push runs, or through ResidualSnapshot, which any thread may call.
   const std::vector<float>& residual() const { return residual_; }
+  std::vector<float> ResidualSnapshot() const;
+  // A checkpoint's residual (owned elements, concatenated), before the first push of a resumed
+  // island. INVALID_ARGUMENT when the size is not the owned elements'.
+  absl::Status RestoreResidual(std::vector<float> residual);
+  uint64_t fragment_elements() const { return fragment_elements_; }
+  uint32_t fragment() const { return options_.fragment; }
+  bool keeps_residual() const { return options_.error_feedback && device_ == nullptr; }
   // The goodput to the service this island measured (reported with each push; 0: unknown). Set
   // while no push is in flight.
   void set_link_bps(double bps) { link_bps_ = bps; }
@@ -205,6 +218,7 @@ class IslandSync {
   std::vector<std::pair<uint64_t, uint64_t>> ranges_;
   uint64_t n_;  // elements owned
   IslandSyncOptions options_;
+  mutable std::mutex residual_mu_;  // guards residual_ against snapshots (checkpoints)
   std::vector<float> residual_;  // error feedback
   std::vector<float> next_residual_;  // written by a push, kept when it is accepted
   std::vector<float> global_;

@@ -1,5 +1,6 @@
 #include "outer/outer_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -107,6 +108,41 @@ absl::Status ValidateStreaming(const OuterConfig& c) {
   return absl::OkStatus();
 }
 
+// Sparse pseudo-gradients and error feedback.
+absl::Status ValidateSparse(const OuterConfig& c) {
+  if (!(c.topk_density > 0 && c.topk_density <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.topk_density must be in (0, 1], got ", c.topk_density));
+  }
+  if (c.topk_chunk < 32 || c.topk_chunk > 4096 || c.topk_chunk % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.topk_chunk must be a multiple of 32 in 32..4096, got ", c.topk_chunk));
+  }
+  if (!(c.error_feedback_decay >= 0 && c.error_feedback_decay <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.error_feedback_decay must be in [0, 1], got ", c.error_feedback_decay));
+  }
+  if (!c.sparse()) return absl::OkStatus();
+  if (!c.error_feedback) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.topk_density = ", c.topk_density, " drops ", 100 * (1 - c.topk_density),
+        "% of every pseudo-gradient: it needs outer.error_feedback = true, which carries what "
+        "was not sent into the next round"));
+  }
+  if (c.aggregation == AggregationRule::kTrimmedMean || c.aggregation == AggregationRule::kMedian) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.aggregation = ", AggregationRuleName(c.aggregation),
+        " works per coordinate, where sparse contributions are mostly zeros: it would drop what "
+        "a single island sent; with outer.topk_density < 1 use mean or clipped_mean"));
+  }
+  if (c.global_copy == GlobalCopy::kDevice) {
+    return absl::InvalidArgumentError(
+        "outer.topk_density < 1: the sparse codecs have no device kernels yet; use "
+        "outer.global_copy = \"host\" or \"auto\"");
+  }
+  return absl::OkStatus();
+}
+
 // Async mode's own keys.
 absl::Status ValidateAsync(const OuterConfig& c) {
   if (c.max_staleness < 0) {
@@ -179,10 +215,17 @@ absl::Status ValidateService(const OuterConfig& c) {
 
 }  // namespace
 
+compression::CodecSpec OuterConfig::wire_codec() const {
+  if (!sparse()) return codec;
+  const double kept = std::round(topk_density * double(topk_chunk));
+  return {codec.codec, uint32_t(topk_chunk), uint32_t(std::clamp(kept, 1.0, double(topk_chunk)))};
+}
+
 absl::Status Validate(const OuterConfig& c) {
   ATL_RETURN_IF_ERROR(ValidateName(c.run_id, "outer.run_id"));
   ATL_RETURN_IF_ERROR(ValidateRounds(c));
   ATL_RETURN_IF_ERROR(ValidateStreaming(c));
+  ATL_RETURN_IF_ERROR(ValidateSparse(c));
   ATL_RETURN_IF_ERROR(ValidateAsync(c));
   ATL_RETURN_IF_ERROR(ValidateDefences(c));
   ATL_RETURN_IF_ERROR(ValidateService(c));

@@ -46,7 +46,12 @@ struct OuterConfig {
   int spike_window = 50;             // loss-spike guard: recent losses compared against (0: off)
   double spike_factor = 8;           // ... robust standard deviations above their median
   compression::CodecSpec codec;      // pseudo-gradients and outer updates on the wire (fp32)
+  // Sparse pseudo-gradients (SparseLoCo, arXiv 2508.15706): each chunk of topk_chunk elements
+  // keeps its round(topk_density x topk_chunk) largest magnitudes, values in `codec`; 1: dense.
+  double topk_density = 1;
+  int topk_chunk = 4096;
   bool error_feedback = false;       // islands carry what the codec dropped into the next round
+  double error_feedback_decay = 1;   // beta: e <- beta e + delta before encoding (1: plain EF)
   GlobalCopy global_copy = GlobalCopy::kAuto;
   bool stochastic_rounding = false;  // islands round pseudo-gradients stochastically
   // Streaming DiLoCo.
@@ -87,6 +92,10 @@ struct OuterConfig {
   // the schedule. Needs num_fragments >= shards and sync mode.
   int shards = 1;
   bool async() const { return mode == OuterMode::kAsync; }
+  bool sparse() const { return topk_density < 1; }
+  // The encoding of pseudo-gradients on the wire: `codec`, sparse when topk_density < 1 (the
+  // outer updates follow from it: outer/payload.h, UpdateEncoding).
+  compression::CodecSpec wire_codec() const;
   double alpha() const {
     if (fragment_update_alpha >= 0) return fragment_update_alpha;
     return fragment_sync_delay > 0 || auto_tune ? 0.5 : 0.0;
@@ -131,7 +140,16 @@ void VisitKeys(OuterConfig& c, V&& v) {
   v("join_warmup_steps", c.join_warmup_steps,
     "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)");
   v("codec", c.codec, compression::CodecsHelp());
+  v("topk_density", c.topk_density,
+    "sparse pseudo-gradients: share of each chunk's values kept (largest magnitudes), in (0, 1]; "
+    "1: dense");
+  v("topk_chunk", c.topk_chunk,
+    "sparse pseudo-gradients: elements per chunk, each keeping its own top-k (32..4096, a "
+    "multiple of 32)");
   v("error_feedback", c.error_feedback, "carry codec error into the next round");
+  v("error_feedback_decay", c.error_feedback_decay,
+    "beta of error feedback: the residual is scaled by it before the next pseudo-gradient is "
+    "added (SparseLoCo's accumulator; 1: plain error feedback)");
   v("global_copy", c.global_copy,
     "where pseudo-gradients are made: device (beside the parameters), host, or auto");
   v("stochastic_rounding", c.stochastic_rounding,

@@ -158,8 +158,9 @@ IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed) 
   c.alpha = outer.alpha();
   c.round_timeout_s = outer.round_timeout_s;
   c.retry.timeout_s = outer.reconnect_timeout_s;
-  c.sync.codec = outer.codec;
+  c.sync.codec = outer.wire_codec();
   c.sync.error_feedback = outer.error_feedback;
+  c.sync.error_feedback_decay = float(outer.error_feedback_decay);
   c.sync.stochastic_rounding = outer.stochastic_rounding;
   c.sync.seed = rounding_seed;
   return c;
@@ -367,7 +368,8 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   policy_->Pushed(f, t);
   if (DeviceCopy* copy = model_.device_copy(f)) {
     // The pseudo-gradient is made on the device, in the compute stream's order; the task encodes it.
-    const absl::Status captured = copy->Capture(options_.island.sync.error_feedback);
+    const absl::Status captured = copy->Capture(options_.island.sync.error_feedback,
+                                                  options_.island.sync.error_feedback_decay);
     job.result = std::async(std::launch::async, [sync = syncs_[f].get(), captured, tokens,
                                                  steps_per_s]() -> absl::StatusOr<RoundOutcome> {
       if (!captured.ok()) return captured;
@@ -431,6 +433,7 @@ absl::Status OuterStepHook::Land(double alpha) {
   stats_.idle_s += idle_s;
   stats_.bytes_sent += outcome->bytes_sent;
   stats_.bytes_received += outcome->bytes_received;
+  stats_.elements_synced += outcome->elements;
   if (observer_) {
     LandedRound landed;
     landed.fragment = job.fragment;
@@ -531,6 +534,44 @@ absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {
   }
   if (on_message) {
     on_message(absl::StrCat("finished: caught up with version ", versions[0], " of the run"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<OuterStepHook::Residual> OuterStepHook::Residuals() const {
+  std::vector<Residual> out;
+  for (const auto& sync : syncs_) {
+    if (!sync->carried() || !sync->keeps_residual()) continue;
+    out.push_back({sync->fragment(), sync->fragment_elements(), sync->ranges(),
+                   sync->ResidualSnapshot()});
+  }
+  return out;
+}
+
+absl::Status OuterStepHook::RestoreResiduals(const std::vector<Residual>& from) {
+  for (auto& sync : syncs_) {
+    if (!sync->carried() || !sync->keeps_residual()) continue;
+    std::vector<float> mine(sync->ResidualSnapshot().size(), 0.0f);
+    bool any = false;
+    uint64_t at = 0;
+    for (const auto& [begin, end] : sync->ranges()) {
+      for (const Residual& r : from) {
+        if (r.fragment != sync->fragment() || r.fragment_elements != sync->fragment_elements()) continue;
+        uint64_t theirs = 0;
+        for (const auto& [b, e] : r.ranges) {
+          const uint64_t lo = std::max(b, begin), hi = std::min(e, end);
+          if (lo < hi && theirs + (e - b) <= r.values.size()) {
+            std::copy(r.values.begin() + int64_t(theirs + (lo - b)),
+                      r.values.begin() + int64_t(theirs + (hi - b)),
+                      mine.begin() + int64_t(at + (lo - begin)));
+            any = true;
+          }
+          theirs += e - b;
+        }
+      }
+      at += end - begin;
+    }
+    if (any) ATL_RETURN_IF_ERROR(sync->RestoreResidual(std::move(mine)));
   }
   return absl::OkStatus();
 }

@@ -111,6 +111,7 @@ struct OuterStepStats {
   uint64_t rounds = 0, resyncs = 0, rejoins = 0;
   double idle_s = 0;  // the training thread waiting for outer updates
   uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t elements_synced = 0;  // parameters carried, summed over rounds (bits per parameter)
   uint64_t peak_bytes_in_flight = 0;
   std::vector<uint32_t> staleness;  // async: of each contribution, in order
   uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
@@ -187,6 +188,19 @@ class OuterStepHook {
   uint64_t round() const { return syncs_[0]->round(); }
   IslandSession& session() { return session_; }
   IslandRanks& ranks() { return ranks_; }
+
+  // This rank's error-feedback residuals (host path) for checkpoints: per fragment, its owned
+  // ranges and their values concatenated, as of each fragment's last accepted push. Any thread.
+  struct Residual {
+    uint32_t fragment = 0;
+    uint64_t fragment_elements = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    std::vector<float> values;
+  };
+  std::vector<Residual> Residuals() const;
+  // A resumed island, before its first push: takes what this rank owns from residuals any ranks
+  // wrote (their ranges need not be this rank's); elements none covers start at zero.
+  absl::Status RestoreResiduals(const std::vector<Residual>& from);
 
   // Async: applies the versions committed up to `versions` (one per fragment), then loads them.
   absl::Status CatchUp(const std::vector<uint64_t>& versions);

@@ -13,6 +13,67 @@
 
 namespace atl::outer {
 
+namespace {
+
+const compression::CodecSpec kDenseUpdate = {compression::Codec::kFp4E2M1, 32};
+
+compression::CodecSpec SparseUpdate(const compression::CodecSpec& run, uint32_t kept) {
+  return {compression::Codec::kFp4E2M1, run.block_size, kept};
+}
+
+}  // namespace
+
+Encoding UpdateEncoding(const compression::CodecSpec& contributions) {
+  Encoding e(contributions);
+  e.update = contributions.sparse();
+  return e;
+}
+
+size_t UpdateBytesAtMost(const compression::CodecSpec& contributions, uint32_t contributors,
+                         uint64_t n) {
+  if (!contributions.sparse()) return compression::EncodedBytes(contributions, n);
+  const uint64_t kept = std::min<uint64_t>(contributions.block_size,
+                                           uint64_t(std::max(1u, contributors)) * contributions.topk);
+  return std::min(compression::EncodedBytes(SparseUpdate(contributions, uint32_t(kept)), n),
+                  compression::EncodedBytes(kDenseUpdate, n));
+}
+
+bool Encoding::Accepts(const compression::CodecSpec& got) const {
+  if (!update) return got == spec;
+  return got == kDenseUpdate || (got.codec == compression::Codec::kFp4E2M1 &&
+                                 got.block_size == spec.block_size && got.topk >= 1 &&
+                                 got.topk <= spec.block_size);
+}
+
+std::string Encoding::Text() const {
+  if (!update) return absl::StrCat(compression::SpecText(spec), "/", spec.block_size);
+  return absl::StrCat("top-k/", spec.block_size, " fp4_e2m1 or fp4_e2m1/32");
+}
+
+compression::CodecSpec Encoding::PlanSpec() const {
+  return update ? SparseUpdate(spec, spec.block_size) : spec;
+}
+
+compression::CodecSpec Encoding::Choose(const float* u, size_t n) const {
+  if (!update) return spec;
+  // The union of the contributions' indices: the most nonzeros of any chunk.
+  uint32_t kept = 1;
+  for (size_t first = 0; first < n; first += spec.block_size) {
+    const size_t last = std::min<size_t>(n, first + spec.block_size);
+    uint32_t nonzero = 0;
+    for (size_t i = first; i < last; ++i) nonzero += uint32_t(u[i] != 0.0f);
+    kept = std::max(kept, nonzero);
+  }
+  const compression::CodecSpec sparse = SparseUpdate(spec, kept);
+  return compression::EncodedBytes(sparse, n) <= compression::EncodedBytes(kDenseUpdate, n)
+             ? sparse
+             : kDenseUpdate;
+}
+
+absl::StatusOr<compression::CodecSpec> SpecOf(const pb::ChunkHeader& h) {
+  return compression::MakeSpec(int(h.codec()), h.block_size(), h.topk());
+}
+
 ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n, size_t max_chunk_bytes) {
   // Chunks hold whole scale blocks, so each chunk is encoded and checked on its own.
   const uint64_t unit = std::max<uint32_t>(1, spec.block_size);
@@ -46,6 +107,7 @@ absl::StatusOr<pb::Chunk> EncodeChunkWith(const PayloadId& id, const compression
   h->set_fragment(id.fragment);
   h->set_codec(pb::Codec(int(spec.codec)));
   h->set_block_size(spec.block_size);
+  h->set_topk(spec.topk);
   h->set_offset(offset);
   h->set_num_elements(count);
   h->set_fragment_elements(fragment_elements);
@@ -92,9 +154,8 @@ absl::Status CheckRange(uint64_t offset, uint64_t count, uint64_t total, uint32_
                                             " elements"));
 }
 
-absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec,
-                        uint64_t fragment_elements, uint64_t begin, uint64_t end,
-                        const pb::Chunk& chunk) {
+absl::Status CheckChunk(const PayloadId& id, const Encoding& codec, uint64_t fragment_elements,
+                        uint64_t begin, uint64_t end, const pb::Chunk& chunk) {
   const auto& h = chunk.header();
   const std::string where = absl::StrCat("chunk ", h.chunk_index(), " of island ",
                                          Printable(h.island_id()), " for round ", h.round(),
@@ -112,12 +173,12 @@ absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec
                                                    " elements, chunk says ",
                                                    h.fragment_elements()));
   }
-  auto spec = compression::MakeSpec(int(h.codec()), h.block_size());
+  auto spec = SpecOf(h);
   if (!spec.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", spec.status().message()));
-  if (spec->codec != codec.codec || spec->block_size != codec.block_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": codec ", compression::CodecName(spec->codec), "/", spec->block_size,
-        " does not match the run's ", compression::CodecName(codec.codec), "/", codec.block_size));
+  if (!codec.Accepts(*spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": codec ", compression::SpecText(*spec),
+                                                   "/", spec->block_size,
+                                                   " does not match the run's ", codec.Text()));
   }
   const uint64_t first = h.offset(), count = h.num_elements();
   if (count == 0 || first < begin || first > end || count > end - first) {
@@ -136,9 +197,9 @@ absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec
   return absl::OkStatus();
 }
 
-pb::Chunk SliceChunk(const pb::Chunk& chunk, const compression::CodecSpec& spec, uint64_t first,
-                     uint64_t last) {
+pb::Chunk SliceChunk(const pb::Chunk& chunk, uint64_t first, uint64_t last) {
   const auto& h = chunk.header();
+  const compression::CodecSpec spec = *SpecOf(h);  // well formed: checked when it arrived
   const uint64_t n = h.num_elements();
   const uint64_t block = std::max<uint32_t>(1, spec.block_size);
   // Elements [a, b) of the chunk, on its block grid.
@@ -210,7 +271,7 @@ absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) co
 }
 
 absl::Status EncodedPayload::Merge(EncodedPayload&& other) {
-  if (other.codec.codec != codec.codec || other.codec.block_size != codec.block_size) {
+  if (other.codec != codec) {
     return absl::InvalidArgumentError("payloads of different codecs");
   }
   auto by_offset = [](const EncodedChunk& a, const EncodedChunk& b) { return a.offset < b.offset; };
@@ -318,7 +379,7 @@ absl::Status ChunkStream::CheckComplete() const {
 }
 
 Assembler::Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
-                     compression::CodecSpec codec, Consumer consume)
+                     Encoding codec, Consumer consume)
     : id_(std::move(id)),
       codec_(codec),
       fragment_elements_(fragment_elements),
@@ -357,7 +418,7 @@ absl::Status Assembler::Add(const pb::Chunk& chunk) {
   // Decode into scratch first: a payload with non-finite values must not touch what was accepted.
   scratch_.resize(count);
   if (auto s = compression::DecodeSlice(
-          codec_, reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size(),
+          *SpecOf(h), reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size(),
           h.num_elements(), first - h.offset(), count, scratch_.data());
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
@@ -387,7 +448,7 @@ double EncodingError::relative() const {
 absl::Status SampleChunkError(const pb::Chunk& chunk, const float* exact, uint64_t max_elements,
                               EncodingError* error) {
   const auto& h = chunk.header();
-  ATL_ASSIGN_OR_RETURN(auto spec, compression::MakeSpec(int(h.codec()), h.block_size()));
+  ATL_ASSIGN_OR_RETURN(auto spec, SpecOf(h));
   const uint64_t count = std::min<uint64_t>(max_elements, h.num_elements());
   std::vector<float> decoded(count);
   const auto* bytes = reinterpret_cast<const uint8_t*>(chunk.data().data());

@@ -30,6 +30,30 @@ struct PayloadId {
   uint32_t fragment = 0;
 };
 
+// The encodings a payload's chunks may carry. Pseudo-gradients and dense runs' updates: exactly
+// `spec`. The outer updates of a sparse run (UpdateEncoding): for each chunk the service picks the
+// smaller of the union of the contributions' indices (the run's chunks, any number of values
+// kept, the values in FP4 E2M1: zero is one of its values) and dense FP4 E2M1 in blocks of 32.
+struct Encoding {
+  compression::CodecSpec spec;
+  bool update = false;  // of a sparse run: the two families above
+  Encoding(compression::CodecSpec s = {}) : spec(s) {}  // NOLINT: exactly `s`
+  bool Accepts(const compression::CodecSpec& got) const;
+  std::string Text() const;
+  // What chunk plans are made with: the largest encoding per element of those accepted.
+  compression::CodecSpec PlanSpec() const;
+  // The encoding of n values u[0, n) (a chunk of an update) the service sends.
+  compression::CodecSpec Choose(const float* u, size_t n) const;
+};
+Encoding UpdateEncoding(const compression::CodecSpec& contributions);
+// The most bytes the outer update of n elements takes when `contributors` sent `contributions`
+// (sparse: the union of their indices, or dense FP4 if smaller; dense: the same codec).
+size_t UpdateBytesAtMost(const compression::CodecSpec& contributions, uint32_t contributors,
+                         uint64_t n);
+
+// A chunk header's codec, block size and topk as a spec (INVALID_ARGUMENT naming the problem).
+absl::StatusOr<compression::CodecSpec> SpecOf(const pb::ChunkHeader& header);
+
 // How a payload of n elements is cut into chunks: whole scale blocks, at most max_chunk_bytes
 // encoded bytes (or one block) each; chunk c holds elements [c * per_chunk, ...) of the payload.
 struct ChunkPlan {
@@ -97,16 +121,14 @@ absl::Status CheckRange(uint64_t offset, uint64_t count, uint64_t total, uint32_
 // fragment of `fragment_elements`, exactly the bytes those elements take, and a matching checksum.
 // NOT_FOUND for another run, DATA_LOSS for a checksum, INVALID_ARGUMENT otherwise. Strings from
 // the header appear in messages only through Printable().
-absl::Status CheckChunk(const PayloadId& id, const compression::CodecSpec& codec,
-                        uint64_t fragment_elements, uint64_t begin, uint64_t end,
-                        const pb::Chunk& chunk);
+absl::Status CheckChunk(const PayloadId& id, const Encoding& codec, uint64_t fragment_elements,
+                        uint64_t begin, uint64_t end, const pb::Chunk& chunk);
 
 // The part of an encoded chunk that holds elements [first, last) of the fragment: whole scale
-// blocks of the chunk's own block grid (so it may start a little before `first` and end a little
-// after `last`), with its own header and checksum. Exact: no value is re-encoded. The chunk must be
-// well formed (as CheckChunk accepts it) and overlap [first, last).
-pb::Chunk SliceChunk(const pb::Chunk& chunk, const compression::CodecSpec& spec, uint64_t first,
-                     uint64_t last);
+// blocks (sparse: chunks) of the chunk's own grid (so it may start a little before `first` and end
+// a little after `last`), with its own header and checksum. Exact: no value is re-encoded. The
+// chunk must be well formed (as CheckChunk accepts it) and overlap [first, last).
+pb::Chunk SliceChunk(const pb::Chunk& chunk, uint64_t first, uint64_t last);
 
 // A verified payload kept as it arrived (encoded): chunks of a fragment, in order of their
 // offsets, not overlapping, possibly with gaps (one rank's ranges, or several ranks' merged).
@@ -183,9 +205,9 @@ class Assembler {
   // the fragment. An assembler given a consumer keeps no values of its own.
   using Consumer = std::function<void(uint64_t first, const float* values, uint64_t count)>;
 
-  // Chunks must use `codec` (the run's codec for the payload's direction).
+  // Chunks must use an encoding `codec` accepts (the run's for the payload's direction).
   Assembler(PayloadId id, uint64_t fragment_elements, uint64_t begin, uint64_t n,
-            compression::CodecSpec codec = {compression::Codec::kFp32, 0},
+            Encoding codec = compression::CodecSpec{compression::Codec::kFp32, 0},
             Consumer consume = nullptr);
 
   absl::Status Add(const pb::Chunk& chunk);
@@ -198,7 +220,7 @@ class Assembler {
 
  private:
   PayloadId id_;
-  compression::CodecSpec codec_;
+  Encoding codec_;
   uint64_t fragment_elements_, begin_, n_;
   Consumer consume_;
   std::vector<float> values_;

@@ -14,7 +14,7 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.phases = outer.phases;
   o.num_data_streams = uint32_t(outer.islands);
   o.config_hash = run.config_hash;
-  o.codec = outer.codec;
+  o.codec = outer.wire_codec();
   o.aggregation.rule = outer.aggregation;
   o.aggregation.clip_multiple = outer.clip_multiple;
   o.aggregation.trim_fraction = outer.trim_fraction;

@@ -139,6 +139,23 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        absl::StatusCode::kInvalidArgument, "async islands choose their own H"},
       {base, {{"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "12"}},
        absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
+      // Sparse pseudo-gradients.
+      {base, {{"outer.topk_density", "0"}}, absl::StatusCode::kInvalidArgument,
+       "outer.topk_density must be in (0, 1], got 0"},
+      {base, {{"outer.topk_chunk", "100"}}, absl::StatusCode::kInvalidArgument,
+       "outer.topk_chunk must be a multiple of 32 in 32..4096, got 100"},
+      {base, {{"outer.error_feedback_decay", "1.5"}}, absl::StatusCode::kInvalidArgument,
+       "outer.error_feedback_decay must be in [0, 1]"},
+      {base, {{"outer.topk_density", "0.01"}}, absl::StatusCode::kInvalidArgument,
+       "it needs outer.error_feedback = true"},
+      {base,
+       {{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
+        {"outer.aggregation", "median"}, {"outer.islands", "3"}},
+       absl::StatusCode::kInvalidArgument, "outer.aggregation = median works per coordinate"},
+      {base,
+       {{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
+        {"outer.global_copy", "device"}},
+       absl::StatusCode::kInvalidArgument, "the sparse codecs have no device kernels yet"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +19,8 @@
 #include "src/service/coordinator.h"
 #include "src/store/flat_params.h"
 #include "src/island/island_loop.h"
+#include "src/island/island_report.h"
+#include "src/store/checkpoint.h"
 #include "src/island/tensor_device_copy.h"
 #include "tests/test_util.h"
 
@@ -286,6 +289,133 @@ TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
   }
 }
 
+// SparseLoCo's settings through Streaming DiLoCo: every island's copy is the service's after
+// every round (the round records' hashes), nothing resyncs, and each way a round moves a small
+// fraction of a bit per parameter (indices, scales and headers included).
+TEST(StreamingTest, SparseFragmentsStayBitIdenticalAtAFractionOfABitPerParameter) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.train.steps = 24;
+  c.outer.codec = *compression::ParseCodec("int2");
+  c.outer.topk_density = 0.02;
+  c.outer.topk_chunk = 1024;
+  c.outer.error_feedback = true;
+  c.outer.error_feedback_decay = 0.95;
+  c.outer.optimizer.name = "sgd";
+  c.outer.optimizer.lr = 1.0;
+  c.outer.optimizer.momentum = 0;
+  ASSERT_TRUE(Validate(c).ok()) << Validate(c);
+  auto server = *MakeSyncServer(c);
+  const auto results = RunIslands(c, *server, dir);
+  const uint64_t hash = ServiceHash(*server);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_hash, hash);
+    EXPECT_EQ(r->resyncs, 0u);
+    ASSERT_GT(r->elements_synced, 0u);
+    const double up = 8.0 * double(r->bytes_sent) / double(r->elements_synced);
+    const double down = 8.0 * double(r->bytes_received) / double(r->elements_synced);
+    EXPECT_LT(up, 0.6);    // 2% of values at 2 bits + 8.6-bit indices, plus headers
+    EXPECT_LT(down, 1.2);  // the union of 2 islands' indices, FP4 values
+  }
+  // Each island's round records: its fragment's hash after every merge equals the other's.
+  std::map<std::pair<int, int>, std::string> seen;
+  int compared = 0;
+  for (const char* island : {"island0", "island1"}) {
+    std::ifstream metrics(dir.Join(std::string(island) + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("round")) continue;
+      const auto key = std::make_pair(j["fragment"].get<int>(), j["round"].get<int>());
+      const std::string h = j["global_hash"].get<std::string>();
+      if (seen.count(key)) {
+        EXPECT_EQ(seen[key], h);
+        ++compared;
+      }
+      seen[key] = h;
+    }
+  }
+  EXPECT_GE(compared, 8);
+}
+
+// A resumed island's accumulator: the residual written into a checkpoint (by two ranks, read back
+// merged) and restored into a fresh island process's sync equals the uninterrupted island's, and
+// so does every round after it, bit for bit.
+TEST(ErrorFeedbackTest, AResumedAccumulatorEqualsAnUninterruptedOne) {
+  outer::SyncServerOptions options;
+  options.run_id = "run";
+  options.optimizer = {1.0, 0.0, false};
+  options.num_data_streams = 1;
+  options.codec = *compression::MakeSpec(int(compression::Codec::kInt2), 64, 3);
+  outer::FragmentLayout layout;
+  layout.names = {"w"};
+  layout.numels = {500};
+  std::vector<float> init(500);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));
+  outer::IslandSyncOptions so;
+  so.codec = options.codec;
+  so.error_feedback = true;
+  so.error_feedback_decay = 0.9f;
+  // Local training: the same made-up steps whichever process takes them.
+  auto round = [](outer::IslandSync& sync, int r) {
+    std::vector<float> local = sync.global();
+    for (size_t i = 0; i < local.size(); ++i) local[i] -= 0.01f * std::cos(float(i * (r + 2)));
+    auto out = sync.SyncRound(local, 10);
+    ASSERT_TRUE(out.ok()) << out.status();
+  };
+  auto start = [&](outer::SyncServer& server) {
+    pb::JoinRequest join;
+    join.set_run_id("run");
+    join.set_name("a");
+    auto joined = server.Join(join);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    return std::make_shared<outer::IslandIdentity>(joined->island_id(), joined->session());
+  };
+  // Uninterrupted: 6 rounds.
+  outer::SyncServer s1(options, layout, init);
+  outer::InProcessTransport t1(&s1);
+  outer::IslandSync a(&t1, "run", start(s1), 500, so);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  for (int r = 0; r < 6; ++r) round(a, r);
+  // Interrupted after 3: the checkpoint holds the residual in two ranks' slices.
+  outer::SyncServer s2(options, layout, init);
+  outer::InProcessTransport t2(&s2);
+  const auto id = start(s2);
+  TempDir dir;
+  {
+    outer::IslandSync b(&t2, "run", id, 500, so);
+    ASSERT_TRUE(b.FetchGlobal().ok());
+    for (int r = 0; r < 3; ++r) round(b, r);
+    const std::vector<float> residual = b.ResidualSnapshot();
+    for (int rank = 0; rank < 2; ++rank) {
+      outer::OuterStepHook::Residual part;
+      part.fragment = 0;
+      part.fragment_elements = 500;
+      const uint64_t begin = rank == 0 ? 0 : 200, end = rank == 0 ? 200 : 500;
+      part.ranges = {{begin, end}};
+      part.values.assign(residual.begin() + int64_t(begin), residual.begin() + int64_t(end));
+      inner::TrainerState state;
+      state.step = 3;
+      AppendResiduals({part}, state);
+      ASSERT_TRUE(WriteCheckpointShard(dir.Join("ckpt"), rank, 2, state, {}).ok());
+    }
+  }
+  auto ckpt = ReadCheckpoint(dir.Join("ckpt"));
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  outer::IslandSync c(&t2, "run", id, 500, so);
+  ASSERT_TRUE(c.FetchGlobal().ok());
+  std::vector<float> restored(500, 0.0f);
+  for (const auto& r : ResidualsOf(ckpt->state)) {
+    ASSERT_EQ(r.fragment, 0u);
+    std::copy(r.values.begin(), r.values.end(), restored.begin() + int64_t(r.ranges[0].first));
+  }
+  ASSERT_TRUE(c.RestoreResidual(restored).ok());
+  for (int r = 3; r < 6; ++r) round(c, r);
+  EXPECT_TRUE(c.residual() == a.residual());
+  EXPECT_TRUE(s2.params() == s1.params());
+  EXPECT_EQ(c.global_hash(), a.global_hash());
+}
+
 // outer.global_copy = "device" on the CPU runs the whole device path (the pseudo-gradient made in
 // tensors beside the parameters and encoded by the host engine, error feedback kept there, each
 // update applied to the device copy from its encoded chunks, merges from it): the same bits as the
@@ -471,18 +601,28 @@ TEST(StreamingTest, AutoTuneChoosesTauFromTheMeasuredLink) {
 // Async Streaming DiLoCo in process: 2 islands, 4 fragments, tau = 2, FP4, one island throttled:
 // every island ends on the service's final parameters, fragment by fragment.
 TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
-  TempDir dir;
-  auto c = StreamingConfig(dir);
-  c.train.steps = 16;
-  c.outer.mode = outer::OuterMode::kAsync;
-  auto server = *MakeSyncServer(c);
-  const auto results = RunIslands(c, *server, dir, {1.0, 2.0});
-  EXPECT_TRUE(server->budget_reached());
-  for (const auto& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->global_hash, ServiceHash(*server));
-    EXPECT_EQ(r->resyncs, 0u);
-    EXPECT_FALSE(r->staleness.empty());
+  for (const bool sparse : {false, true}) {
+    SCOPED_TRACE(sparse ? "sparse int2, 2% of 1024" : "fp4");
+    TempDir dir;
+    auto c = StreamingConfig(dir);
+    c.train.steps = 16;
+    c.outer.mode = outer::OuterMode::kAsync;
+    if (sparse) {
+      c.outer.codec = *compression::ParseCodec("int2");
+      c.outer.topk_density = 0.02;
+      c.outer.topk_chunk = 1024;
+      c.outer.error_feedback = true;
+      c.outer.optimizer.name = "sgd";
+    }
+    auto server = *MakeSyncServer(c);
+    const auto results = RunIslands(c, *server, dir, {1.0, 2.0});
+    EXPECT_TRUE(server->budget_reached());
+    for (const auto& r : results) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->global_hash, ServiceHash(*server));
+      EXPECT_EQ(r->resyncs, 0u);
+      EXPECT_FALSE(r->staleness.empty());
+    }
   }
 }
 

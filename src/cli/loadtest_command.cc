@@ -298,7 +298,7 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
 
   LoadtestReport report;
   report.params = inner::ParameterCount(config.model);
-  report.codec = compression::CodecName(config.outer.codec.codec);
+  report.codec = compression::SpecText(config.outer.wire_codec());
   report.islands = o.islands;
   report.rounds = o.rounds;
   report.shards = o.shards;

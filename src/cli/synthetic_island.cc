@@ -256,7 +256,7 @@ class SyntheticIsland {
   // Random values well inside the service's bounds (pseudo-gradients of about 1e-3 against
   // parameters of about 2e-2).
   absl::StatusOr<Fragment> MakeChunks(uint32_t index, uint64_t elements) {
-    const auto codec = config_.outer.codec;
+    const auto codec = config_.outer.wire_codec();
     Fragment f;
     f.index = index;
     f.elements = elements;

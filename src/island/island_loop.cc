@@ -288,13 +288,17 @@ absl::Status IslandRun::JoinAndBuild() {
   auto model = MapFragments(joined_, *trainer_);
   if (!model.ok()) return Fail(model.status());
   model_.emplace(*std::move(model));
-  if (auto s = model_->PlaceGlobalCopy(config_.outer.global_copy, config_.outer.codec); !s.ok()) return Fail(s);
+  if (auto s = model_->PlaceGlobalCopy(config_.outer.global_copy, config_.outer.wire_codec()); !s.ok()) return Fail(s);
   for (uint32_t f = 0; f < uint32_t(joined_.fragments_size()); ++f) {
     if (model_->device_copy(f) != nullptr) summary_.global_copy = "device";
   }
   outer_ = std::make_unique<outer::OuterStepHook>(transport_, *session_, *ranks_, *model_,
                                                   model_->Shares(),
                                                   OuterOptions(config_, joined_, *trainer_));
+  if (resumed_) {
+    // What error feedback had not yet sent carries on from the checkpoint.
+    if (auto s = outer_->RestoreResiduals(ResidualsOf(resumed_->state)); !s.ok()) return Fail(s);
+  }
   const auto fetch_start = Clock::now();
   if (auto s = outer_->FetchGlobal(); !s.ok()) return Fail(s);
   if (auto s = model_->SyncReplicas(); !s.ok()) return Fail(s);
@@ -343,7 +347,10 @@ absl::Status IslandRun::OpenOutputs() {
     std::fflush(options_.progress);
   }
   checkpoints_ = std::make_unique<CheckpointHook>(config_, options_, *trainer_, *progress_, label_,
-                                                  *monitor_);
+                                                  *monitor_, [this] {
+                                                    return outer_ ? outer_->Residuals()
+                                                                  : std::vector<outer::OuterStepHook::Residual>();
+                                                  });
   if (lead()) {
     WriteFileAtomic((fs::path(options_.run_dir) / "config.toml").string(), ToToml(config_))
         .IgnoreError();
@@ -396,6 +403,7 @@ pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
   t.set_tokens(uint64_t(trainer_->tokens()));
   t.set_bytes_sent(stats.bytes_sent);
   t.set_bytes_received(stats.bytes_received);
+  t.set_elements_synced(stats.elements_synced);
   return t;
 }
 
@@ -516,6 +524,7 @@ absl::StatusOr<IslandSummary> IslandRun::Finish() {
   summary_.sync_s = stats.idle_s;
   summary_.bytes_sent = stats.bytes_sent;
   summary_.bytes_received = stats.bytes_received;
+  summary_.elements_synced = stats.elements_synced;
   summary_.peak_bytes_in_flight = stats.peak_bytes_in_flight;
   summary_.tau = stats.tau;
   summary_.link_bps = stats.link_bps;

@@ -59,6 +59,7 @@ struct IslandSummary {
   double link_bps = 0;    // goodput of the state fetch when the island joined
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t elements_synced = 0;  // parameters carried, summed over rounds
   uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds
   std::string global_copy = "host";  // where its pseudo-gradients were made (outer.global_copy)
   std::optional<inner::EvalStats> last_eval;

@@ -7,7 +7,9 @@
 #include <tuple>
 
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/observe/metrics.h"
@@ -24,13 +26,14 @@ using Clock = IslandClock;
 
 CheckpointHook::CheckpointHook(const Config& config, const IslandOptions& options,
                                inner::Trainer& trainer, Progress& progress, std::string label,
-                               IslandMonitor& monitor)
+                               IslandMonitor& monitor, Residuals residuals)
     : config_(config),
       options_(options),
       trainer_(trainer),
       progress_(progress),
       label_(std::move(label)),
-      monitor_(monitor) {}
+      monitor_(monitor),
+      residuals_(std::move(residuals)) {}
 
 CheckpointHook::~CheckpointHook() { Wait(); }
 
@@ -38,6 +41,7 @@ absl::Status CheckpointHook::Save(bool background, double wall_s) {
   Wait();
   const auto t0 = Clock::now();
   inner::TrainerState state = trainer_.ExportState();
+  if (residuals_) AppendResiduals(residuals_(), state);
   stall_max_s_ = std::max(stall_max_s_, Since(t0));
   monitor_.OnCheckpointStall(Since(t0));
   ++saved_;
@@ -56,6 +60,45 @@ absl::Status CheckpointHook::Save(bool background, double wall_s) {
   return absl::OkStatus();
 }
 
+namespace {
+constexpr char kResidualPrefix[] = "outer/residual/";
+}  // namespace
+
+void AppendResiduals(const std::vector<outer::OuterStepHook::Residual>& residuals,
+                     inner::TrainerState& state) {
+  for (const auto& r : residuals) {
+    uint64_t at = 0;
+    for (const auto& [begin, end] : r.ranges) {
+      inner::TensorSlice slice;
+      slice.name = absl::StrCat(kResidualPrefix, r.fragment);
+      slice.values = torch::from_blob(const_cast<float*>(r.values.data()) + at,
+                                      {int64_t(end - begin)}, torch::kFloat32)
+                         .clone();
+      slice.offset = int64_t(begin);
+      slice.shape = {int64_t(r.fragment_elements)};
+      state.tensors.push_back(std::move(slice));
+      at += end - begin;
+    }
+  }
+}
+
+std::vector<outer::OuterStepHook::Residual> ResidualsOf(const inner::TrainerState& state) {
+  std::vector<outer::OuterStepHook::Residual> out;
+  for (const auto& t : state.tensors) {
+    if (t.name.rfind(kResidualPrefix, 0) != 0 || t.shape.size() != 1) continue;
+    uint32_t fragment = 0;
+    if (!absl::SimpleAtoi(t.name.substr(sizeof(kResidualPrefix) - 1), &fragment)) continue;
+    const at::Tensor v = t.values.to(torch::kFloat32).contiguous();
+    outer::OuterStepHook::Residual r;
+    r.fragment = fragment;
+    r.fragment_elements = uint64_t(t.shape[0]);
+    r.ranges = {{uint64_t(t.offset), uint64_t(t.offset + v.numel())}};
+    r.values.assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 void CheckpointHook::Wait() {
   if (!writing_.valid()) return;
   if (auto s = writing_.get(); !s.ok()) {
@@ -69,6 +112,10 @@ nlohmann::json RangeHashesJson(const std::vector<std::tuple<uint64_t, uint64_t, 
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [b, e, h] : ranges) j[absl::StrCat(b, "-", e)] = absl::StrFormat("%016x", h);
   return j;
+}
+
+double BitsPerParam(uint64_t bytes, uint64_t elements) {
+  return elements > 0 ? 8.0 * double(bytes) / double(elements) : 0.0;
 }
 
 }  // namespace
@@ -88,6 +135,8 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
                  {"wait_s", o.wait_s},
                  {"bytes_sent", o.bytes_sent},
                  {"bytes_received", o.bytes_received},
+                 {"bits_per_param_sent", BitsPerParam(o.bytes_sent, o.elements)},
+                 {"bits_per_param_received", BitsPerParam(o.bytes_received, o.elements)},
                  {"quantization_error", o.quantization_error},
                  {"contributors", o.contributors},
                  {"version", o.version},
@@ -131,6 +180,10 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"sync_s", summary.sync_s},
                       {"bytes_sent", summary.bytes_sent},
                       {"bytes_received", summary.bytes_received},
+                      // Per parameter and round, each way: indices, scales and headers included.
+                      {"bits_per_param_sent", BitsPerParam(summary.bytes_sent, summary.elements_synced)},
+                      {"bits_per_param_received",
+                       BitsPerParam(summary.bytes_received, summary.elements_synced)},
                       {"peak_bytes_in_flight", summary.peak_bytes_in_flight},
                       {"tau", summary.tau},
                       {"link_mbps", summary.link_bps / 1e6},

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "outer/outer_step.h"
@@ -28,10 +30,13 @@ class Progress;
 // Checkpoints: the training thread copies the island's state to CPU memory (the only stall) and a
 // background task writes it (temp file, fsync, rename) while training goes on. Each rank writes
 // its part; the checkpoint counts once every rank's part is there.
+// With error feedback the residuals are part of it (`residuals`: the outer step hook's).
 class CheckpointHook {
  public:
+  using Residuals = std::function<std::vector<outer::OuterStepHook::Residual>()>;
   CheckpointHook(const Config& config, const IslandOptions& options, inner::Trainer& trainer,
-                 Progress& progress, std::string label, IslandMonitor& monitor);
+                 Progress& progress, std::string label, IslandMonitor& monitor,
+                 Residuals residuals = nullptr);
   ~CheckpointHook();
 
   absl::Status Save(bool background, double wall_s);
@@ -46,10 +51,17 @@ class CheckpointHook {
   Progress& progress_;
   const std::string label_;
   IslandMonitor& monitor_;
+  Residuals residuals_;
   std::future<absl::Status> writing_;
   uint64_t saved_ = 0;
   double stall_max_s_ = 0;
 };
+
+// Error-feedback residuals in a checkpoint: tensors "outer/residual/<fragment>", one slice per
+// owned range (offsets within the fragment), so that a checkpoint of N ranks resumes on M.
+void AppendResiduals(const std::vector<outer::OuterStepHook::Residual>& residuals,
+                     inner::TrainerState& state);
+std::vector<outer::OuterStepHook::Residual> ResidualsOf(const inner::TrainerState& state);
 
 // The metrics record and the progress line of a merged round.
 void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double wall_s,

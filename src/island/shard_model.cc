@@ -75,7 +75,7 @@ absl::Status ShardModel::PlaceGlobalCopy(outer::GlobalCopy where,
   const bool on_gpu = !trainer_.sharded().shards().empty() &&
                       trainer_.sharded().shards().front().value.device().is_cuda();
   // A codec without CUDA kernels encodes on the host: "auto" keeps the host path for it.
-  const bool kernels = compression::FindCodec(codec.codec)->cuda;
+  const bool kernels = compression::FindCodec(codec.codec)->cuda && !codec.sparse();
   if (where == outer::GlobalCopy::kHost ||
       (where == outer::GlobalCopy::kAuto && (!on_gpu || !kernels))) {
     return absl::OkStatus();
@@ -83,7 +83,7 @@ absl::Status ShardModel::PlaceGlobalCopy(outer::GlobalCopy where,
   if (on_gpu && !kernels) {
     return absl::FailedPreconditionError(absl::StrCat(
         "outer.global_copy = \"device\" needs a codec with CUDA kernels; ",
-        compression::CodecName(codec.codec), " has none (outer.global_copy = \"auto\" or \"host\")"));
+        compression::SpecText(codec), " has none (outer.global_copy = \"auto\" or \"host\")"));
   }
   for (size_t f = 0; f < pieces_.size(); ++f) {
     if (pieces_[f].empty()) continue;  // carried by other ranks

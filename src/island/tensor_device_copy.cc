@@ -69,7 +69,7 @@ absl::Status TensorDeviceCopy::Load(const std::vector<float>& global) {
   return engine_->FromHost(global_.data_ptr<float>(), global.data(), n_ * sizeof(float));
 }
 
-absl::Status TensorDeviceCopy::Capture(bool error_feedback) {
+absl::Status TensorDeviceCopy::Capture(bool error_feedback, float decay) {
   torch::NoGradGuard no_grad;
   if (error_feedback && !residual_.defined()) {
     residual_ = at::zeros({int64_t(n_)}, options_);
@@ -80,9 +80,11 @@ absl::Status TensorDeviceCopy::Capture(bool error_feedback) {
   for (const auto& p : parts_()) {
     const int64_t k = p.numel();
     at::Tensor d = delta_.narrow(0, at, k);
-    // The host path's arithmetic: (global - local) + residual, each rounded once.
+    // The host path's arithmetic: (global - local) + decay x residual, each rounded once (the
+    // product apart, so that no fused multiply-add rounds differently).
     at::sub_out(d, global_.narrow(0, at, k), p);
-    if (add_residual) d.add_(residual_.narrow(0, at, k));
+    if (add_residual && decay == 1.0f) d.add_(residual_.narrow(0, at, k));
+    if (add_residual && decay != 1.0f) d.add_(residual_.narrow(0, at, k) * decay);
     at += k;
   }
   // The engine's work on this pseudo-gradient waits for these ops, not the training thread.

@@ -35,7 +35,7 @@ class TensorDeviceCopy : public outer::DeviceCopy {
 
   uint64_t size() const override { return n_; }
   absl::Status Load(const std::vector<float>& global) override;
-  absl::Status Capture(bool error_feedback) override;
+  absl::Status Capture(bool error_feedback, float decay = 1.0f) override;
   absl::Status Encode(const compression::CodecSpec& spec, uint64_t at, uint64_t n,
                       const compression::Rounding& rounding, uint8_t* out, float* exact,
                       uint64_t sample) override;

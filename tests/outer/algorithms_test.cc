@@ -216,7 +216,7 @@ TEST(PayloadTest, SlicesOfAChunkDecodeToTheSameValues) {
                                     chunks[0].data().size(), 1000, all.data()).ok());
     for (auto [first, last] : std::vector<std::pair<uint64_t, uint64_t>>{
              {0, 2000}, {100, 1100}, {350, 351}, {333, 777}, {1090, 1500}, {50, 101}}) {
-      const pb::Chunk s = SliceChunk(chunks[0], spec, first, last);
+      const pb::Chunk s = SliceChunk(chunks[0], first, last);
       const auto& h = s.header();
       EXPECT_LE(h.offset(), std::max<uint64_t>(first, 100)) << name;
       EXPECT_GE(h.offset() + h.num_elements(), std::min<uint64_t>(last, 1100)) << name;

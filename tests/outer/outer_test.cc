@@ -613,9 +613,17 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
   options_.num_data_streams = 2;
   layout_.numels = {1000};
   const std::vector<float> init = Sines(1000);
-  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0"}) {
-    SCOPED_TRACE(name);
-    options_.codec = *compression::ParseCodec(name);
+  std::vector<compression::CodecSpec> specs;
+  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0", "int2"}) {
+    specs.push_back(*compression::ParseCodec(name));
+  }
+  // Sparse: top-4 of 64 in int2, top-8 of 128 in fp4 (Nesterov makes the updates after the
+  // first dense: they come back in dense FP4).
+  specs.push_back(*compression::MakeSpec(int(compression::Codec::kInt2), 64, 4));
+  specs.push_back(*compression::MakeSpec(int(compression::Codec::kFp4E2M1), 128, 8));
+  for (const compression::CodecSpec& spec : specs) {
+    SCOPED_TRACE(compression::SpecText(spec));
+    options_.codec = spec;
     auto s = Make(init);
     InProcessTransport t1(s.get()), t2(s.get());
     Join(*s, "a");
@@ -769,6 +777,110 @@ TEST_F(SyncServerTest, ErrorFeedbackCarriesWhatTheCodecDropped) {
   // the residual accumulates until it is sent: 8 rounds move it by about 8 x 0.1.
   EXPECT_NEAR(moved, 0.8, 0.26);
   EXPECT_LT(std::fabs(a.residual()[5]), 0.26f);
+}
+
+// Pushes pass through as they are; each chunk is kept (what the service was sent).
+class RecordingTransport : public InProcessTransport {
+ public:
+  using InProcessTransport::InProcessTransport;
+  absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) override {
+    return InProcessTransport::Push(
+        [&](pb::PushRequest* m) {
+          auto more = source(m);
+          if (more.ok() && *more) pushed.push_back(m->chunk());
+          return more;
+        },
+        lane);
+  }
+  std::vector<pb::Chunk> pushed;
+};
+
+// SparseLoCo's accumulator: e <- beta e + delta; D = Q(TopK(e)); e <- e - D. With beta = 1 what
+// was sent plus the residual is the sum of the pseudo-gradients; with beta < 1 the recurrence
+// holds exactly, element by element, with D what the service received.
+TEST_F(SyncServerTest, ErrorFeedbackCarriesExactlyWhatWasNotSent) {
+  options_.num_data_streams = 1;
+  options_.optimizer = {1.0, 0.0, false};
+  layout_.numels = {600};
+  for (const float beta : {1.0f, 0.9f}) {
+    for (const char* values : {"fp32", "int2"}) {
+      SCOPED_TRACE(absl::StrCat(values, " beta ", beta));
+      options_.codec = *compression::MakeSpec(int(compression::ParseCodec(values)->codec), 128, 5);
+      auto s = Make(Sines(600));
+      RecordingTransport t(s.get());
+      Join(*s, "a");
+      IslandSyncOptions so;
+      so.codec = options_.codec;
+      so.error_feedback = true;
+      so.error_feedback_decay = beta;
+      IslandSync a(&t, "run", Id("a"), 600, so);
+      ASSERT_TRUE(a.FetchGlobal().ok());
+      std::vector<double> pseudo_sum(600, 0.0), sent_sum(600, 0.0);
+      std::vector<float> e(600, 0.0f);
+      for (int round = 0; round < 6; ++round) {
+        std::vector<float> local = a.global(), delta(600);
+        for (size_t i = 0; i < 600; ++i) {
+          local[i] -= 0.01f * std::sin(float(i * (round + 3)));
+          delta[i] = a.global()[i] - local[i];  // the island's own subtraction
+        }
+        t.pushed.clear();
+        ASSERT_TRUE(a.SyncRound(local, 1).ok());
+        ASSERT_EQ(t.pushed.size(), 1u);
+        std::vector<float> d(600);
+        const auto& c = t.pushed[0];
+        ASSERT_TRUE(compression::Decode(options_.codec,
+                                        reinterpret_cast<const uint8_t*>(c.data().data()),
+                                        c.data().size(), 600, d.data())
+                        .ok());
+        size_t kept = 0;
+        for (size_t i = 0; i < 600; ++i) {
+          const float accumulated = delta[i] + beta * e[i];
+          e[i] = accumulated - d[i];
+          ASSERT_EQ(a.residual()[i], e[i]) << "round " << round << " element " << i;
+          pseudo_sum[i] += delta[i];
+          sent_sum[i] += d[i];
+          kept += d[i] != 0;
+        }
+        EXPECT_EQ(kept, 4 * 5 + 5u);  // 5 of each chunk of 128 (the last holds 88)
+      }
+      if (beta == 1.0f) {
+        for (size_t i = 0; i < 600; ++i) {
+          EXPECT_NEAR(sent_sum[i] + a.residual()[i], pseudo_sum[i], 1e-6) << i;
+        }
+      }
+    }
+  }
+}
+
+// With the outer SGD the update's support is the union of the contributions': it comes back
+// sparse (FP4 values), far smaller than dense FP4, and every copy stays the service's.
+TEST_F(SyncServerTest, SparseContributionsComeBackAsTheirUnion) {
+  options_.optimizer = {1.0, 0.0, false};
+  options_.num_data_streams = 2;
+  layout_.numels = {4096};
+  options_.codec = *compression::MakeSpec(int(compression::Codec::kInt2), 1024, 10);
+  auto s = Make(Sines(4096));
+  InProcessTransport t1(s.get()), t2(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.codec = options_.codec;
+  so.error_feedback = true;
+  IslandSync a(&t1, "run", Id("a"), 4096, so), b(&t2, "run", Id("b"), 4096, so);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  const std::vector<float> before = s->params();
+  auto [ra, rb] = SyncBoth(a, b, 0);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+  EXPECT_EQ(a.global(), s->params());
+  EXPECT_EQ(b.global(), s->params());
+  size_t moved = 0;
+  for (size_t i = 0; i < 4096; ++i) moved += s->params()[i] != before[i];
+  EXPECT_GT(moved, 40u);
+  EXPECT_LE(moved, 80u);  // at most the union of 2 x 10 per chunk of 1024
+  const size_t dense = compression::EncodedBytes(*compression::ParseCodec("fp4_e2m1"), 4096);
+  EXPECT_LT(ra->bytes_received, dense / 4);
+  EXPECT_LT(ra->bytes_sent, dense / 8);
 }
 
 TEST_F(SyncServerTest, AContributionInAnotherCodecIsRefused) {
