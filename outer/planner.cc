@@ -12,6 +12,7 @@
 #include "compression/codec.h"
 #include "compression/status_macros.h"
 #include "outer/fragments.h"
+#include "outer/payload.h"
 
 namespace atl::outer {
 namespace {
@@ -42,13 +43,16 @@ class Replay {
   explicit Replay(const PlanInput& in) : in_(in), rate_(StarRate(in)) {
     for (uint64_t n : in.fragment_elements) {
       bytes_.push_back(compression::EncodedBytes(in.codec, size_t(n)));
+      down_bytes_.push_back(UpdateBytesAtMost(in.codec, uint32_t(in.islands), n));
     }
   }
 
   // An all-reduce of `bytes` between the islands: each sends and receives 2 (M - 1) / M of it,
-  // 2 (M - 1) messages in sequence.
+  // 2 (M - 1) messages in sequence. Sparse payloads do not add up in place: they are all-gathered,
+  // each island receiving the M - 1 others (M - 1 messages).
   double AllReduceSeconds(uint64_t bytes) const {
     const double m = in_.islands;
+    if (in_.codec.sparse()) return (m - 1) * (Bits(bytes) / rate_ + in_.link.latency_s);
     return 2.0 * (m - 1) / m * Bits(bytes) / rate_ + 2.0 * (m - 1) * in_.link.latency_s;
   }
 
@@ -81,7 +85,7 @@ class Replay {
       shard_free = committed;
       // The wait for the update is sent once the push is acknowledged: two more latencies.
       const double start = std::max({committed, arrived + 2 * latency, link_down_free_});
-      link_down_free_ = start + Bits(bytes) / rate_;
+      link_down_free_ = start + Bits(down_bytes_[f]) / rate_;
       ready = link_down_free_ + latency;
     }
     in_flight_.push_back({apply_at, ready, bytes});
@@ -100,6 +104,7 @@ class Replay {
   double compute() const { return compute_; }
   uint64_t peak_in_flight() const { return peak_in_flight_; }
   const std::vector<uint64_t>& bytes() const { return bytes_; }
+  const std::vector<uint64_t>& down_bytes() const { return down_bytes_; }
 
  private:
   struct Job {
@@ -118,6 +123,7 @@ class Replay {
   const PlanInput& in_;
   const double rate_;
   std::vector<uint64_t> bytes_;  // encoded, per fragment
+  std::vector<uint64_t> down_bytes_;  // the outer update (star), per fragment
   double now_ = 0, compute_ = 0;
   double link_up_free_ = 0, link_down_free_ = 0;
   std::vector<double> shard_free_ = std::vector<double>(size_t(std::max(1, in_.shards)), 0.0);
@@ -245,14 +251,18 @@ PlanResult Simulate(const PlanInput& in) {
   r.utilization = r.compute_s / std::max(1e-300, r.wall_s);
   r.peak_bytes_in_flight = replay.peak_in_flight();
   const double m = in.islands;
-  double sent = 0;
-  for (uint64_t b : replay.bytes()) {
-    const bool all_reduce = dp || in.topology == PlanTopology::kRing;
-    sent += all_reduce ? 2.0 * (m - 1) / m * double(b) : double(b);
+  double sent = 0, received = 0;
+  const bool all_reduce = dp || in.topology == PlanTopology::kRing;
+  for (size_t f = 0; f < replay.bytes().size(); ++f) {
+    const double b = double(replay.bytes()[f]);
+    const double ring = in.codec.sparse() ? (m - 1) * b : 2.0 * (m - 1) / m * b;
+    sent += all_reduce ? ring : b;
+    received += all_reduce ? ring : double(replay.down_bytes()[f]);
   }
-  r.bytes_sent_per_round = r.bytes_received_per_round = sent;
+  r.bytes_sent_per_round = sent;
+  r.bytes_received_per_round = received;
   const double round_wall_s = h * in.step_time_s / std::max(1e-12, r.utilization);
-  r.bytes_per_hour = 2 * sent * 3600 / round_wall_s;
+  r.bytes_per_hour = (sent + received) * 3600 / round_wall_s;
   return r;
 }
 

@@ -175,6 +175,37 @@ TEST_F(CliTest, CoordinatorRefusesARobustRuleThatCannotAct) {
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("local")));
 }
 
+// sparse_<codec>: SparseLoCo's settings on the config's run; its rows carry the bytes each way and
+// the bits per parameter, a small fraction of fp32's, and pareto.svg has a dot per run.
+TEST_F(CliTest, CompareRunsTheSparseMethodAndCountsItsBitsPerParameter) {
+  auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+                 dir_.Join("sparse") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=4" +
+                 " --compare.methods=diloco_fp32,sparse_int2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream lines(testing::ReadFile(dir_.Join("sparse/report.csv")));
+  std::string line;
+  std::getline(lines, line);
+  std::map<std::string, std::vector<std::string>> rows;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> f = absl::StrSplit(line, ',');
+    ASSERT_EQ(f.size(), 12u) << line;
+    rows[f[0]] = f;
+  }
+  ASSERT_EQ(rows.size(), 2u);
+  const double fp32_up = std::stod(rows["diloco_fp32"][8]);
+  const double sparse_up = std::stod(rows["sparse_int2"][8]);
+  const double sparse_down = std::stod(rows["sparse_int2"][9]);
+  EXPECT_GT(fp32_up, 32.0);  // 32 bits per parameter and the headers
+  EXPECT_LT(fp32_up, 32.5);
+  EXPECT_LT(sparse_up, 0.2);
+  EXPECT_LT(sparse_down, 0.4);
+  EXPECT_LT(std::stoull(rows["sparse_int2"][6]) * 100, std::stoull(rows["diloco_fp32"][6]));
+  const std::string svg = testing::ReadFile(dir_.Join("sparse/pareto.svg"));
+  int dots = 0;
+  for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) ++dots;
+  EXPECT_EQ(dots, 2);
+}
+
 TEST_F(CliTest, CompareWritesTheReport) {
   auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
                  dir_.Join("cmp") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=2" +
@@ -187,7 +218,9 @@ TEST_F(CliTest, CompareWritesTheReport) {
   std::getline(lines, baseline);
   std::getline(lines, diloco);
   std::getline(lines, async);
-  EXPECT_EQ(header, "method,setting,val_loss,val_bpb,tokens,wan_bytes,wall_s,best");
+  EXPECT_EQ(header,
+            "method,setting,val_loss,val_bpb,tokens,wan_bytes,bytes_up,bytes_down,bits_up,"
+            "bits_down,wall_s,best");
   EXPECT_THAT(baseline, ::testing::StartsWith("baseline,,"));
   EXPECT_THAT(diloco, ::testing::StartsWith("diloco,,"));
   EXPECT_THAT(diloco, ::testing::EndsWith(",1"));  // one run per method: each its best
@@ -255,8 +288,8 @@ TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {
   int rows = 0;
   for (; std::getline(lines, line); ++rows) {
     const std::vector<std::string> f = absl::StrSplit(line, ',');
-    ASSERT_EQ(f.size(), 8u) << line;
-    by_method[f[0]].emplace_back(std::stod(f[2]), f[7] == "1");
+    ASSERT_EQ(f.size(), 12u) << line;
+    by_method[f[0]].emplace_back(std::stod(f[2]), f[11] == "1");
     EXPECT_NEAR(std::stod(f[3]), std::stod(f[2]) / std::log(2.0), 1e-5) << line;  // bytes: bits/byte
     EXPECT_EQ(f[4], "512") << line;  // equal tokens in every run
   }
@@ -307,8 +340,8 @@ std::map<std::string, std::pair<double, int64_t>> CompareRuns(const std::string&
   std::getline(lines, line);
   while (std::getline(lines, line)) {
     const std::vector<std::string> f = absl::StrSplit(line, ',');
-    EXPECT_EQ(f.size(), 8u) << line;
-    if (f.size() == 8) runs[f[0] + " " + f[1]] = {std::stod(f[2]), std::stoll(f[4])};
+    EXPECT_EQ(f.size(), 12u) << line;
+    if (f.size() == 12) runs[f[0] + " " + f[1]] = {std::stod(f[2]), std::stoll(f[4])};
   }
   return runs;
 }
@@ -342,7 +375,7 @@ TEST_F(CliTest, CompareSweepOfOneKeyPlotsTheGapToTheBaseline) {
   int dots = 0;
   for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) ++dots;
   EXPECT_EQ(dots, 2);  // one per run of diloco
-  EXPECT_THAT(r.output, HasSubstr("report.csv, loss.svg, gap.svg, report.md"));
+  EXPECT_THAT(r.output, HasSubstr("report.csv, loss.svg, pareto.svg, gap.svg, report.md"));
 }
 
 // Sweeping the island count M runs the baseline once per M too (its global batch is M x b): each

@@ -313,6 +313,7 @@ pb::HeartbeatRequest Beat(const pb::JoinResponse& joined, uint64_t step, double 
   t->set_tokens_per_s(1000);
   t->set_utilization(0.9);
   t->set_bytes_sent(step * 100);
+  t->set_elements_synced(step * 800);  // 1 bit per parameter and round up, 0 down
   return b;
 }
 
@@ -397,6 +398,8 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
   for (const auto& i : status["islands"]) {
     // The data-parallel ranks each declared at join (none said: one).
     EXPECT_EQ(i["data_parallel"], i["id"] == b.island_id() ? 2 : 1);
+    EXPECT_EQ(i["bits_up"], 1.0);
+    EXPECT_EQ(i["bits_down"], 0.0);
     EXPECT_EQ(i["state"], "active");
     EXPECT_EQ(i["contributions"], 3);
     EXPECT_EQ(i["step"], 12);

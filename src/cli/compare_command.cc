@@ -75,7 +75,9 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
 // What a method changes of the compare's config: "diloco" runs the config's outer settings;
 // "diloco_<codec>" overrides the codec (e.g. diloco_fp4_e2m1); "streaming_<codec>" runs Streaming
 // DiLoCo with that codec: the config's outer.num_fragments (4 when it is 1, at most one block per
-// fragment), tau = 1, alpha = 0.5; "async" runs async DiLoCo (delayed Nesterov, dynamic local
+// fragment), tau = 1, alpha = 0.5; "sparse_<codec>" sends sparse pseudo-gradients (SparseLoCo:
+// the config's outer.topk_density, 1% if it has none, values in <codec>, error feedback, outer
+// SGD); "async" runs async DiLoCo (delayed Nesterov, dynamic local
 // steps) with the config's settings, less those that schedule sync rounds (said in the plan).
 struct MethodChanges {
   std::vector<Override> overrides;
@@ -104,6 +106,14 @@ MethodChanges ChangesOf(const std::string& method, const Config& c) {
     drop("outer.shards", c.outer.shards > 1, "1", "a sharded service serves sync rounds");
   }
   if (absl::StartsWith(method, "diloco_")) m.overrides.emplace_back("outer.codec", method.substr(7));
+  if (absl::StartsWith(method, "sparse_")) {
+    // SparseLoCo: the config's top-k share (1% when it has none), error feedback (its decay and
+    // the outer lr as configured or swept), plain outer SGD.
+    m.overrides.emplace_back("outer.codec", method.substr(7));
+    m.overrides.emplace_back("outer.error_feedback", "true");
+    m.overrides.emplace_back("outer.optimizer", "sgd");
+    if (!c.outer.sparse()) m.overrides.emplace_back("outer.topk_density", "0.01");
+  }
   if (absl::StartsWith(method, "streaming_")) {
     const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
     m.overrides.emplace_back("outer.codec", method.substr(10));
@@ -142,6 +152,7 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   uint64_t peak = 0;
   double utilization = 0;
   std::map<uint32_t, int> staleness;  // async: contributions by staleness
+  double bits_up = 0, bits_down = 0;   // per parameter and round, summed over islands
   for (size_t i = 0; i < local.island_dirs.size(); ++i) {
     std::ifstream in(local.island_dirs[i] + "/summary.json");
     auto s = nlohmann::json::parse(in, nullptr, false);
@@ -151,6 +162,10 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
     peak = std::max<uint64_t>(peak, s.value("peak_bytes_in_flight", uint64_t(0)));
     utilization += s.value("utilization", 0.0);
     r.wan_bytes += s["bytes_sent"].get<uint64_t>() + s["bytes_received"].get<uint64_t>();
+    r.bytes_up += s["bytes_sent"].get<uint64_t>();
+    r.bytes_down += s["bytes_received"].get<uint64_t>();
+    bits_up += s.value("bits_per_param_sent", 0.0);
+    bits_down += s.value("bits_per_param_received", 0.0);
     if (s.contains("staleness")) {
       for (const auto& v : s["staleness"]) ++staleness[v.get<uint32_t>()];
     }
@@ -167,6 +182,9 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
       r.curve.emplace_back(tokens, j["val_loss"].get<double>());
     }
   }
+  const double islands = double(std::max<size_t>(1, local.island_dirs.size()));
+  r.bits_up = bits_up / islands;
+  r.bits_down = bits_down / islands;
   r.note = absl::StrFormat(
       "WAN bytes measured: payload bytes pushed and received by all islands over gRPC; val_loss "
       "of the global parameters after the last round; peak bytes in flight per island %d; "
@@ -264,7 +282,11 @@ constexpr char kResultFile[] = "result.json";
 absl::Status SaveResult(const std::string& dir, const MethodResult& r) {
   nlohmann::json j = {{"method", r.method}, {"setting", r.setting}, {"val_loss", r.val_loss},
                       {"val_bpb", std::isnan(r.val_bpb) ? nlohmann::json() : nlohmann::json(r.val_bpb)},
-                      {"tokens", r.tokens}, {"wan_bytes", r.wan_bytes}, {"wall_s", r.wall_s},
+                      {"tokens", r.tokens}, {"wan_bytes", r.wan_bytes},
+                      {"bytes_up", r.bytes_up}, {"bytes_down", r.bytes_down},
+                      {"bits_up", std::isnan(r.bits_up) ? nlohmann::json() : nlohmann::json(r.bits_up)},
+                      {"bits_down", std::isnan(r.bits_down) ? nlohmann::json() : nlohmann::json(r.bits_down)},
+                      {"wall_s", r.wall_s},
                       {"note", r.note}, {"curve", r.curve}};
   return WriteFileAtomic((fs::path(dir) / kResultFile).string(), j.dump() + "\n");
 }
@@ -281,6 +303,10 @@ std::optional<MethodResult> LoadResult(const std::string& dir) {
     r.val_bpb = j.contains("val_bpb") && j["val_bpb"].is_number() ? j["val_bpb"].get<double>() : NAN;
     r.tokens = j.at("tokens");
     r.wan_bytes = j.at("wan_bytes");
+    r.bytes_up = j.value("bytes_up", uint64_t(0));
+    r.bytes_down = j.value("bytes_down", uint64_t(0));
+    r.bits_up = j.contains("bits_up") && j["bits_up"].is_number() ? j["bits_up"].get<double>() : NAN;
+    r.bits_down = j.contains("bits_down") && j["bits_down"].is_number() ? j["bits_down"].get<double>() : NAN;
     r.wall_s = j.at("wall_s");
     r.note = j.at("note");
     r.curve = j.at("curve").get<std::vector<std::pair<double, double>>>();
@@ -293,6 +319,7 @@ std::optional<MethodResult> LoadResult(const std::string& dir) {
 bool KnownMethod(absl::string_view m) {
   return m == "baseline" || m == "diloco" || m == "async" ||
          (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
+         (absl::StartsWith(m, "sparse_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
          (absl::StartsWith(m, "streaming_") && compression::ParseCodec(std::string(m.substr(10))).ok());
 }
 
@@ -371,8 +398,10 @@ absl::Status WriteReports(const CompareOptions& o, const Config& config,
                       config.train.steps, config.outer.sync_every, o.config_path);
   if (!sweeps.empty()) absl::StrAppend(&title, ", each method at its best setting");
   std::string report = ReportMarkdown(best, title, runs);
-  std::vector<std::pair<std::string, std::string>> files = {{"report.csv", ReportCsv(runs)},
-                                                            {"loss.svg", LossPlotSvg(best, title)}};
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"report.csv", ReportCsv(runs)},
+      {"loss.svg", LossPlotSvg(best, title)},
+      {"pareto.svg", ParetoPlotSvg(runs, title + ": loss against WAN bytes")}};
   if (sweeps.size() == 1) {
     if (auto trend = GapsAcross(sweeps.front(), runs, config)) {
       report += GapTable(*trend);

@@ -32,8 +32,14 @@ struct Setting {
   int islands = 2, sync_every = 100, fragments = 8, tau = 1, connections = 1;
   int service_threads = 1, shards = 1;  // the service as configured (commits)
   std::string codec;
+  double topk_density = 1;  // the config's sparse pseudo-gradients (1: dense)
+  int topk_chunk = 4096;
   outer::SyncPhases phases;  // the config's warm start and early H (a run of --steps)
 };
+
+// SparseLoCo's settings for the ladder's sparse row when the config has none: 1% of each chunk of
+// 4096 kept, values in int2.
+constexpr double kLadderDensity = 0.01;
 
 // Elements per fragment: by the model's fragment groups (inner::FragmentGroups) when it is known,
 // else an even split.
@@ -59,13 +65,20 @@ absl::StatusOr<std::vector<uint64_t>> FragmentSizes(const Setting& s, int fragme
   return sizes;
 }
 
+// `density` < 1: sparse pseudo-gradients, that share of each chunk of `chunk` kept.
 absl::StatusOr<Row> MakeRow(const Setting& s, const PlanInput& base, PlanMethod method,
-                            int fragments, int tau, const std::string& codec_name) {
+                            int fragments, int tau, std::string codec_name, double density = 1,
+                            int chunk = 4096) {
   Row row;
   row.in = base;
   row.in.method = method;
   row.in.tau = method == PlanMethod::kStreaming ? tau : 0;
   ATL_ASSIGN_OR_RETURN(auto codec, compression::ParseCodec(codec_name));
+  if (density < 1) {
+    const uint32_t kept = uint32_t(std::max(1.0, std::round(density * chunk)));
+    ATL_ASSIGN_OR_RETURN(codec, compression::MakeSpec(int(codec.codec), uint32_t(chunk), kept));
+    codec_name = absl::StrFormat("top %g%% of %d, %s", 100 * density, chunk, codec_name);
+  }
   row.in.codec = codec;
   ATL_ASSIGN_OR_RETURN(auto sizes,
                        FragmentSizes(s, method == PlanMethod::kStreaming ? fragments : 1));
@@ -87,20 +100,27 @@ absl::StatusOr<Row> MakeRow(const Setting& s, const PlanInput& base, PlanMethod 
 }
 
 // Without --method, the ladder of the Streaming DiLoCo paper's Table 4: data parallel, DiLoCo,
-// Streaming, with overlap, with overlap and a low-bit codec (16-bit payloads otherwise).
+// Streaming, with overlap, with overlap and a low-bit codec (16-bit payloads otherwise); then
+// with sparse 2-bit pseudo-gradients.
 absl::StatusOr<std::vector<Row>> MakeRows(const Setting& s, const PlanInput& base,
                                           const std::string& method) {
   std::vector<absl::StatusOr<Row>> rows;
   if (!method.empty()) {
     ATL_ASSIGN_OR_RETURN(auto m, outer::ParsePlanMethod(method));
-    rows.push_back(MakeRow(s, base, m, s.fragments, s.tau, s.codec.empty() ? "fp32" : s.codec));
+    rows.push_back(MakeRow(s, base, m, s.fragments, s.tau, s.codec.empty() ? "fp32" : s.codec,
+                           s.topk_density, s.topk_chunk));
   } else {
     rows.push_back(MakeRow(s, base, PlanMethod::kDataParallel, 1, 0, "bf16"));
     rows.push_back(MakeRow(s, base, PlanMethod::kDiLoCo, 1, 0, "bf16"));
     rows.push_back(MakeRow(s, base, PlanMethod::kStreaming, s.fragments, 0, "bf16"));
     rows.push_back(MakeRow(s, base, PlanMethod::kStreaming, s.fragments, s.tau, "bf16"));
+    const bool sparse = s.topk_density < 1;
     rows.push_back(MakeRow(s, base, PlanMethod::kStreaming, s.fragments, s.tau,
-                           s.codec.empty() || s.codec == "fp32" ? "fp4_e2m1" : s.codec));
+                           s.codec.empty() || s.codec == "fp32" || sparse ? "fp4_e2m1" : s.codec));
+    // Beyond the paper: sparse 2-bit pseudo-gradients (SparseLoCo), the config's or 1% of 4096.
+    rows.push_back(MakeRow(s, base, PlanMethod::kStreaming, s.fragments, s.tau,
+                           sparse ? s.codec : "int2", sparse ? s.topk_density : kLadderDensity,
+                           sparse ? s.topk_chunk : 4096));
   }
   std::vector<Row> out;
   for (auto& r : rows) {
@@ -122,6 +142,8 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.fragments = c.outer.num_fragments;
     s.tau = c.outer.fragment_sync_delay;
     s.codec = compression::CodecName(c.outer.codec.codec);
+    s.topk_density = c.outer.topk_density;
+    s.topk_chunk = c.outer.topk_chunk;
     s.connections = c.outer.connections;
     s.phases = c.outer.phases;
     s.pattern = c.outer.fragment_pattern;

@@ -48,14 +48,17 @@ std::vector<MethodResult> BestPerMethod(const std::vector<MethodResult>& runs) {
 
 std::string ReportCsv(const std::vector<MethodResult>& runs) {
   const auto best = BestPerMethod(runs);
-  std::string out = "method,setting,val_loss,val_bpb,tokens,wan_bytes,wall_s,best\n";
+  std::string out =
+      "method,setting,val_loss,val_bpb,tokens,wan_bytes,bytes_up,bytes_down,bits_up,bits_down,"
+      "wall_s,best\n";
   for (const auto& r : runs) {
     const bool is_best = std::any_of(best.begin(), best.end(), [&](const MethodResult& b) {
       return b.method == r.method && b.setting == r.setting;
     });
-    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%.6f,%d,%d,%.2f,%d\n", r.method, r.setting,
-                                          r.val_loss, r.val_bpb, r.tokens, r.wan_bytes, r.wall_s,
-                                          is_best));
+    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%.6f,%d,%d,%d,%d,%.4f,%.4f,%.2f,%d\n",
+                                          r.method, r.setting, r.val_loss, r.val_bpb, r.tokens,
+                                          r.wan_bytes, r.bytes_up, r.bytes_down, r.bits_up,
+                                          r.bits_down, r.wall_s, is_best));
   }
   return out;
 }
@@ -64,14 +67,21 @@ namespace {
 
 void AppendTable(const std::vector<MethodResult>& results, std::string* out) {
   const double base = results.empty() ? 0 : results.front().val_loss;
-  *out += "| method | val_loss | bits/byte | vs first | tokens | WAN bytes | wall |\n";
-  *out += "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  *out += "| method | val_loss | bits/byte | vs first | tokens | WAN bytes | up / down | "
+          "bits/param up / down | wall |\n";
+  *out += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& r : results) {
     const std::string bpb = std::isnan(r.val_bpb) ? "-" : absl::StrFormat("%.4f", r.val_bpb);
-    absl::StrAppend(out, absl::StrFormat("| %s | %.4f | %s | %+.2f%% | %d | %s | %.1f s |\n",
+    const std::string ways = r.bytes_up + r.bytes_down == 0
+                                 ? "-"
+                                 : absl::StrCat(HumanBytes(r.bytes_up), " / ", HumanBytes(r.bytes_down));
+    const std::string bits = std::isnan(r.bits_up)
+                                 ? "-"
+                                 : absl::StrFormat("%.3f / %.3f", r.bits_up, r.bits_down);
+    absl::StrAppend(out, absl::StrFormat("| %s | %.4f | %s | %+.2f%% | %d | %s | %s | %s | %.1f s |\n",
                                          Label(r), r.val_loss, bpb,
                                          100.0 * (r.val_loss / base - 1.0), r.tokens,
-                                         HumanBytes(r.wan_bytes), r.wall_s));
+                                         HumanBytes(r.wan_bytes), ways, bits, r.wall_s));
   }
 }
 
@@ -197,6 +207,28 @@ std::string LossPlotSvg(const std::vector<MethodResult>& results, const std::str
   plot.x_unit = 1e6;
   plot.x_suffix = "M";
   for (const auto& r : results) plot.series.emplace_back(Label(r), r.curve);
+  return LinePlotSvg(plot);
+}
+
+std::string ParetoPlotSvg(const std::vector<MethodResult>& runs, const std::string& title) {
+  Plot plot;
+  plot.title = title;
+  plot.x_label = "WAN bytes of the run, sent + received (log10)";
+  plot.y_label = "validation loss (nats/token)";
+  plot.x_from_zero = false;
+  plot.markers = true;
+  std::vector<std::pair<std::string, std::vector<std::pair<double, double>>>> series;
+  for (const auto& r : runs) {
+    if (r.wan_bytes == 0 || std::isnan(r.val_loss)) continue;
+    auto it = std::find_if(series.begin(), series.end(),
+                           [&](const auto& s) { return s.first == r.method; });
+    if (it == series.end()) it = series.insert(series.end(), {r.method, {}});
+    it->second.emplace_back(std::log10(double(r.wan_bytes)), r.val_loss);
+  }
+  for (auto& [method, points] : series) {
+    std::sort(points.begin(), points.end());
+    plot.series.emplace_back(method, points);
+  }
   return LinePlotSvg(plot);
 }
 

@@ -18,6 +18,10 @@ struct MethodResult {
   double val_bpb = NAN;  // bits per byte of text: compares tokenizers fairly (NAN: unknown)
   int64_t tokens = 0;
   uint64_t wan_bytes = 0;
+  // Each way (islands' pushes; updates and state fetches), and per parameter and round
+  // (NAN: not measured, e.g. the baseline).
+  uint64_t bytes_up = 0, bytes_down = 0;
+  double bits_up = NAN, bits_down = NAN;
   double wall_s = 0;
   std::string note;                               // how wan_bytes was obtained, etc.
   std::vector<std::pair<double, double>> curve;  // (tokens, val_loss)
@@ -35,6 +39,9 @@ std::string ReportCsv(const std::vector<MethodResult>& runs);
 std::string ReportMarkdown(const std::vector<MethodResult>& results, const std::string& title,
                           const std::vector<MethodResult>& grid = {});
 std::string LossPlotSvg(const std::vector<MethodResult>& results, const std::string& title);
+// Validation loss against WAN bytes (log scale), every run a dot, a line per method through its
+// runs in order of bytes: where each method trades bytes for loss (the Pareto front).
+std::string ParetoPlotSvg(const std::vector<MethodResult>& runs, const std::string& title);
 
 // A method's gap to the baseline across a sweep: (x, 100 x (val_loss / baseline's - 1)).
 struct GapSeries {

@@ -29,7 +29,8 @@ struct CompareConfig {
 template <class V>
 void VisitKeys(CompareConfig& c, V&& v) {
   v("methods", c.methods,
-    "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, async");
+    "`atoll compare` rows: baseline, diloco, diloco_<codec>, streaming_<codec>, sparse_<codec>, "
+    "async");
 }
 
 struct Config {

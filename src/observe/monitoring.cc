@@ -319,6 +319,13 @@ std::string ServiceMonitor::StatusJson() {
                           {"utilization", t.utilization()},
                           {"bytes_sent", t.bytes_sent()},
                           {"bytes_received", t.bytes_received()},
+                          // Per parameter and round each way (0: no round yet).
+                          {"bits_up", t.elements_synced() ? 8.0 * double(t.bytes_sent()) /
+                                                                double(t.elements_synced())
+                                                          : 0.0},
+                          {"bits_down", t.elements_synced() ? 8.0 * double(t.bytes_received()) /
+                                                                  double(t.elements_synced())
+                                                            : 0.0},
                           {"service_bytes_received", mine.traffic.received},
                           {"service_bytes_sent", mine.traffic.sent},
                           {"in_bps", mine.in_bps},

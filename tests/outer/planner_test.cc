@@ -56,6 +56,28 @@ TEST(PlannerTest, ReproducesTheOrdersOfMagnitudeOfTheStreamingDiLoCoPaper) {
   EXPECT_GT(fp4, 1e9);
   EXPECT_LT(fp4, 3e9);
   EXPECT_LT(fp4 * 50, dp);  // about two orders of magnitude below data parallel (the paper: 111x)
+  // Sparse 2-bit pseudo-gradients (1% of each chunk of 4096, int2), all-gathered on the ring:
+  // at most 0.2 Gbit/s, a thirtieth of FP4's.
+  const double sparse =
+      Required(PaperCase(PlanMethod::kStreaming, 8, 1, {Codec::kInt2, 4096, 41}), 0.95);
+  EXPECT_LT(sparse, 0.2e9);
+  EXPECT_LT(sparse * 30, fp4);
+}
+
+// Through the star a sparse run's update comes back as the union of the islands' indices: with
+// M islands at most M times a push's kept values (FP4), never more than dense FP4.
+TEST(PlannerTest, SparseUpdatesComeBackAsTheUnionOfThePushes) {
+  PlanInput in;
+  in.fragment_elements = {1 << 20};
+  in.islands = 4;
+  in.codec = {Codec::kInt2, 4096, 41};
+  const PlanResult r = Simulate(in);
+  EXPECT_EQ(r.bytes_sent_per_round, double(compression::EncodedBytes(in.codec, 1 << 20)));
+  const double dense_fp4 = double(compression::EncodedBytes({Codec::kFp4E2M1, 32}, 1 << 20));
+  EXPECT_GT(r.bytes_received_per_round, 2 * r.bytes_sent_per_round);
+  EXPECT_LT(r.bytes_received_per_round, dense_fp4 / 4);
+  in.islands = 100;  // the union would take more than dense FP4
+  EXPECT_EQ(Simulate(in).bytes_received_per_round, dense_fp4);
 }
 
 // One fragment of 1M parameters in fp32 (4 MB), 0.05 s per step, H = 20 (1 s of compute per
