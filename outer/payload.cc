@@ -21,6 +21,14 @@ compression::CodecSpec SparseUpdate(const compression::CodecSpec& run, uint32_t 
   return {compression::Codec::kFp4E2M1, run.block_size, kept};
 }
 
+// The update of n elements keeping `kept` per chunk, or dense FP4 when that is smaller.
+compression::CodecSpec SmallerUpdate(const compression::CodecSpec& run, uint32_t kept, uint64_t n) {
+  const compression::CodecSpec sparse = SparseUpdate(run, kept);
+  return compression::EncodedBytes(sparse, n) <= compression::EncodedBytes(kDenseUpdate, n)
+             ? sparse
+             : kDenseUpdate;
+}
+
 }  // namespace
 
 Encoding UpdateEncoding(const compression::CodecSpec& contributions) {
@@ -34,8 +42,7 @@ size_t UpdateBytesAtMost(const compression::CodecSpec& contributions, uint32_t c
   if (!contributions.sparse()) return compression::EncodedBytes(contributions, n);
   const uint64_t kept = std::min<uint64_t>(contributions.block_size,
                                            uint64_t(std::max(1u, contributors)) * contributions.topk);
-  return std::min(compression::EncodedBytes(SparseUpdate(contributions, uint32_t(kept)), n),
-                  compression::EncodedBytes(kDenseUpdate, n));
+  return compression::EncodedBytes(SmallerUpdate(contributions, uint32_t(kept), n), n);
 }
 
 bool Encoding::Accepts(const compression::CodecSpec& got) const {
@@ -64,10 +71,7 @@ compression::CodecSpec Encoding::Choose(const float* u, size_t n) const {
     for (size_t i = first; i < last; ++i) nonzero += uint32_t(u[i] != 0.0f);
     kept = std::max(kept, nonzero);
   }
-  const compression::CodecSpec sparse = SparseUpdate(spec, kept);
-  return compression::EncodedBytes(sparse, n) <= compression::EncodedBytes(kDenseUpdate, n)
-             ? sparse
-             : kDenseUpdate;
+  return SmallerUpdate(spec, kept, n);
 }
 
 absl::StatusOr<compression::CodecSpec> SpecOf(const pb::ChunkHeader& h) {

@@ -139,23 +139,6 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        absl::StatusCode::kInvalidArgument, "async islands choose their own H"},
       {base, {{"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "12"}},
        absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
-      // Sparse pseudo-gradients.
-      {base, {{"outer.topk_density", "0"}}, absl::StatusCode::kInvalidArgument,
-       "outer.topk_density must be in (0, 1], got 0"},
-      {base, {{"outer.topk_chunk", "100"}}, absl::StatusCode::kInvalidArgument,
-       "outer.topk_chunk must be a multiple of 32 in 32..4096, got 100"},
-      {base, {{"outer.error_feedback_decay", "1.5"}}, absl::StatusCode::kInvalidArgument,
-       "outer.error_feedback_decay must be in [0, 1]"},
-      {base, {{"outer.topk_density", "0.01"}}, absl::StatusCode::kInvalidArgument,
-       "it needs outer.error_feedback = true"},
-      {base,
-       {{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
-        {"outer.aggregation", "median"}, {"outer.islands", "3"}},
-       absl::StatusCode::kInvalidArgument, "outer.aggregation = median works per coordinate"},
-      {base,
-       {{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
-        {"outer.global_copy", "device"}},
-       absl::StatusCode::kInvalidArgument, "the sparse codecs have no device kernels yet"},
   };
   for (const auto& c : cases) {
     auto s = LoadText(c.toml, c.overrides);
@@ -171,6 +154,31 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
   auto missing = LoadConfig("/nonexistent/c.toml", {});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/c.toml"));
+}
+
+// Sparse pseudo-gradients: each key's range, and what they need or cannot work with, by name.
+TEST(ConfigTest, SparseKeysAreCheckedByName) {
+  const std::string base = "[data]\npath = \"x\"\n";
+  const std::pair<std::vector<Override>, std::string> cases[] = {
+      {{{"outer.topk_density", "0"}}, "outer.topk_density must be in (0, 1], got 0"},
+      {{{"outer.topk_chunk", "100"}}, "outer.topk_chunk must be a multiple of 32 in 32..4096, got 100"},
+      {{{"outer.error_feedback_decay", "1.5"}}, "outer.error_feedback_decay must be in [0, 1]"},
+      {{{"outer.topk_density", "0.01"}}, "it needs outer.error_feedback = true"},
+      {{{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
+        {"outer.aggregation", "median"}, {"outer.islands", "3"}},
+       "outer.aggregation = median works per coordinate"},
+      {{{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
+        {"outer.global_copy", "device"}},
+       "the sparse codecs have no device kernels yet"},
+  };
+  for (const auto& [overrides, message] : cases) {
+    auto s = LoadText(base, overrides);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
+  auto sparse = LoadText(base, {{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
+                                {"outer.codec", "int2"}});
+  EXPECT_TRUE(sparse.ok()) << sparse;
 }
 
 TEST(ConfigTest, ParseOverrides) {

@@ -114,10 +114,6 @@ nlohmann::json RangeHashesJson(const std::vector<std::tuple<uint64_t, uint64_t, 
   return j;
 }
 
-double BitsPerParam(uint64_t bytes, uint64_t elements) {
-  return elements > 0 ? 8.0 * double(bytes) / double(elements) : 0.0;
-}
-
 }  // namespace
 
 // The metrics record and the progress line of a merged round.

@@ -37,6 +37,10 @@ nlohmann::json StepRecord(const inner::StepStats& step, const inner::EvalStats* 
 void AddEvalFields(const inner::EvalStats& eval, nlohmann::json* record);
 // "val_loss 2.4767 | bpb 3.5731" and the like, for progress lines.
 std::string EvalText(const inner::EvalStats& eval);
+// Bits per parameter and round: 8 x bytes over the parameters the rounds carried (0: none yet).
+inline double BitsPerParam(uint64_t bytes, uint64_t elements) {
+  return elements > 0 ? 8.0 * double(bytes) / double(elements) : 0.0;
+}
 
 class Progress {
  public:

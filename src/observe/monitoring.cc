@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/net/grpc_server.h"
+#include "src/observe/metrics.h"
 
 namespace atl {
 
@@ -320,12 +321,8 @@ std::string ServiceMonitor::StatusJson() {
                           {"bytes_sent", t.bytes_sent()},
                           {"bytes_received", t.bytes_received()},
                           // Per parameter and round each way (0: no round yet).
-                          {"bits_up", t.elements_synced() ? 8.0 * double(t.bytes_sent()) /
-                                                                double(t.elements_synced())
-                                                          : 0.0},
-                          {"bits_down", t.elements_synced() ? 8.0 * double(t.bytes_received()) /
-                                                                  double(t.elements_synced())
-                                                            : 0.0},
+                          {"bits_up", BitsPerParam(t.bytes_sent(), t.elements_synced())},
+                          {"bits_down", BitsPerParam(t.bytes_received(), t.elements_synced())},
                           {"service_bytes_received", mine.traffic.received},
                           {"service_bytes_sent", mine.traffic.sent},
                           {"in_bps", mine.in_bps},
