@@ -229,6 +229,52 @@ __attribute__((target("avx2"))) uint32_t AmaxBits(const float* in, size_t n) {
   return all;
 }
 
+// Left-packing: entry m holds the positions of mask m's set bits, lowest first (the rest 0).
+struct PackTable {
+  uint8_t pos[256][8] = {};
+  constexpr PackTable() {
+    for (int m = 0; m < 256; ++m) {
+      int n = 0;
+      for (int b = 0; b < 8; ++b) {
+        if (m & (1 << b)) pos[m][n++] = uint8_t(b);
+      }
+    }
+  }
+};
+constexpr PackTable kPack;
+
+// Eight at a time: compare the magnitudes' bits with the floor, store the passing lanes' indices
+// packed to the front (the store may run past them; the next one overwrites), count them.
+__attribute__((target("avx2"))) size_t AtLeast(const float* in, size_t n, uint32_t floor_bits,
+                                               uint32_t* idx, uint32_t* amax) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF), eight = _mm256_set1_epi32(8);
+  // |x| bits <= 0x7FFFFFFF compare correctly as signed numbers; floor 0 passes everything.
+  const __m256i below = _mm256_set1_epi32(int32_t(floor_bits) - 1);
+  __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), m = _mm256_setzero_si256();
+  size_t count = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)), abs_mask);
+    m = _mm256_max_epu32(m, a);
+    const unsigned mask = unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below))));
+    const __m256i order = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(kPack.pos[mask])));
+    // count <= i, so the eight stored stay inside idx[n].
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + count), _mm256_permutevar8x32_epi32(lanes, order));
+    count += size_t(__builtin_popcount(mask));
+    lanes = _mm256_add_epi32(lanes, eight);
+  }
+  __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4E));
+  m4 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0xB1));
+  uint32_t all = uint32_t(_mm_cvtsi128_si32(m4));
+  for (; i < n; ++i) {
+    const uint32_t a = math::AbsBits(in[i]);
+    all = std::max(all, a);
+    if (a >= floor_bits) idx[count++] = uint32_t(i);
+  }
+  *amax = all;
+  return count;
+}
+
 // math::Int8Stochastic on len values of one block (scale > 0), eight at a time; returns how many
 // it did (a multiple of 8: the caller does the rest).
 __attribute__((target("avx2"))) size_t Int8Stochastic(const float* in, size_t len, float scale,
@@ -346,6 +392,16 @@ uint32_t BlockAmaxBits(const float* in, size_t n) {
   return AmaxBits(in, n);
 #else
   (void)in, (void)n;
+  return 0;
+#endif
+}
+
+size_t IndicesAtLeast(const float* in, size_t n, uint32_t floor_bits, uint32_t* idx,
+                      uint32_t* amax) {
+#if ATOLL_X86_SIMD
+  return AtLeast(in, n, floor_bits, idx, amax);
+#else
+  (void)in, (void)n, (void)floor_bits, (void)idx, (void)amax;
   return 0;
 #endif
 }

@@ -28,6 +28,10 @@ uint32_t EncodeFp4Blocks32Stochastic(Codec codec, size_t nblocks, const float* i
                                      uint8_t* codes, uint64_t seed, uint64_t first_index);
 // The largest |in[i]| of in[0, n), as bits (as the scalar BlockAmax finds it).
 uint32_t BlockAmaxBits(const float* in, size_t n);
+// The indices i of in[0, n) with |in[i]|'s bits >= floor_bits, ascending, into idx (room for n):
+// returns how many, and the largest magnitude's bits of all n into *amax. All n elements.
+size_t IndicesAtLeast(const float* in, size_t n, uint32_t floor_bits, uint32_t* idx,
+                      uint32_t* amax);
 // Stochastic int8 codes (math::Int8Stochastic) of in[0, len) at scale > 0, element i drawing
 // math::Uniform(seed, first_index + i): returns how many were done (a multiple of 8; the caller
 // does the rest).

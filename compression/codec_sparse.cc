@@ -1,12 +1,15 @@
 #include "compression/codec_sparse.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "compression/codec_math.h"
+#include "compression/codec_simd.h"
 
 namespace atl::compression::sparse {
 namespace {
@@ -72,7 +75,8 @@ size_t NextSetBit(const uint8_t* in, size_t pos, size_t end) {
 struct Scratch {
   std::vector<uint32_t> idx;
   std::vector<float> values;
-  std::vector<std::pair<uint32_t, uint32_t>> candidates;  // (magnitude bits, index)
+  std::vector<uint32_t> passing;  // indices at or above the floor
+  std::vector<uint64_t> keys;     // their magnitudes' bits, then ~index
 };
 
 Scratch& ThreadScratch() {
@@ -130,57 +134,102 @@ absl::Status ReadIndices(const uint8_t* bits, const Shape& s, size_t len, size_t
   return absl::OkStatus();
 }
 
-}  // namespace
+// The largest magnitude of x[0, len), as bits.
+uint32_t AmaxOf(const float* x, uint32_t len) {
+  if (simd::Enabled()) return simd::BlockAmaxBits(x, len);
+  uint32_t amax = 0;
+  for (uint32_t j = 0; j < len; ++j) amax = std::max(amax, AbsBits(x[j]));
+  return amax;
+}
 
-uint32_t SelectTopK(const float* x, uint32_t len, uint32_t k, uint32_t* idx) {
-  Scratch& scratch = ThreadScratch();
-  // One pass: the largest magnitude and a histogram of the top 10 magnitude bits (exponent and
-  // 2 mantissa bits; two interleaved histograms, so that neighbours in one bin do not wait on
-  // each other).
+// The indices of the elements whose magnitudes' bits are at least `floor`, ascending, into out
+// (room for len); the largest magnitude into *amax. When there are at least k of them, the top k
+// are among them.
+uint32_t AtLeast(const float* x, uint32_t len, uint32_t floor, uint32_t* out, uint32_t* amax) {
+  if (simd::Enabled()) return uint32_t(simd::IndicesAtLeast(x, len, floor, out, amax));
+  uint32_t m = 0, a = 0;
+  for (uint32_t j = 0; j < len; ++j) {  // branch-free: every index written, the passing counted
+    const uint32_t b = AbsBits(x[j]);
+    a = std::max(a, b);
+    out[m] = j;
+    m += uint32_t(b >= floor);
+  }
+  *amax = a;
+  return m;
+}
+
+// A floor guessed from every (len / 256)-th element: the sample's r-th largest magnitude, r
+// about two standard deviations above the number of the top k the sample holds on average (k / s
+// of them), so that at least k elements are at or above it in all but a few percent of chunks
+// (about 16 r are). Chunks too short for a sample get none (0: everything passes).
+uint32_t SampledFloor(const float* x, uint32_t len, uint32_t k) {
+  constexpr uint32_t kSample = 256, kMaxRank = 64;
+  if (len < 4 * kSample) return 0;
+  const uint32_t stride = len / kSample;
+  const double mean = double(k) / stride;
+  const uint32_t r = uint32_t(std::ceil(mean + 2.2 * std::sqrt(mean))) + 1;
+  if (r > kMaxRank) return 0;
+  // The r largest of the sample, in descending order (most elements are below the r-th: one
+  // comparison each).
+  uint32_t top[kMaxRank + 1] = {};
+  for (uint32_t i = 0; i < kSample; ++i) {
+    const uint32_t v = AbsBits(x[size_t(i) * stride]);
+    if (v <= top[r - 1]) continue;
+    uint32_t j = r - 1;
+    for (; j > 0 && top[j - 1] < v; --j) top[j] = top[j - 1];
+    top[j] = v;
+  }
+  return top[r - 1];
+}
+
+// The exact floor when the sample's was too high: the lower edge of the histogram bin (top 10
+// magnitude bits: exponent and 2 mantissa bits) that holds the k-th largest. Two interleaved
+// histograms, so that neighbours in one bin do not wait on each other.
+uint32_t HistogramFloor(const float* x, uint32_t len, uint32_t k, uint32_t amax) {
   constexpr int kShift = 21;
   uint32_t hist[2][1024] = {};
-  uint32_t amax = 0;
   uint32_t i = 0;
   for (; i + 2 <= len; i += 2) {
-    const uint32_t a = AbsBits(x[i]), b = AbsBits(x[i + 1]);
-    amax = std::max(amax, std::max(a, b));
-    ++hist[0][a >> kShift];
-    ++hist[1][b >> kShift];
+    ++hist[0][AbsBits(x[i]) >> kShift];
+    ++hist[1][AbsBits(x[i + 1]) >> kShift];
   }
-  if (i < len) {
-    const uint32_t a = AbsBits(x[i]);
-    amax = std::max(amax, a);
-    ++hist[0][a >> kShift];
-  }
-  if (k >= len) {
-    std::iota(idx, idx + len, 0u);
-    return amax;
-  }
-  if (amax >= 0x7F800000u || k == 0) return amax;
-  // From the largest magnitude's bin down to the one holding the k-th largest: everything from
-  // there up is a candidate (about k plus that bin).
+  if (i < len) ++hist[0][AbsBits(x[i]) >> kShift];
   uint32_t above = 0, bin = amax >> kShift;
   for (;; --bin) {
     above += hist[0][bin] + hist[1][bin];
     if (above >= k) break;
   }
-  auto& cand = scratch.candidates;
-  if (cand.size() < len) cand.resize(len);
-  std::pair<uint32_t, uint32_t>* c = cand.data();
-  const uint32_t floor_bits = bin << kShift;
-  uint32_t m = 0;
-  for (uint32_t j = 0; j < len; ++j) {  // branch-free: every element written, the kept counted
-    const uint32_t b = AbsBits(x[j]);
-    c[m] = {b, j};
-    m += uint32_t(b >= floor_bits);
+  return bin << kShift;
+}
+
+}  // namespace
+
+uint32_t SelectTopK(const float* x, uint32_t len, uint32_t k, uint32_t* idx) {
+  if (k >= len || k == 0) {
+    if (k >= len) std::iota(idx, idx + len, 0u);
+    return AmaxOf(x, len);
   }
-  // The k first by magnitude, ties to the lower index; then in index order.
-  auto before = [](const std::pair<uint32_t, uint32_t>& a, const std::pair<uint32_t, uint32_t>& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  };
-  if (m > k) std::nth_element(c, c + (k - 1), c + m, before);
-  for (uint32_t j = 0; j < k; ++j) idx[j] = c[j].second;
-  std::sort(idx, idx + k);
+  // Candidates: everything at or above a floor guessed from a sample (one vector pass), or, when
+  // fewer than k pass it, at or above the exact floor of a histogram (a second pass).
+  Scratch& scratch = ThreadScratch();
+  if (scratch.keys.size() < len) scratch.keys.resize(len);
+  if (scratch.passing.size() < len) scratch.passing.resize(len);
+  uint32_t* passing = scratch.passing.data();
+  uint32_t amax = 0;
+  uint32_t m = AtLeast(x, len, SampledFloor(x, len, k), passing, &amax);
+  if (amax >= 0x7F800000u) return amax;
+  if (m < k) m = AtLeast(x, len, HistogramFloor(x, len, k, amax), passing, &amax);
+  // Order by magnitude, ties to the lower index: one 64-bit key per candidate, all distinct. The
+  // k-th largest key is the last one kept; the candidates are in index order, and so are the kept.
+  auto key = [x](uint32_t j) { return uint64_t(AbsBits(x[j])) << 32 | uint64_t(~j); };
+  uint64_t* keys = scratch.keys.data();
+  for (uint32_t j = 0; j < m; ++j) keys[j] = key(passing[j]);
+  std::nth_element(keys, keys + (k - 1), keys + m, std::greater<uint64_t>());
+  const uint64_t last = keys[k - 1];
+  for (uint32_t j = 0, kept = 0; kept < k; ++j) {  // branch-free; all k found by the last write
+    idx[kept] = passing[j];
+    kept += uint32_t(key(passing[j]) >= last);
+  }
   return amax;
 }
 

@@ -12,8 +12,10 @@
 // So a chunk's size depends only on (codec, L, k): every chunk of a payload but the last has the
 // same size, and a payload cut on the chunk grid is a payload of its own. At C = 4096 and k = 41
 // (1%) the indices take 8.6 bits each (12 as plain 12-bit numbers).
-// Selection: the k largest magnitudes, ties to the lower index (a radix select on the magnitudes'
-// bits, then one pass in index order). Decoding refuses, naming the chunk: an index list that ends
+// Selection: the k largest magnitudes, ties to the lower index, exact whatever the data: a floor
+// guessed from a strided sample of 256 (the exact one of a histogram of the magnitudes' top bits
+// when fewer than k pass the guess), one vector pass gathering the indices at or above it, a
+// select on their (magnitude bits, ~index) keys, one pass in index order. Decoding refuses, naming the chunk: an index list that ends
 // early or has more entries than kept, an index past the chunk, a repeated or unordered index.
 #ifndef ATOLL_COMPRESSION_CODEC_SPARSE_H_
 #define ATOLL_COMPRESSION_CODEC_SPARSE_H_
