@@ -100,6 +100,22 @@ absl::Status ValidateStreaming(const OuterConfig& c) {
         "outer.auto_tune chooses tau for sync rounds; async islands push on their own schedule "
         "(DyLU): turn one of them off");
   }
+  if (c.eager_updates && c.fragment_sync_delay == 0 && !c.auto_tune) {
+    return absl::InvalidArgumentError(
+        "outer.eager_updates = true stands in for rounds in flight: it needs "
+        "outer.fragment_sync_delay > 0 (or outer.auto_tune = true); with tau = 0 every round "
+        "lands before the next inner step");
+  }
+  if (c.eager_updates && c.async()) {
+    return absl::InvalidArgumentError(
+        "outer.eager_updates = true is for sync rounds: async islands apply each version as it "
+        "comes (outer.mode = \"async\")");
+  }
+  if (c.eager_updates && c.global_copy == GlobalCopy::kDevice) {
+    return absl::InvalidArgumentError(
+        "outer.eager_updates = true makes its stand-ins on the host: use outer.global_copy = "
+        "\"host\" or \"auto\"");
+  }
   if (c.fragment_update_alpha > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "outer.fragment_update_alpha must be in [0, 1] (or negative for the default), got ",

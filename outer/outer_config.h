@@ -64,6 +64,10 @@ struct OuterConfig {
   double target_utilization = 0.95;
   double auto_tune_headroom = 2;  // plan as if transfers took this many times as long as measured
   double fragment_update_alpha = -1;      // alpha; < 0: 0.5 when tau > 0, else 0
+  // Eager updates (arXiv 2502.12996; outer/eager_update.h): while a round is in flight the island
+  // trains on a stand-in for its update (the last one, with its own share refreshed), swapped for
+  // the update when it lands (instead of the alpha merge). Sync rounds with tau > 0; host copies.
+  bool eager_updates = false;
   // Async DiLoCo (arXiv 2401.09135).
   OuterMode mode = OuterMode::kSync;
   int max_staleness = 16;                 // async: versions; staler contributions are refused
@@ -163,6 +167,9 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "auto_tune: the compute utilization tau is chosen to reach");
   v("auto_tune_headroom", c.auto_tune_headroom,
     "auto_tune: plan as if transfers took this many times as long as measured (jitter)");
+  v("eager_updates", c.eager_updates,
+    "while a round is in flight, train on a stand-in for its update (the last update, with the "
+    "island's own share refreshed), swapped for the update when it lands (replaces the alpha merge)");
   v("fragment_update_alpha", c.fragment_update_alpha,
     "alpha of the merge (negative: 0.5 if tau > 0 or auto_tune, else 0)");
   v("mode", c.mode, "sync (rounds) or async (updates applied as they arrive)");

@@ -135,9 +135,11 @@ SyncPhases PhasesOf(const pb::OuterSchedule& schedule) {
 }
 
 std::string OuterStepHook::Describe() const {
-  return absl::StrFormat("H = %d, %d fragment(s), tau = %d, alpha = %.2f, %s",
-                         options_.schedule.sync_every, syncs_.size(), options_.island.tau,
-                         options_.island.alpha, compression::CodecName(options_.island.sync.codec.codec));
+  return absl::StrFormat("H = %d, %d fragment(s), tau = %d, %s, %s", options_.schedule.sync_every,
+                         syncs_.size(), options_.island.tau,
+                         eager_.empty() ? absl::StrFormat("alpha = %.2f", options_.island.alpha)
+                                        : std::string("eager updates"),
+                         compression::CodecName(options_.island.sync.codec.codec));
 }
 
 RunSchedule ScheduleOf(const pb::OuterSchedule& schedule) {
@@ -156,6 +158,7 @@ IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed) 
   c.tau = outer.fragment_sync_delay;
   c.auto_tune = outer.auto_tune;
   c.alpha = outer.alpha();
+  c.eager_gain = outer.eager_updates ? EagerGain(outer.optimizer) : 0.0;
   c.round_timeout_s = outer.round_timeout_s;
   c.retry.timeout_s = outer.reconnect_timeout_s;
   c.sync.codec = outer.wire_codec();
@@ -189,6 +192,10 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
     syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
                                                   session_.identity(), fragments[f].elements, sync));
     syncs_.back()->set_device_copy(model_.device_copy(f));
+    if (options_.island.eager_gain > 0 && !options_.schedule.async) {
+      eager_.emplace_back(options_.island.eager_gain,
+                          std::max<uint32_t>(1, options_.schedule.num_data_streams));
+    }
   }
   stats_.tau = policy_->Delay();
 }
@@ -293,7 +300,7 @@ absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
 
 absl::Status OuterStepHook::ReloadGlobal() {
   // The rounds in flight land first, merged with alpha 0: their tasks write the global copies.
-  ATL_RETURN_IF_ERROR(LandAll(0.0));
+  ATL_RETURN_IF_ERROR(LandAll());
   for (uint32_t f = 0; f < syncs_.size(); ++f) model_.Merge(f, syncs_[f]->global(), 0.0);
   return absl::OkStatus();
 }
@@ -329,7 +336,7 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   if (rejoin && !pending_rejoin_) pending_rejoin_ = absl::UnavailableError("another rank rejoins");
   if (pending_rejoin_) {
     // Back on the global parameters (and, sync, at the run's step): the next push is a round away.
-    ATL_RETURN_IF_ERROR(LandAll(0.0));
+    ATL_RETURN_IF_ERROR(LandAll());
     ATL_RETURN_IF_ERROR(Rejoin(*pending_rejoin_));
     done_ = policy_->IsLast(model_.step());
     return absl::OkStatus();
@@ -337,17 +344,17 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   const int64_t t = model_.step();
   done_ = policy_->IsLast(t);
   // Merge what is due (tau steps after its push), then push the fragments due now.
-  ATL_RETURN_IF_ERROR(LandDue(t, options_.island.alpha));
+  ATL_RETURN_IF_ERROR(LandDue(t));
   if (!done_) {
     for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->DelayAfter(f, t), steps_per_s);
-    return LandDue(t, options_.island.alpha);  // tau = 0: blocking
+    return LandDue(t);  // tau = 0: blocking
   }
   // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
   // turn (alpha 0: the island ends on the global parameters).
-  ATL_RETURN_IF_ERROR(LandAll(0.0));
+  ATL_RETURN_IF_ERROR(LandAll());
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
     Push(f, t, t, steps_per_s);
-    ATL_RETURN_IF_ERROR(Land(0.0));
+    ATL_RETURN_IF_ERROR(Land(false));
   }
   return absl::OkStatus();
 }
@@ -376,7 +383,13 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
       return sync->SyncRoundOnDevice(tokens, steps_per_s);
     });
   } else {
-    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = model_.Snapshot(f),
+    std::vector<float> local = model_.Snapshot(f);
+    // Eager updates: until the round lands (tau > 0), the island trains on a stand-in for it.
+    const std::vector<float>& global = syncs_[f]->global();
+    job.eager = !eager_.empty() && apply_at > t && !job.averaging && !local.empty() &&
+                local.size() == global.size();
+    if (job.eager) model_.Merge(f, eager_[f].StandIn(global, local), 0.0);
+    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = std::move(local),
                                                  tokens, steps_per_s] {
       return sync->SyncRound(local, tokens, steps_per_s);
     });
@@ -386,34 +399,36 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   in_flight_.push_back(std::move(job));
 }
 
-absl::Status OuterStepHook::LandDue(int64_t t, double alpha) {
+absl::Status OuterStepHook::LandDue(int64_t t) {
   while (!in_flight_.empty() && in_flight_.front().apply_at <= t) {
-    ATL_RETURN_IF_ERROR(Land(alpha));
+    ATL_RETURN_IF_ERROR(Land(true));
   }
   return absl::OkStatus();
 }
 
-absl::Status OuterStepHook::LandAll(double alpha) {
+absl::Status OuterStepHook::LandAll() {
   while (!in_flight_.empty()) {
-    ATL_RETURN_IF_ERROR(Land(alpha));
+    ATL_RETURN_IF_ERROR(Land(false));
   }
   return absl::OkStatus();
 }
 
 // Waits for the oldest fragment in flight and merges its update.
-absl::Status OuterStepHook::Land(double alpha) {
+absl::Status OuterStepHook::Land(bool keep_local) {
   InFlight job = std::move(in_flight_.front());
   in_flight_.pop_front();
   const auto t0 = std::chrono::steady_clock::now();
   auto outcome = job.result.get();
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;
+  const bool eager = job.eager;
   ATL_RETURN_IF_ERROR(FollowFirstCarrier(job.fragment, outcome));
   const absl::Status& s = outcome.status();
   if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
     // The service no longer counts this island as a member (declared dead while it was silent),
     // or is gone (restarting from its durable state): the contribution is lost; the island
     // rejoins, with retries, and loads the global state before its next push.
+    if (eager) eager_[job.fragment].Forget();
     if (!pending_rejoin_) pending_rejoin_ = s;
     return absl::OkStatus();
   }
@@ -421,8 +436,17 @@ absl::Status OuterStepHook::Land(double alpha) {
     return absl::Status(s.code(), absl::StrCat("outer round of fragment ", job.fragment, ": ",
                                                s.message()));
   }
-  model_.Merge(job.fragment, syncs_[job.fragment]->global(),
-               outcome->resynced || job.averaging ? 0.0 : alpha);
+  const std::vector<float>& global = syncs_[job.fragment]->global();
+  keep_local = keep_local && !outcome->resynced && !job.averaging;
+  if (eager && keep_local) {
+    // The stand-in the island trained on since the push is swapped for the update.
+    std::vector<float> local = model_.Snapshot(job.fragment);
+    eager_[job.fragment].Land(global, outcome->contributors, local);
+    model_.Merge(job.fragment, local, 0.0);
+  } else {
+    if (eager) eager_[job.fragment].Forget();
+    model_.Merge(job.fragment, global, keep_local ? options_.island.alpha : 0.0);
+  }
   policy_->Landed(*outcome, model_, stats_);
   if (options_.island.auto_tune) {
     ATL_RETURN_IF_ERROR(AdoptTau(outcome->tau));
@@ -519,7 +543,7 @@ absl::Status OuterStepHook::Finish(bool stopped) {
   const auto t0 = std::chrono::steady_clock::now();
   ATL_RETURN_IF_ERROR(policy_->Finish(*this, stopped));
   stats_.idle_s += Since(t0);  // waiting for the other islands counts as idle
-  return LandAll(0.0);
+  return LandAll();
 }
 
 absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "outer/eager_update.h"
 #include "outer/fragments.h"
 #include "outer/island_session.h"
 #include "outer/island_sync.h"
@@ -78,6 +79,9 @@ SyncPhases PhasesOf(const pb::OuterSchedule& schedule);
 struct IslandChoices {
   int tau = 0;                    // inner steps between a fragment's push and its merge
   double alpha = 0;               // merge factor
+  // Eager updates (outer/eager_update.h; outer.eager_updates): the outer step per unit of the
+  // averaged pseudo-gradient (EagerGain); 0: off (rounds in flight land with the alpha merge).
+  double eager_gain = 0;
   bool auto_tune = false;         // sync: tau follows the service's choice (outer/auto_tune.h)
   double round_timeout_s = 600;   // async: how long an island waits for the others to finish
   RetryPolicy retry;
@@ -213,12 +217,16 @@ class OuterStepHook {
     int64_t pushed_at = 0, apply_at = 0;
     uint64_t bytes = 0;  // encoded payload, counted while in flight
     bool averaging = false;  // a warm-start round: merged with alpha 0
+    bool eager = false;      // the island trains on eager_[fragment]'s stand-in until it lands
     std::future<absl::StatusOr<RoundOutcome>> result;
   };
   void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);
-  absl::Status Land(double alpha);
-  absl::Status LandAll(double alpha);
-  absl::Status LandDue(int64_t t, double alpha);
+  // Waits for the oldest round in flight and merges it: keep_local, with the island's progress
+  // since the push (the alpha merge, or eager updates); else the island takes the global
+  // parameters (a rejoin, the run's end, a reload).
+  absl::Status Land(bool keep_local);
+  absl::Status LandAll();               // everything in flight, onto the global parameters
+  absl::Status LandDue(int64_t t);      // what is due after step t, keeping local progress
   absl::Status Rejoin(const absl::Status& why);
   // After each rank's fetch: every rank of the island at the same round of fragment f.
   absl::Status AgreeOnRound(uint32_t f);
@@ -234,6 +242,7 @@ class OuterStepHook {
   std::unique_ptr<RoundPolicy> policy_;
   std::vector<std::unique_ptr<IslandSync>> syncs_;
   std::deque<InFlight> in_flight_;
+  std::vector<EagerUpdate> eager_;  // per fragment, with eager updates (sync rounds)
   uint64_t bytes_in_flight_ = 0;
   std::vector<int64_t> last_push_;  // per fragment: step of its last push
   bool done_ = false;

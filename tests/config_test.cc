@@ -181,6 +181,24 @@ TEST(ConfigTest, SparseKeysAreCheckedByName) {
   EXPECT_TRUE(sparse.ok()) << sparse;
 }
 
+TEST(ConfigTest, EagerUpdatesAreCheckedByName) {
+  const std::string base = "[data]\npath = \"x\"\n";
+  const std::pair<std::vector<Override>, std::string> cases[] = {
+      {{{"outer.eager_updates", "true"}}, "it needs outer.fragment_sync_delay > 0"},
+      {{{"outer.eager_updates", "true"}, {"outer.fragment_sync_delay", "2"}, {"outer.mode", "async"}},
+       "outer.eager_updates = true is for sync rounds"},
+      {{{"outer.eager_updates", "true"}, {"outer.fragment_sync_delay", "2"},
+        {"outer.global_copy", "device"}},
+       "makes its stand-ins on the host"},
+  };
+  for (const auto& [overrides, message] : cases) {
+    auto s = LoadText(base, overrides);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
+  EXPECT_TRUE(LoadText(base, {{"outer.eager_updates", "true"}, {"outer.fragment_sync_delay", "2"}}).ok());
+}
+
 TEST(ConfigTest, ParseOverrides) {
   auto o = ParseOverrides({"--train.steps=200", "--data.path", "f.txt", "--optim.lr=1e-3"});
   ASSERT_TRUE(o.ok());

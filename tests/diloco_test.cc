@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -38,6 +39,34 @@ Config DiLoCoConfig(const std::string& text_path) {
   return c;
 }
 
+// The service's parameters against a plainly trained model, each tensor to a relative 1e-5.
+void ExpectPlainTraining(const Config& c, const std::vector<float>& global, inner::Trainer& plain) {
+  const auto params = inner::NamedParameters(*plain.model());
+  auto relative = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a - b).norm().item<double>() / b.norm().item<double>();
+  };
+  size_t offset = 0;
+  for (const auto& [name, p] : params) {
+    auto flat = torch::from_blob(const_cast<float*>(global.data() + offset), {p.numel()},
+                                 torch::kFloat);
+    // the service's canonical order
+    auto g = inner::ShapedView(inner::PlanOf(inner::PlanOf(c.model), name), flat, p.sizes());
+    offset += size_t(p.numel());
+    if (name.find("attn.qkv.bias") == std::string::npos) {
+      EXPECT_LT(relative(g, p), 1e-5) << name;
+      continue;
+    }
+    // The key bias has an identically zero gradient (softmax ignores a shift shared by all keys):
+    // its value is rounding noise (norm ~1e-6) that AdamW amplifies, so it is held to an absolute
+    // bound; the query and value biases are held to the relative one.
+    auto gs = g.view({3, -1}), ps = p.view({3, -1});
+    EXPECT_LT(relative(gs[0], ps[0]), 1e-5) << name << " (query)";
+    EXPECT_LT(relative(gs[2], ps[2]), 1e-5) << name << " (value)";
+    EXPECT_LT((gs[1] - ps[1]).abs().max().item<double>(), 1e-5) << name << " (key)";
+    EXPECT_LT(ps[1].norm().item<double>(), 1e-4) << name << " (key)";
+  }
+}
+
 // (a) M = 1, H = 1, outer SGD with lr 1 and no momentum is plain training (up to the rounding
 // of theta - (theta - local)).
 TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
@@ -63,31 +92,7 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->rounds, 20u);
 
-  const auto global = server->params();
-  const auto params = inner::NamedParameters(*(*plain)->model());
-  auto relative = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return (a - b).norm().item<double>() / b.norm().item<double>();
-  };
-  size_t offset = 0;
-  for (const auto& [name, p] : params) {
-    auto flat = torch::from_blob(const_cast<float*>(global.data() + offset), {p.numel()},
-                                 torch::kFloat);
-    // the service's canonical order
-    auto g = inner::ShapedView(inner::PlanOf(inner::PlanOf(c.model), name), flat, p.sizes());
-    offset += size_t(p.numel());
-    if (name.find("attn.qkv.bias") == std::string::npos) {
-      EXPECT_LT(relative(g, p), 1e-5) << name;
-      continue;
-    }
-    // The key bias has an identically zero gradient (softmax ignores a shift shared by all keys):
-    // its value is rounding noise (norm ~1e-6) that AdamW amplifies, so it is held to an absolute
-    // bound; the query and value biases are held to the relative one.
-    auto gs = g.view({3, -1}), ps = p.view({3, -1});
-    EXPECT_LT(relative(gs[0], ps[0]), 1e-5) << name << " (query)";
-    EXPECT_LT(relative(gs[2], ps[2]), 1e-5) << name << " (value)";
-    EXPECT_LT((gs[1] - ps[1]).abs().max().item<double>(), 1e-5) << name << " (key)";
-    EXPECT_LT(ps[1].norm().item<double>(), 1e-4) << name << " (key)";
-  }
+  ExpectPlainTraining(c, server->params(), **plain);
 }
 
 TEST(DiLoCoTest, AnIslandWithAnotherModelIsRefused) {
@@ -287,6 +292,62 @@ TEST(StreamingTest, FragmentsOverlapAndStayBitIdentical) {
     EXPECT_LT(r->peak_bytes_in_flight, compression::EncodedBytes(
                                            *compression::ParseCodec("fp4_e2m1"), all_size));
   }
+}
+
+// Eager updates, one island, outer SGD of lr 1, each round in flight for tau = 2 of H = 5:
+// the stand-in is the island's own parameters and each landing keeps the steps trained since the
+// push, so the run is plain training (to rounding). The alpha merge loses those steps.
+TEST(StreamingTest, EagerUpdatesWithOneIslandAndUnitSgdArePlainTraining) {
+  TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(40000, 7));
+  auto c = DiLoCoConfig(dir.Join("text.txt"));
+  c.outer.sync_every = 5;
+  c.outer.fragment_sync_delay = 2;
+  c.outer.optimizer = {1.0, 0.0, false};
+  auto data = inner::LoadDataset(c.data, c.model.context, c.model.vocab);
+  ASSERT_TRUE(data.ok());
+  auto plain = inner::Trainer::Create(c.trainer(), *data);
+  ASSERT_TRUE(plain.ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*plain)->Step().ok());
+  auto run = [&](bool eager, const std::string& name) {
+    auto e = c;
+    e.outer.eager_updates = eager;
+    auto server = *MakeSyncServer(e);
+    outer::InProcessTransport transport(server.get());
+    IslandOptions o;
+    o.name = "solo";
+    o.run_dir = dir.Join(name);
+    auto summary = RunIsland(e, transport, o);
+    EXPECT_TRUE(summary.ok()) << summary.status();
+    return server->params();
+  };
+  ExpectPlainTraining(c, run(true, "eager"), **plain);
+  // Without them the same run is not plain training: the merges halve the steps in flight.
+  const auto merged = run(false, "merged");
+  const auto params = Flatten(inner::PlanOf(c.model), inner::NamedParameters(*(*plain)->model()));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    diff += double(merged[i] - params[i]) * (merged[i] - params[i]);
+    norm += double(params[i]) * params[i];
+  }
+  EXPECT_GT(std::sqrt(diff / norm), 1e-4);
+}
+
+// Two islands with eager updates: their stand-ins differ, their global copies never do.
+TEST(StreamingTest, EagerUpdatesKeepEveryGlobalCopyBitIdentical) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.train.steps = 20;
+  c.outer.eager_updates = true;
+  auto server = *MakeSyncServer(c);
+  const auto results = RunIslands(c, *server, dir);
+  const uint64_t hash = ServiceHash(*server);
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->global_hash, hash);
+    EXPECT_EQ(r->resyncs, 0u);
+  }
+  for (uint32_t f = 0; f < 4; ++f) EXPECT_GE(server->round(f), 2u) << f;
 }
 
 // SparseLoCo's settings through Streaming DiLoCo: every island's copy is the service's after

@@ -288,7 +288,10 @@ absl::Status IslandRun::JoinAndBuild() {
   auto model = MapFragments(joined_, *trainer_);
   if (!model.ok()) return Fail(model.status());
   model_.emplace(*std::move(model));
-  if (auto s = model_->PlaceGlobalCopy(config_.outer.global_copy, config_.outer.wire_codec()); !s.ok()) return Fail(s);
+  // Eager updates make their stand-ins from host copies.
+  const outer::GlobalCopy where =
+      config_.outer.eager_updates ? outer::GlobalCopy::kHost : config_.outer.global_copy;
+  if (auto s = model_->PlaceGlobalCopy(where, config_.outer.wire_codec()); !s.ok()) return Fail(s);
   for (uint32_t f = 0; f < uint32_t(joined_.fragments_size()); ++f) {
     if (model_->device_copy(f) != nullptr) summary_.global_copy = "device";
   }
