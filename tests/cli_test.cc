@@ -431,6 +431,22 @@ TEST_F(CliTest, LoadtestRunsRoundsThroughARealCoordinator) {
   EXPECT_EQ(n, 2);
 }
 
+// The same with SparseLoCo's payloads: 1% of each chunk of 4096 in int2, Elias-Fano indices.
+TEST_F(CliTest, LoadtestRunsSparseRounds) {
+  auto r = Atoll("loadtest --params 200K --islands 2 --rounds 2 --run-dir " + dir_.Join("load") +
+                 " --outer.codec=int2 --outer.topk_density=0.01 --outer.error_feedback=true"
+                 " --outer.optimizer=sgd");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("round 2/2"));
+  const auto report = nlohmann::json::parse(testing::ReadFile(dir_.Join("load/loadtest.json")));
+  EXPECT_EQ(report["codec"], "top-41/4096 int2");
+  EXPECT_EQ(report["commit_s"].size(), 2u);
+  // About 0.12 bits per parameter (values, scales, indices, headers).
+  const double bits = 8 * report["contribution_bytes"].get<double>() / report["params"].get<double>();
+  EXPECT_GT(bits, 0.08);
+  EXPECT_LT(bits, 0.16);
+}
+
 // A shard server needs a well-formed K/N, the coordinator's address and the shard token; the
 // config must allow N shards.
 TEST_F(CliTest, SyncServerRefusesWhatItCannotServe) {

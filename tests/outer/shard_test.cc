@@ -36,12 +36,28 @@ std::vector<std::vector<float>> Initial() {
   return init;
 }
 
-SyncServerOptions Options(int shard, uint32_t shards) {
+// What travels: FP4 under Nesterov, or SparseLoCo's sparse int2 (3 of each chunk of 64) under SGD.
+struct Wire {
+  compression::CodecSpec codec = *compression::ParseCodec("fp4_e2m1");
+  OuterOptimizerConfig optimizer = {0.7, 0.9, true};
+  float decay = 1;  // error feedback's beta
+};
+
+Wire SparseWire() {
+  Wire w;
+  w.codec = *compression::MakeSpec(int(compression::Codec::kInt2), 64, 3);
+  w.optimizer.name = "sgd";
+  w.optimizer.lr = 2;
+  w.decay = 0.8f;
+  return w;
+}
+
+SyncServerOptions Options(int shard, uint32_t shards, const Wire& wire = {}) {
   SyncServerOptions o;
   o.run_id = "run";
-  o.optimizer = {0.7, 0.9, true};
+  o.optimizer = wire.optimizer;
   o.num_data_streams = 2;
-  o.codec = *compression::ParseCodec("fp4_e2m1");
+  o.codec = wire.codec;
   o.chunk_bytes = 128;
   o.num_shards = shards;
   o.shard = shard;
@@ -50,11 +66,13 @@ SyncServerOptions Options(int shard, uint32_t shards) {
 
 // An unsharded service, or a coordinator and its shards, with the islands' transports.
 struct Service {
-  explicit Service(uint32_t shards) {
+  explicit Service(uint32_t shards, const Wire& wire = {}) {
     coordinator = std::make_unique<SyncServer>(
-        Options(shards > 1 ? SyncServerOptions::kControlPlane : 0, shards), Layouts(), Initial());
+        Options(shards > 1 ? SyncServerOptions::kControlPlane : 0, shards, wire), Layouts(),
+        Initial());
     for (uint32_t k = 0; shards > 1 && k < shards; ++k) {
-      servers.push_back(std::make_unique<SyncServer>(Options(int(k), shards), Layouts(), Initial()));
+      servers.push_back(
+          std::make_unique<SyncServer>(Options(int(k), shards, wire), Layouts(), Initial()));
     }
   }
   std::string Address(size_t k) const { return absl::StrCat("shard", k); }
@@ -95,68 +113,79 @@ pb::JoinResponse JoinAs(Transport& t, const std::string& name) {
   return j.ok() ? *j : pb::JoinResponse();
 }
 
-// Two islands, three fragments, four rounds each, FP4 with error feedback: the global parameters
-// of every fragment after every round are bit-identical with one service and with two shards.
-TEST(ShardedServiceTest, TwoShardsChangeNoBitOfAnyFragment) {
-  auto run = [](uint32_t shards) {
-    Service service(shards);
-    if (shards > 1) service.Mirror();  // the shards register: joins are taken from now on
-    std::vector<std::unique_ptr<Transport>> transports;
-    std::vector<std::vector<std::unique_ptr<IslandSync>>> islands(2);
-    for (int i = 0; i < 2; ++i) {
-      transports.push_back(service.Router());
-      const std::string name = i == 0 ? "a" : "b";
-      const pb::JoinResponse joined = JoinAs(*transports.back(), name);
-      EXPECT_EQ(joined.shards_size(), shards > 1 ? int(shards) : 0);
-      auto id = std::make_shared<IslandIdentity>(name, joined.session());
-      for (uint32_t f = 0; f < 3; ++f) {
-        IslandSyncOptions so;
-        so.codec = *compression::ParseCodec("fp4_e2m1");
-        so.chunk_bytes = 128;
-        so.error_feedback = true;
-        so.fragment = f;
-        so.seed = 11 + uint64_t(i);
-        islands[size_t(i)].push_back(
-            std::make_unique<IslandSync>(transports.back().get(), "run", id, kSizes[f], so));
-      }
-    }
-    if (shards > 1) service.Mirror();
-    std::vector<std::vector<float>> trace;
+// Two islands, three fragments, four rounds each, with error feedback: the global parameters of
+// every fragment after every round, with one service or with `shards`.
+std::vector<std::vector<float>> Trace(uint32_t shards, const Wire& wire) {
+  Service service(shards, wire);
+  if (shards > 1) service.Mirror();  // the shards register: joins are taken from now on
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::vector<std::unique_ptr<IslandSync>>> islands(2);
+  for (int i = 0; i < 2; ++i) {
+    transports.push_back(service.Router());
+    const std::string name = i == 0 ? "a" : "b";
+    const pb::JoinResponse joined = JoinAs(*transports.back(), name);
+    EXPECT_EQ(joined.shards_size(), shards > 1 ? int(shards) : 0);
+    auto id = std::make_shared<IslandIdentity>(name, joined.session());
     for (uint32_t f = 0; f < 3; ++f) {
-      for (auto& island : islands) EXPECT_TRUE(island[f]->FetchGlobal().ok());
+      IslandSyncOptions so;
+      so.codec = wire.codec;
+      so.chunk_bytes = 128;
+      so.error_feedback = true;
+      so.error_feedback_decay = wire.decay;
+      so.fragment = f;
+      so.seed = 11 + uint64_t(i);
+      islands[size_t(i)].push_back(
+          std::make_unique<IslandSync>(transports.back().get(), "run", id, kSizes[f], so));
     }
-    for (int round = 0; round < 4; ++round) {
-      for (uint32_t f = 0; f < 3; ++f) {
-        absl::StatusOr<RoundOutcome> out[2];
-        std::thread t([&] {
-          std::vector<float> local = islands[0][f]->global();
-          for (size_t k = 0; k < local.size(); ++k) local[k] += 0.01f * std::cos(float(k + round));
-          out[0] = islands[0][f]->SyncRound(local, 100);
-        });
-        std::vector<float> local = islands[1][f]->global();
-        for (size_t k = 0; k < local.size(); ++k) local[k] -= 0.004f * std::sin(float(k * round));
-        out[1] = islands[1][f]->SyncRound(local, 60);
-        t.join();
-        EXPECT_TRUE(out[0].ok() && out[1].ok()) << out[0].status() << out[1].status();
-        EXPECT_EQ(islands[0][f]->global(), service.Params(f));
-        EXPECT_EQ(islands[1][f]->global(), service.Params(f));
-        trace.push_back(service.Params(f));
-      }
+  }
+  if (shards > 1) service.Mirror();
+  std::vector<std::vector<float>> trace;
+  for (uint32_t f = 0; f < 3; ++f) {
+    for (auto& island : islands) EXPECT_TRUE(island[f]->FetchGlobal().ok());
+  }
+  for (int round = 0; round < 4; ++round) {
+    for (uint32_t f = 0; f < 3; ++f) {
+      absl::StatusOr<RoundOutcome> out[2];
+      std::thread t([&] {
+        std::vector<float> local = islands[0][f]->global();
+        for (size_t k = 0; k < local.size(); ++k) local[k] += 0.01f * std::cos(float(k + round));
+        out[0] = islands[0][f]->SyncRound(local, 100);
+      });
+      std::vector<float> local = islands[1][f]->global();
+      for (size_t k = 0; k < local.size(); ++k) local[k] -= 0.004f * std::sin(float(k * round));
+      out[1] = islands[1][f]->SyncRound(local, 60);
+      t.join();
+      EXPECT_TRUE(out[0].ok() && out[1].ok()) << out[0].status() << out[1].status();
+      EXPECT_EQ(islands[0][f]->global(), service.Params(f));
+      EXPECT_EQ(islands[1][f]->global(), service.Params(f));
+      trace.push_back(service.Params(f));
     }
-    if (shards > 1) {
-      // The coordinator holds no fragment's data and knows the rounds from the shards' reports.
-      service.Mirror();
-      EXPECT_EQ(service.coordinator->committed_rounds(), 12u);
-      EXPECT_TRUE(service.coordinator->params(1).empty());
-      EXPECT_EQ(service.servers[0]->committed_rounds(), 8u);  // fragments 0 and 2
-      EXPECT_EQ(service.servers[1]->committed_rounds(), 4u);  // fragment 1
-    }
-    return trace;
-  };
-  const auto one = run(1);
-  const auto two = run(2);
+  }
+  if (shards > 1) {
+    // The coordinator holds no fragment's data and knows the rounds from the shards' reports.
+    service.Mirror();
+    EXPECT_EQ(service.coordinator->committed_rounds(), 12u);
+    EXPECT_TRUE(service.coordinator->params(1).empty());
+    EXPECT_EQ(service.servers[0]->committed_rounds(), 8u);  // fragments 0 and 2
+    EXPECT_EQ(service.servers[1]->committed_rounds(), 4u);  // fragment 1
+  }
+  return trace;
+}
+
+TEST(ShardedServiceTest, TwoShardsChangeNoBitOfAnyFragment) {
+  const auto one = Trace(1, Wire());
+  const auto two = Trace(2, Wire());
   ASSERT_EQ(one.size(), 12u);
   EXPECT_EQ(two, one);
+}
+
+// The same with SparseLoCo's sparse 2-bit pseudo-gradients, union updates and outer SGD.
+TEST(ShardedServiceTest, TwoShardsChangeNoBitOfASparseRun) {
+  const auto one = Trace(1, SparseWire());
+  const auto two = Trace(2, SparseWire());
+  ASSERT_EQ(one.size(), 12u);
+  EXPECT_EQ(two, one);
+  EXPECT_NE(one.back(), Initial()[2]);  // the rounds moved the parameters
 }
 
 // Membership lives at the coordinator: shards refuse membership calls, answer islands they have
