@@ -67,30 +67,58 @@ class Replay {
   }
 
   // Sends fragment f's contribution; its update is merged after inner step `apply_at`.
-  void Push(uint32_t f, int64_t apply_at) {
-    const uint64_t bytes = bytes_[f];
-    double ready;
+  void Push(uint32_t f, int64_t apply_at) { PushTogether({{f, apply_at}}); }
+
+  // Sends the contributions of several fragments at once (after the same inner step), each with
+  // the step after which its update is merged. Through the star an island's pushes are streams of
+  // one channel that share its link (processor sharing: each of n in flight gets 1 / n of it), so
+  // a fragment arrives, and is committed, only once the smaller ones and as much of each larger
+  // one are through; the updates come down in the order their commits end. On the ring every
+  // fragment is its own all-reduce, one after the other.
+  void PushTogether(const std::vector<std::pair<uint32_t, int64_t>>& jobs) {
+    std::vector<double> ready(jobs.size());
     if (in_.topology == PlanTopology::kRing) {
-      const double start =
-          std::max(now_ - in_.backward_fraction * in_.step_time_s, link_up_free_);
-      link_up_free_ = start + AllReduceSeconds(bytes);
-      ready = link_up_free_;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const double start =
+            std::max(now_ - in_.backward_fraction * in_.step_time_s, link_up_free_);
+        link_up_free_ = start + AllReduceSeconds(bytes_[jobs[i].first]);
+        ready[i] = link_up_free_;
+      }
     } else {
       const double latency = in_.link.latency_s;
-      link_up_free_ = std::max(now_, link_up_free_) + Bits(bytes) / rate_;
-      const double arrived = link_up_free_ + latency;
-      // Its shard commits one fragment at a time.
-      double& shard_free = shard_free_[f % shard_free_.size()];
-      const double committed = std::max(arrived, shard_free) + CommitSeconds(in_, in_.fragment_elements[f]);
-      shard_free = committed;
-      // The wait for the update is sent once the push is acknowledged: two more latencies.
-      const double start = std::max({committed, arrived + 2 * latency, link_down_free_});
-      link_down_free_ = start + Bits(down_bytes_[f]) / rate_;
-      ready = link_down_free_ + latency;
+      const double start = std::max(now_, link_up_free_);
+      // The k-th shortest transfer of n, all started together, ends after the k - 1 shorter ones
+      // and n - k + 1 times its own length.
+      std::vector<size_t> order(jobs.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      auto up_s = [&](size_t i) { return Bits(bytes_[jobs[i].first]) / rate_; };
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return up_s(a) < up_s(b); });
+      double done_before = 0;
+      for (size_t k = 0; k < order.size(); ++k) {
+        const size_t i = order[k];
+        const double arrived =
+            start + done_before + double(order.size() - k) * up_s(i) + latency;
+        done_before += up_s(i);
+        const uint32_t f = jobs[i].first;
+        // Its shard commits one fragment at a time.
+        double& shard_free = shard_free_[f % shard_free_.size()];
+        const double committed =
+            std::max(arrived, shard_free) + CommitSeconds(in_, in_.fragment_elements[f]);
+        shard_free = committed;
+        // The wait for the update is sent once the push is acknowledged: two more latencies.
+        const double down_start = std::max({committed, arrived + 2 * latency, link_down_free_});
+        link_down_free_ = down_start + Bits(down_bytes_[f]) / rate_;
+        ready[i] = link_down_free_ + latency;
+      }
+      link_up_free_ = start + done_before;
     }
-    in_flight_.push_back({apply_at, ready, bytes});
-    bytes_in_flight_ += bytes;
-    peak_in_flight_ = std::max(peak_in_flight_, bytes_in_flight_);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const uint64_t bytes = bytes_[jobs[i].first];
+      in_flight_.push_back({jobs[i].second, ready[i], bytes});
+      bytes_in_flight_ += bytes;
+      peak_in_flight_ = std::max(peak_in_flight_, bytes_in_flight_);
+    }
   }
 
   void LandDue(int64_t t) {
@@ -233,10 +261,12 @@ PlanResult Simulate(const PlanInput& in) {
       }
       break;
     }
+    std::vector<std::pair<uint32_t, int64_t>> due;
     for (uint32_t f : schedule.DueAfter(t)) {
       // As islands do: a fragment lands before its next push (the early phases' short rounds).
-      replay.Push(f, t + std::min<int64_t>(tau, schedule.NextDue(int(f), t) - t - 1));
+      due.emplace_back(f, t + std::min<int64_t>(tau, schedule.NextDue(int(f), t) - t - 1));
     }
+    if (!due.empty()) replay.PushTogether(due);
     replay.LandDue(t);
     if (t == warmup) {
       wall0 = replay.now();

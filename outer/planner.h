@@ -8,7 +8,8 @@
 // - kStar: atoll's service as it runs today. An island pushes its encoded pseudo-gradient up its
 //   link, the service commits once every island's push has arrived, the island's wait for the
 //   update (a second call, sent once the push is acknowledged) receives the encoded update down the
-//   link. The push starts once the inner step that ends the round is done.
+//   link. The push starts once the inner step that ends the round is done; fragments pushed after
+//   the same step (a warm start's rounds: every fragment) share the link equally while in flight.
 // - kRing: the assumptions of the Streaming DiLoCo paper's simulator (arXiv 2501.18512, Table 4):
 //   a bandwidth-optimal all-reduce between islands (each island sends and receives
 //   2 (M - 1) / M of the payload) that starts with the backward pass of the step that ends the

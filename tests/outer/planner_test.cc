@@ -231,6 +231,25 @@ TEST(PlannerTest, AWarmStartWaitsForARoundEveryStep) {
   EXPECT_EQ(Simulate(streaming).steps, 40);
 }
 
+// Fragments pushed after the same step share the link: two of 0.1 s each both arrive after
+// 0.2 s, so the first update starts down only then. A warm-start step of two fragments (80 Mbit/s,
+// 1 MB each, no commit time): pushes end at 0.3 s, updates at 0.4 and 0.5 s; then the run's end
+// pushes and merges each in turn (0.2 s each): 0.1 + 0.4 + 0.1 + 0.4 = 1.0 s, where a link that
+// sent one push after the other would have had the first update down by 0.3 s (0.9 s in all).
+TEST(PlannerTest, FragmentsPushedTogetherShareTheLink) {
+  PlanInput in;
+  in.fragment_elements = {250'000, 250'000};
+  in.method = PlanMethod::kStreaming;
+  in.codec = kFp32;
+  in.step_time_s = 0.1;
+  in.sync_every = 2;
+  in.commit_s_per_param = 0;
+  in.link.bandwidth_bps = 80e6;
+  in.steps = 2;
+  in.phases.warm_start_steps = 1;
+  EXPECT_NEAR(Simulate(in).wall_s, 1.0, 1e-9);
+}
+
 TEST(PlannerTest, OneTcpStreamCarriesItsWindowPerRoundTrip) {
   PlanInput in;
   in.fragment_elements = {1'000'000'000};
