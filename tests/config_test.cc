@@ -156,6 +156,17 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
   EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/c.toml"));
 }
 
+// Each case's overrides of `base` are refused as INVALID_ARGUMENT with a message holding its text.
+template <size_t N>
+void ExpectRefused(const std::string& base,
+                   const std::pair<std::vector<Override>, std::string> (&cases)[N]) {
+  for (const auto& [overrides, message] : cases) {
+    auto s = LoadText(base, overrides);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
+  }
+}
+
 // Sparse pseudo-gradients: each key's range, and what they need or cannot work with, by name.
 TEST(ConfigTest, SparseKeysAreCheckedByName) {
   const std::string base = "[data]\npath = \"x\"\n";
@@ -171,16 +182,13 @@ TEST(ConfigTest, SparseKeysAreCheckedByName) {
         {"outer.global_copy", "device"}},
        "the sparse codecs have no device kernels yet"},
   };
-  for (const auto& [overrides, message] : cases) {
-    auto s = LoadText(base, overrides);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
-  }
+  ExpectRefused(base, cases);
   auto sparse = LoadText(base, {{"outer.topk_density", "0.01"}, {"outer.error_feedback", "true"},
                                 {"outer.codec", "int2"}});
   EXPECT_TRUE(sparse.ok()) << sparse;
 }
 
+// Eager updates: what they need (rounds in flight, sync mode, host copies), by name.
 TEST(ConfigTest, EagerUpdatesAreCheckedByName) {
   const std::string base = "[data]\npath = \"x\"\n";
   const std::pair<std::vector<Override>, std::string> cases[] = {
@@ -191,11 +199,7 @@ TEST(ConfigTest, EagerUpdatesAreCheckedByName) {
         {"outer.global_copy", "device"}},
        "makes its stand-ins on the host"},
   };
-  for (const auto& [overrides, message] : cases) {
-    auto s = LoadText(base, overrides);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(message));
-  }
+  ExpectRefused(base, cases);
   EXPECT_TRUE(LoadText(base, {{"outer.eager_updates", "true"}, {"outer.fragment_sync_delay", "2"}}).ok());
 }
 

@@ -67,6 +67,17 @@ void ExpectPlainTraining(const Config& c, const std::vector<float>& global, inne
   }
 }
 
+// A model trained plainly for `steps` steps on the config's data (the reference of the tests that
+// expect an outer loop to change nothing).
+std::unique_ptr<inner::Trainer> TrainPlainly(const Config& c, int steps) {
+  auto data = inner::LoadDataset(c.data, c.model.context, c.model.vocab);
+  EXPECT_TRUE(data.ok()) << data.status();
+  auto plain = inner::Trainer::Create(c.trainer(), *data);
+  EXPECT_TRUE(plain.ok()) << plain.status();
+  for (int i = 0; i < steps; ++i) EXPECT_TRUE((*plain)->Step().ok());
+  return std::move(*plain);
+}
+
 // (a) M = 1, H = 1, outer SGD with lr 1 and no momentum is plain training (up to the rounding
 // of theta - (theta - local)).
 TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
@@ -75,12 +86,7 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   auto c = DiLoCoConfig(dir.Join("text.txt"));
   c.outer.sync_every = 1;
   c.outer.optimizer = {1.0, 0.0, false};
-
-  auto data = inner::LoadDataset(c.data, c.model.context, c.model.vocab);
-  ASSERT_TRUE(data.ok());
-  auto plain = inner::Trainer::Create(c.trainer(), *data);
-  ASSERT_TRUE(plain.ok());
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*plain)->Step().ok());
+  const auto plain = TrainPlainly(c, 20);
 
   auto server = *MakeSyncServer(c);
   outer::InProcessTransport transport(server.get());
@@ -92,7 +98,7 @@ TEST(DiLoCoTest, OneIslandSyncEveryStepWithUnitSgdIsPlainTraining) {
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->rounds, 20u);
 
-  ExpectPlainTraining(c, server->params(), **plain);
+  ExpectPlainTraining(c, server->params(), *plain);
 }
 
 TEST(DiLoCoTest, AnIslandWithAnotherModelIsRefused) {
@@ -304,11 +310,7 @@ TEST(StreamingTest, EagerUpdatesWithOneIslandAndUnitSgdArePlainTraining) {
   c.outer.sync_every = 5;
   c.outer.fragment_sync_delay = 2;
   c.outer.optimizer = {1.0, 0.0, false};
-  auto data = inner::LoadDataset(c.data, c.model.context, c.model.vocab);
-  ASSERT_TRUE(data.ok());
-  auto plain = inner::Trainer::Create(c.trainer(), *data);
-  ASSERT_TRUE(plain.ok());
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE((*plain)->Step().ok());
+  const auto plain = TrainPlainly(c, 20);
   auto run = [&](bool eager, const std::string& name) {
     auto e = c;
     e.outer.eager_updates = eager;
@@ -321,10 +323,10 @@ TEST(StreamingTest, EagerUpdatesWithOneIslandAndUnitSgdArePlainTraining) {
     EXPECT_TRUE(summary.ok()) << summary.status();
     return server->params();
   };
-  ExpectPlainTraining(c, run(true, "eager"), **plain);
+  ExpectPlainTraining(c, run(true, "eager"), *plain);
   // Without them the same run is not plain training: the merges halve the steps in flight.
   const auto merged = run(false, "merged");
-  const auto params = Flatten(inner::PlanOf(c.model), inner::NamedParameters(*(*plain)->model()));
+  const auto params = Flatten(inner::PlanOf(c.model), inner::NamedParameters(*plain->model()));
   double diff = 0, norm = 0;
   for (size_t i = 0; i < merged.size(); ++i) {
     diff += double(merged[i] - params[i]) * (merged[i] - params[i]);
