@@ -494,6 +494,41 @@ std::vector<std::pair<std::map<std::string, std::string>, double>> Query(const s
   return out;
 }
 
+// The status page, rendered by Chromium after its script has fetched /api/status, shows both
+// islands of a live run; a screenshot of it is kept for people (ATOLL_SCREENSHOT=path).
+void ExpectStatusPageShowsTheRun(const testing::TempDir& dir, const std::string& status) {
+  const std::string chromium =
+      "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--no-first-run --user-data-dir=" + dir.Join("chromium") + " --virtual-time-budget=5000 ";
+  const auto dom = testing::RunCommand(chromium + "--dump-dom http://" + status + "/ 2>" +
+                                       dir.Join("chromium.log"));
+  ASSERT_EQ(dom.exit_code, 0) << testing::ReadFile(dir.Join("chromium.log"));
+  EXPECT_THAT(dom.output, HasSubstr("id=\"island-island0\""));
+  EXPECT_THAT(dom.output, HasSubstr("id=\"island-island1\""));
+  EXPECT_THAT(dom.output, HasSubstr("class=\"state-active\""));
+  EXPECT_THAT(dom.output, HasSubstr("rounds committed"));
+  EXPECT_THAT(dom.output, HasSubstr("data-islands=\"2\""));
+  EXPECT_THAT(dom.output, HasSubstr("<div id=\"error\"></div>"));  // its fetch succeeded
+  const char* keep = std::getenv("ATOLL_SCREENSHOT");
+  const std::string png = keep != nullptr ? keep : dir.Join("status.png");
+  testing::RunCommand(chromium + "--window-size=1500,1150 --screenshot=" + png + " http://" +
+                      status + "/ 2>/dev/null");
+}
+
+// Waits (30 s at most) until Prometheus at `api` has scraped every target healthy, then a few
+// scrapes more.
+void WaitForHealthyTargets(const std::string& api, const std::set<std::string>& targets,
+                           const std::string& prometheus_log) {
+  std::set<std::string> healthy;
+  for (int i = 0; i < 60 && healthy.size() < targets.size(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    healthy.clear();
+    for (const auto& [labels, v] : Query(api, "up == 1")) healthy.insert(labels.at("instance"));
+  }
+  EXPECT_EQ(healthy, targets) << testing::ReadFile(prometheus_log);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+}
+
 TEST(MonitoringEndToEndTest, PrometheusScrapesAndChromiumShowsALiveLocalRun) {
   for (const char* tool : {"prometheus", "promtool", "chromium"}) {
     if (!Have(tool)) GTEST_SKIP() << tool << " is not installed (deploy/setup.sh installs it)";
@@ -543,39 +578,16 @@ TEST(MonitoringEndToEndTest, PrometheusScrapesAndChromiumShowsALiveLocalRun) {
                            "--web.listen-address=127.0.0.1:0"},
                           dir.Join("prometheus.log"));
 
-  // The page, rendered by Chromium after its script has fetched /api/status.
-  const std::string chromium =
-      "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
-      "--no-first-run --user-data-dir=" + dir.Join("chromium") + " --virtual-time-budget=5000 ";
-  const auto dom = testing::RunCommand(chromium + "--dump-dom http://" + at["status"] + "/ 2>" +
-                                       dir.Join("chromium.log"));
-  ASSERT_EQ(dom.exit_code, 0) << testing::ReadFile(dir.Join("chromium.log"));
-  EXPECT_THAT(dom.output, HasSubstr("id=\"island-island0\""));
-  EXPECT_THAT(dom.output, HasSubstr("id=\"island-island1\""));
-  EXPECT_THAT(dom.output, HasSubstr("class=\"state-active\""));
-  EXPECT_THAT(dom.output, HasSubstr("rounds committed"));
-  EXPECT_THAT(dom.output, HasSubstr("data-islands=\"2\""));
-  EXPECT_THAT(dom.output, HasSubstr("<div id=\"error\"></div>"));  // its fetch succeeded
-  // A picture of it, for people (ATOLL_SCREENSHOT=path keeps it).
-  const char* keep = std::getenv("ATOLL_SCREENSHOT");
-  const std::string png = keep != nullptr ? keep : dir.Join("status.png");
-  testing::RunCommand(chromium + "--window-size=1500,1150 --screenshot=" + png + " http://" +
-                      at["status"] + "/ 2>/dev/null");
+  ExpectStatusPageShowsTheRun(dir, at["status"]);
+  if (::testing::Test::HasFatalFailure()) return;
 
   // Prometheus says where its API listens; wait until it has scraped all three targets healthy.
   const std::string plog = prometheus.WaitForOutput("Server is ready to receive web requests", 60);
   std::smatch m;
   ASSERT_TRUE(std::regex_search(plog, m, std::regex("msg=\"Listening on\" address=(\\S+)"))) << plog;
   const std::string api = m[1];
-  std::set<std::string> healthy;
-  for (int i = 0; i < 60 && healthy.size() < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    healthy.clear();
-    for (const auto& [labels, v] : Query(api, "up == 1")) healthy.insert(labels.at("instance"));
-  }
-  EXPECT_EQ(healthy, (std::set<std::string>{at["coordinator"], at["island0"], at["island1"]}))
-      << testing::ReadFile(dir.Join("prometheus.log"));
-  std::this_thread::sleep_for(std::chrono::seconds(2));  // a few scrapes more
+  WaitForHealthyTargets(api, {at["coordinator"], at["island0"], at["island1"]},
+                        dir.Join("prometheus.log"));
   std::map<std::string, double> max_of;
   for (const char* name :
        {"atoll_rounds_committed_total", "atoll_round_duration_seconds_bucket",

@@ -1,0 +1,257 @@
+// The sync service when islands fall behind, go silent, join late or lose transfers, and in
+// async mode.
+#include "tests/outer/sync_server_fixture.h"
+
+namespace atl::outer {
+namespace {
+
+TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
+  options_.min_islands = 1;
+  options_.round_timeout_s = 0.01;
+  auto s = Make();
+  InProcessTransport t(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSync b(&t, "run", Id("b"), 4);
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  s->Tick(absl::Now() + absl::Seconds(1));  // round 0 commits without b
+  auto r = b.SyncRound({0, 0, 0, 0}, 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resynced);
+  EXPECT_THAT(r->resync_reason, HasSubstr("already committed"));
+  EXPECT_EQ(b.global(), s->params());
+  EXPECT_EQ(b.round(), 1u);
+}
+
+// ---- Elastic membership.
+
+TEST_F(SyncServerTest, ASilentIslandIsDroppedWhenItsLeaseExpiresAndTheRoundCommits) {
+  options_.num_data_streams = 2;
+  options_.lease_s = 1;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
+  s->Tick(absl::Now());
+  EXPECT_EQ(s->round(), 0u);  // b is silent but its lease holds
+  std::vector<std::string> events;
+  s->SetEventListener([&](const std::string& e) { events.push_back(e); });
+  absl::SleepFor(absl::Milliseconds(600));
+  pb::HeartbeatRequest beat;
+  beat.set_run_id("run");
+  beat.set_island_id("a");
+  beat.set_session(sessions_["a"]);
+  ASSERT_TRUE(s->Heartbeat(beat).ok());
+  // 0.5 s later a has been silent for 0.5 s, b for 1.1 s: only b's lease has run out.
+  s->Tick(absl::Now() + absl::Milliseconds(500));
+  EXPECT_EQ(s->round(), 1u);
+  EXPECT_EQ(s->params(), (std::vector<float>{0, 1, 2, 3}));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_THAT(events[0], HasSubstr("island 'b' declared dead"));
+  // b comes back: told to rejoin; the state is untouched by its stale push.
+  auto r = s->Push(Payload("b", 1, {1, 1, 1, 1}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("rejoin"));
+  EXPECT_EQ(s->round(), 1u);
+  beat.set_island_id("b");
+  beat.set_session(sessions_["b"]);
+  EXPECT_EQ(s->Heartbeat(beat).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SyncServerTest, ALateJoinerIsNotWaitedForInTheOpenRound) {
+  options_.num_data_streams = 3;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  Join(*s, "c");
+  for (const char* i : {"a", "b", "c"}) ASSERT_TRUE(s->Push(Payload(i, 0, {1, 1, 1, 1})).ok());
+  ASSERT_EQ(s->round(), 1u);
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("c");
+  leave.set_session(sessions_["c"]);
+  ASSERT_TRUE(s->Leave(leave).ok());
+  Join(*s, "d");  // joins while round 1 is open: waited for from round 2
+  ASSERT_TRUE(s->Push(Payload("a", 1, {1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s->Push(Payload("b", 1, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 2u);  // committed without d
+  ASSERT_TRUE(s->Push(Payload("a", 2, {1, 1, 1, 1})).ok());
+  ASSERT_TRUE(s->Push(Payload("b", 2, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 2u);  // round 2 waits for d
+  ASSERT_TRUE(s->Push(Payload("d", 2, {1, 1, 1, 1})).ok());
+  EXPECT_EQ(s->round(), 3u);
+  const auto state = s->GetState();
+  ASSERT_EQ(state.islands_size(), 3);
+  EXPECT_EQ(state.islands(2).state(), "active");
+}
+
+// ---- Faults on the wire.
+
+TEST_F(SyncServerTest, IslandsSurviveDroppedCorruptedAndCutTransfers) {
+  options_.optimizer = {0.7, 0.9, true};
+  options_.num_data_streams = 2;
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  options_.chunk_bytes = 256;
+  layout_.numels = {4000};
+  auto s = Make(Sines(4000));
+  InProcessTransport t1(s.get()), t2(s.get());
+  Faults faults;
+  faults.drop = 0.1;
+  faults.corrupt = 0.01;  // per chunk of 256 bytes
+  faults.cut_after_bytes = 10000;  // the first state transfer is cut part way through
+  faults.seed = 3;
+  FaultyTransport f1(&t1, faults);
+  faults.seed = 4;
+  FaultyTransport f2(&t2, faults);
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.codec = options_.codec;
+  so.chunk_bytes = 256;
+  so.fetch_piece_bytes = 4096;  // 4 pieces
+  so.retries = 8;
+  IslandSync a(&f1, "run", Id("a"), 4000, so), b(&f2, "run", Id("b"), 4000, so);
+  const auto fa = a.FetchGlobal(), fb = b.FetchGlobal();
+  ASSERT_TRUE(fa.ok()) << fa;
+  ASSERT_TRUE(fb.ok()) << fb;
+  EXPECT_EQ(a.global(), s->params());
+  int resyncs = 0;
+  for (int round = 0; round < 10; ++round) {
+    auto [ra, rb] = SyncBoth(a, b, round);
+    ASSERT_TRUE(ra.ok()) << ra.status();
+    ASSERT_TRUE(rb.ok()) << rb.status();
+    resyncs += ra->resynced + rb->resynced;
+    // Whatever happened on the wire, both copies equal the service's, bit for bit.
+    EXPECT_EQ(a.global(), s->params()) << "round " << round;
+    EXPECT_EQ(b.global(), s->params()) << "round " << round;
+  }
+  EXPECT_EQ(s->round(), 10u);  // no round lost, none applied twice
+  EXPECT_GT(f1.dropped() + f2.dropped(), 0u);
+  EXPECT_GT(f1.corrupted() + f2.corrupted(), 0u);
+  EXPECT_EQ(f1.cut() + f2.cut(), 2u);
+  // A corrupted update is never applied: the island re-fetches the state instead.
+  EXPECT_GT(resyncs, 0);
+}
+
+// ---- Async mode.
+
+TEST(DynamicLocalStepsTest, HFollowsTheThroughputRatio) {
+  EXPECT_EQ(DynamicLocalSteps(3.0, 3.0, 50), 50u);    // the fastest island keeps H
+  EXPECT_EQ(DynamicLocalSteps(1.0, 3.0, 50), 16u);    // floor(50 / 3)
+  EXPECT_EQ(DynamicLocalSteps(2.0, 3.0, 50), 33u);    // floor(33.3)
+  EXPECT_EQ(DynamicLocalSteps(0.01, 3.0, 50), 1u);    // at least one step
+  EXPECT_EQ(DynamicLocalSteps(0.0, 3.0, 50), 50u);    // no measurement yet: H
+  EXPECT_EQ(DynamicLocalSteps(4.0, 3.0, 50), 50u);    // never above H
+}
+
+TEST_F(SyncServerTest, AsyncAppliesEachContributionAtOnceAndRefusesStaleOnes) {
+  options_.async = true;
+  options_.max_staleness = 2;
+  options_.num_data_streams = 2;
+  options_.optimizer = {1.0, 0.0, false};
+  options_.sync_every = 30;
+  options_.token_budget = 25;
+  auto s = Make();
+  Join(*s, "a");
+  Join(*s, "b");
+  auto pa = Payload("a", 0, {1, 1, 1, 1}, 10);
+  pa[0].set_inner_steps_per_s(3.0);
+  auto r = s->Push(pa);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 1u);  // applied at once: no round to wait for
+  EXPECT_EQ(r->staleness(), 0u);
+  EXPECT_EQ(s->params(), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(r->sync_every(), 30u);
+  // b started from version 0 and arrives one version late, three times slower.
+  auto pb = Payload("b", 0, {1, 1, 1, 1}, 10);
+  pb[0].set_inner_steps_per_s(1.0);
+  r = s->Push(pb);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 2u);
+  EXPECT_EQ(r->staleness(), 1u);
+  EXPECT_EQ(r->sync_every(), 10u);  // DyLU: floor(1 / 3 * 30)
+  EXPECT_EQ(r->tokens_committed(), 20u);
+  EXPECT_FALSE(r->budget_reached());
+  // The same base again is a duplicate; a version from the future is unknown.
+  EXPECT_EQ(s->Push(Payload("b", 0, {1, 1, 1, 1})).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(s->Push(Payload("a", 7, {1, 1, 1, 1})).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s->Push(Payload("a", 2, {1, 1, 1, 1}, 10)).ok());  // version 3, budget reached
+  EXPECT_TRUE(s->budget_reached());
+  // GetState tells the same schedule as Join.
+  EXPECT_TRUE(s->GetState().schedule().async());
+  EXPECT_EQ(s->GetState().schedule().token_budget(), 25u);
+  const auto before = s->params();
+  // b's base 0 again would be 3 versions stale: refused (before the duplicate check), untouched.
+  r = s->Push(Payload("b", 0, {1, 1, 1, 1}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("3 versions stale (the bound is 2)"));
+  EXPECT_EQ(s->params(), before);
+  EXPECT_EQ(s->round(), 3u);
+}
+
+TEST_F(SyncServerTest, AsyncIslandsCatchUpAndStayBitIdentical) {
+  options_.async = true;
+  options_.num_data_streams = 2;
+  options_.optimizer = {0.7, 0.9, true, 2};  // delayed Nesterov, N = 2
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  layout_.numels = {1000};
+  const std::vector<float> init = Sines(1000);
+  auto s = Make(init);
+  InProcessTransport t1(s.get()), t2(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.codec = options_.codec;
+  so.async = true;
+  so.chunk_bytes = 256;
+  IslandSync a(&t1, "run", Id("a"), 1000, so), b(&t2, "run", Id("b"), 1000, so);
+  ASSERT_TRUE(a.FetchGlobal().ok());
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  // a pushes three times for each push of b: b catches up over several versions each time.
+  for (int k = 0; k < 12; ++k) {
+    IslandSync& island = k % 4 == 3 ? b : a;
+    std::vector<float> local = island.global();
+    for (size_t i = 0; i < 1000; ++i) local[i] -= 0.01f * std::cos(float(i * (k + 1)));
+    auto r = island.SyncRound(local, 100);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->resynced) << r->resync_reason;
+    EXPECT_EQ(r->version, s->round());
+    EXPECT_EQ(island.global(), s->params());
+    EXPECT_EQ(island.global_hash(), s->params_hash());
+    if (&island == &b) {
+      EXPECT_EQ(r->staleness, 3u);
+    }
+  }
+  // The other island catches up at the end without pushing.
+  auto caught = a.CatchUp(s->round());
+  ASSERT_TRUE(caught.ok()) << caught.status();
+  EXPECT_EQ(a.global_hash(), s->params_hash());
+  EXPECT_EQ(a.round(), 12u);
+}
+
+TEST_F(SyncServerTest, AsyncIslandTooFarBehindFetchesTheFullState) {
+  options_.async = true;
+  options_.max_staleness = 1;
+  options_.num_data_streams = 2;
+  auto s = Make();
+  InProcessTransport t(s.get());
+  Join(*s, "a");
+  Join(*s, "b");
+  IslandSyncOptions so;
+  so.async = true;
+  IslandSync b(&t, "run", Id("b"), 4, so);
+  ASSERT_TRUE(b.FetchGlobal().ok());
+  for (uint64_t v = 0; v < 3; ++v) ASSERT_TRUE(s->Push(Payload("a", v, {1, 1, 1, 1})).ok());
+  auto r = b.SyncRound({0, 0, 0, 0}, 10);  // 3 versions stale, bound 1
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resynced);
+  EXPECT_THAT(r->resync_reason, HasSubstr("versions stale"));
+  EXPECT_EQ(b.global(), s->params());
+  EXPECT_EQ(r->version, 3u);
+}
+
+}  // namespace
+}  // namespace atl::outer
