@@ -10,20 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "compression/codec_math.h"
 #include "compression/codec_simd.h"
+#include "compression/sparse_shape.h"
 
 namespace atl::compression::sparse {
 namespace {
 
 using math::AbsBits;
-
-// What one chunk of `len` elements holds.
-struct Shape {
-  uint32_t k = 0;           // values kept
-  uint32_t l = 0;           // Elias-Fano low bits per index
-  size_t value_bytes = 0;   // the values' payload
-  size_t upper_bits = 0;    // the high parts, unary
-  size_t index_bytes = 0;   // low bits and high parts, padded to a byte
-};
 
 const CodecTraits& Values(const CodecSpec& spec) { return *FindCodec(spec.codec); }
 
@@ -31,14 +23,7 @@ const CodecTraits& Values(const CodecSpec& spec) { return *FindCodec(spec.codec)
 uint32_t ValueBlock(const CodecTraits& t, uint32_t k) { return t.default_block ? k : 0; }
 
 Shape ShapeOf(const CodecSpec& spec, size_t len) {
-  const CodecTraits& t = Values(spec);
-  Shape s;
-  s.k = uint32_t(std::min<size_t>(spec.topk, len));
-  while ((uint64_t(s.k) << (s.l + 1)) <= len) ++s.l;  // floor(log2(len / k))
-  s.value_bytes = (t.default_block ? t.block_bytes : 0) + (size_t(s.k) * t.element_bits + 7) / 8;
-  s.upper_bits = s.k + ((len - 1) >> s.l) + 1;
-  s.index_bytes = (size_t(s.k) * s.l + s.upper_bits + 7) / 8;
-  return s;
+  return sparse::ShapeOf(spec.topk, len, ValueLayoutOf(Values(spec)));
 }
 
 // Bit strings, least significant bit first; `out` starts zeroed.
@@ -282,6 +267,10 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, siz
     }
   }
   return absl::OkStatus();
+}
+
+ValueLayout ValueLayoutOf(const CodecTraits& t) {
+  return {t.default_block != 0, t.block_bytes, t.element_bits};
 }
 
 SliceLayout SliceOf(const CodecSpec& spec, size_t n, size_t first, size_t last) {

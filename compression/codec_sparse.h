@@ -25,11 +25,9 @@
 
 #include "absl/status/status.h"
 #include "compression/codec_traits.h"
+#include "compression/sparse_shape.h"
 
 namespace atl::compression::sparse {
-
-// Chunks may be at most this long (the value codecs' largest block) and topk at most the chunk.
-inline constexpr uint32_t kMaxChunk = 4096;
 
 // Bytes of one chunk of `len` elements.
 size_t ChunkBytes(const CodecSpec& spec, size_t len);
@@ -43,6 +41,9 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, siz
                          size_t last, float* out);
 // The bytes of elements [first, last) on the chunk grid: whole chunks (as blocks, no elements).
 SliceLayout SliceOf(const CodecSpec& spec, size_t n, size_t first, size_t last);
+
+// The value codec's layout, for ShapeOf (compression/sparse_shape.h).
+ValueLayout ValueLayoutOf(const CodecTraits& t);
 
 // The k = min(topk, len) indices top-k keeps of x[0, len), ascending, into idx[k]; returns the
 // largest magnitude's bits (as Encode). Exposed for tests and benchmarks.
