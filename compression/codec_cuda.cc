@@ -1,8 +1,10 @@
 #include "compression/codec_cuda.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "compression/span_engine.h"
 
@@ -12,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "compression/codec_cuda_launch.h"
+#include "compression/codec_sparse.h"
 #include "compression/status_macros.h"
 #endif
 
@@ -61,12 +64,45 @@ bool Available(std::string* why) {
 
 bool Supports(Codec codec) { return detail::HasKernels(codec); }
 
+bool Supports(const CodecSpec& spec) {
+  if (!spec.sparse()) return detail::HasKernels(spec.codec);
+  return detail::HasSparseKernels(spec.codec) && spec.block_size <= sparse::kMaxChunk;
+}
+
 namespace {
 
 absl::Status CheckKernels(const CodecSpec& spec) {
-  if (detail::HasKernels(spec.codec)) return absl::OkStatus();
+  if (Supports(spec)) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat(CodecName(spec.codec), " has no CUDA kernels: it is encoded on the host"));
+      absl::StrCat(SpecText(spec), " has no CUDA kernels: it is encoded on the host"));
+}
+
+sparse::ValueLayout ValuesOf(const CodecSpec& spec) {
+  return sparse::ValueLayoutOf(*FindCodec(spec.codec));
+}
+
+int Launch(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
+           const Rounding& rounding, void* stream) {
+  if (!spec.sparse()) return detail::LaunchEncode(spec, in, n, out, rounding, stream);
+  return detail::LaunchSparseEncode(spec, ValuesOf(spec), sparse::ChunkBytes(spec, spec.block_size),
+                                    in, n, out, rounding, stream);
+}
+
+// A sparse payload the kernels refused: the CPU decoder names the problem in its words.
+absl::Status RefusedSparse(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                           size_t chunk, void* stream) {
+  std::vector<uint8_t> host(bytes);
+  std::vector<float> scratch(n);
+  ATL_RETURN_IF_ERROR(CudaError(
+      int(cudaMemcpyAsync(host.data(), in, bytes, cudaMemcpyDeviceToHost,
+                          static_cast<cudaStream_t>(stream))),
+      "copy a refused payload"));
+  ATL_RETURN_IF_ERROR(
+      CudaError(int(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))), "copy"));
+  const absl::Status cpu = Decode(spec, host.data(), bytes, n, scratch.data());
+  if (!cpu.ok()) return cpu;
+  return absl::InternalError(absl::StrCat("the CUDA decoder refused sparse chunk ", chunk,
+                                          ", which the CPU decoder accepts"));
 }
 
 }  // namespace
@@ -80,8 +116,7 @@ absl::Status EncodeOnDevice(const CodecSpec& spec, const float* in, size_t n, ui
     return absl::InvalidArgumentError(
         absl::StrCat("non-finite value at element ", bad, " refused before encoding"));
   }
-  ATL_RETURN_IF_ERROR(
-      CudaError(detail::LaunchEncode(spec, in, n, out, rounding, stream), "encode"));
+  ATL_RETURN_IF_ERROR(CudaError(Launch(spec, in, n, out, rounding, stream), "encode"));
   return CudaError(int(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))), "encode");
 }
 
@@ -93,7 +128,16 @@ absl::Status DecodeOnDevice(const CodecSpec& spec, const uint8_t* in, size_t byt
                                                    " elements must be ", EncodedBytes(spec, n),
                                                    " bytes, got ", bytes));
   }
-  ATL_RETURN_IF_ERROR(CudaError(detail::LaunchDecode(spec, in, n, out, stream), "decode"));
+  if (spec.sparse()) {
+    size_t bad_chunk = SIZE_MAX;
+    ATL_RETURN_IF_ERROR(CudaError(
+        detail::LaunchSparseDecode(spec, ValuesOf(spec), sparse::ChunkBytes(spec, spec.block_size),
+                                   in, n, out, &bad_chunk, stream),
+        "decode"));
+    if (bad_chunk != SIZE_MAX) return RefusedSparse(spec, in, bytes, n, bad_chunk, stream);
+  } else {
+    ATL_RETURN_IF_ERROR(CudaError(detail::LaunchDecode(spec, in, n, out, stream), "decode"));
+  }
   size_t bad = n;
   ATL_RETURN_IF_ERROR(CudaError(detail::FirstNonFinite(out, n, &bad, stream), "finite check"));
   if (bad < n) {
@@ -246,6 +290,7 @@ absl::Status NotBuilt() {
 }  // namespace
 
 bool Supports(Codec) { return false; }
+bool Supports(const CodecSpec&) { return false; }
 
 bool Available(std::string* why) {
   if (why) *why = "this build has no CUDA kernels (ATOLL_CUDA=OFF or nvcc not found)";

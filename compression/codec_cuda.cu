@@ -1,15 +1,17 @@
 // CUDA kernels of the codecs. The arithmetic is codec_math.h's, shared with the CPU codecs, and
 // this file is compiled with -fmad=false, so the output is bit-identical to compression::Encode.
 //
-// Block codecs (int8, fp4): one warp per scale block. The lanes stride through the block, reduce
-// the largest magnitude with shuffles, and then each lane writes whole bytes (a pair of 4-bit codes,
-// or one int8), so writes never race. Element-wise codecs use one thread per element.
+// Block codecs (int8, fp4, int2): one warp per scale block. The lanes stride through the block,
+// reduce the largest magnitude with shuffles, and then each lane writes whole bytes (a pair of
+// 4-bit codes, four 2-bit codes, or one int8), so writes never race. Element-wise codecs use one
+// thread per element. The sparse codecs' kernels are in codec_cuda_sparse.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "compression/codec_spec.h"
 #include "compression/codec_cuda_launch.h"
+#include "compression/codec_cuda_min.cuh"
 #include "compression/codec_math.h"
 
 namespace atl::compression::cuda::detail {
@@ -93,6 +95,47 @@ __global__ void EncodeInt8Kernel(const float* in, size_t n, uint32_t block, size
   }
 }
 
+template <bool kStochastic>
+__device__ uint8_t Int2Code(float x, float q, uint64_t seed, uint64_t index) {
+  if constexpr (kStochastic) {
+    return m::Int2Stochastic(x, q, m::Uniform(seed, index));
+  } else {
+    return m::Int2Nearest(x, q);
+  }
+}
+
+// Blocks are multiples of 4 elements, so each block's codes start on a byte.
+template <bool kStochastic>
+__global__ void EncodeInt2Kernel(const float* in, size_t n, uint32_t block, size_t nblocks,
+                                 uint8_t* out, uint64_t seed, uint64_t first_index) {
+  const int lane = threadIdx.x & 31;
+  uint8_t* codes = out + 4 * nblocks;
+  for (size_t b = GlobalThread() / 32; b < nblocks; b += GridThreads() / 32) {
+    const size_t first = b * block, len = min(size_t(block), n - first);
+    const float q = m::Int2Step(WarpBlockAmax(in, first, len, lane));
+    if (lane < 4) out[4 * b + lane] = uint8_t(m::Bits(q) >> (8 * lane));  // little-endian
+    for (size_t p = lane; p < (len + 3) / 4; p += 32) {
+      uint32_t byte = 0;
+      for (size_t j = 4 * p; j < min(4 * p + 4, len); ++j) {
+        const size_t k = first + j;
+        byte |= uint32_t(Int2Code<kStochastic>(in[k], q, seed, first_index + k)) << (2 * (j & 3));
+      }
+      codes[first / 4 + p] = uint8_t(byte);
+    }
+  }
+}
+
+__global__ void DecodeInt2Kernel(const uint8_t* in, size_t n, uint32_t block, size_t nblocks,
+                                 float* out) {
+  const uint8_t* codes = in + 4 * nblocks;
+  for (size_t k = GlobalThread(); k < n; k += GridThreads()) {
+    const uint8_t* s = in + 4 * (k / block);
+    const float q =
+        m::FromBits(uint32_t(s[0]) | uint32_t(s[1]) << 8 | uint32_t(s[2]) << 16 | uint32_t(s[3]) << 24);
+    out[k] = m::Int2Value(uint8_t(codes[k / 4] >> (2 * (k & 3))), q);
+  }
+}
+
 __global__ void EncodeBf16Kernel(const float* in, size_t n, uint8_t* out, bool stochastic,
                                  uint64_t seed, uint64_t first_index) {
   for (size_t i = GlobalThread(); i < n; i += GridThreads()) {
@@ -149,18 +192,10 @@ void LaunchFp4(bool stochastic, const float* in, size_t n, uint32_t block, size_
 
 int FirstNonFinite(const float* in, size_t n, size_t* first, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  unsigned long long* d_first = nullptr;
-  unsigned long long h_first = ~0ull;
-  cudaError_t err = cudaMallocAsync(&d_first, sizeof(*d_first), s);
-  if (err != cudaSuccess) return int(err);
-  cudaMemcpyAsync(d_first, &h_first, sizeof(h_first), cudaMemcpyHostToDevice, s);
-  if (n > 0) FirstNonFiniteKernel<<<GridFor(n, kThreads), kThreads, 0, s>>>(in, n, d_first);
-  cudaMemcpyAsync(&h_first, d_first, sizeof(h_first), cudaMemcpyDeviceToHost, s);
-  cudaFreeAsync(d_first, s);
-  err = cudaStreamSynchronize(s);
-  if (err == cudaSuccess) err = cudaGetLastError();
-  *first = h_first == ~0ull ? n : size_t(h_first);
-  return int(err);
+  return DeviceMin(s, n, first, [&](unsigned long long* d_first) {
+    if (n > 0) FirstNonFiniteKernel<<<GridFor(n, kThreads), kThreads, 0, s>>>(in, n, d_first);
+    return int(cudaGetLastError());
+  });
 }
 
 namespace {
@@ -206,6 +241,23 @@ int DecodeInt8(const Launch& l, const uint8_t* in, float* out) {
   return int(cudaGetLastError());
 }
 
+int EncodeInt2(const Launch& l, const float* in, uint8_t* out, const Rounding& r) {
+  const unsigned grid = GridFor(l.nblocks, kWarpsPerBlock);
+  if (r.stochastic) {
+    EncodeInt2Kernel<true><<<grid, kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks, out, r.seed,
+                                                       r.first_index);
+  } else {
+    EncodeInt2Kernel<false><<<grid, kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks, out, r.seed,
+                                                        r.first_index);
+  }
+  return int(cudaGetLastError());
+}
+int DecodeInt2(const Launch& l, const uint8_t* in, float* out) {
+  DecodeInt2Kernel<<<GridFor(l.n, kThreads), kThreads, 0, l.s>>>(in, l.n, l.block, l.nblocks,
+                                                                  out);
+  return int(cudaGetLastError());
+}
+
 template <class F>
 int EncodeFp4(const Launch& l, const float* in, uint8_t* out, const Rounding& r) {
   LaunchFp4<F>(r.stochastic, in, l.n, l.block, l.nblocks, out, r.seed, r.first_index, l.s);
@@ -230,6 +282,7 @@ constexpr Kernels kKernels[] = {
     {Codec::kInt8, EncodeInt8, DecodeInt8},
     {Codec::kFp4E2M1, EncodeFp4<m::E2M1>, DecodeFp4<m::E2M1>},
     {Codec::kFp4E3M0, EncodeFp4<m::E3M0>, DecodeFp4<m::E3M0>},
+    {Codec::kInt2, EncodeInt2, DecodeInt2},
 };
 
 const Kernels* KernelsOf(Codec codec) {

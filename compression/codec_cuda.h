@@ -22,6 +22,8 @@ namespace atl::compression::cuda {
 bool Available(std::string* why = nullptr);
 // Whether `codec` has kernels in this build (its row of codec_traits.h says whether it should).
 bool Supports(Codec codec);
+// Whether `spec` has kernels: a dense codec with them, or a sparse one whose value codec has them.
+bool Supports(const CodecSpec& spec);
 
 // Device pointers. Refuses non-finite input (naming the first bad index) before writing anything;
 // returns once the stream has finished.

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "compression/codec_spec.h"
+#include "compression/sparse_shape.h"
 
 namespace atl::compression::cuda::detail {
 
@@ -18,6 +19,17 @@ bool HasKernels(Codec codec);
 int LaunchEncode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                  const Rounding& rounding, void* stream);
 int LaunchDecode(const CodecSpec& spec, const uint8_t* in, size_t n, float* out, void* stream);
+// Sparse specs (codec_cuda_sparse.cu): whether the value codec has kernels (those with dense ones),
+// then the launchers. `values` is the value codec's layout, `chunk_bytes` a full chunk's bytes.
+bool HasSparseKernels(Codec values);
+// Asynchronous.
+int LaunchSparseEncode(const CodecSpec& spec, const sparse::ValueLayout& values, size_t chunk_bytes,
+                       const float* in, size_t n, uint8_t* out, const Rounding& rounding,
+                       void* stream);
+// *bad_chunk = the first chunk whose index list the kernel refused (nothing of it written), or
+// SIZE_MAX. Synchronizes the stream.
+int LaunchSparseDecode(const CodecSpec& spec, const sparse::ValueLayout& values, size_t chunk_bytes,
+                       const uint8_t* in, size_t n, float* out, size_t* bad_chunk, void* stream);
 // out[i] = a[i] - b[i]; asynchronous.
 int LaunchSubtract(const float* a, const float* b, float* out, size_t n, void* stream);
 

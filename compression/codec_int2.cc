@@ -64,6 +64,6 @@ void DecodeInt2(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t h
 }  // namespace
 
 const CodecTraits kInt2Codec = {Codec::kInt2, "int2", 64, 4, 65536, 4, 4, 2, EncodeInt2,
-                                true, DecodeInt2, true, true, false};
+                                true, DecodeInt2, true, true, true};
 
 }  // namespace atl::compression

@@ -1,6 +1,7 @@
 // Sparse codecs (CodecSpec::topk > 0): chunk-wise top-k with the kept values in any codec of the
 // traits table (SparseLoCo's TopK_chunk then Q; arXiv 2508.15706). Internal to compression/:
-// codec.cc and codec_traits.cc route sparse specs here.
+// codec.cc and codec_traits.cc route sparse specs here; the CUDA kernels (codec_cuda_sparse.cu)
+// write the same bytes.
 //
 // Layout of a payload of n elements, chunks of C = block_size (the last may be shorter, L
 // elements), k = topk kept per chunk (min(k, L) in a shorter one), chunk after chunk:

@@ -40,7 +40,8 @@ struct CodecTraits {
                  float* out);
   bool stochastic_rounding;  // honours Rounding::stochastic (fp32 has nothing to round)
   bool simd;                 // a vectorized CPU path (AVX2, chosen at run time)
-  bool cuda;                 // CUDA kernels (codec_cuda.cu), bit-identical to the CPU's
+  bool cuda;                 // CUDA kernels (codec_cuda.cu), bit-identical to the CPU's; also
+                             // those of the sparse codecs with these values (codec_cuda_sparse.cu)
 };
 
 // The codecs this build implements, in Codec order.

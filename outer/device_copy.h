@@ -9,7 +9,8 @@
 // same chunks into its own copy to check the hashes.
 //
 // Threading: Capture runs on the training thread at a push, before the push's task starts; the
-// other calls run on the thread of the fragment's push or fetch. The outer step never runs two of
+// other calls run on the thread of the fragment's push or fetch, but ResidualSnapshot, which any
+// thread may call. The outer step never runs two of
 // them at once for one fragment, nor a model's merge of the fragment while its push is in flight.
 #ifndef ATOLL_OUTER_DEVICE_COPY_H_
 #define ATOLL_OUTER_DEVICE_COPY_H_
@@ -44,6 +45,11 @@ class DeviceCopy {
   virtual void KeepResidual() = 0;
   // A refused contribution, a resync: no residual carries over.
   virtual void ResetResidual() = 0;
+  // The residual as of the last accepted push (size() values, zeros when none), for a checkpoint;
+  // any thread may call it.
+  virtual std::vector<float> ResidualSnapshot() const = 0;
+  // A checkpoint's residual (size() values), before the first push of a resumed island.
+  virtual absl::Status RestoreResidual(const std::vector<float>& residual) = 0;
   // A committed update's chunk of owned elements [at, at + n): global -= decode(bytes).
   virtual absl::Status Apply(const compression::CodecSpec& spec, uint64_t at, uint64_t n,
                              const std::string& bytes) = 0;

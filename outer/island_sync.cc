@@ -80,18 +80,20 @@ IslandSync::IslandSync(Transport* transport, std::string run_id,
 }
 
 std::vector<float> IslandSync::ResidualSnapshot() const {
+  if (options_.error_feedback && device_) return device_->ResidualSnapshot();
   std::lock_guard<std::mutex> lock(residual_mu_);
   return residual_;
 }
 
 absl::Status IslandSync::RestoreResidual(std::vector<float> residual) {
-  if (!options_.error_feedback || device_) {
-    return absl::FailedPreconditionError("this fragment keeps no host residual");
+  if (!options_.error_feedback) {
+    return absl::FailedPreconditionError("this fragment keeps no residual (no error feedback)");
   }
   if (residual.size() != n_) {
     return absl::InvalidArgumentError(absl::StrCat("a residual of ", residual.size(),
                                                    " elements for ", n_, " owned"));
   }
+  if (device_) return device_->RestoreResidual(residual);
   std::lock_guard<std::mutex> lock(residual_mu_);
   residual_ = std::move(residual);
   return absl::OkStatus();

@@ -152,7 +152,8 @@ class IslandSync {
   // Total bytes of full-state fetches (joins and resyncs).
   uint64_t fetched_bytes() const { return fetched_bytes_; }
   // The error-feedback residual of the owned ranges (as of the last accepted push); read while
-  // no push runs, or through ResidualSnapshot, which any thread may call.
+  // no push runs, or through ResidualSnapshot, which any thread may call (and which reads the
+  // device copy's residual when there is one: residual() is the host path's).
   const std::vector<float>& residual() const { return residual_; }
   std::vector<float> ResidualSnapshot() const;
   // A checkpoint's residual (owned elements, concatenated), before the first push of a resumed
@@ -160,7 +161,8 @@ class IslandSync {
   absl::Status RestoreResidual(std::vector<float> residual);
   uint64_t fragment_elements() const { return fragment_elements_; }
   uint32_t fragment() const { return options_.fragment; }
-  bool keeps_residual() const { return options_.error_feedback && device_ == nullptr; }
+  // Whether the fragment has a residual to checkpoint (error feedback; on the host or the device).
+  bool keeps_residual() const { return options_.error_feedback; }
   // The goodput to the service this island measured (reported with each push; 0: unknown). Set
   // while no push is in flight.
   void set_link_bps(double bps) { link_bps_ = bps; }

@@ -151,11 +151,6 @@ absl::Status ValidateSparse(const OuterConfig& c) {
         " works per coordinate, where sparse contributions are mostly zeros: it would drop what "
         "a single island sent; with outer.topk_density < 1 use mean or clipped_mean"));
   }
-  if (c.global_copy == GlobalCopy::kDevice) {
-    return absl::InvalidArgumentError(
-        "outer.topk_density < 1: the sparse codecs have no device kernels yet; use "
-        "outer.global_copy = \"host\" or \"auto\"");
-  }
   return absl::OkStatus();
 }
 

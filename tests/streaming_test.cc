@@ -214,21 +214,41 @@ TEST(StreamingTest, SparseFragmentsStayBitIdenticalAtAFractionOfABitPerParameter
 // A resumed island's accumulator: the residual written into a checkpoint (by two ranks, read back
 // merged) and restored into a fresh island process's sync equals the uninterrupted island's, and
 // so does every round after it, bit for bit.
-TEST(ErrorFeedbackTest, AResumedAccumulatorEqualsAnUninterruptedOne) {
+// One island's sparse rounds over 500 parameters: int2 values, 3 of every 64 kept, SGD at lr 1,
+// decayed error feedback.
+struct SparseRun {
   outer::SyncServerOptions options;
-  options.run_id = "run";
-  options.optimizer = {1.0, 0.0, false};
-  options.num_data_streams = 1;
-  options.codec = *compression::MakeSpec(int(compression::Codec::kInt2), 64, 3);
   outer::FragmentLayout layout;
-  layout.names = {"w"};
-  layout.numels = {500};
-  std::vector<float> init(500);
-  for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));
-  outer::IslandSyncOptions so;
-  so.codec = options.codec;
-  so.error_feedback = true;
-  so.error_feedback_decay = 0.9f;
+  std::vector<float> init = std::vector<float>(500);
+  outer::IslandSyncOptions sync;
+  SparseRun() {
+    options.run_id = "run";
+    options.optimizer = {1.0, 0.0, false};
+    options.num_data_streams = 1;
+    options.codec = *compression::MakeSpec(int(compression::Codec::kInt2), 64, 3);
+    layout.names = {"w"};
+    layout.numels = {500};
+    for (size_t i = 0; i < init.size(); ++i) init[i] = std::sin(float(i));
+    sync.codec = options.codec;
+    sync.error_feedback = true;
+    sync.error_feedback_decay = 0.9f;
+  }
+  static std::shared_ptr<outer::IslandIdentity> Join(outer::SyncServer& server) {
+    pb::JoinRequest join;
+    join.set_run_id("run");
+    join.set_name("a");
+    auto joined = server.Join(join);
+    EXPECT_TRUE(joined.ok()) << joined.status();
+    return std::make_shared<outer::IslandIdentity>(joined->island_id(), joined->session());
+  }
+};
+
+TEST(ErrorFeedbackTest, AResumedAccumulatorEqualsAnUninterruptedOne) {
+  const SparseRun run;
+  const auto& options = run.options;
+  const auto& layout = run.layout;
+  const auto& init = run.init;
+  const auto& so = run.sync;
   // Local training: the same made-up steps whichever process takes them.
   auto round = [](outer::IslandSync& sync, int r) {
     std::vector<float> local = sync.global();
@@ -236,14 +256,7 @@ TEST(ErrorFeedbackTest, AResumedAccumulatorEqualsAnUninterruptedOne) {
     auto out = sync.SyncRound(local, 10);
     ASSERT_TRUE(out.ok()) << out.status();
   };
-  auto start = [&](outer::SyncServer& server) {
-    pb::JoinRequest join;
-    join.set_run_id("run");
-    join.set_name("a");
-    auto joined = server.Join(join);
-    EXPECT_TRUE(joined.ok()) << joined.status();
-    return std::make_shared<outer::IslandIdentity>(joined->island_id(), joined->session());
-  };
+  auto start = SparseRun::Join;
   // Uninterrupted: 6 rounds.
   outer::SyncServer s1(options, layout, init);
   outer::InProcessTransport t1(&s1);
@@ -289,18 +302,67 @@ TEST(ErrorFeedbackTest, AResumedAccumulatorEqualsAnUninterruptedOne) {
   EXPECT_EQ(c.global_hash(), a.global_hash());
 }
 
+// The same on the device path (the host engine over CPU tensors): the residual lives beside the
+// parameters, a checkpoint takes its snapshot, and a fresh island restores it there; the rounds
+// after it are the uninterrupted island's, bit for bit.
+TEST(ErrorFeedbackTest, ADeviceResidualResumesBitForBit) {
+  const SparseRun run;
+  struct Island {
+    at::Tensor params = torch::zeros({500});
+    std::unique_ptr<TensorDeviceCopy> copy;
+    std::unique_ptr<outer::IslandSync> sync;
+  };
+  auto make = [&](outer::InProcessTransport& t, std::shared_ptr<outer::IslandIdentity> id) {
+    Island island;
+    auto copy = TensorDeviceCopy::Create(
+        [p = island.params] { return std::vector<at::Tensor>{p}; }, 500, at::kCPU);
+    EXPECT_TRUE(copy.ok()) << copy.status();
+    island.copy = *std::move(copy);
+    island.sync = std::make_unique<outer::IslandSync>(&t, "run", id, 500, run.sync);
+    island.sync->set_device_copy(island.copy.get());
+    return island;
+  };
+  auto round = [&](Island& island, int r) {
+    torch::NoGradGuard no_grad;
+    island.params.copy_(island.copy->global());
+    island.params.sub_(0.01 * torch::cos(torch::arange(500, torch::kFloat) * float(r + 2)));
+    ASSERT_TRUE(island.copy->Capture(true, run.sync.error_feedback_decay).ok());
+    auto out = island.sync->SyncRoundOnDevice(10);
+    ASSERT_TRUE(out.ok()) << out.status();
+  };
+  outer::SyncServer s1(run.options, run.layout, run.init);
+  outer::InProcessTransport t1(&s1);
+  Island a = make(t1, SparseRun::Join(s1));
+  ASSERT_TRUE(a.sync->FetchGlobal().ok());
+  for (int r = 0; r < 6; ++r) round(a, r);
+  outer::SyncServer s2(run.options, run.layout, run.init);
+  outer::InProcessTransport t2(&s2);
+  const auto id = SparseRun::Join(s2);
+  std::vector<float> residual;
+  {
+    Island b = make(t2, id);
+    ASSERT_TRUE(b.sync->FetchGlobal().ok());
+    for (int r = 0; r < 3; ++r) round(b, r);
+    residual = b.sync->ResidualSnapshot();
+  }
+  ASSERT_EQ(residual.size(), 500u);
+  EXPECT_TRUE(std::any_of(residual.begin(), residual.end(), [](float v) { return v != 0; }));
+  Island c = make(t2, id);
+  ASSERT_TRUE(c.sync->FetchGlobal().ok());
+  EXPECT_EQ(c.sync->RestoreResidual(std::vector<float>(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(c.sync->RestoreResidual(residual).ok());
+  for (int r = 3; r < 6; ++r) round(c, r);
+  EXPECT_TRUE(c.sync->ResidualSnapshot() == a.sync->ResidualSnapshot());
+  EXPECT_TRUE(s2.params() == s1.params());
+  EXPECT_EQ(c.sync->global_hash(), a.sync->global_hash());
+}
+
 // outer.global_copy = "device" on the CPU runs the whole device path (the pseudo-gradient made in
 // tensors beside the parameters and encoded by the host engine, error feedback kept there, each
 // update applied to the device copy from its encoded chunks, merges from it): the same bits as the
-// host path, with stochastic rounding, error feedback, tau 2 and alpha 0.5.
-TEST(StreamingTest, ADeviceCopyGivesTheHostPathsBits) {
-  TempDir dir;
-  auto c = StreamingConfig(dir);
-  c.outer.islands = 1;
-  c.train.steps = 20;
-  c.outer.error_feedback = true;
-  c.outer.stochastic_rounding = true;
-  c.outer.fragment_update_alpha = 0.5;
+// host path.
+void ExpectTheDevicePathGivesTheHostPathsBits(const Config& c) {
   auto run = [&](const std::string& where) {
     auto d = c;
     EXPECT_TRUE(outer::ParseConfigValue(where, &d.outer.global_copy).ok());
@@ -323,6 +385,38 @@ TEST(StreamingTest, ADeviceCopyGivesTheHostPathsBits) {
   EXPECT_EQ(device.global_hash, host.global_hash);
   ASSERT_TRUE(device.last_eval && host.last_eval);
   EXPECT_EQ(device.last_eval->loss, host.last_eval->loss);  // the local parameters too
+}
+
+// FP4 with stochastic rounding, error feedback, tau 2 and alpha 0.5.
+TEST(StreamingTest, ADeviceCopyGivesTheHostPathsBits) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.outer.islands = 1;
+  c.train.steps = 20;
+  c.outer.error_feedback = true;
+  c.outer.stochastic_rounding = true;
+  c.outer.fragment_update_alpha = 0.5;
+  ExpectTheDevicePathGivesTheHostPathsBits(c);
+}
+
+// The sparse codec (2% int2, decayed error feedback, plain SGD): top-k, the residual of what was
+// not sent and the sparse updates all on the device path.
+TEST(StreamingTest, ASparseDeviceCopyGivesTheHostPathsBits) {
+  TempDir dir;
+  auto c = StreamingConfig(dir);
+  c.outer.islands = 1;
+  c.train.steps = 20;
+  c.outer.error_feedback = true;
+  c.outer.error_feedback_decay = 0.8f;
+  c.outer.topk_density = 0.02;
+  c.outer.topk_chunk = 1024;
+  c.outer.codec = *compression::ParseCodec("int2");
+  c.outer.stochastic_rounding = true;
+  c.outer.optimizer.name = "sgd";
+  c.outer.optimizer.lr = 1.0;
+  c.outer.optimizer.momentum = 0;
+  ASSERT_TRUE(Validate(c).ok()) << Validate(c);
+  ExpectTheDevicePathGivesTheHostPathsBits(c);
 }
 
 // On a GPU, islands with their global copies on the device (the default there): every copy stays

@@ -74,8 +74,9 @@ absl::Status ShardModel::PlaceGlobalCopy(outer::GlobalCopy where,
   device_.resize(pieces_.size());
   const bool on_gpu = !trainer_.sharded().shards().empty() &&
                       trainer_.sharded().shards().front().value.device().is_cuda();
-  // A codec without CUDA kernels encodes on the host: "auto" keeps the host path for it.
-  const bool kernels = compression::FindCodec(codec.codec)->cuda && !codec.sparse();
+  // A codec without CUDA kernels encodes on the host: "auto" keeps the host path for it. A sparse
+  // codec has kernels when its value codec has (codec_traits.h).
+  const bool kernels = compression::FindCodec(codec.codec)->cuda;
   if (where == outer::GlobalCopy::kHost ||
       (where == outer::GlobalCopy::kAuto && (!on_gpu || !kernels))) {
     return absl::OkStatus();

@@ -71,10 +71,7 @@ absl::Status TensorDeviceCopy::Load(const std::vector<float>& global) {
 
 absl::Status TensorDeviceCopy::Capture(bool error_feedback, float decay) {
   torch::NoGradGuard no_grad;
-  if (error_feedback && !residual_.defined()) {
-    residual_ = at::zeros({int64_t(n_)}, options_);
-    next_residual_ = at::zeros({int64_t(n_)}, options_);
-  }
+  if (error_feedback) AllocateResidual();
   const bool add_residual = error_feedback && residual_valid_;
   int64_t at = 0;
   for (const auto& p : parts_()) {
@@ -117,10 +114,47 @@ absl::Status TensorDeviceCopy::Encode(const compression::CodecSpec& spec, uint64
   return engine_->Subtract(At(delta_, at), decoded_.data_ptr<float>(), At(next_residual_, at), n);
 }
 
+void TensorDeviceCopy::AllocateResidual() {
+  if (residual_.defined()) return;
+  std::lock_guard<std::mutex> lock(residual_mu_);
+  residual_ = at::zeros({int64_t(n_)}, options_);
+  next_residual_ = at::zeros({int64_t(n_)}, options_);
+}
+
 void TensorDeviceCopy::KeepResidual() {
   if (!residual_.defined()) return;
+  std::lock_guard<std::mutex> lock(residual_mu_);
   std::swap(residual_, next_residual_);
   residual_valid_ = true;
+}
+
+void TensorDeviceCopy::ResetResidual() {
+  std::lock_guard<std::mutex> lock(residual_mu_);
+  residual_valid_ = false;
+}
+
+std::vector<float> TensorDeviceCopy::ResidualSnapshot() const {
+  std::vector<float> out(n_, 0.0f);
+  std::lock_guard<std::mutex> lock(residual_mu_);
+  if (!residual_valid_ || n_ == 0) return out;
+  // A libtorch copy on the calling thread's stream: the engine wrote the residual before its
+  // Subtract returned, and KeepResidual swapped it in after.
+  at::from_blob(out.data(), {int64_t(n_)}, at::kFloat).copy_(residual_);
+  return out;
+}
+
+absl::Status TensorDeviceCopy::RestoreResidual(const std::vector<float>& residual) {
+  if (residual.size() != n_) {
+    return absl::InvalidArgumentError(absl::StrCat("a residual of ", residual.size(),
+                                                   " elements for a device copy of ", n_));
+  }
+  AllocateResidual();
+  std::lock_guard<std::mutex> lock(residual_mu_);
+  ATL_RETURN_IF_ERROR(engine_->MarkCompute());
+  ATL_RETURN_IF_ERROR(engine_->FromHost(residual_.data_ptr<float>(), residual.data(),
+                                        n_ * sizeof(float)));
+  residual_valid_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status TensorDeviceCopy::Apply(const compression::CodecSpec& spec, uint64_t at, uint64_t n,

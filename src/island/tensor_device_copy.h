@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,9 @@ class TensorDeviceCopy : public outer::DeviceCopy {
                       const compression::Rounding& rounding, uint8_t* out, float* exact,
                       uint64_t sample) override;
   void KeepResidual() override;
-  void ResetResidual() override { residual_valid_ = false; }
+  void ResetResidual() override;
+  std::vector<float> ResidualSnapshot() const override;
+  absl::Status RestoreResidual(const std::vector<float>& residual) override;
   absl::Status Apply(const compression::CodecSpec& spec, uint64_t at, uint64_t n,
                      const std::string& bytes) override;
 
@@ -62,6 +65,10 @@ class TensorDeviceCopy : public outer::DeviceCopy {
   std::unique_ptr<compression::SpanEngine> engine_;
   at::TensorOptions options_;
   at::Tensor global_, delta_;
+  // Make the residuals (with error feedback) before first use.
+  void AllocateResidual();
+
+  mutable std::mutex residual_mu_;       // guards residual_ and residual_valid_ against snapshots
   at::Tensor residual_, next_residual_;  // with error feedback
   bool residual_valid_ = false;          // false: the residual is zero
   at::Tensor bytes_, decoded_;           // scratch for one chunk
