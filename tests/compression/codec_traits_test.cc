@@ -69,7 +69,9 @@ TEST(CodecTraitsTest, PayloadsHaveTheLayoutsSize) {
       ASSERT_TRUE(Decode(spec, out.data(), bytes, n, y.data()).ok());
       for (size_t i = 0; i < n; ++i) {
         ASSERT_TRUE(std::isfinite(y[i]));
-        if (y[i] != 0) EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "element " << i;
+        if (y[i] != 0) {
+          EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << "element " << i;
+        }
       }
     }
   }
