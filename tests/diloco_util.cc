@@ -3,11 +3,63 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <thread>
+
+#include "compression/checksum.h"
+#include "compression/codec.h"
+#include "outer/faulty_transport.h"
 #include "outer/in_process_transport.h"
 #include "src/service/coordinator.h"
 #include "tests/test_util.h"
 
 namespace atl {
+
+// 2 islands of a 4-layer model with 4 fragments, tau = 2, FP4, on generated text.
+Config StreamingConfig(const testing::TempDir& dir) {
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  auto c = DiLoCoConfig(dir.Join("text.txt"));
+  c.model.n_layer = 4;
+  c.outer.islands = 2;
+  c.outer.sync_every = 8;
+  c.outer.num_fragments = 4;
+  c.outer.fragment_sync_delay = 2;
+  c.outer.codec = *compression::ParseCodec("fp4_e2m1");
+  return c;
+}
+
+// Runs every island of `c` in its own thread against one in-process service.
+std::vector<absl::StatusOr<IslandSummary>> RunIslands(const Config& c, outer::SyncServer& server,
+                                                      const testing::TempDir& dir,
+                                                      std::vector<double> throttle,
+                                                      absl::Duration call_delay) {
+  std::vector<absl::StatusOr<IslandSummary>> results(size_t(c.outer.islands));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < c.outer.islands; ++i) {
+    threads.emplace_back([&, i] {
+      outer::InProcessTransport direct(&server);
+      outer::Faults faults;
+      faults.delay = call_delay;  // a slow link: every call takes this much longer
+      outer::FaultyTransport transport(&direct, faults);
+      IslandOptions o;
+      o.name = "island" + std::to_string(i);
+      o.run_dir = dir.Join(o.name);
+      if (size_t(i) < throttle.size()) o.throttle = throttle[size_t(i)];
+      results[size_t(i)] = RunIsland(c, transport, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+// XXH64 of the service's fragments, concatenated (what islands report as global_hash).
+uint64_t ServiceHash(const outer::SyncServer& server) {
+  std::vector<float> all;
+  for (uint32_t f = 0; f < server.num_fragments(); ++f) {
+    const auto p = server.params(f);
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  return compression::Checksum(all.data(), all.size() * sizeof(float));
+}
 
 Config DiLoCoConfig(const std::string& text_path) {
   auto c = testing::TinyConfig(text_path);

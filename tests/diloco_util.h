@@ -1,6 +1,6 @@
-// What the tests of the outer loop around the real trainer share (diloco_test.cc, streaming_test.cc):
-// the small config they start from, one island against a fresh in-process service, and the
-// plainly trained reference with the comparison that holds a run to it.
+// What the tests of the outer loop around the real trainer share (diloco_test.cc, streaming_test.cc,
+// device_copy_test.cc): the small configs they start from, islands against an in-process service,
+// and the plainly trained reference with the comparison that holds a run to it.
 #ifndef ATOLL_TESTS_DILOCO_UTIL_H_
 #define ATOLL_TESTS_DILOCO_UTIL_H_
 
@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "outer/sync_server.h"
 #include "src/config/config.h"
 #include "src/island/island_loop.h"
+#include "tests/test_util.h"
 
 namespace atl {
 namespace inner {
@@ -19,6 +22,19 @@ class Trainer;
 
 // testing::TinyConfig on `text_path`: 20 steps, no evaluation, one island.
 Config DiLoCoConfig(const std::string& text_path);
+
+// 2 islands of a 4-layer model with 4 fragments, tau = 2, FP4, on generated text in `dir`.
+Config StreamingConfig(const testing::TempDir& dir);
+
+// Runs every island of `c` in its own thread against one in-process service (island i throttled
+// to throttle[i] steps per second where given, every call `call_delay` late).
+std::vector<absl::StatusOr<IslandSummary>> RunIslands(const Config& c, outer::SyncServer& server,
+                                                      const testing::TempDir& dir,
+                                                      std::vector<double> throttle = {},
+                                                      absl::Duration call_delay = {});
+
+// XXH64 of the service's fragments, concatenated (what islands report as global_hash).
+uint64_t ServiceHash(const outer::SyncServer& server);
 
 // One island ("solo", its files under run_dir) against a fresh in-process service of `c`: what
 // the island reported and the service's parameters at the end.

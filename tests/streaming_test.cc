@@ -1,6 +1,7 @@
 // Streaming DiLoCo over the real trainer, in process (no network): fragments and overlap, eager
-// updates, sparse payloads and their accumulator across a resume, device copies, early phases,
-// auto-tune, async fragments, the loss guard, and robust aggregation against a faulty island.
+// updates, sparse payloads and their accumulator across a resume (on the host and the device path),
+// early phases, auto-tune, async fragments, the loss guard, and robust aggregation against a
+// faulty island. The device path of the outer round is in device_copy_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -32,53 +33,6 @@ namespace atl {
 namespace {
 
 using ::atl::testing::TempDir;
-
-// 2 islands of a 4-layer model with 4 fragments, tau = 2, FP4, on generated text.
-Config StreamingConfig(const TempDir& dir) {
-  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
-  auto c = DiLoCoConfig(dir.Join("text.txt"));
-  c.model.n_layer = 4;
-  c.outer.islands = 2;
-  c.outer.sync_every = 8;
-  c.outer.num_fragments = 4;
-  c.outer.fragment_sync_delay = 2;
-  c.outer.codec = *compression::ParseCodec("fp4_e2m1");
-  return c;
-}
-
-// Runs every island of `c` in its own thread against one in-process service.
-std::vector<absl::StatusOr<IslandSummary>> RunIslands(const Config& c, outer::SyncServer& server,
-                                                      const TempDir& dir,
-                                                      std::vector<double> throttle = {},
-                                                      absl::Duration call_delay = {}) {
-  std::vector<absl::StatusOr<IslandSummary>> results(size_t(c.outer.islands));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < c.outer.islands; ++i) {
-    threads.emplace_back([&, i] {
-      outer::InProcessTransport direct(&server);
-      outer::Faults faults;
-      faults.delay = call_delay;  // a slow link: every call takes this much longer
-      outer::FaultyTransport transport(&direct, faults);
-      IslandOptions o;
-      o.name = "island" + std::to_string(i);
-      o.run_dir = dir.Join(o.name);
-      if (size_t(i) < throttle.size()) o.throttle = throttle[size_t(i)];
-      results[size_t(i)] = RunIsland(c, transport, o);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
-// XXH64 of the service's fragments, concatenated (what islands report as global_hash).
-uint64_t ServiceHash(const outer::SyncServer& server) {
-  std::vector<float> all;
-  for (uint32_t f = 0; f < server.num_fragments(); ++f) {
-    const auto p = server.params(f);
-    all.insert(all.end(), p.begin(), p.end());
-  }
-  return compression::Checksum(all.data(), all.size() * sizeof(float));
-}
 
 // Every island ended on the service's parameters (its global hash) without a resync.
 void ExpectEveryCopyIsTheServices(const std::vector<absl::StatusOr<IslandSummary>>& results,
@@ -211,9 +165,6 @@ TEST(StreamingTest, SparseFragmentsStayBitIdenticalAtAFractionOfABitPerParameter
   EXPECT_GE(compared, 8);
 }
 
-// A resumed island's accumulator: the residual written into a checkpoint (by two ranks, read back
-// merged) and restored into a fresh island process's sync equals the uninterrupted island's, and
-// so does every round after it, bit for bit.
 // One island's sparse rounds over 500 parameters: int2 values, 3 of every 64 kept, SGD at lr 1,
 // decayed error feedback.
 struct SparseRun {
@@ -243,6 +194,9 @@ struct SparseRun {
   }
 };
 
+// A resumed island's accumulator: the residual written into a checkpoint (by two ranks, read back
+// merged) and restored into a fresh island process's sync equals the uninterrupted island's, and
+// so does every round after it, bit for bit.
 TEST(ErrorFeedbackTest, AResumedAccumulatorEqualsAnUninterruptedOne) {
   const SparseRun run;
   const auto& options = run.options;
@@ -356,152 +310,6 @@ TEST(ErrorFeedbackTest, ADeviceResidualResumesBitForBit) {
   EXPECT_TRUE(c.sync->ResidualSnapshot() == a.sync->ResidualSnapshot());
   EXPECT_TRUE(s2.params() == s1.params());
   EXPECT_EQ(c.sync->global_hash(), a.sync->global_hash());
-}
-
-// outer.global_copy = "device" on the CPU runs the whole device path (the pseudo-gradient made in
-// tensors beside the parameters and encoded by the host engine, error feedback kept there, each
-// update applied to the device copy from its encoded chunks, merges from it): the same bits as the
-// host path.
-void ExpectTheDevicePathGivesTheHostPathsBits(const Config& c) {
-  auto run = [&](const std::string& where) {
-    auto d = c;
-    EXPECT_TRUE(outer::ParseConfigValue(where, &d.outer.global_copy).ok());
-    auto server = *MakeSyncServer(d);
-    TempDir runs;
-    auto results = RunIslands(d, *server, runs);
-    EXPECT_TRUE(results[0].ok()) << results[0].status();
-    std::vector<std::vector<float>> params;
-    for (uint32_t f = 0; f < server->num_fragments(); ++f) params.push_back(server->params(f));
-    return std::make_pair(params, *results[0]);
-  };
-  const auto [host_params, host] = run("host");
-  const auto [device_params, device] = run("device");
-  EXPECT_EQ(host.global_copy, "host");
-  EXPECT_EQ(device.global_copy, "device");
-  EXPECT_GE(device.rounds, 8u);
-  EXPECT_EQ(device.rounds, host.rounds);
-  EXPECT_EQ(device.resyncs, 0u);
-  EXPECT_TRUE(device_params == host_params);
-  EXPECT_EQ(device.global_hash, host.global_hash);
-  ASSERT_TRUE(device.last_eval && host.last_eval);
-  EXPECT_EQ(device.last_eval->loss, host.last_eval->loss);  // the local parameters too
-}
-
-// FP4 with stochastic rounding, error feedback, tau 2 and alpha 0.5.
-TEST(StreamingTest, ADeviceCopyGivesTheHostPathsBits) {
-  TempDir dir;
-  auto c = StreamingConfig(dir);
-  c.outer.islands = 1;
-  c.train.steps = 20;
-  c.outer.error_feedback = true;
-  c.outer.stochastic_rounding = true;
-  c.outer.fragment_update_alpha = 0.5;
-  ExpectTheDevicePathGivesTheHostPathsBits(c);
-}
-
-// The sparse codec (2% int2, decayed error feedback, plain SGD): top-k, the residual of what was
-// not sent and the sparse updates all on the device path.
-TEST(StreamingTest, ASparseDeviceCopyGivesTheHostPathsBits) {
-  TempDir dir;
-  auto c = StreamingConfig(dir);
-  c.outer.islands = 1;
-  c.train.steps = 20;
-  c.outer.error_feedback = true;
-  c.outer.error_feedback_decay = 0.8f;
-  c.outer.topk_density = 0.02;
-  c.outer.topk_chunk = 1024;
-  c.outer.codec = *compression::ParseCodec("int2");
-  c.outer.stochastic_rounding = true;
-  c.outer.optimizer.name = "sgd";
-  c.outer.optimizer.lr = 1.0;
-  c.outer.optimizer.momentum = 0;
-  ASSERT_TRUE(Validate(c).ok()) << Validate(c);
-  ExpectTheDevicePathGivesTheHostPathsBits(c);
-}
-
-// On a GPU, islands with their global copies on the device (the default there): every copy stays
-// bit-identical to the service's, with FP4 and error feedback, and nothing resyncs.
-TEST(StreamingTest, GpuDeviceCopiesStayBitIdentical) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  TempDir dir;
-  auto c = StreamingConfig(dir);
-  c.train.steps = 24;
-  c.train.device = "cuda";
-  c.outer.error_feedback = true;
-  auto server = *MakeSyncServer(c);
-  const auto results = RunIslands(c, *server, dir);
-  const uint64_t hash = ServiceHash(*server);
-  for (const auto& r : results) {
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->global_copy, "device");
-    EXPECT_EQ(r->global_hash, hash);
-    EXPECT_EQ(r->resyncs, 0u);
-    EXPECT_GE(r->rounds, 8u);
-  }
-}
-
-// The CUDA engine against the host engine on the same inputs: the same encoded bytes, exact
-// samples, residuals and global copies, bit for bit, through a capture, an update and a second
-// capture that carries the residual.
-TEST(TensorDeviceCopyTest, GpuEqualsTheHostBitForBit) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const int64_t n = (1 << 20) + 17;
-  torch::manual_seed(5);
-  const auto local = torch::randn({n});
-  std::vector<float> global(static_cast<size_t>(n));
-  const auto g = (local + 1e-3 * torch::randn({n})).contiguous();
-  std::memcpy(global.data(), g.data_ptr<float>(), size_t(n) * 4);
-  const auto spec = *compression::ParseCodec("fp4_e2m1");
-  struct Side {
-    at::Tensor params;
-    std::unique_ptr<TensorDeviceCopy> copy;
-  };
-  auto make = [&](const at::Device& device) {
-    Side s;
-    s.params = local.to(device).clone();
-    auto copy = TensorDeviceCopy::Create([p = s.params] { return std::vector<at::Tensor>{p}; },
-                                         uint64_t(n), device);
-    EXPECT_TRUE(copy.ok()) << copy.status();
-    s.copy = *std::move(copy);
-    EXPECT_TRUE(s.copy->Load(global).ok());
-    return s;
-  };
-  Side cpu = make(at::kCPU), gpu = make(at::Device(at::kCUDA, 0));
-  ASSERT_TRUE(gpu.copy->on_device());
-  const uint64_t chunk = 300000;  // chunks that end inside scale blocks' runs
-  auto encode_both = [&](uint64_t seed) {
-    for (uint64_t at = 0; at < uint64_t(n); at += chunk) {
-      const uint64_t k = std::min<uint64_t>(chunk, uint64_t(n) - at);
-      const compression::Rounding r{true, seed, at};
-      std::vector<uint8_t> a(compression::EncodedBytes(spec, k)), b(a.size(), 0xAB);
-      std::vector<float> ea(64), eb(64);
-      ASSERT_TRUE(cpu.copy->Encode(spec, at, k, r, a.data(), ea.data(), 64).ok());
-      ASSERT_TRUE(gpu.copy->Encode(spec, at, k, r, b.data(), eb.data(), 64).ok());
-      ASSERT_EQ(a, b) << "chunk at " << at;
-      ASSERT_EQ(0, std::memcmp(ea.data(), eb.data(), 64 * 4));
-    }
-    cpu.copy->KeepResidual();
-    gpu.copy->KeepResidual();
-  };
-  ASSERT_TRUE(cpu.copy->Capture(true).ok());
-  ASSERT_TRUE(gpu.copy->Capture(true).ok());
-  encode_both(11);
-  // An update, as the service would send it (encoded on the host), applied to both copies.
-  const auto u = (1e-3 * torch::randn({n})).contiguous();
-  std::string bytes(compression::EncodedBytes(spec, size_t(n)), '\0');
-  ASSERT_TRUE(compression::Encode(spec, u.data_ptr<float>(), size_t(n),
-                                  reinterpret_cast<uint8_t*>(bytes.data()))
-                  .ok());
-  ASSERT_TRUE(cpu.copy->Apply(spec, 0, uint64_t(n), bytes).ok());
-  ASSERT_TRUE(gpu.copy->Apply(spec, 0, uint64_t(n), bytes).ok());
-  EXPECT_TRUE(torch::equal(cpu.copy->global(), gpu.copy->global().cpu()));
-  // The second round's pseudo-gradient carries the first one's residual.
-  ASSERT_TRUE(cpu.copy->Capture(true).ok());
-  ASSERT_TRUE(gpu.copy->Capture(true).ok());
-  encode_both(12);
-  cpu.copy->MergeInto(0.5);
-  gpu.copy->MergeInto(0.5);
-  EXPECT_TRUE(torch::allclose(cpu.params, gpu.params.cpu(), 1e-6, 1e-7));
 }
 
 // A warm start and an early H before Streaming DiLoCo's staggered fragments (tau 2, FP4): every
