@@ -49,20 +49,21 @@ absl::Status ForEachSpan(uint64_t n, WorkerPool* pool,
   return absl::OkStatus();
 }
 
-// Token-weighted mean in double, in the given (island-id) order, each contribution scaled first.
-// Each contribution is decoded a window at a time and folded into the window's sums at once.
+// Token-weighted mean in double, in the given (island-id) order, each contribution scaled first,
+// of elements [first, first + n) into out[n]. Each contribution is decoded a window at a time and
+// folded into the window's sums at once; every element's result depends on that element alone.
 absl::Status WeightedMean(const std::vector<ContributionRef>& in, const std::vector<double>& scale,
-                          uint64_t n, float* out, WorkerPool* pool) {
+                          uint64_t first, uint64_t n, float* out, WorkerPool* pool) {
   double total = 0;
   for (const auto& c : in) total += double(c.tokens);
-  return ForEachSpan(n, pool, [&](uint64_t first, uint64_t count, size_t) {
+  return ForEachSpan(n, pool, [&](uint64_t span, uint64_t count, size_t) {
     std::vector<float> x(kWindow);
     std::vector<double> sum(kWindow);
-    for (uint64_t a = first; a < first + count; a += kWindow) {
-      const uint64_t len = std::min(kWindow, first + count - a);
+    for (uint64_t a = span; a < span + count; a += kWindow) {
+      const uint64_t len = std::min(kWindow, span + count - a);
       std::fill(sum.begin(), sum.end(), 0.0);
       for (size_t i = 0; i < in.size(); ++i) {
-        ATL_RETURN_IF_ERROR(ReadContribution(in[i], a, len, x.data()));
+        ATL_RETURN_IF_ERROR(ReadContribution(in[i], first + a, len, x.data()));
         compression::FoldWeighted(x.data(), double(in[i].tokens), scale[i], sum.data(), len);
       }
       compression::StoreQuotient(sum.data(), total, out + a, len);
@@ -179,6 +180,17 @@ absl::Status CheckActs(const AggregationOptions& options, int islands) {
       "; it needs at least ", smallest, " islands (or use mean)"));
 }
 
+absl::Status CombineMean(const std::vector<ContributionRef>& contributions,
+                         const std::vector<double>& scale, uint64_t first, uint64_t n, float* out,
+                         WorkerPool* pool) {
+  if (contributions.empty()) return absl::FailedPreconditionError("no contributions to combine");
+  if (scale.size() != contributions.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(scale.size(), " scales for ",
+                                                   contributions.size(), " contributions"));
+  }
+  return WeightedMean(contributions, scale, first, n, out, pool);
+}
+
 absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
                        AggregationReport* report, WorkerPool* pool) {
@@ -192,9 +204,10 @@ absl::Status Aggregate(const AggregationOptions& options,
     }
   }
   std::vector<double> scale(m, 1.0);
+  if (report != nullptr) report->scales = scale;
   switch (options.rule) {
     case AggregationRule::kMean:
-      return WeightedMean(contributions, scale, n, out, pool);
+      return WeightedMean(contributions, scale, 0, n, out, pool);
     case AggregationRule::kClippedMean: {
       std::vector<double> norms;
       for (const auto& c : contributions) norms.push_back(c.norm);
@@ -208,7 +221,8 @@ absl::Status Aggregate(const AggregationOptions& options,
           }
         }
       }
-      return WeightedMean(contributions, scale, n, out, pool);
+      if (report != nullptr) report->scales = scale;
+      return WeightedMean(contributions, scale, 0, n, out, pool);
     }
     case AggregationRule::kTrimmedMean: {
       const size_t k = std::min(size_t(std::floor(options.trim_fraction * double(m))), (m - 1) / 2);

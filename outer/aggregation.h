@@ -52,6 +52,8 @@ struct AggregationReport {
   std::vector<std::string> clipped;          // clipped_mean: islands whose norm was clipped
   std::map<std::string, double> trimmed;     // trimmed_mean/median: share of coordinates dropped
   std::vector<std::string> outliers;         // islands dropped far more often than chance
+  // mean and clipped_mean: each contribution's scale, in order (1, or its clip factor).
+  std::vector<double> scales;
 };
 
 // Writes the outer gradient of elements [0, n) into out[n]. Every payload must cover [0, n).
@@ -63,6 +65,15 @@ struct AggregationReport {
 int SmallestIslands(const AggregationOptions& options);
 // Why the rule cannot act for `islands` contributions (named, with the smallest M), or OK.
 absl::Status CheckActs(const AggregationOptions& options, int islands);
+
+// The mean rules' fold alone, over elements [first, first + n) of the fragment into out[n]: in the
+// order given, sum(tokens x (scale[i] x value)) / sum(tokens) in double, stored as fp32. Each
+// element's result depends on that element alone, so a range holds the very bits the whole
+// fragment's fold holds there (a relayed update is computed so on each rank's ranges:
+// outer/update_recipe.h). The payloads must cover the range.
+absl::Status CombineMean(const std::vector<ContributionRef>& contributions,
+                         const std::vector<double>& scale, uint64_t first, uint64_t n, float* out,
+                         WorkerPool* pool = nullptr);
 
 absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,

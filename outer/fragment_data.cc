@@ -93,6 +93,34 @@ void FragmentData::Apply(const float* g, const std::vector<pb::Chunk>& update, W
   optimizer_->EndStep();
 }
 
+absl::Status FragmentData::StepLinear(const float* g, WorkerPool* pool) {
+  const size_t n = params_.size(), spans = NumSpans(n, kNormSpan);
+  const float lr = float(optimizer_->lr());
+  // Checked first, span by span, then applied: u is recomputed (a multiply) rather than kept.
+  std::vector<uint8_t> bad(spans, 0);
+  ForEach(pool, spans, [&](size_t t) {
+    const size_t first = t * kNormSpan, count = std::min(n, first + kNormSpan) - first;
+    float* u = Scratch(0, count).data();
+    LinearStep(lr, g + first, u, count);
+    const float* p = params_.data() + first;
+    uint32_t any = 0;
+    for (size_t i = 0; i < count; ++i) any |= uint32_t(!std::isfinite(p[i] - u[i]));
+    bad[t] = uint8_t(any);
+  });
+  for (uint8_t b : bad) {
+    if (b) return absl::InvalidArgumentError("the update would make the global parameters non-finite");
+  }
+  ForEach(pool, spans, [&](size_t t) {
+    const size_t first = t * kNormSpan, count = std::min(n, first + kNormSpan) - first;
+    float* u = Scratch(0, count).data();
+    LinearStep(lr, g + first, u, count);
+    optimizer_->Advance(g + first, first, count);
+    ApplyUpdate(params_.data() + first, u, count);
+  });
+  optimizer_->EndStep();
+  return absl::OkStatus();
+}
+
 uint64_t FragmentData::Hash() const {
   return compression::Checksum(params_.data(), params_.size() * sizeof(float));
 }

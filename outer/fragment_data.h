@@ -35,6 +35,10 @@ class FragmentData {
   // Advances the optimizer by g and subtracts the update that PrepareUpdate made of it (decoded
   // chunk by chunk, as the islands decode it).
   void Apply(const float* g, const std::vector<pb::Chunk>& update, WorkerPool* pool);
+  // For a linear step (optimizer().linear()): subtracts u = LinearStep(lr, g) itself, the update
+  // each copy makes from relayed contributions (outer/update_recipe.h). INVALID_ARGUMENT, with
+  // nothing changed, when u would make a parameter non-finite.
+  absl::Status StepLinear(const float* g, WorkerPool* pool);
 
   uint64_t Hash() const;                                 // XXH64 of the parameters
   uint64_t RangeHash(uint64_t begin, uint64_t end) const;  // of elements [begin, end)

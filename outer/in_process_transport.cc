@@ -5,6 +5,51 @@
 
 namespace atl::outer {
 
+namespace {
+
+// A relayed update: the recipe, then each term's contribution over [begin, end) (whole sparse
+// chunks), numbered within the term; the requester's own is left out when it holds it. At least
+// one message goes, so that the recipe and the hashes always arrive.
+absl::Status StreamRelayed(const CommittedRound& r, const pb::UpdateRequest& request,
+                           uint64_t begin, uint64_t end, uint64_t range_hash,
+                           const std::function<bool(pb::UpdateChunk&&)>& write) {
+  const pb::UpdateRecipe recipe = ToProto(r.recipe);
+  auto message = [&] {
+    pb::UpdateChunk u;
+    *u.mutable_recipe() = recipe;
+    u.set_params_hash(r.params_hash);
+    u.set_range_hash(range_hash);
+    u.set_contributors(uint32_t(r.contributors.size()));
+    return u;
+  };
+  bool sent = false;
+  for (size_t t = 0; t < r.recipe.terms.size(); ++t) {
+    const std::string& island = r.recipe.terms[t].island;
+    if (request.holds_own() && island == request.island_id()) continue;
+    const EncodedPayload& payload = *r.relayed[t];
+    std::vector<const EncodedChunk*> overlapping;
+    for (const auto& c : payload.chunks) {
+      if (c.offset + c.count > begin && c.offset < end) overlapping.push_back(&c);
+    }
+    const PayloadId id{request.run_id(), island, r.round, r.fragment};
+    const uint64_t fragment_elements =
+        payload.chunks.empty() ? 0 : payload.chunks.back().offset + payload.chunks.back().count;
+    for (size_t i = 0; i < overlapping.size(); ++i) {
+      pb::UpdateChunk u = message();
+      *u.mutable_chunk() =
+          SliceChunk(ChunkOf(id, r.relayed_codec, *overlapping[i], fragment_elements, uint32_t(i),
+                             uint32_t(overlapping.size())),
+                     begin, end);
+      if (!write(std::move(u))) return absl::CancelledError("the caller went away");
+      sent = true;
+    }
+  }
+  if (!sent && !write(message())) return absl::CancelledError("the caller went away");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
                           absl::Time deadline, const std::function<bool()>& cancelled,
                           const std::function<bool(pb::UpdateChunk&&)>& write) {
@@ -22,6 +67,9 @@ absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
     const uint64_t first = c.header().offset(), last = first + c.header().num_elements();
     return last > begin && first < end;
   };
+  if (!r.recipe.terms.empty()) {
+    return StreamRelayed(r, request, begin, end, range_hash, write);
+  }
   uint32_t num_chunks = 0;
   for (const auto& c : r.update_chunks) num_chunks += overlaps(c);
   uint32_t index = 0;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "compression/codec_math.h"
 #include "compression/status_macros.h"
 #include "outer/outer_optimizer.h"
+#include "outer/update_recipe.h"
 
 namespace atl::outer {
 namespace {
@@ -325,7 +327,9 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
     absl::StatusOr<pb::PushResponse> pushed;
     EncodingError error;
     uint64_t bytes = 0;
+    std::vector<EncodedChunk> sent;  // kept for a relayed update (sparse codecs)
   };
+  const bool keep_own = options_.codec.sparse() && !options_.async;
   std::vector<Lane> results(parts.size());
   // A push pulls its chunks from here: each encoded from global - local (+ the residual) as it is
   // sent, one stream per part, chunks numbered within it. A retry starts a fresh source (the
@@ -333,6 +337,7 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
   auto source = [&](size_t lane) -> PushSource {
     results[lane].error = EncodingError();
     results[lane].bytes = 0;
+    results[lane].sent.clear();
     return [&, lane, next = size_t(0), delta = std::vector<float>(),
             decoded = std::vector<float>()](pb::PushRequest* m) mutable -> absl::StatusOr<bool> {
       const auto& part = parts[lane];
@@ -370,6 +375,7 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
                                                 data.size(), n, decoded.data()));
         for (uint64_t i = 0; i < n; ++i) next_residual_[c.at + i] = delta[i] - decoded[i];
       }
+      if (keep_own) results[lane].sent.push_back({c.begin, n, chunk->data()});
       *m->mutable_chunk() = *std::move(chunk);
       m->set_tokens(tokens);
       if (next == 0) {
@@ -387,12 +393,15 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
   });
   EncodingError error;
   std::vector<absl::StatusOr<pb::PushResponse>> answers;
+  std::vector<EncodedChunk> sent;
   for (auto& r : results) {
     out.bytes_sent += r.bytes;
     error.Add(r.error);
     answers.push_back(std::move(r.pushed));
+    std::move(r.sent.begin(), r.sent.end(), std::back_inserter(sent));
   }
   ATL_ASSIGN_OR_RETURN(auto answer, CombineAnswers(answers));
+  if (keep_own) KeepOwn(std::move(sent));
   out.quantization_error = error.relative();
   if (options_.error_feedback) {
     if (device_) {
@@ -403,6 +412,16 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
     }
   }
   return answer;
+}
+
+void IslandSync::KeepOwn(std::vector<EncodedChunk> sent) {
+  std::sort(sent.begin(), sent.end(),
+            [](const EncodedChunk& a, const EncodedChunk& b) { return a.offset < b.offset; });
+  own_ = EncodedPayload();
+  own_.codec = options_.codec;
+  for (const auto& c : sent) own_.elements += c.count;
+  own_.chunks = std::move(sent);
+  own_round_ = round_;
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
@@ -556,6 +575,8 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
   request.set_fragment(options_.fragment);
   request.set_offset(whole() && !split ? 0 : p.begin);
   request.set_num_elements(whole() && !split ? 0 : p.end - p.begin);
+  const bool holds_own = own_round_ == round && !own_.chunks.empty();
+  request.set_holds_own(holds_own);
   uint64_t range_hash = 0;
   auto receive = [&]() {
     // Each chunk is applied as it arrives; a retry starts again from the global copy.
@@ -568,6 +589,9 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
                         [&](uint64_t first, const float* u, uint64_t k) {
                           ApplyUpdate(next.data() + p.at + (first - p.begin), u, size_t(k));
                         });
+    // A relayed update (its messages carry a recipe) is made here once all of it has arrived.
+    std::optional<RelayReceiver> relay;
+    bool encoded = false;
     absl::Status s = transport_->AwaitUpdate(
         request,
         [&](pb::UpdateChunk&& c) {
@@ -575,6 +599,18 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
           range_hash = c.range_hash();
           got.params_hash = c.params_hash();
           got.contributors = c.contributors();
+          if (c.has_recipe() != relay.has_value() && (relay.has_value() || encoded)) {
+            return absl::InvalidArgumentError("an update mixes relayed and encoded chunks");
+          }
+          if (c.has_recipe()) {
+            if (!relay) {
+              relay.emplace(PayloadId{run_id_, island_id_, round, options_.fragment},
+                            options_.codec, fragment_elements_, p.begin, p.end,
+                            holds_own ? &own_ : nullptr);
+            }
+            return relay->Add(std::move(c));
+          }
+          encoded = true;
           absl::Status added = assembler.Add(c.chunk());
           if (added.ok() && device_) {
             const auto& h = c.chunk().header();
@@ -584,7 +620,17 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
           return added;
         },
         lane);
-    return s.ok() ? assembler.CheckComplete() : s;
+    if (!s.ok()) return s;
+    if (!relay) return assembler.CheckComplete();
+    ATL_ASSIGN_OR_RETURN(const std::vector<float> u, relay->Finish());
+    ApplyUpdate(next.data() + p.at, u.data(), u.size());
+    if (device_) {
+      // The device copy subtracts the same u (exact in fp32).
+      got.chunks.push_back({p.at, u.size(), {compression::Codec::kFp32, 0},
+                            std::string(reinterpret_cast<const char*>(u.data()),
+                                        u.size() * sizeof(float))});
+    }
+    return absl::OkStatus();
   };
   got.status = receive();
   for (int tries = 0; tries < options_.retries && (absl::IsUnavailable(got.status) ||

@@ -198,6 +198,9 @@ class IslandSync {
                    Received& got);
   absl::Status CheckSplitHash(const std::vector<Received>& received, uint64_t round,
                               const std::vector<float>& next) const;
+  // PushContribution's: what was pushed (its lanes' chunks), kept as this round's own
+  // contribution, which a relayed update leaves out (outer/update_recipe.h).
+  void KeepOwn(std::vector<EncodedChunk> sent);
   // PushContribution's: one push of a lane, retried on transient failures.
   absl::StatusOr<pb::PushResponse> PushRetrying(const std::function<PushSource()>& source,
                                                 int lane);
@@ -224,6 +227,9 @@ class IslandSync {
   std::vector<float> residual_;  // error feedback
   std::vector<float> next_residual_;  // written by a push, kept when it is accepted
   std::vector<float> global_;
+  // What this rank pushed in round own_round_ (sparse codecs: a relayed update leaves it out).
+  EncodedPayload own_;
+  uint64_t own_round_ = UINT64_MAX;
   DeviceCopy* device_ = nullptr;
   uint64_t round_ = 0;
   double link_bps_ = 0;

@@ -75,9 +75,9 @@ class SgdOptimizer : public OuterOptimizer {
   SgdOptimizer(const OuterOptimizerConfig& config, size_t n) : OuterOptimizer(config.lr, n) {}
   const char* name() const override { return "sgd"; }
   void Preview(const float* g, float* u, size_t, size_t count) const override {
-    const float lr = float(lr_);
-    for (size_t i = 0; i < count; ++i) u[i] = lr * g[i];
+    LinearStep(float(lr_), g, u, count);
   }
+  bool linear() const override { return true; }
   void Advance(const float*, size_t, size_t) override {}
   void EndStep() override {}
   std::vector<Tensor> StateTensors() const override { return {}; }
@@ -157,7 +157,7 @@ NesterovOptimizer::NesterovOptimizer(const OuterOptimizerConfig& config, size_t 
 void NesterovOptimizer::Preview(const float* g, float* u, size_t first, size_t n) const {
   const float lr = float(lr_), mu = float(config_.momentum);
   if (momentum_.empty() || averaging_) {
-    for (size_t i = 0; i < n; ++i) u[i] = lr * g[i];
+    LinearStep(lr, g, u, n);
     return;
   }
   const float* m = momentum_.data() + first;
@@ -251,6 +251,10 @@ absl::Status NesterovOptimizer::Restore(
 
 void ApplyUpdate(float* theta, const float* u, size_t n) {
   for (size_t i = 0; i < n; ++i) theta[i] -= u[i];
+}
+
+void LinearStep(float lr, const float* g, float* u, size_t n) {
+  for (size_t i = 0; i < n; ++i) u[i] = lr * g[i];
 }
 
 }  // namespace atl::outer

@@ -70,6 +70,9 @@ class OuterOptimizer {
   double lr() const { return lr_; }
   // Plain averaging for the next steps (a warm start): u = lr x g, the state untouched.
   void set_averaging(bool averaging) { averaging_ = averaging; }
+  // Whether the next step is u = float(lr) x g with no state read or written (LinearStep): then
+  // any copy that knows g and the lr makes u itself, bit for bit (outer/update_recipe.h).
+  virtual bool linear() const { return averaging_; }
 
   // The state, by name: tensors of the fragment's size and integer counters, in a fixed order
   // (the durable state stores them so).
@@ -119,6 +122,7 @@ class NesterovOptimizer : public OuterOptimizer {
   std::unique_ptr<OuterOptimizer> Clone() const override {
     return std::make_unique<NesterovOptimizer>(*this);
   }
+  bool linear() const override { return averaging_ || (momentum_.empty() && buffer_.empty()); }
   const std::vector<float>& momentum() const { return momentum_; }
   const std::vector<float>& buffer() const { return buffer_; }
   int buffered() const { return buffered_; }
@@ -132,6 +136,8 @@ class NesterovOptimizer : public OuterOptimizer {
 
 // theta -= u, elementwise in fp32: the one way every copy applies an outer update.
 void ApplyUpdate(float* theta, const float* u, size_t n);
+// u = lr x g, elementwise in fp32: the step of a linear outer optimizer, wherever it is made.
+void LinearStep(float lr, const float* g, float* u, size_t n);
 
 }  // namespace atl::outer
 

@@ -98,25 +98,43 @@ absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::Co
                          });
 }
 
+pb::ChunkHeader HeaderOf(const PayloadId& id, const compression::CodecSpec& spec, uint64_t offset,
+                         uint64_t count, uint64_t fragment_elements, uint32_t index,
+                         uint32_t num_chunks) {
+  pb::ChunkHeader h;
+  h.set_run_id(id.run_id);
+  h.set_island_id(id.island_id);
+  h.set_round(id.round);
+  h.set_fragment(id.fragment);
+  h.set_codec(pb::Codec(int(spec.codec)));
+  h.set_block_size(spec.block_size);
+  h.set_topk(spec.topk);
+  h.set_offset(offset);
+  h.set_num_elements(count);
+  h.set_fragment_elements(fragment_elements);
+  h.set_chunk_index(index);
+  h.set_num_chunks(num_chunks);
+  return h;
+}
+
+pb::Chunk ChunkOf(const PayloadId& id, const compression::CodecSpec& spec, const EncodedChunk& c,
+                  uint64_t fragment_elements, uint32_t index, uint32_t num_chunks) {
+  pb::Chunk chunk;
+  *chunk.mutable_header() =
+      HeaderOf(id, spec, c.offset, c.count, fragment_elements, index, num_chunks);
+  chunk.set_data(c.data);
+  chunk.set_xxh64(compression::Checksum(c.data.data(), c.data.size()));
+  return chunk;
+}
+
 absl::StatusOr<pb::Chunk> EncodeChunkWith(const PayloadId& id, const compression::CodecSpec& spec,
                                           uint64_t offset, uint64_t count,
                                           uint64_t fragment_elements, uint32_t index,
                                           uint32_t num_chunks, compression::Rounding rounding,
                                           const ChunkEncoder& encode) {
   pb::Chunk chunk;
-  auto* h = chunk.mutable_header();
-  h->set_run_id(id.run_id);
-  h->set_island_id(id.island_id);
-  h->set_round(id.round);
-  h->set_fragment(id.fragment);
-  h->set_codec(pb::Codec(int(spec.codec)));
-  h->set_block_size(spec.block_size);
-  h->set_topk(spec.topk);
-  h->set_offset(offset);
-  h->set_num_elements(count);
-  h->set_fragment_elements(fragment_elements);
-  h->set_chunk_index(index);
-  h->set_num_chunks(num_chunks);
+  *chunk.mutable_header() =
+      HeaderOf(id, spec, offset, count, fragment_elements, index, num_chunks);
   std::string* data = chunk.mutable_data();
   data->resize(compression::EncodedBytes(spec, count));
   rounding.first_index = offset;

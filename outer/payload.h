@@ -229,6 +229,14 @@ class Assembler {
   uint64_t covered_ = 0;
 };
 
+// The header of a chunk of `id` holding elements [offset, offset + count) in `spec`.
+pb::ChunkHeader HeaderOf(const PayloadId& id, const compression::CodecSpec& spec, uint64_t offset,
+                         uint64_t count, uint64_t fragment_elements, uint32_t index,
+                         uint32_t num_chunks);
+// A kept chunk (EncodedChunk) on the wire again: its bytes under a header of `id`, checksummed.
+pb::Chunk ChunkOf(const PayloadId& id, const compression::CodecSpec& spec, const EncodedChunk& c,
+                  uint64_t fragment_elements, uint32_t index, uint32_t num_chunks);
+
 // Sum of the serialized sizes of messages (bytes on the wire, before gRPC framing).
 template <typename Message>
 size_t WireBytes(const std::vector<Message>& messages) {

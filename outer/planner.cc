@@ -13,6 +13,7 @@
 #include "compression/status_macros.h"
 #include "outer/fragments.h"
 #include "outer/payload.h"
+#include "outer/update_recipe.h"
 
 namespace atl::outer {
 namespace {
@@ -43,7 +44,8 @@ class Replay {
   explicit Replay(const PlanInput& in) : in_(in), rate_(StarRate(in)) {
     for (uint64_t n : in.fragment_elements) {
       bytes_.push_back(compression::EncodedBytes(in.codec, size_t(n)));
-      down_bytes_.push_back(UpdateBytesAtMost(in.codec, uint32_t(in.islands), n));
+      down_bytes_.push_back(DownBytesAtMost(in.codec, uint32_t(in.islands), n,
+                                            in.linear_outer_step));
     }
   }
 

@@ -58,6 +58,10 @@ struct PlanInput {
   int sync_every = 100;  // H
   int tau = 0;           // inner steps between a fragment's push and its merge (streaming)
   compression::CodecSpec codec = {compression::Codec::kFp32, 0};  // what travels
+  // The outer step is linear (outer SGD, SparseLoCo's): the star relays sparse contributions, an
+  // island receiving the M - 1 others' when that is smaller than their encoded union
+  // (outer/update_recipe.h).
+  bool linear_outer_step = true;
   // Inner steps of the run; the end of the run (every fragment pushed and merged in turn, as
   // atoll ends a run) is included. 0: the steady state (many rounds, no end).
   int64_t steps = 0;

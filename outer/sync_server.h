@@ -37,6 +37,7 @@
 #include "outer/membership.h"
 #include "outer/outer_optimizer.h"
 #include "outer/payload.h"
+#include "outer/update_recipe.h"
 #include "outer/worker_pool.h"
 #include "atoll/v1/service_state.pb.h"
 
@@ -141,9 +142,14 @@ struct CommittedRound {
   uint64_t round = 0;
   uint32_t fragment = 0;
   // The update u (theta_new = theta - u, every copy subtracting the decoded chunks), encoded once
-  // and kept only so.
+  // and kept only so. Or, when `recipe` has terms, u is relayed: each copy makes it from the
+  // contributions (`relayed`, one per term, in `relayed_codec`) by the recipe
+  // (outer/update_recipe.h).
   std::vector<pb::Chunk> update_chunks;
-  uint64_t update_bytes = 0;  // of the chunks' data
+  UpdateRecipe recipe;
+  std::vector<std::shared_ptr<const EncodedPayload>> relayed;
+  compression::CodecSpec relayed_codec;
+  uint64_t update_bytes = 0;  // of the chunks' (or the relayed payloads') data
   uint64_t params_hash = 0;            // XXH64 of the fp32 global parameters after the update
   std::vector<std::string> contributors;
   uint64_t tokens = 0;
@@ -384,6 +390,8 @@ class SyncServer {
   // The data a commit produced, published under mu_.
   struct CommitResult {
     std::vector<pb::Chunk> update;
+    UpdateRecipe recipe;  // a relayed update: the recipe and its contributions, in its order
+    std::vector<std::shared_ptr<const EncodedPayload>> relayed;
     RoundRecord record;
     uint64_t params_hash = 0;
     double params_norm = 0;
@@ -399,11 +407,19 @@ class SyncServer {
   // contributions whose combination would make the parameters non-finite are left out one by one
   // (largest norm first).
   void RunCommit(CommitJob job);
+  // The round's contributions as a relayed update would carry them (terms and payloads in the
+  // order g was made in).
+  struct Relayable {
+    std::vector<UpdateTerm> terms;
+    std::vector<std::shared_ptr<const EncodedPayload>> payloads;
+  };
   // Under the data lock: the update of the outer gradient g, applied (INVALID_ARGUMENT and nothing
-  // changed when it would make a parameter non-finite), with the hashes and norm after it.
+  // changed when it would make a parameter non-finite), with the hashes and norm after it. The
+  // update is relayed when the step is linear and relaying is smaller (RelayIsSmaller).
   absl::StatusOr<CommitResult> StepLocked(Fragment& f, uint32_t fragment, uint64_t round,
                                           const float* g,
-                                          const std::set<std::pair<uint64_t, uint64_t>>& ranges);
+                                          const std::set<std::pair<uint64_t, uint64_t>>& ranges,
+                                          Relayable relayable);
   // The hashes and norm of the parameters (under the data lock).
   void MeasureLocked(const Fragment& f, const std::set<std::pair<uint64_t, uint64_t>>& ranges,
                      CommitResult& result);

@@ -386,7 +386,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
-  auto result = StepLocked(frag, id.fragment, id.round + staleness, g.data(), ranges);
+  auto result = StepLocked(frag, id.fragment, id.round + staleness, g.data(), ranges, {});
   if (!result.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
                                                    "' refused: ", result.status().message()));

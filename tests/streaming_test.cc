@@ -143,7 +143,7 @@ TEST(StreamingTest, SparseFragmentsStayBitIdenticalAtAFractionOfABitPerParameter
     const double up = 8.0 * double(r->bytes_sent) / double(r->elements_synced);
     const double down = 8.0 * double(r->bytes_received) / double(r->elements_synced);
     EXPECT_LT(up, 0.6);    // 2% of values at 2 bits + 8.6-bit indices, plus headers
-    EXPECT_LT(down, 1.2);  // the union of 2 islands' indices, FP4 values
+    EXPECT_LT(down, 0.6);  // the other island's push, relayed (outer SGD is linear)
   }
   // Each island's round records: its fragment's hash after every merge equals the other's.
   std::map<std::pair<int, int>, std::string> seen;

@@ -34,6 +34,7 @@ struct Setting {
   std::string codec;
   double topk_density = 1;  // the config's sparse pseudo-gradients (1: dense)
   int topk_chunk = 4096;
+  bool linear_step = true;  // the config's outer step is linear (sgd, or no momentum)
   outer::SyncPhases phases;  // the config's warm start and early H (a run of --steps)
 };
 
@@ -149,6 +150,7 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.pattern = c.outer.fragment_pattern;
     s.service_threads = c.outer.service_threads;
     s.shards = c.outer.shards;
+    s.linear_step = c.outer.optimizer.name == "sgd" || c.outer.optimizer.momentum == 0;
   }
   if (o.params > 0) {
     s.params = o.params;
@@ -182,6 +184,7 @@ absl::StatusOr<PlanInput> BaseInput(const PlanOptions& o, const Setting& s) {
   in.commit_s_per_param = o.commit_ns_per_param * 1e-9;
   in.service_threads = s.service_threads;
   in.shards = s.shards;
+  in.linear_outer_step = s.linear_step;
   in.commit_parallel_fraction = o.commit_parallel_fraction;
   if (!o.service_bandwidth.empty()) {
     ATL_ASSIGN_OR_RETURN(auto bw, outer::ParseBandwidth(o.service_bandwidth));

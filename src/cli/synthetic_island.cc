@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -233,21 +235,33 @@ class SyntheticIsland {
     u.set_fragment(f.index);
     auto reader = stub.AwaitUpdate(&ctx, u);
     pb::UpdateChunk chunk;
-    uint64_t covered = 0;
+    // Elements received per source: the service's encoded update (""), or each contribution of a
+    // relayed one (this island holds none of its own: it asks for all).
+    std::map<std::string, uint64_t> covered;
+    std::vector<std::string> terms;
+    bool first = true;
     while (reader->Read(&chunk)) {
-      if (covered == 0) t.first_update = LoadClock::now();
+      if (first) t.first_update = LoadClock::now();
+      first = false;
       if (compression::Checksum(chunk.chunk().data().data(), chunk.chunk().data().size()) !=
           chunk.chunk().xxh64()) {
         return absl::DataLossError(absl::StrCat("an update chunk of round ", round,
                                                 " does not match its checksum"));
       }
-      covered += chunk.chunk().header().num_elements();
+      if (terms.empty()) {
+        for (const auto& term : chunk.recipe().terms()) terms.push_back(term.island_id());
+      }
+      if (chunk.has_chunk()) covered[chunk.chunk().header().island_id()] += chunk.chunk().header().num_elements();
       t.bytes_received += chunk.ByteSizeLong();
     }
     ATL_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("update of round ", round)));
-    if (covered != f.elements) {
-      return absl::DataLossError(absl::StrCat("the update of round ", round, " covers ", covered,
-                                              " of ", f.elements, " elements"));
+    if (terms.empty()) terms.push_back("");
+    for (const auto& source : terms) {
+      if (covered[source] != f.elements) {
+        return absl::DataLossError(absl::StrCat("the update of round ", round, " covers ",
+                                                covered[source], " of ", f.elements, " elements",
+                                                source.empty() ? "" : " of island " + source));
+      }
     }
     t.done = LoadClock::now();
     return t;

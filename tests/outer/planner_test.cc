@@ -64,19 +64,26 @@ TEST(PlannerTest, ReproducesTheOrdersOfMagnitudeOfTheStreamingDiLoCoPaper) {
   EXPECT_LT(sparse * 30, fp4);
 }
 
-// Through the star a sparse run's update comes back as the union of the islands' indices: with
-// M islands at most M times a push's kept values (FP4), never more than dense FP4.
-TEST(PlannerTest, SparseUpdatesComeBackAsTheUnionOfThePushes) {
+// Through the star a sparse run's update comes back relayed when the outer step is linear (an
+// island receives the M - 1 other pushes: outer/update_recipe.h), else as the union of the
+// islands' indices (FP4 values): at most M times a push's kept values, never more than dense FP4.
+TEST(PlannerTest, SparseUpdatesComeBackRelayedOrAsTheUnionOfThePushes) {
   PlanInput in;
   in.fragment_elements = {1 << 20};
   in.islands = 4;
   in.codec = {Codec::kInt2, 4096, 41};
-  const PlanResult r = Simulate(in);
-  EXPECT_EQ(r.bytes_sent_per_round, double(compression::EncodedBytes(in.codec, 1 << 20)));
+  const double push = double(compression::EncodedBytes(in.codec, 1 << 20));
   const double dense_fp4 = double(compression::EncodedBytes({Codec::kFp4E2M1, 32}, 1 << 20));
-  EXPECT_GT(r.bytes_received_per_round, 2 * r.bytes_sent_per_round);
+  const PlanResult relayed = Simulate(in);
+  EXPECT_EQ(relayed.bytes_sent_per_round, push);
+  EXPECT_EQ(relayed.bytes_received_per_round, 3 * push);
+  in.linear_outer_step = false;
+  const PlanResult r = Simulate(in);
+  EXPECT_GT(r.bytes_received_per_round, 3 * push);
   EXPECT_LT(r.bytes_received_per_round, dense_fp4 / 4);
-  in.islands = 100;  // the union would take more than dense FP4
+  in.islands = 100;  // the union would take more than dense FP4, and so would 99 pushes
+  EXPECT_EQ(Simulate(in).bytes_received_per_round, dense_fp4);
+  in.linear_outer_step = true;
   EXPECT_EQ(Simulate(in).bytes_received_per_round, dense_fp4);
 }
 

@@ -111,6 +111,54 @@ class SyncServerTest : public ::testing::Test {
   }
   const std::vector<std::pair<uint64_t, uint64_t>> kRank0Ranges = {{0, 300}, {600, 800}},
                                                    kRank1Ranges = {{300, 600}, {800, 1000}};
+  // Island a of one rank and island b of two (kRank0Ranges, kRank1Ranges), each over its own
+  // faulty view of one transport: calls dropped with probability `faults`, chunks corrupted with
+  // a quarter of it. Joins a and b to `s`; the ranks have fetched the global parameters.
+  struct ThreeRanks {
+    std::unique_ptr<FaultyTransport> fa, fb0, fb1;
+    std::unique_ptr<IslandSync> a, b0, b1;
+    uint64_t dropped() const { return fa->dropped() + fb0->dropped() + fb1->dropped(); }
+    uint64_t corrupted() const { return fa->corrupted() + fb0->corrupted() + fb1->corrupted(); }
+  };
+  ThreeRanks JoinThreeRanks(SyncServer& s, Transport* transport, double faults,
+                            IslandSyncOptions so) {
+    ThreeRanks t;
+    t.fa = std::make_unique<FaultyTransport>(transport,
+                                             Faults{faults, absl::ZeroDuration(), faults / 4});
+    t.fb0 = std::make_unique<FaultyTransport>(
+        transport, Faults{faults, absl::ZeroDuration(), faults / 4, 0, 1, 2});
+    t.fb1 = std::make_unique<FaultyTransport>(
+        transport, Faults{faults, absl::ZeroDuration(), faults / 4, 0, 1, 3});
+    Join(s, "a");
+    Join(s, "b");
+    so.retries = 10;
+    t.a = std::make_unique<IslandSync>(t.fa.get(), "run", Id("a"), 1000, so);
+    so.ranges = kRank0Ranges;
+    t.b0 = std::make_unique<IslandSync>(t.fb0.get(), "run", Id("b"), 1000, so);
+    so.ranges = kRank1Ranges;
+    t.b1 = std::make_unique<IslandSync>(t.fb1.get(), "run", Id("b"), 1000, so);
+    EXPECT_TRUE(t.a->FetchGlobal().ok() && t.b0->FetchGlobal().ok() && t.b1->FetchGlobal().ok());
+    return t;
+  }
+  // One round of the three ranks (in three threads), each moved by a made-up local training;
+  // a's outcome, or the first error.
+  static absl::StatusOr<RoundOutcome> SyncThree(ThreeRanks& t, int round) {
+    auto perturbed = [&](const IslandSync& x, float scale) {
+      std::vector<float> v = x.global();
+      for (size_t i = 0; i < v.size(); ++i) v[i] += scale * std::cos(float(i * (round + 1)));
+      return v;
+    };
+    absl::StatusOr<RoundOutcome> ra, rb0, rb1;
+    std::thread ta([&] { ra = t.a->SyncRound(perturbed(*t.a, 0.01f), 100); });
+    std::thread tb0([&] { rb0 = t.b0->SyncRound(perturbed(*t.b0, -0.003f), 60); });
+    rb1 = t.b1->SyncRound(perturbed(*t.b1, -0.003f), 60);
+    ta.join();
+    tb0.join();
+    for (const auto* r : {&rb0, &rb1}) {
+      if (!r->ok()) return r->status();
+    }
+    return ra;
+  }
   static std::vector<float> Sines(size_t n) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = std::sin(float(i));
