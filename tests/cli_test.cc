@@ -268,6 +268,14 @@ TEST_F(CliTest, CompareChecksEveryRunBeforeTheFirstStarts) {
   EXPECT_THAT(r.output, HasSubstr("compare: streaming_fp4_e2m1: outer.num_fragments must be in"));
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("cmp/diloco")));
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("cmp/compare.json")));
+  // A sparse density for the sparse method alone: it turns error feedback on itself, so only a
+  // run without it (dense diloco at 3%) is refused, by name.
+  r = Atoll(base + "--compare.methods=sparse_int2 --outer.topk_density=0.03 --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Atoll(base + "--compare.methods=sparse_int2,diloco --outer.topk_density=0.03 --dry-run");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("compare: diloco: outer.topk_density = 0.03"));
+  EXPECT_THAT(r.output, HasSubstr("it needs outer.error_feedback = true"));
 }
 
 // Best-vs-best: every method runs the grid (the baseline only its non-outer part), each is reported

@@ -225,7 +225,7 @@ absl::StatusOr<std::vector<Sweep>> ParseSweeps(const CompareOptions& o,
     for (const auto& value : sweep.values) {
       auto with = overrides;
       with.emplace_back(sweep.key, value);
-      if (auto c = LoadConfig(o.config_path, with); !c.ok()) {
+      if (auto c = LoadConfig(o.config_path, with, ConfigChecks::kKeys); !c.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("--sweep ", sweep.key, "=", value, ": ",
                                                        c.status().message()));
       }
@@ -435,7 +435,8 @@ absl::Status CheckRuns(const CompareOptions& o, const std::vector<Override>& ove
       auto with = overrides;
       with.insert(with.end(), point.begin(), point.end());
       // The method's changes of this point's config, as DiLoCo() makes them.
-      ATL_ASSIGN_OR_RETURN(const Config at_point, LoadConfig(o.config_path, with));
+      ATL_ASSIGN_OR_RETURN(const Config at_point,
+                           LoadConfig(o.config_path, with, ConfigChecks::kKeys));
       const MethodChanges changes = ChangesOf(m, at_point);
       const std::string notes = absl::StrJoin(changes.notes, ", ");
       if (!notes.empty() && said.insert(notes).second) {
@@ -459,7 +460,9 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   if (o.islands < 1) return absl::InvalidArgumentError("--islands must be >= 1");
   ATL_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(o.overrides));
   overrides.emplace_back("outer.islands", std::to_string(o.islands));
-  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides));
+  // The template of the runs: its keys fit together once a method has made its changes (a sparse
+  // method turns error feedback on, say), which CheckRuns checks for every run.
+  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides, ConfigChecks::kKeys));
   // Check the data before starting anything.
   ATL_RETURN_IF_ERROR(text::LoadDataset(config.data, config.model));
   ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));

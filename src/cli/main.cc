@@ -395,7 +395,11 @@ Command AddCompare(CLI::App& app, CommandLine& cl) {
               "check every run's config (each method at each grid point), say what each method "
               "changes of it, and stop before the first run");
   return {c, [&cl, f, c, sweeps, dry_run](const std::vector<atl::Override>& overrides) {
-            if (auto config = RunConfig(cl, overrides); !config.ok()) return Fail(config.status());
+            // Each key here; the runs' whole configs in RunCompare (a method changes some keys).
+            if (auto config = atl::LoadConfig(cl.config_path, overrides, atl::ConfigChecks::kKeys);
+                !config.ok()) {
+              return Fail(config.status());
+            }
             auto throttle = atl::ParseThrottles(f->throttles, f->islands);
             if (!throttle.ok()) return Fail(throttle.status());
             atl::CompareOptions options;

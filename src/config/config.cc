@@ -234,7 +234,8 @@ namespace {
 
 // The overrides on top of what `table` set, then validation.
 absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& where,
-                               const std::vector<Override>& overrides) {
+                               const std::vector<Override>& overrides,
+                               ConfigChecks checks = ConfigChecks::kAll) {
   Config config;
   auto schema = Schema(config);
   ATL_RETURN_IF_ERROR(Walk(table, "", schema, where));
@@ -243,7 +244,7 @@ absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& wher
     if (f == nullptr) return Unknown(key, " (command line)");
     ATL_RETURN_IF_ERROR(f->from_text(value));
   }
-  ATL_RETURN_IF_ERROR(Validate(config));
+  if (checks == ConfigChecks::kAll) ATL_RETURN_IF_ERROR(Validate(config));
   return config;
 }
 
@@ -256,7 +257,8 @@ absl::Status ParseError(const toml::parse_error& e, const std::string& source) {
 
 }  // namespace
 
-absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides) {
+absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides,
+                                  ConfigChecks checks) {
   toml::table table;
   if (!path.empty()) {
     try {
@@ -268,7 +270,7 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Ove
       return ParseError(e, "file " + path);
     }
   }
-  return Resolve(table, path.empty() ? "" : absl::StrCat(" in ", path), overrides);
+  return Resolve(table, path.empty() ? "" : absl::StrCat(" in ", path), overrides, checks);
 }
 
 absl::StatusOr<Config> ParseConfig(const std::string& toml_text, const std::string& source,

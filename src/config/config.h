@@ -59,8 +59,14 @@ using Override = std::pair<std::string, std::string>;
 // Parses "--key=value" and "--key value" arguments. Anything else is an error naming it.
 absl::StatusOr<std::vector<Override>> ParseOverrides(const std::vector<std::string>& args);
 
+// What a load checks: every key and how they fit together (Validate), or each key alone (its
+// type and spelling): the template of `atoll compare`'s runs, which each method changes before its
+// run's whole config is checked.
+enum class ConfigChecks { kAll, kKeys };
+
 // Defaults, then the TOML file (if `path` is not empty), then the overrides; then validation.
-absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides);
+absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<Override>& overrides,
+                                  ConfigChecks checks = ConfigChecks::kAll);
 
 // The same from TOML text (a checkpoint's resolved config); `source` names it in errors.
 absl::StatusOr<Config> ParseConfig(const std::string& toml_text, const std::string& source,
