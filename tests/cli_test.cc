@@ -278,6 +278,35 @@ TEST_F(CliTest, CompareChecksEveryRunBeforeTheFirstStarts) {
   EXPECT_THAT(r.output, HasSubstr("it needs outer.error_feedback = true"));
 }
 
+// `atoll report` gathers the runs of several compares into one report: each row's mean over the
+// runs found under its directories, every run on the Pareto plot; a row without runs is refused.
+TEST_F(CliTest, ReportGathersRunsIntoRows) {
+  auto write = [&](const std::string& dir, double loss, uint64_t up) {
+    std::filesystem::create_directories(dir_.Join(dir));
+    testing::WriteFile(dir_.Join(dir + "/result.json"),
+                       absl::StrCat("{\"method\":\"m\",\"setting\":\"\",\"val_loss\":", loss,
+                                    ",\"tokens\":100,\"wan_bytes\":", 3 * up,
+                                    ",\"bytes_up\":", up, ",\"bytes_down\":", 2 * up,
+                                    ",\"bits_up\":0.5,\"bits_down\":1.0,\"wall_s\":1,"
+                                    "\"note\":\"\",\"curve\":[[100,", loss, "]]}\n"));
+  };
+  write("a/s0/sparse_int2", 2.0, 1 << 20);
+  write("a/s1/sparse_int2", 2.2, 1 << 20);
+  write("b/diloco", 2.0, 100 << 20);
+  auto r = Atoll("report --out " + dir_.Join("rep") + " --title t \"first=" + dir_.Join("b") +
+                 "\" \"second=" + dir_.Join("a/s0") + "," + dir_.Join("a/s1") + "\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("| first | 1 | 2.0000 | 2.0000 / 2.0000 | +0.00% | 100.00 MiB / "
+                                  "200.00 MiB | 0.500 / 1.000 |"));
+  EXPECT_THAT(r.output, HasSubstr("| second | 2 | 2.1000 | 2.0000 / 2.2000 | +5.00% | 1.00 MiB / "
+                                  "2.00 MiB | 0.500 / 1.000 |"));
+  EXPECT_THAT(testing::ReadFile(dir_.Join("rep/pareto.svg")), HasSubstr("second"));
+  r = Atoll("report --out " + dir_.Join("rep2") + " x=" + dir_.Join("nothing"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("row 'x': no result.json under"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("rep2")));
+}
+
 // Best-vs-best: every method runs the grid (the baseline only its non-outer part), each is reported
 // at its best run, the whole grid is in report.csv, and the same command resumes a stopped sweep.
 TEST_F(CliTest, CompareSweepsEachMethodReportsItsBestAndResumes) {

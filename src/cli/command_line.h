@@ -57,6 +57,7 @@ Command AddImport(CLI::App& app, CommandLine& cl);
 Command AddGenerate(CLI::App& app, CommandLine& cl);
 Command AddTokenizer(CLI::App& app, CommandLine& cl);
 Command AddTokenize(CLI::App& app, CommandLine& cl);
+Command AddReport(CLI::App& app, CommandLine& cl);
 
 }  // namespace atl::cli
 

@@ -21,6 +21,7 @@
 #include "src/store/checkpoint.h"
 #include "src/config/config.h"
 #include "src/cli/local_command.h"
+#include "src/cli/results.h"
 #include "src/cli/train_command.h"
 #include "src/text/token_shards.h"
 
@@ -274,46 +275,6 @@ std::string RunDirOf(const std::string& run_dir, const std::string& method, cons
     if (c == '/') c = '_';
   }
   return (dir / name).string();
-}
-
-// A finished run's result, kept beside it so that a sweep resumes where it stopped.
-constexpr char kResultFile[] = "result.json";
-
-absl::Status SaveResult(const std::string& dir, const MethodResult& r) {
-  nlohmann::json j = {{"method", r.method}, {"setting", r.setting}, {"val_loss", r.val_loss},
-                      {"val_bpb", std::isnan(r.val_bpb) ? nlohmann::json() : nlohmann::json(r.val_bpb)},
-                      {"tokens", r.tokens}, {"wan_bytes", r.wan_bytes},
-                      {"bytes_up", r.bytes_up}, {"bytes_down", r.bytes_down},
-                      {"bits_up", std::isnan(r.bits_up) ? nlohmann::json() : nlohmann::json(r.bits_up)},
-                      {"bits_down", std::isnan(r.bits_down) ? nlohmann::json() : nlohmann::json(r.bits_down)},
-                      {"wall_s", r.wall_s},
-                      {"note", r.note}, {"curve", r.curve}};
-  return WriteFileAtomic((fs::path(dir) / kResultFile).string(), j.dump() + "\n");
-}
-
-std::optional<MethodResult> LoadResult(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / kResultFile);
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (!in || j.is_discarded()) return std::nullopt;
-  try {
-    MethodResult r;
-    r.method = j.at("method");
-    r.setting = j.at("setting");
-    r.val_loss = j.at("val_loss").is_number() ? j["val_loss"].get<double>() : NAN;
-    r.val_bpb = j.contains("val_bpb") && j["val_bpb"].is_number() ? j["val_bpb"].get<double>() : NAN;
-    r.tokens = j.at("tokens");
-    r.wan_bytes = j.at("wan_bytes");
-    r.bytes_up = j.value("bytes_up", uint64_t(0));
-    r.bytes_down = j.value("bytes_down", uint64_t(0));
-    r.bits_up = j.contains("bits_up") && j["bits_up"].is_number() ? j["bits_up"].get<double>() : NAN;
-    r.bits_down = j.contains("bits_down") && j["bits_down"].is_number() ? j["bits_down"].get<double>() : NAN;
-    r.wall_s = j.at("wall_s");
-    r.note = j.at("note");
-    r.curve = j.at("curve").get<std::vector<std::pair<double, double>>>();
-    return r;
-  } catch (const nlohmann::json::exception&) {
-    return std::nullopt;  // run again
-  }
 }
 
 bool KnownMethod(absl::string_view m) {

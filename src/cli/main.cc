@@ -432,7 +432,7 @@ int Main(int argc, char** argv) {
                                    AddCompare(app, cl), AddLoadtest(app, cl),
                                    AddPlan(app, cl)};
   for (auto& command : commands) command.app->footer(KeysHelp());
-  for (auto* add : {AddExport, AddImport, AddGenerate, AddTokenizer, AddTokenize}) commands.push_back(add(app, cl));
+  for (auto* add : {AddExport, AddImport, AddGenerate, AddTokenizer, AddTokenize, AddReport}) commands.push_back(add(app, cl));
   for (auto& command : commands) command.app->allow_extras();
   try {
     app.parse(argc, argv);

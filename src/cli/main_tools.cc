@@ -11,6 +11,7 @@
 #include "src/cli/model_commands.h"
 #include "src/cli/text_commands.h"
 #include "src/cli/plan_command.h"
+#include "src/cli/results.h"
 
 namespace atl::cli {
 
@@ -234,6 +235,22 @@ Command AddTokenize(CLI::App& app, CommandLine&) {
   return {c, [o](const std::vector<atl::Override>& overrides) {
             if (int rc = NoOverrides(overrides)) return rc;
             if (auto s = atl::RunTokenize(*o); !s.ok()) return Fail(s);
+            return 0;
+          }};
+}
+
+Command AddReport(CLI::App& app, CommandLine&) {
+  auto o = std::make_shared<atl::ReportOptions>();
+  auto* c = app.add_subcommand(
+      "report", "gather the runs of several compares (or seeds) into one report: each "
+      "LABEL=DIR[,DIR...] a row, its mean validation loss over the runs found under its "
+      "directories, and every run on a plot of loss against WAN bytes");
+  c->add_option("rows", o->rows, "LABEL=DIR[,DIR...], a row each")->required();
+  c->add_option("--out", o->out, "directory for report.md, report.csv and pareto.svg")->required();
+  c->add_option("--title", o->title, "title of the report and the plot");
+  return {c, [o](const std::vector<atl::Override>& overrides) {
+            if (int rc = NoOverrides(overrides)) return rc;
+            if (auto r = atl::RunReport(*o); !r.ok()) return Fail(r.status());
             return 0;
           }};
 }
