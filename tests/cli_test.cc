@@ -204,6 +204,19 @@ TEST_F(CliTest, CompareRunsTheSparseMethodAndCountsItsBitsPerParameter) {
   int dots = 0;
   for (size_t at = svg.find("<circle"); at != std::string::npos; at = svg.find("<circle", at + 1)) ++dots;
   EXPECT_EQ(dots, 2);
+  // A density given for the sparse method alone runs (the method turns error feedback on) and
+  // sends about three times the bits of 1%.
+  r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+            dir_.Join("sparse3") + " --train.steps=4 --outer.sync_every=2 --train.eval_every=4" +
+            " --compare.methods=sparse_int2 --outer.topk_density=0.03");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream three(testing::ReadFile(dir_.Join("sparse3/report.csv")));
+  std::getline(three, line);
+  ASSERT_TRUE(std::getline(three, line));
+  const std::vector<std::string> f = absl::StrSplit(line, ',');
+  ASSERT_EQ(f.size(), 12u) << line;
+  EXPECT_GT(std::stod(f[8]), 2 * sparse_up);
+  EXPECT_LT(std::stod(f[8]), 4 * sparse_up);
 }
 
 TEST_F(CliTest, CompareWritesTheReport) {

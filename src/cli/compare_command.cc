@@ -491,7 +491,8 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
     fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
     auto with = overrides;
     with.insert(with.end(), point.begin(), point.end());
-    ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, with));
+    // The method makes its changes to this template (CheckRuns checked the result whole).
+    ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, with, ConfigChecks::kKeys));
     ATL_ASSIGN_OR_RETURN(auto r, method == "baseline" ? Baseline(c, o, run_dir)
                                                       : DiLoCo(c, o, method, point, run_dir));
     r.setting = setting;
