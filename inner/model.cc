@@ -9,8 +9,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
-#include "inner/model/gpt.h"
-#include "inner/model/llama.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner {
@@ -19,14 +17,6 @@ namespace {
 namespace F = torch::nn::functional;
 
 }  // namespace
-
-const ModelFamily& FamilyOf(const ModelConfig& config) {
-  switch (config.arch) {
-    case ModelArch::kLlama: return llama::kFamily;
-    case ModelArch::kGpt2: break;
-  }
-  return gpt::kFamily;
-}
 
 torch::Tensor CausalLmImpl::forward(const torch::Tensor& tokens) {
   auto x = Embed(tokens);

@@ -9,15 +9,12 @@
 
 namespace atl::inner {
 
-// The model family (inner/model/causal_lm.h): GPT-2 (LayerNorm, learned positions, GELU MLP,
-// biases) or Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases).
-enum class ModelArch { kGpt2, kLlama };
-absl::Status ParseConfigValue(const std::string& text, ModelArch* value);
-std::string ConfigValueText(ModelArch value);
-
 struct ModelConfig {
   static constexpr const char* kSection = "model";
-  ModelArch arch = ModelArch::kGpt2;
+  // The model family, a row of the family table (inner/model/family.h): "gpt2" (LayerNorm,
+  // learned positions, GELU MLP, biases) or "llama" (RMSNorm, rotary positions, SwiGLU MLP,
+  // grouped-query attention, no biases).
+  std::string arch = "gpt2";
   int n_layer = 4;
   int d_model = 128;
   int n_head = 4;
@@ -25,22 +22,20 @@ struct ModelConfig {
   int vocab = 256;    // 256 = byte-level text
   double dropout = 0.0;
   uint64_t init_seed = 1337;
-  // Llama only.
+  // Families' own settings: the [model] section declares their keys; the family that reads
+  // them owns their rules, validation and part in the model's identity (its FamilySetting rows).
+  // Llama's (inner/model/llama/llama_family.h):
   int n_kv_head = 0;      // key/value heads (grouped-query attention); 0: n_head
-  int ffn_hidden = 0;     // SwiGLU width; 0: the Llama rule (FfnHidden)
+  int ffn_hidden = 0;     // SwiGLU width; 0: the Llama rule (llama::FfnHidden)
   int ffn_multiple_of = 256;  // the rule rounds up to a multiple of this
   double norm_eps = 1e-5;     // RMSNorm's epsilon
   double rope_theta = 10000;  // rotary embeddings' base
   bool tie_embeddings = false;  // the head reuses the token embedding matrix
-
-  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  // The SwiGLU width: ffn_hidden, or Llama's rule round_up(2/3 * 4 * d_model, ffn_multiple_of).
-  int FfnHidden() const;
 };
 
 template <class V>
 void VisitKeys(ModelConfig& c, V&& v) {
-  v("arch", c.arch, "model family: \"gpt2\" or \"llama\"");
+  v("arch", c.arch, "model family, a row of inner/model/families.cc: \"gpt2\" or \"llama\"");
   v("n_layer", c.n_layer, "transformer blocks");
   v("d_model", c.d_model, "residual stream width");
   v("n_head", c.n_head, "attention heads (divides d_model)");
@@ -56,7 +51,8 @@ void VisitKeys(ModelConfig& c, V&& v) {
   v("tie_embeddings", c.tie_embeddings, "llama: the LM head shares the token embedding matrix");
 }
 
-// Names the first offending field; OK when the model can be built.
+// Names the first offending field; OK when the model can be built (the family's own checks
+// included).
 absl::Status Validate(const ModelConfig& config);
 
 }  // namespace atl::inner

@@ -3,9 +3,8 @@
 // interface: the embeddings, block i and the head (the units FSDP shards and pipelines cut), the
 // plan, and a sequence style a plan may set.
 //
-// Adding a family: its modules built from inner/model/layers.h, its closed-form parameter shapes,
-// its plan and FLOP rule, its model.arch value (inner/model_config.h) and a case of FamilyOf
-// (inner/model.cc).
+// A family's module implements this interface; its row in the family table (inner/model/family.h)
+// says the rest.
 #ifndef ATOLL_INNER_MODEL_CAUSAL_LM_H_
 #define ATOLL_INNER_MODEL_CAUSAL_LM_H_
 
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "inner/model/family.h"
 #include "inner/model/layers.h"
 #include "inner/model/plan.h"
 #include "inner/model_config.h"
@@ -65,26 +65,6 @@ class CausalLmImpl : public torch::nn::Module {
 // weights) 1, the residual projections (the plan's row-parallel weights) N(0, 0.02 /
 // sqrt(2 n_layer)), every other weight N(0, 0.02).
 void InitializeParameters(CausalLmImpl& model, const ParallelPlan& plan);
-
-// A model: the module behind a shared pointer (`*model`, `model->` as with torch's holders).
-using CausalLm = std::shared_ptr<CausalLmImpl>;
-
-// A family's row: everything atoll needs of an architecture.
-struct ModelFamily {
-  const char* name;
-  // Every parameter's name and shape in registration order, by closed form.
-  std::vector<std::pair<std::string, std::vector<int64_t>>> (*shapes)(const ModelConfig&);
-  ParallelPlan (*plan)(const ModelConfig&);
-  // The whole model, initialized from config.init_seed on the CPU (the same at any parallelism).
-  CausalLm (*build)(const ModelConfig&);
-  // Training FLOPs per token (forward and backward).
-  double (*train_flops_per_token)(const ModelConfig&);
-  // What keeps the family's layers from splitting over `tp` (>= 1) ranks, named (OK when they
-  // can); the checks every family shares are ValidateTensorParallel's (inner/model.h).
-  absl::Status (*validate_tensor_parallel)(const ModelConfig&, int tp);
-};
-
-const ModelFamily& FamilyOf(const ModelConfig& config);
 
 }  // namespace atl::inner
 

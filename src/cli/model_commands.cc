@@ -39,11 +39,10 @@ absl::StatusOr<ModelWeights> Load(const std::string& source, const std::optional
 
 std::string Describe(const ModelWeights& w) {
   const auto& m = w.model;
-  const bool llama = m.arch == inner::ModelArch::kLlama;
+  const inner::ModelFamily& family = inner::FamilyOf(m);
   std::string what = absl::StrFormat(
-      "%d-layer %s, d_model %d, %d heads%s, context %d, vocab %d (%.2fM parameters)", m.n_layer,
-      llama ? "Llama" : "GPT", m.d_model, m.n_head,
-      llama ? absl::StrFormat(" (%d key/value)", m.kv_heads()) : std::string(), m.context, m.vocab,
+      "%d-layer %s, d_model %d, %s, context %d, vocab %d (%.2fM parameters)", m.n_layer,
+      family.title, m.d_model, family.heads_text(m), m.context, m.vocab,
       double(inner::ParameterCount(m)) / 1e6);
   auto fact = [&](const char* key) {
     auto it = w.facts.find(key);

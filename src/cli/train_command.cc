@@ -131,8 +131,9 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
   const int64_t start_step = trainer->step();
   Progress progress(options.progress, options.tty, config.train.steps, config.train.log_every, "");
   progress.Message(absl::StrFormat(
-      "atoll train: %d-layer GPT, %.2fM parameters, %d tokens/step, %s, run dir %s%s",
-      config.model.n_layer, double(inner::ParameterCount(config.model)) / 1e6,
+      "atoll train: %d-layer %s, %.2fM parameters, %d tokens/step, %s, run dir %s%s",
+      config.model.n_layer, inner::FamilyOf(config.model).title,
+      double(inner::ParameterCount(config.model)) / 1e6,
       trainer->tokens_per_step(), config.data.path, options.run_dir,
       options.resume ? absl::StrCat(" (resumed at step ", start_step, ")") : ""));
   TrainHooks hooks(config, options, *trainer, *metrics, progress, wall_before);

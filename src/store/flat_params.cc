@@ -76,9 +76,19 @@ uint64_t ModelConfigHash(const inner::ModelConfig& m) {
   // earlier builds hold them row-major and are refused as another model's.
   std::string s = absl::StrCat("layout 2/", m.n_layer, "/", m.d_model, "/", m.n_head, "/", m.context, "/",
                                      m.vocab, "/", m.dropout, "/", m.init_seed);
-  if (m.arch == inner::ModelArch::kLlama) {  // GPT-2's hash stays what earlier builds wrote
-    absl::StrAppend(&s, "/llama/", m.kv_heads(), "/", m.FfnHidden(), "/", m.norm_eps, "/",
-                    m.rope_theta, "/", m.tie_embeddings ? 1 : 0);
+  // Any family but the default one adds its name and settings (the default family's hash stays
+  // what earlier builds wrote).
+  if (!inner::IsDefaultFamily(m)) {
+    const inner::ModelFamily& family = inner::FamilyOf(m);
+    absl::StrAppend(&s, "/", family.name);
+    for (const auto& setting : family.settings) {
+      const double v = setting.value(m);
+      if (setting.kind == inner::FamilySetting::Kind::kNumber) {
+        absl::StrAppend(&s, "/", v);
+      } else {
+        absl::StrAppend(&s, "/", int64_t(v));
+      }
+    }
   }
   return compression::Checksum(s.data(), s.size());
 }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/status_macros.h"
+#include "inner/model/hf_mapping.h"
 #include "src/store/atomic_file.h"
 #include "src/store/safetensors.h"
 
@@ -28,11 +29,7 @@ constexpr char kConfig[] = "config.json";
 constexpr char kSingle[] = "model.safetensors";
 constexpr char kIndex[] = "model.safetensors.index.json";
 
-bool Llama(const inner::ModelConfig& m) { return m.arch == inner::ModelArch::kLlama; }
-
-absl::Status Bad(const std::string& path, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
-}
+using inner::hf_json::Bad;
 
 absl::StatusOr<json> ReadJson(const fs::path& path) {
   std::ifstream in(path);
@@ -40,74 +37,6 @@ absl::StatusOr<json> ReadJson(const fs::path& path) {
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return Bad(path.string(), "not a JSON object");
   return j;
-}
-
-// The value of `key` as an int (required, or `fallback` when absent and fallback is given).
-absl::StatusOr<int> Int(const json& j, const char* key, const std::string& path,
-                        std::optional<int> fallback = std::nullopt) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback) return *fallback;
-    return Bad(path, absl::StrCat("no ", key));
-  }
-  if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > (1 << 30)) {
-    return Bad(path, absl::StrCat(key, " must be a positive integer"));
-  }
-  return j[key].get<int>();
-}
-
-absl::StatusOr<double> Number(const json& j, const char* key, const std::string& path,
-                              double fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number()) return Bad(path, absl::StrCat(key, " must be a number"));
-  return j[key].get<double>();
-}
-
-// `key`, when present, must equal `want`.
-absl::Status Expect(const json& j, const char* key, const json& want, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null() || j[key] == want) return absl::OkStatus();
-  return Bad(path, absl::StrCat(key, " = ", j[key].dump(), ": atoll's model has ", want.dump()));
-}
-
-absl::StatusOr<inner::ModelConfig> LlamaOf(const json& j, const std::string& path) {
-  inner::ModelConfig m;
-  m.arch = inner::ModelArch::kLlama;
-  ATL_ASSIGN_OR_RETURN(m.d_model, Int(j, "hidden_size", path));
-  ATL_ASSIGN_OR_RETURN(m.ffn_hidden, Int(j, "intermediate_size", path));
-  ATL_ASSIGN_OR_RETURN(m.n_head, Int(j, "num_attention_heads", path));
-  ATL_ASSIGN_OR_RETURN(m.n_kv_head, Int(j, "num_key_value_heads", path, m.n_head));
-  ATL_ASSIGN_OR_RETURN(m.n_layer, Int(j, "num_hidden_layers", path));
-  ATL_ASSIGN_OR_RETURN(m.context, Int(j, "max_position_embeddings", path));
-  ATL_ASSIGN_OR_RETURN(m.vocab, Int(j, "vocab_size", path));
-  ATL_ASSIGN_OR_RETURN(m.norm_eps, Number(j, "rms_norm_eps", path, 1e-6));
-  ATL_ASSIGN_OR_RETURN(m.rope_theta, Number(j, "rope_theta", path, 10000));
-  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean()) {
-    return Bad(path, "tie_word_embeddings must be true or false");
-  }
-  m.tie_embeddings = j.value("tie_word_embeddings", false);
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    return Bad(path, absl::StrCat("rope_scaling = ", j["rope_scaling"].dump(),
-                                  ": atoll's rotary embeddings have no scaling"));
-  }
-  ATL_RETURN_IF_ERROR(Expect(j, "hidden_act", "silu", path));
-  ATL_RETURN_IF_ERROR(Expect(j, "attention_bias", false, path));
-  ATL_RETURN_IF_ERROR(Expect(j, "mlp_bias", false, path));
-  ATL_RETURN_IF_ERROR(Expect(j, "head_dim", m.d_model / m.n_head, path));
-  return m;
-}
-
-absl::StatusOr<inner::ModelConfig> Gpt2Of(const json& j, const std::string& path) {
-  inner::ModelConfig m;
-  ATL_ASSIGN_OR_RETURN(m.d_model, Int(j, "n_embd", path));
-  ATL_ASSIGN_OR_RETURN(m.n_head, Int(j, "n_head", path));
-  ATL_ASSIGN_OR_RETURN(m.n_layer, Int(j, "n_layer", path));
-  ATL_ASSIGN_OR_RETURN(m.context, Int(j, "n_positions", path));
-  ATL_ASSIGN_OR_RETURN(m.vocab, Int(j, "vocab_size", path));
-  ATL_RETURN_IF_ERROR(Expect(j, "layer_norm_epsilon", 1e-5, path));
-  ATL_RETURN_IF_ERROR(Expect(j, "activation_function", "gelu_new", path));
-  if (j.contains("n_inner") && !j["n_inner"].is_null() && j["n_inner"] != 4 * m.d_model) {
-    return Bad(path, absl::StrCat("n_inner = ", j["n_inner"].dump(), ": atoll's GPT-2 MLP is 4 x n_embd"));
-  }
-  return m;
 }
 
 // BF16 words of `t`, rounded to nearest even (torch's conversion).
@@ -128,75 +57,60 @@ struct Stored {
 }  // namespace
 
 std::string Name(const inner::ModelConfig& model, const std::string& atoll_name, bool* transposed) {
-  if (!Llama(model)) return Gpt2Name(atoll_name, transposed);
   *transposed = false;
-  return atoll_name == "lm_head.weight" ? atoll_name : "model." + atoll_name;
+  const inner::HfMapping* hf = inner::FamilyOf(model).hf;
+  return hf != nullptr ? hf->name(atoll_name, transposed) : atoll_name;
 }
 
 json Config(const inner::ModelConfig& m, bool bf16) {
-  json j;
-  if (Llama(m)) {
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
-         {"hidden_size", m.d_model},
-         {"intermediate_size", m.FfnHidden()},
-         {"num_attention_heads", m.n_head},
-         {"num_key_value_heads", m.kv_heads()},
-         {"num_hidden_layers", m.n_layer},
-         {"head_dim", m.d_model / m.n_head},
-         {"rms_norm_eps", m.norm_eps},
-         {"rope_theta", m.rope_theta},
-         {"rope_scaling", nullptr},
-         {"max_position_embeddings", m.context},
-         {"vocab_size", m.vocab},
-         {"tie_word_embeddings", m.tie_embeddings},
-         {"hidden_act", "silu"},
-         {"attention_bias", false},
-         {"attention_dropout", 0.0},
-         {"mlp_bias", false},
-         {"initializer_range", 0.02}};
-  } else {
-    j = {{"architectures", {"GPT2LMHeadModel"}},
-         {"model_type", "gpt2"},
-         {"n_embd", m.d_model},
-         {"n_head", m.n_head},
-         {"n_layer", m.n_layer},
-         {"n_positions", m.context},
-         {"n_ctx", m.context},
-         {"vocab_size", m.vocab},
-         {"layer_norm_epsilon", 1e-5},
-         {"activation_function", "gelu_new"},
-         {"tie_word_embeddings", false},
-         {"resid_pdrop", 0.0},
-         {"embd_pdrop", 0.0},
-         {"attn_pdrop", 0.0},
-         {"initializer_range", 0.02}};
-  }
+  const inner::HfMapping* hf = inner::FamilyOf(m).hf;
+  json j = hf != nullptr ? hf->config(m) : json::object();
   j["torch_dtype"] = bf16 ? "bfloat16" : "float32";
   j["use_cache"] = true;
   return j;
 }
 
+namespace {
+
+// The family config.json names by "architectures" (or, without it, by "model_type"), or null.
+const inner::ModelFamily* FamilyNamed(const json& j) {
+  const bool listed = j.contains("architectures") && j["architectures"].is_array() &&
+                      !j["architectures"].empty() && j["architectures"][0].is_string();
+  for (const inner::ModelFamily* family : inner::Families()) {
+    if (family->hf == nullptr) continue;
+    if (listed) {
+      for (const char* arch : family->hf->architectures) {
+        if (j["architectures"][0] == arch) return family;
+      }
+    } else if (j.contains("model_type") && j["model_type"] == family->hf->model_type) {
+      return family;
+    }
+  }
+  return nullptr;
+}
+
+std::string ArchitecturesRead() {
+  std::vector<std::string> names;
+  for (const inner::ModelFamily* family : inner::Families()) {
+    if (family->hf != nullptr) names.push_back(family->hf->architectures[0]);
+  }
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) {
+    absl::StrAppend(&list, i == 0 ? "" : (i + 1 == names.size() ? " and " : ", "), names[i]);
+  }
+  return list;
+}
+
+}  // namespace
+
 absl::StatusOr<inner::ModelConfig> ModelOf(const json& j, const std::string& path) {
-  std::string arch;
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
-      j["architectures"][0].is_string()) {
-    arch = j["architectures"][0].get<std::string>();
-  } else if (j.contains("model_type") && j["model_type"].is_string()) {
-    arch = j["model_type"] == "llama" ? "LlamaForCausalLM"
-                                      : j["model_type"] == "gpt2" ? "GPT2LMHeadModel" : "";
-  }
-  absl::StatusOr<inner::ModelConfig> m = Bad(path, "");
-  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM") {
-    m = LlamaOf(j, path);
-  } else if (arch == "GPT2LMHeadModel") {
-    m = Gpt2Of(j, path);
-  } else {
+  const inner::ModelFamily* family = FamilyNamed(j);
+  if (family == nullptr) {
     return Bad(path, absl::StrCat("architectures = ", j.value("architectures", json()).dump(),
-                                  ": atoll reads LlamaForCausalLM and GPT2LMHeadModel"));
+                                  ": atoll reads ", ArchitecturesRead()));
   }
-  if (!m.ok()) return m.status();
-  if (auto s = inner::Validate(*m); !s.ok()) return Bad(path, std::string(s.message()));
+  ATL_ASSIGN_OR_RETURN(auto m, family->hf->model_of(j, path));
+  if (auto s = inner::Validate(m); !s.ok()) return Bad(path, std::string(s.message()));
   return m;
 }
 
@@ -232,6 +146,10 @@ absl::StatusOr<std::vector<std::string>> WriteTokenizerFiles(const ExportOptions
 
 absl::StatusOr<std::vector<std::string>> Write(const ModelWeights& w, const std::string& dir,
                                                const ExportOptions& o) {
+  if (inner::FamilyOf(w.model).hf == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model family \"", w.model.arch,
+                                                   "\" has no Hugging Face mapping"));
+  }
   const fs::path out(dir);
   if (fs::exists(out / kConfig)) {
     return absl::AlreadyExistsError(absl::StrCat(dir, " already holds a ", kConfig, "; choose a new directory"));
@@ -311,12 +229,17 @@ bool IsDirectory(const std::string& dir) {
          (fs::exists(p / kSingle) || fs::exists(p / kIndex));
 }
 
-absl::StatusOr<ModelWeights> Load(const std::string& dir) {
-  const fs::path root(dir);
-  ATL_ASSIGN_OR_RETURN(auto config, ReadJson(root / kConfig));
-  ATL_ASSIGN_OR_RETURN(auto model, ModelOf(config, (root / kConfig).string()));
-  // Which file holds which tensor: one file, or the index's map (files inside the directory).
-  std::map<std::string, std::string> where;
+namespace {
+
+// A directory's files, opened, and which of them holds which tensor.
+struct Directory {
+  std::map<std::string, std::string> where;  // tensor -> file
+  std::map<std::string, safetensors::File> opened;
+};
+
+// One file, or the index's map (files inside the directory); every tensor in one file only.
+absl::StatusOr<Directory> OpenDirectory(const fs::path& root) {
+  Directory d;
   std::set<std::string> files;
   if (fs::exists(root / kIndex)) {
     const std::string index_path = (root / kIndex).string();
@@ -329,70 +252,95 @@ absl::StatusOr<ModelWeights> Load(const std::string& dir) {
           !absl::EndsWith(file.get<std::string>(), ".safetensors")) {
         return Bad(index_path, absl::StrCat("weight_map[", name, "] is not a .safetensors file of the directory"));
       }
-      where[name] = file.get<std::string>();
+      d.where[name] = file.get<std::string>();
       files.insert(file.get<std::string>());
     }
   } else {
     files.insert(kSingle);
   }
-  std::map<std::string, safetensors::File> opened;
   for (const auto& f : files) {
     ATL_ASSIGN_OR_RETURN(auto file, safetensors::File::Open((root / f).string()));
     for (const auto& t : file.tensors()) {
-      if (where.count(t.name) && where[t.name] != f) {
-        return Bad((root / f).string(), absl::StrCat("holds ", t.name, ", which the index places in ", where[t.name]));
+      if (d.where.count(t.name) && d.where[t.name] != f) {
+        return Bad((root / f).string(), absl::StrCat("holds ", t.name, ", which the index places in ", d.where[t.name]));
       }
-      where[t.name] = f;
+      d.where[t.name] = f;
     }
-    opened.emplace(f, std::move(file));
+    d.opened.emplace(f, std::move(file));
   }
+  return d;
+}
+
+// The parameter `name` of `shape`, from its stored tensor (the mapping's name and layout).
+absl::StatusOr<at::Tensor> ReadParameter(const Directory& d, const std::string& dir,
+                                         const inner::HfMapping& hf, const std::string& name,
+                                         const std::vector<int64_t>& shape, std::string* stored) {
+  bool transposed = false;
+  *stored = hf.name(name, &transposed);
+  if (!d.where.count(*stored) && hf.omittable != nullptr && name == hf.omittable) {
+    *stored = hf.omitted_from;  // other tools' files tie it and omit it
+  }
+  auto it = d.where.find(*stored);
+  if (it == d.where.end()) return absl::NotFoundError(absl::StrCat(dir, ": no tensor ", *stored));
+  const safetensors::File& file = d.opened.at(it->second);
+  const safetensors::TensorInfo* t = file.Find(*stored);
+  if (t == nullptr) return Bad(dir, absl::StrCat("the index places ", *stored, " in ", it->second, ", which lacks it"));
+  std::vector<int64_t> want = shape;
+  if (transposed) std::reverse(want.begin(), want.end());
+  if (t->shape != want) {
+    return Bad(file.path(), absl::StrCat(*stored, " has shape ", nlohmann::json(t->shape).dump(),
+                                         ", the model of config.json needs ", nlohmann::json(want).dump()));
+  }
+  ATL_ASSIGN_OR_RETURN(auto values, file.ReadFloats(*t));
+  auto tensor = torch::from_blob(values.data(), want, torch::kFloat32).clone();
+  if (transposed) tensor = tensor.t().contiguous();
+  if (!torch::isfinite(tensor).all().item<bool>()) {
+    return Bad(file.path(), absl::StrCat(*stored, " holds a non-finite value"));
+  }
+  return tensor;
+}
+
+// A tensor that is not a parameter is refused, unless it is a buffer of the family's or a copy
+// of the first parameter that a tied model's files may hold.
+absl::Status CheckUnused(const Directory& d, const std::string& dir, const inner::HfMapping& hf,
+                         const ModelWeights& w, const std::set<std::string>& used) {
+  const char* tied_copy = hf.tied_copy(w.model);
+  for (const auto& [name, file] : d.where) {
+    if (used.count(name) || hf.is_buffer(name)) continue;
+    bool copy = false;
+    if (tied_copy != nullptr && name == tied_copy) {
+      const auto& f = d.opened.at(file);
+      ATL_ASSIGN_OR_RETURN(auto values, f.ReadFloats(*f.Find(name)));
+      const auto& first = w.params.front().second;
+      copy = int64_t(values.size()) == first.numel() &&
+             torch::equal(torch::from_blob(values.data(), first.sizes(), torch::kFloat32), first);
+    }
+    if (!copy) {
+      return Bad(dir, absl::StrCat("tensor ", name, " (in ", file, ") is not a parameter of this model"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelWeights> Load(const std::string& dir) {
+  const fs::path root(dir);
+  ATL_ASSIGN_OR_RETURN(auto config, ReadJson(root / kConfig));
+  ATL_ASSIGN_OR_RETURN(auto model, ModelOf(config, (root / kConfig).string()));
+  ATL_ASSIGN_OR_RETURN(auto d, OpenDirectory(root));
+  const inner::HfMapping& hf = *inner::FamilyOf(model).hf;  // ModelOf found it by its mapping
   ModelWeights w;
   w.model = model;
   w.facts = {{"kind", "file"}, {"source", dir}};
   std::set<std::string> used;
   for (const auto& [name, shape] : inner::ParameterShapes(model)) {
-    bool transposed = false;
-    std::string stored = Name(model, name, &transposed);
-    if (!where.count(stored) && !Llama(model) && name == "head.weight") {
-      stored = "transformer.wte.weight";  // GPT-2 files of other tools tie the head and omit it
-    }
-    auto it = where.find(stored);
-    if (it == where.end()) return absl::NotFoundError(absl::StrCat(dir, ": no tensor ", stored));
-    const safetensors::File& file = opened.at(it->second);
-    const safetensors::TensorInfo* t = file.Find(stored);
-    if (t == nullptr) return Bad(dir, absl::StrCat("the index places ", stored, " in ", it->second, ", which lacks it"));
-    std::vector<int64_t> want = shape;
-    if (transposed) std::reverse(want.begin(), want.end());
-    if (t->shape != want) {
-      return Bad(file.path(), absl::StrCat(stored, " has shape ", nlohmann::json(t->shape).dump(),
-                                           ", the model of config.json needs ", nlohmann::json(want).dump()));
-    }
-    ATL_ASSIGN_OR_RETURN(auto values, file.ReadFloats(*t));
-    auto tensor = torch::from_blob(values.data(), want, torch::kFloat32).clone();
-    if (transposed) tensor = tensor.t().contiguous();
-    if (!torch::isfinite(tensor).all().item<bool>()) {
-      return Bad(file.path(), absl::StrCat(stored, " holds a non-finite value"));
-    }
+    std::string stored;
+    ATL_ASSIGN_OR_RETURN(auto tensor, ReadParameter(d, dir, hf, name, shape, &stored));
     used.insert(stored);
     w.params.emplace_back(name, std::move(tensor));
   }
-  for (const auto& [name, file] : where) {
-    if (used.count(name)) continue;
-    const bool buffer = absl::EndsWith(name, ".rotary_emb.inv_freq") ||
-                        (!Llama(model) && (absl::EndsWith(name, ".attn.bias") ||
-                                           absl::EndsWith(name, ".attn.masked_bias")));
-    bool tied_copy = false;
-    if (Llama(model) && model.tie_embeddings && name == "lm_head.weight") {
-      const auto* t = opened.at(file).Find(name);
-      ATL_ASSIGN_OR_RETURN(auto values, opened.at(file).ReadFloats(*t));
-      const auto& embed = w.params.front().second;  // embed_tokens.weight comes first
-      tied_copy = int64_t(values.size()) == embed.numel() &&
-                  torch::equal(torch::from_blob(values.data(), embed.sizes(), torch::kFloat32), embed);
-    }
-    if (!buffer && !tied_copy) {
-      return Bad(dir, absl::StrCat("tensor ", name, " (in ", file, ") is not a parameter of this model"));
-    }
-  }
+  ATL_RETURN_IF_ERROR(CheckUnused(d, dir, hf, w, used));
   return w;
 }
 

@@ -2,19 +2,9 @@
 // is (config.json, model.safetensors or shards with model.safetensors.index.json,
 // generation_config.json), and such a directory, from atoll or from other tools, read back.
 //
-// Names and layouts (atoll -> Hugging Face):
-//   gpt2 (GPT2LMHeadModel): see Gpt2Name (src/store/model_io.h): transformer.* names, the
-//     Conv1D weights transposed, lm_head.weight (atoll's head is its own: tie_word_embeddings
-//     false);
-//   llama (LlamaForCausalLM): "model." + atoll's name (atoll's Llama names are Hugging Face's
-//     without that prefix: model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...,
-//     model.norm.weight), except lm_head.weight (none when tied); every tensor in the same
-//     layout ([out, in] weights), rotary embeddings in the same rotate-half convention, so no
-//     permutation of q_proj / k_proj.
-// config.json keys: LlamaConfig's hidden_size, intermediate_size, num_attention_heads,
-// num_key_value_heads, num_hidden_layers, rms_norm_eps, rope_theta, max_position_embeddings,
-// vocab_size, tie_word_embeddings, hidden_act ("silu"), attention_bias / mlp_bias (false); GPT2Config's
-// n_embd, n_head, n_layer, n_positions, vocab_size, layer_norm_epsilon, activation_function.
+// Names, layouts and config.json keys are each family's (its HfMapping, inner/model/hf_mapping.h:
+// GPT2LMHeadModel in inner/model/gpt/gpt_family.cc, LlamaForCausalLM in
+// inner/model/llama/llama_family.cc); this file reads and writes the directories through them.
 #ifndef ATOLL_SRC_STORE_HF_FORMAT_H_
 #define ATOLL_SRC_STORE_HF_FORMAT_H_
 
@@ -36,8 +26,7 @@ std::string Name(const inner::ModelConfig& model, const std::string& atoll_name,
 // config.json for `model` (torch_dtype "bfloat16" or "float32").
 nlohmann::json Config(const inner::ModelConfig& model, bool bf16);
 // The model a config.json describes; refuses, by key, what atoll's families cannot be (an
-// architecture other than LlamaForCausalLM / GPT2LMHeadModel, rope_scaling, biases, another
-// activation, a head_dim that is not hidden_size / num_attention_heads).
+// architecture no family maps, or what the family's mapping refuses).
 absl::StatusOr<inner::ModelConfig> ModelOf(const nlohmann::json& config, const std::string& path);
 
 struct ExportOptions {
@@ -58,8 +47,7 @@ absl::StatusOr<std::vector<std::string>> Write(const ModelWeights& weights, cons
 bool IsDirectory(const std::string& dir);
 // Reads one: every parameter of the model its config.json describes, under the names above, from
 // one file or the shards its index names; shapes checked by name; a tensor the model does not
-// have is refused (except rotary inv_freq buffers and GPT-2's attention masks; a tied Llama's
-// lm_head.weight when it equals the embeddings).
+// have is refused (except the family's buffers, and a tied model's copy of its embeddings).
 absl::StatusOr<ModelWeights> Load(const std::string& dir);
 
 }  // namespace atl::hf

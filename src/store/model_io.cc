@@ -16,6 +16,7 @@
 #include "src/store/checkpoint.h"
 #include "src/store/flat_params.h"
 #include "src/store/hf_format.h"
+#include "inner/model/hf_mapping.h"
 #include "src/store/safetensors.h"
 #include "src/store/service_state_file.h"
 
@@ -34,63 +35,86 @@ int64_t ShapeNumel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// atoll's name pieces and GPT-2's, and whether GPT-2 stores the weight transposed (Conv1D).
-struct NamePiece {
-  const char* atoll;
-  const char* gpt2;
-  bool transposed_weight;
-};
-constexpr NamePiece kBlockPieces[] = {{"ln1.", "ln_1.", false},
-                                      {"ln2.", "ln_2.", false},
-                                      {"attn.qkv.", "attn.c_attn.", true},
-                                      {"attn.proj.", "attn.c_proj.", true},
-                                      {"mlp.fc.", "mlp.c_fc.", true},
-                                      {"mlp.proj.", "mlp.c_proj.", true}};
-constexpr NamePiece kTopPieces[] = {{"tok_emb.", "transformer.wte.", false},
-                                    {"pos_emb.", "transformer.wpe.", false},
-                                    {"ln_f.", "transformer.ln_f.", false},
-                                    {"head.", "lm_head.", false}};
+// A family setting in a file's metadata, as its kind is written.
+nlohmann::json SettingJson(const inner::FamilySetting& s, const inner::ModelConfig& m) {
+  switch (s.kind) {
+    case inner::FamilySetting::Kind::kInt: return int64_t(s.value(m));
+    case inner::FamilySetting::Kind::kBool: return s.value(m) != 0;
+    case inner::FamilySetting::Kind::kNumber: break;
+  }
+  return s.value(m);
+}
 
-// The model's architecture in a file's metadata: the integer fields, and for Llama its own keys.
+bool SettingFromJson(const inner::FamilySetting& s, const nlohmann::json& v, inner::ModelConfig& m) {
+  switch (s.kind) {
+    case inner::FamilySetting::Kind::kInt:
+      if (!v.is_number_integer()) return false;
+      s.set(m, double(v.get<int64_t>()));
+      return true;
+    case inner::FamilySetting::Kind::kBool:
+      if (!v.is_boolean()) return false;
+      s.set(m, v.get<bool>() ? 1 : 0);
+      return true;
+    case inner::FamilySetting::Kind::kNumber: break;
+  }
+  if (!v.is_number()) return false;
+  s.set(m, v.get<double>());
+  return true;
+}
+
+// The model's architecture in a file's metadata: the shared integer fields and, for any family
+// but the default one (whose files predate model.arch), its name and its settings.
 nlohmann::json ModelJson(const inner::ModelConfig& m) {
   nlohmann::json j;
   for (const auto& [key, field] : ArchitectureFields()) j[key] = m.*field;
-  if (m.arch == inner::ModelArch::kLlama) {
-    j["arch"] = "llama";
-    j["n_kv_head"] = m.kv_heads();
-    j["ffn_hidden"] = m.FfnHidden();
-    j["norm_eps"] = m.norm_eps;
-    j["rope_theta"] = m.rope_theta;
-    j["tie_embeddings"] = m.tie_embeddings;
+  if (!inner::IsDefaultFamily(m)) {
+    const inner::ModelFamily& family = inner::FamilyOf(m);
+    j["arch"] = family.name;
+    for (const auto& setting : family.settings) j[setting.key] = SettingJson(setting, m);
   }
   return j;
 }
 
-// Reads ModelJson's keys into `m` (files of earlier builds carry the integer fields only: GPT-2).
+// Reads ModelJson's keys into `m` (files of earlier builds carry the integer fields only: the
+// default family).
 bool ParseModelJson(const nlohmann::json& j, inner::ModelConfig& m) {
   if (!j.is_object()) return false;
   for (const auto& [key, field] : ArchitectureFields()) {
     if (!j.contains(key) || !j[key].is_number_integer()) return false;
     m.*field = j[key].get<int>();
   }
-  m.arch = inner::ModelArch::kGpt2;
-  m.n_kv_head = m.ffn_hidden = 0;
-  m.tie_embeddings = false;
-  if (!j.contains("arch")) return true;
-  if (j["arch"] != "llama" || !j.value("n_kv_head", nlohmann::json()).is_number_integer() ||
-      !j.value("ffn_hidden", nlohmann::json()).is_number_integer() ||
-      !j.value("norm_eps", nlohmann::json()).is_number() ||
-      !j.value("rope_theta", nlohmann::json()).is_number() ||
-      !j.value("tie_embeddings", nlohmann::json()).is_boolean()) {
-    return false;
+  const inner::ModelConfig defaults;
+  m.arch = defaults.arch;
+  for (const inner::ModelFamily* family : inner::Families()) {
+    for (const auto& setting : family->settings) {
+      if (setting.exclusive) setting.set(m, setting.raw(defaults));
+    }
   }
-  m.arch = inner::ModelArch::kLlama;
-  m.n_kv_head = j["n_kv_head"].get<int>();
-  m.ffn_hidden = j["ffn_hidden"].get<int>();
-  m.norm_eps = j["norm_eps"].get<double>();
-  m.rope_theta = j["rope_theta"].get<double>();
-  m.tie_embeddings = j["tie_embeddings"].get<bool>();
+  if (!j.contains("arch")) return true;
+  const inner::ModelFamily* family =
+      j["arch"].is_string() ? inner::FindFamily(j["arch"].get<std::string>()) : nullptr;
+  if (family == nullptr) return false;
+  m.arch = family->name;
+  for (const auto& setting : family->settings) {
+    if (!j.contains(setting.key) || !SettingFromJson(setting, j[setting.key], m)) return false;
+  }
   return true;
+}
+
+// The tensors one block of the model's family holds.
+size_t ParamsPerBlock(inner::ModelConfig m) {
+  m.n_layer = 1;
+  const size_t one = inner::ParameterShapes(m).size();
+  m.n_layer = 0;
+  return one - inner::ParameterShapes(m).size();
+}
+
+// The family whose Hugging Face names a file uses (its marker tensor is there), or null.
+const inner::ModelFamily* HfFamilyOf(const safetensors::File& file) {
+  for (const inner::ModelFamily* family : inner::Families()) {
+    if (family->hf != nullptr && file.Find(family->hf->marker) != nullptr) return family;
+  }
+  return nullptr;
 }
 
 std::vector<int64_t> Transposed(std::vector<int64_t> shape) {
@@ -112,8 +136,37 @@ absl::Status CheckFinite(const at::Tensor& t, const std::string& name, const std
 
 // ---- safetensors
 
+// The model of a safetensors file without atoll's metadata, from its shapes (n_head from
+// `config`): files of earlier builds (the default family's, atoll's names) and other tools' files
+// of a family whose shapes tell its model (`hf_family`, in its Hugging Face names).
+absl::StatusOr<inner::ModelConfig> ShapesModel(const safetensors::File& file,
+                                               const inner::ModelFamily* hf_family,
+                                               const inner::ModelConfig& base, bool have_config) {
+  const inner::ModelFamily& family =
+      hf_family != nullptr ? *hf_family : inner::FamilyOf(inner::ModelConfig{});
+  if (family.from_shapes == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), " is a ", family.title, " file without atoll's metadata: its shapes do not "
+        "tell the whole model; read the directory that holds it with its config.json"));
+  }
+  const inner::ShapeLookup find = [&](const std::string& name) -> const std::vector<int64_t>* {
+    bool transposed = false;
+    const auto* t = file.Find(hf_family != nullptr ? hf_family->hf->name(name, &transposed) : name);
+    return t != nullptr ? &t->shape : nullptr;
+  };
+  auto m = family.from_shapes(find, base);
+  if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", m.status().message()));
+  if (!have_config) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file.path(), " has no atoll.model metadata and its shapes do not show the attention "
+        "heads: give --config with model.n_head"));
+  }
+  return m;
+}
+
 // The model a safetensors file holds: its metadata's, else its shapes' (n_head from `config`).
-absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, NameStyle style,
+absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file,
+                                             const inner::ModelFamily* hf_family,
                                              const Config* config) {
   inner::ModelConfig m = config != nullptr ? config->model : inner::ModelConfig{};
   auto it = file.metadata().find("atoll.model");
@@ -121,41 +174,19 @@ absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, Name
     if (!ParseModelJson(nlohmann::json::parse(it->second, nullptr, false), m)) {
       return absl::InvalidArgumentError(absl::StrCat(
           file.path(), ": metadata atoll.model is not {n_layer, d_model, n_head, context, vocab} "
-          "(with, for Llama, arch, n_kv_head, ffn_hidden, norm_eps, rope_theta, tie_embeddings)"));
+          "(with, for a family other than ", inner::ModelConfig{}.arch,
+          ", arch and the family's settings)"));
     }
-    // Each block is 12 tensors (Llama: 9): a claim the file cannot back is refused before
-    // anything is listed.
-    const size_t per_block = m.arch == inner::ModelArch::kLlama ? 9 : 12;
+    // A claim of more blocks than the file holds tensors for is refused before anything is
+    // listed.
+    const size_t per_block = std::max<size_t>(1, ParamsPerBlock(m));
     if (m.n_layer < 0 || size_t(m.n_layer) > file.tensors().size() / per_block) {
       return absl::InvalidArgumentError(absl::StrCat(file.path(), ": metadata says ", m.n_layer,
                                                      " blocks, the file holds ",
                                                      file.tensors().size(), " tensors"));
     }
-  } else if (file.Find("model.embed_tokens.weight") != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file.path(), " is a Llama file without atoll's metadata: its shapes do not show the heads, "
-        "the norms' epsilon or the rotary base; read the directory that holds it with its "
-        "config.json"));
   } else {
-    const bool gpt2 = style == NameStyle::kHf;
-    const auto* wte = file.Find(gpt2 ? "transformer.wte.weight" : "tok_emb.weight");
-    const auto* wpe = file.Find(gpt2 ? "transformer.wpe.weight" : "pos_emb.weight");
-    if (wte == nullptr || wpe == nullptr || wte->shape.size() != 2 || wpe->shape.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file.path(), ": no 2-D token and position embeddings (",
-          gpt2 ? "transformer.wte.weight, transformer.wpe.weight" : "tok_emb.weight, pos_emb.weight", ")"));
-    }
-    m.vocab = int(wte->shape[0]);
-    m.d_model = int(wte->shape[1]);
-    m.context = int(wpe->shape[0]);
-    m.n_layer = 0;
-    const std::string block = gpt2 ? "transformer.h." : "blocks.";
-    while (file.Find(absl::StrCat(block, m.n_layer, gpt2 ? ".ln_1.weight" : ".ln1.weight"))) ++m.n_layer;
-    if (config == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file.path(), " has no atoll.model metadata and its shapes do not show the attention "
-          "heads: give --config with model.n_head"));
-    }
+    ATL_ASSIGN_OR_RETURN(m, ShapesModel(file, hf_family, m, config != nullptr));
   }
   if (auto s = inner::Validate(m); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", s.message()));
@@ -163,13 +194,36 @@ absl::StatusOr<inner::ModelConfig> FileModel(const safetensors::File& file, Name
   return m;
 }
 
+// One parameter of a safetensors file in the model's layout, its stored name noted in `expected`.
+absl::StatusOr<at::Tensor> ReadParameter(const safetensors::File& file, const std::string& name,
+                                         const std::vector<int64_t>& shape, const inner::HfMapping* hf,
+                                         std::set<std::string>& expected) {
+  bool transposed = false;
+  std::string stored = hf != nullptr ? hf->name(name, &transposed) : name;
+  const auto* t = file.Find(stored);
+  if (t == nullptr && hf != nullptr && hf->omittable != nullptr && name == hf->omittable) {
+    stored = hf->omitted_from;  // other tools tie it and omit it
+    t = file.Find(stored);
+  }
+  expected.insert(stored);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat(file.path(), ": no tensor ", stored));
+  const auto want = transposed ? Transposed(shape) : shape;
+  if (t->shape != want) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", stored, " has shape ",
+                                                   ShapeText(t->shape), ", the model needs ",
+                                                   ShapeText(want)));
+  }
+  ATL_ASSIGN_OR_RETURN(auto values, file.ReadFloats(*t));
+  auto tensor = torch::from_blob(values.data(), want, torch::kFloat32).clone();
+  if (transposed) tensor = tensor.t().contiguous();
+  ATL_RETURN_IF_ERROR(CheckFinite(tensor, stored, file.path()));
+  return tensor;
+}
+
 absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Config* config) {
   ATL_ASSIGN_OR_RETURN(auto file, safetensors::File::Open(path));
-  const NameStyle style = file.Find("transformer.wte.weight") != nullptr ||
-                                  file.Find("model.embed_tokens.weight") != nullptr
-                              ? NameStyle::kHf
-                              : NameStyle::kAtoll;
-  ATL_ASSIGN_OR_RETURN(auto model, FileModel(file, style, config));
+  const inner::ModelFamily* hf_family = HfFamilyOf(file);  // null: atoll's names
+  ATL_ASSIGN_OR_RETURN(auto model, FileModel(file, hf_family, config));
   ModelWeights w;
   w.model = model;
   w.facts = {{"kind", "file"}, {"source", path}};
@@ -177,35 +231,15 @@ absl::StatusOr<ModelWeights> LoadSafetensors(const std::string& path, const Conf
     auto it = file.metadata().find(absl::StrCat("atoll.", key));
     if (it != file.metadata().end()) w.facts[key] = it->second;
   }
+  const inner::HfMapping* hf = hf_family != nullptr ? inner::FamilyOf(w.model).hf : nullptr;
   std::set<std::string> expected;
   for (const auto& [name, shape] : inner::ParameterShapes(w.model)) {
-    bool transposed = false;
-    std::string stored = style == NameStyle::kHf ? hf::Name(w.model, name, &transposed) : name;
-    const auto* t = file.Find(stored);
-    if (t == nullptr && name == "head.weight" && style == NameStyle::kHf) {
-      // GPT-2 files from other tools tie the head to the token embedding and omit it.
-      stored = "transformer.wte.weight";
-      t = file.Find(stored);
-    }
-    expected.insert(stored);
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat(path, ": no tensor ", stored));
-    const auto want = transposed ? Transposed(shape) : shape;
-    if (t->shape != want) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", stored, " has shape ",
-                                                     ShapeText(t->shape), ", the model needs ",
-                                                     ShapeText(want)));
-    }
-    ATL_ASSIGN_OR_RETURN(auto values, file.ReadFloats(*t));
-    auto tensor = torch::from_blob(values.data(), want, torch::kFloat32).clone();
-    if (transposed) tensor = tensor.t().contiguous();
-    ATL_RETURN_IF_ERROR(CheckFinite(tensor, stored, path));
+    ATL_ASSIGN_OR_RETURN(auto tensor, ReadParameter(file, name, shape, hf, expected));
     w.params.emplace_back(name, std::move(tensor));
   }
-  // Anything else is refused (a file of another model), except GPT-2's attention-mask buffers.
+  // Anything else is refused (a file of another model), except the family's buffers.
   for (const auto& t : file.tensors()) {
-    const bool mask = style == NameStyle::kHf && (absl::EndsWith(t.name, ".attn.bias") ||
-                                                    absl::EndsWith(t.name, ".attn.masked_bias"));
-    if (!expected.count(t.name) && !mask) {
+    if (!expected.count(t.name) && !(hf != nullptr && hf->is_buffer(t.name))) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor ", t.name, " is not a parameter of this model"));
     }
@@ -323,27 +357,6 @@ absl::StatusOr<NameStyle> ParseNameStyle(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("--names must be hf or atoll, got '", name, "'"));
 }
 
-std::string Gpt2Name(const std::string& atoll_name, bool* transposed) {
-  *transposed = false;
-  const bool weight = absl::EndsWith(atoll_name, ".weight");
-  if (absl::StartsWith(atoll_name, "blocks.")) {
-    const size_t dot = atoll_name.find('.', 7);
-    const std::string layer = atoll_name.substr(7, dot - 7), rest = atoll_name.substr(dot + 1);
-    for (const auto& p : kBlockPieces) {
-      if (absl::StartsWith(rest, p.atoll)) {
-        *transposed = p.transposed_weight && weight;
-        return absl::StrCat("transformer.h.", layer, ".", p.gpt2, rest.substr(std::strlen(p.atoll)));
-      }
-    }
-  }
-  for (const auto& p : kTopPieces) {
-    if (absl::StartsWith(atoll_name, p.atoll)) {
-      return absl::StrCat(p.gpt2, atoll_name.substr(std::strlen(p.atoll)));
-    }
-  }
-  return atoll_name;
-}
-
 namespace {
 
 // The tokenizer a model source was trained with, where known: a Hugging Face directory's
@@ -400,11 +413,9 @@ absl::StatusOr<ModelWeights> LoadWeights(const std::string& source, const Config
 void CopyArchitecture(const inner::ModelConfig& from, inner::ModelConfig& to) {
   for (const auto& [key, field] : ArchitectureFields()) to.*field = from.*field;
   to.arch = from.arch;
-  to.n_kv_head = from.n_kv_head;
-  to.ffn_hidden = from.ffn_hidden;
-  to.norm_eps = from.norm_eps;
-  to.rope_theta = from.rope_theta;
-  to.tie_embeddings = from.tie_embeddings;
+  for (const inner::ModelFamily* family : inner::Families()) {
+    for (const auto& setting : family->settings) setting.set(to, setting.raw(from));
+  }
 }
 
 const std::vector<ArchitectureField>& ArchitectureFields() {
@@ -418,22 +429,14 @@ const std::vector<ArchitectureField>& ArchitectureFields() {
 absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::ModelConfig& got,
                                    const std::string& what) {
   if (want.arch != got.arch) {
-    return absl::FailedPreconditionError(absl::StrCat(what, " has model.arch = \"",
-                                                      inner::ConfigValueText(got.arch), "\", the config \"",
-                                                      inner::ConfigValueText(want.arch), "\""));
+    return absl::FailedPreconditionError(absl::StrCat(what, " has model.arch = \"", got.arch,
+                                                      "\", the config \"", want.arch, "\""));
   }
-  if (want.arch == inner::ModelArch::kLlama) {
-    const std::pair<const char*, std::pair<double, double>> llama[] = {
-        {"n_kv_head", {want.kv_heads(), got.kv_heads()}},
-        {"ffn_hidden", {want.FfnHidden(), got.FfnHidden()}},
-        {"norm_eps", {want.norm_eps, got.norm_eps}},
-        {"rope_theta", {want.rope_theta, got.rope_theta}},
-        {"tie_embeddings", {want.tie_embeddings, got.tie_embeddings}}};
-    for (const auto& [key, values] : llama) {
-      if (values.first != values.second) {
-        return absl::FailedPreconditionError(absl::StrCat(what, " has model.", key, " = ",
-                                                          values.second, ", the config ", values.first));
-      }
+  for (const auto& setting : inner::FamilyOf(want).settings) {
+    if (setting.value(want) != setting.value(got)) {
+      return absl::FailedPreconditionError(absl::StrCat(what, " has model.", setting.key, " = ",
+                                                        setting.value(got), ", the config ",
+                                                        setting.value(want)));
     }
   }
   for (const auto& [key, field] : ArchitectureFields()) {
@@ -447,6 +450,10 @@ absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::
 
 absl::Status WriteSafetensors(const ModelWeights& weights, const std::string& path, NameStyle style,
                               const std::map<std::string, std::string>& extra) {
+  if (style == NameStyle::kHf && inner::FamilyOf(weights.model).hf == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model family \"", weights.model.arch,
+                                                   "\" has no Hugging Face names: use --names atoll"));
+  }
   std::vector<at::Tensor> keep;  // transposed copies live until written
   std::vector<safetensors::TensorView> views;
   for (const auto& [name, tensor] : weights.params) {

@@ -2,20 +2,10 @@
 // coordinator's durable state, an island's or the baseline's checkpoint, a safetensors file) and
 // written as safetensors that other tools load.
 //
-// Safetensors names (`--names gpt2`, the default) follow Hugging Face's GPT-2, whose architecture
-// atoll's model is (pre-LayerNorm blocks, tanh GELU, LayerNorm eps 1e-5, learned positions):
-//   tok_emb.weight                -> transformer.wte.weight
-//   pos_emb.weight                -> transformer.wpe.weight
-//   blocks.L.ln1.{weight,bias}    -> transformer.h.L.ln_1.{weight,bias}   (ln2 -> ln_2)
-//   blocks.L.attn.qkv.weight      -> transformer.h.L.attn.c_attn.weight   transposed [d, 3d]
-//   blocks.L.attn.proj.weight     -> transformer.h.L.attn.c_proj.weight   transposed
-//   blocks.L.mlp.fc.weight        -> transformer.h.L.mlp.c_fc.weight      transposed [d, 4d]
-//   blocks.L.mlp.proj.weight      -> transformer.h.L.mlp.c_proj.weight    transposed [4d, d]
-//   (biases keep their shape)     -> the same names with .bias
-//   ln_f.{weight,bias}            -> transformer.ln_f.{weight,bias}
-//   head.weight                   -> lm_head.weight  (atoll's head is untied from wte)
-// GPT-2's Conv1D stores weights [in, out], hence the transposes. `--names atoll` writes atoll's own
-// names and shapes. The metadata carries the model config ("atoll.model", JSON) and the source.
+// Safetensors names: `--names hf` (the default; "gpt2" is its old name) writes the Hugging Face
+// names and layouts of the model's family (its HfMapping, inner/model/hf_mapping.h), `--names
+// atoll` atoll's own names and shapes. The metadata carries the model config ("atoll.model",
+// JSON) and the source.
 #ifndef ATOLL_SRC_STORE_MODEL_IO_H_
 #define ATOLL_SRC_STORE_MODEL_IO_H_
 
@@ -34,12 +24,9 @@
 
 namespace atl {
 
-// kHf: Hugging Face's names of the model's family (GPT-2's below; Llama's in src/store/hf_format.h).
+// kHf: Hugging Face's names of the model's family.
 enum class NameStyle { kHf, kAtoll };
 absl::StatusOr<NameStyle> ParseNameStyle(const std::string& name);
-
-// The GPT-2 name of an atoll parameter, and whether its tensor is stored transposed there.
-std::string Gpt2Name(const std::string& atoll_name, bool* transposed);
 
 struct ModelWeights {
   inner::ModelConfig model;
@@ -69,8 +56,8 @@ const std::vector<ArchitectureField>& ArchitectureFields();
 // Sets `to`'s architecture (every field that shapes a tensor or the forward) to `from`'s.
 void CopyArchitecture(const inner::ModelConfig& from, inner::ModelConfig& to);
 
-// An error naming the first field (arch, Llama's keys, n_layer, d_model, n_head, context, vocab)
-// that differs.
+// An error naming the first field (arch, the family's settings, n_layer, d_model, n_head,
+// context, vocab) that differs.
 absl::Status CheckSameArchitecture(const inner::ModelConfig& want, const inner::ModelConfig& got,
                                    const std::string& what);
 

@@ -84,7 +84,7 @@ inner::ModelConfig Gpt(int n_layer, int d_model, int n_head, int context, int vo
 inner::ModelConfig Llama(int n_layer, int d_model, int n_head, int n_kv_head, int ffn_hidden,
                          int context, int vocab) {
   inner::ModelConfig m = Gpt(n_layer, d_model, n_head, context, vocab);
-  m.arch = inner::ModelArch::kLlama;
+  m.arch = "llama";
   m.n_kv_head = n_kv_head;
   m.ffn_hidden = ffn_hidden;
   return m;

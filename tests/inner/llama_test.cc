@@ -8,14 +8,14 @@
 #include <map>
 
 #include "inner/model.h"
-#include "inner/model/llama.h"
+#include "inner/model/llama/llama.h"
 
 namespace atl::inner {
 namespace {
 
 ModelConfig SmallLlama() {
   ModelConfig c;
-  c.arch = ModelArch::kLlama;
+  c.arch = "llama";
   c.n_layer = 2;
   c.d_model = 32;
   c.n_head = 4;
@@ -33,13 +33,13 @@ TEST(LlamaTest, ParameterCountsMatchTheModuleAndLlama2) {
   for (const auto& p : BuildModel(c)->parameters()) n += p.numel();
   EXPECT_EQ(n, ParameterCount(c));
   ModelConfig seven_b;
-  seven_b.arch = ModelArch::kLlama;
+  seven_b.arch = "llama";
   seven_b.n_layer = 32;
   seven_b.d_model = 4096;
   seven_b.n_head = 32;
   seven_b.context = 4096;
   seven_b.vocab = 32000;
-  EXPECT_EQ(seven_b.FfnHidden(), 11008);
+  EXPECT_EQ(llama::FfnHidden(seven_b), 11008);
   EXPECT_EQ(ParameterCount(seven_b), 6738415616LL);
   seven_b.tie_embeddings = true;
   EXPECT_EQ(ParameterCount(seven_b), 6738415616LL - 32000LL * 4096);
@@ -164,9 +164,9 @@ TEST(LlamaTest, ConfigsThatDoNotFitAreRefusedByKey) {
   c.n_kv_head = 3;
   EXPECT_THAT(std::string(Validate(c).message()), ::testing::HasSubstr("model.n_kv_head (3)"));
   c = SmallLlama();
-  c.arch = ModelArch::kGpt2;
+  c.arch = "gpt2";
   EXPECT_THAT(std::string(Validate(c).message()),
-              ::testing::HasSubstr("apply to model.arch = \"llama\" only"));
+              ::testing::HasSubstr("applies to model.arch = \"llama\" only"));
   c = SmallLlama();
   c.rope_theta = 0;
   EXPECT_THAT(std::string(Validate(c).message()), ::testing::HasSubstr("model.rope_theta"));
@@ -206,11 +206,11 @@ TEST(DecodeTest, TheKeyValueCacheGivesTheFullForwardsLogits) {
     for (int64_t t = prompt; t < c.context; ++t) {
       const auto step = model->Decode(tokens.narrow(1, t, 1), cache)[0][0];
       EXPECT_LT((step - full[t]).abs().max().item<double>(), 1e-5)
-          << inner::ConfigValueText(c.arch) << " position " << t;
+          << c.arch << " position " << t;
     }
     EXPECT_EQ(cache.length, c.context);
     EXPECT_EQ(cache.keys[0].size(2), c.context);
-    EXPECT_EQ(cache.keys[0].size(1), c.kv_heads());  // the cache holds key/value heads only
+    EXPECT_EQ(cache.keys[0].size(1), llama::KvHeads(c));  // the cache holds key/value heads only
   }
 }
 

@@ -28,7 +28,7 @@ TEST(ModelTest, ParameterCountMatchesClosedFormAndGpt2Small) {
   for (const auto& p : model->parameters()) n += p.numel();
   EXPECT_EQ(n, ParameterCount(c));
   // GPT-2 small with an untied head: 124,439,808 + 768 * 50257.
-  ModelConfig gpt2{inner::ModelArch::kGpt2, 12, 768, 12, 1024, 50257};
+  ModelConfig gpt2{"gpt2", 12, 768, 12, 1024, 50257};
   EXPECT_EQ(ParameterCount(gpt2), 124439808 + 768LL * 50257);
 }
 

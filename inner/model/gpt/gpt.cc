@@ -1,4 +1,4 @@
-#include "inner/model/gpt.h"
+#include "inner/model/gpt/gpt.h"
 
 #include <torch/nn/functional/dropout.h>
 #include <torch/torch.h>
@@ -12,67 +12,9 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> Shapes(const ModelConfig& c) {
-  const int64_t d = c.d_model;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
-      {"tok_emb.weight", {c.vocab, d}}, {"pos_emb.weight", {c.context, d}}};
-  for (int l = 0; l < c.n_layer; ++l) {
-    const std::string b = "blocks." + std::to_string(l) + ".";
-    for (auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-             {"ln1.weight", {d}},
-             {"ln1.bias", {d}},
-             {"attn.qkv.weight", {3 * d, d}},
-             {"attn.qkv.bias", {3 * d}},
-             {"attn.proj.weight", {d, d}},
-             {"attn.proj.bias", {d}},
-             {"ln2.weight", {d}},
-             {"ln2.bias", {d}},
-             {"mlp.fc.weight", {4 * d, d}},
-             {"mlp.fc.bias", {4 * d}},
-             {"mlp.proj.weight", {d, 4 * d}},
-             {"mlp.proj.bias", {d}}}) {
-      shapes.emplace_back(b + name, std::move(shape));
-    }
-  }
-  shapes.push_back({"ln_f.weight", {d}});
-  shapes.push_back({"ln_f.bias", {d}});
-  shapes.push_back({"head.weight", {c.vocab, d}});
-  return shapes;
-}
-
-ParallelPlan Plan(const ModelConfig&) {
-  ParallelPlan p;
-  p.blocks = "blocks";
-  p.embeddings = {"tok_emb", "pos_emb"};
-  p.tensor_parallel = {{"blocks.*.attn.qkv", TpStyle::kColumn, 3},
-                       {"blocks.*.attn.proj", TpStyle::kRow, 1},
-                       {"blocks.*.mlp.fc", TpStyle::kColumn, 1},
-                       {"blocks.*.mlp.proj", TpStyle::kRow, 1}};
-  return p;
-}
-
-CausalLm Build(const ModelConfig& c) { return std::make_shared<GptImpl>(c); }
-
-// Kaplan et al.: 6 FLOPs per parameter per token (forward + backward), minus the position
-// embedding lookups, plus attention scores and values: 6 * n_layer * context * d_model.
-double TrainFlops(const ModelConfig& c) {
-  const double n = double(ParameterCount(c)) - double(c.context) * c.d_model;
-  return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
-}
-
-absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
-  if (c.n_head % tp != 0 || c.d_model % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
-        ") and model.d_model (", c.d_model, "): each rank holds n_head / ", tp,
-        " heads and 4 d_model / ", tp, " MLP units"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
-const ModelFamily kFamily = {"gpt2", Shapes, Plan, Build, TrainFlops, ValidateTensorParallel};
+CausalLm Build(const ModelConfig& c) { return std::make_shared<GptImpl>(c); }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const ModelConfig& c)
     : head_dim_(c.d_model / c.n_head), dropout_(c.dropout) {
@@ -142,7 +84,7 @@ GptImpl::GptImpl(const ModelConfig& c) : CausalLmImpl(c) {
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.d_model})));
   head_ = register_module("head", Linear(torch::nn::LinearOptions(c.d_model, c.vocab).bias(false)));
 
-  InitializeParameters(*this, Plan(c));
+  InitializeParameters(*this, kFamily.plan(c));
 }
 
 torch::Tensor GptImpl::Embed(const torch::Tensor& tokens) {

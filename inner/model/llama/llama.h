@@ -7,17 +7,16 @@
 // Its plan: q_proj, k_proj, v_proj, gate_proj and up_proj column-parallel, o_proj and down_proj
 // row-parallel (a rank holds n_head / tp query heads and n_kv_head / tp key/value heads); the
 // embeddings, the norms and the head whole on every rank.
-#ifndef ATOLL_INNER_MODEL_LLAMA_H_
-#define ATOLL_INNER_MODEL_LLAMA_H_
+#ifndef ATOLL_INNER_MODEL_LLAMA_LLAMA_H_
+#define ATOLL_INNER_MODEL_LLAMA_LLAMA_H_
 
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 
 #include "inner/model/causal_lm.h"
+#include "inner/model/llama/llama_family.h"
 
 namespace atl::inner::llama {
-
-extern const ModelFamily kFamily;
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dimension, computed in fp32 and returned in
 // x's type (as Hugging Face's LlamaRMSNorm).
@@ -103,4 +102,4 @@ class LlamaImpl : public CausalLmImpl {
 
 }  // namespace atl::inner::llama
 
-#endif  // ATOLL_INNER_MODEL_LLAMA_H_
+#endif  // ATOLL_INNER_MODEL_LLAMA_LLAMA_H_

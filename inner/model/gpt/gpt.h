@@ -4,18 +4,17 @@
 // attn.proj and mlp.proj row-parallel; the embeddings, the LayerNorms and the head whole on every
 // rank (the vocabulary is bytes, too small to be worth splitting). With tensor parallelism one
 // all-reduce per attention and per MLP forward (the row-parallel outputs) and one each backward.
-#ifndef ATOLL_INNER_MODEL_GPT_H_
-#define ATOLL_INNER_MODEL_GPT_H_
+#ifndef ATOLL_INNER_MODEL_GPT_GPT_H_
+#define ATOLL_INNER_MODEL_GPT_GPT_H_
 
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 
 #include "inner/model/causal_lm.h"
+#include "inner/model/gpt/gpt_family.h"
 
 namespace atl::inner::gpt {
-
-extern const ModelFamily kFamily;
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
@@ -81,4 +80,4 @@ class GptImpl : public CausalLmImpl {
 
 }  // namespace atl::inner::gpt
 
-#endif  // ATOLL_INNER_MODEL_GPT_H_
+#endif  // ATOLL_INNER_MODEL_GPT_GPT_H_

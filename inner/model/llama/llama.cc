@@ -1,4 +1,4 @@
-#include "inner/model/llama.h"
+#include "inner/model/llama/llama.h"
 
 #include <torch/nn/functional/dropout.h>
 #include <torch/torch.h>
@@ -12,75 +12,13 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
-
-Shapes ShapesOf(const ModelConfig& c) {
-  const int64_t d = c.d_model, hd = c.d_model / c.n_head, kv = int64_t(c.kv_heads()) * hd,
-                f = c.FfnHidden();
-  Shapes shapes = {{"embed_tokens.weight", {c.vocab, d}}};
-  for (int l = 0; l < c.n_layer; ++l) {
-    const std::string b = "layers." + std::to_string(l) + ".";
-    for (auto& [name, shape] : Shapes{{"input_layernorm.weight", {d}},
-                                      {"self_attn.q_proj.weight", {d, d}},
-                                      {"self_attn.k_proj.weight", {kv, d}},
-                                      {"self_attn.v_proj.weight", {kv, d}},
-                                      {"self_attn.o_proj.weight", {d, d}},
-                                      {"post_attention_layernorm.weight", {d}},
-                                      {"mlp.gate_proj.weight", {f, d}},
-                                      {"mlp.up_proj.weight", {f, d}},
-                                      {"mlp.down_proj.weight", {d, f}}}) {
-      shapes.emplace_back(b + name, std::move(shape));
-    }
-  }
-  shapes.push_back({"norm.weight", {d}});
-  if (!c.tie_embeddings) shapes.push_back({"lm_head.weight", {c.vocab, d}});
-  return shapes;
-}
-
-ParallelPlan Plan(const ModelConfig&) {
-  ParallelPlan p;
-  p.blocks = "layers";
-  p.embeddings = {"embed_tokens"};
-  p.tensor_parallel = {{"layers.*.self_attn.q_proj", TpStyle::kColumn, 1},
-                       {"layers.*.self_attn.k_proj", TpStyle::kColumn, 1},
-                       {"layers.*.self_attn.v_proj", TpStyle::kColumn, 1},
-                       {"layers.*.self_attn.o_proj", TpStyle::kRow, 1},
-                       {"layers.*.mlp.gate_proj", TpStyle::kColumn, 1},
-                       {"layers.*.mlp.up_proj", TpStyle::kColumn, 1},
-                       {"layers.*.mlp.down_proj", TpStyle::kRow, 1}};
-  return p;
-}
-
-CausalLm Build(const ModelConfig& c) { return std::make_shared<LlamaImpl>(c); }
-
-// 6 FLOPs per parameter of a matrix product per token (forward + backward: every parameter but
-// the embedding lookup's, the head's product counted once, tied or not; the norms' few are
-// counted too), plus attention's scores and values, 6 * n_layer * context * d_model (the query
-// heads' width: grouped-query attention shares keys and values, not the products with them).
-double TrainFlops(const ModelConfig& c) {
-  const double embedding = double(c.vocab) * c.d_model;
-  const double n = double(ParameterCount(c)) - (c.tie_embeddings ? 0.0 : embedding);
-  return 6.0 * n + 6.0 * c.n_layer * c.context * c.d_model;
-}
-
-absl::Status ValidateTensorParallel(const ModelConfig& c, int tp) {
-  if (c.n_head % tp != 0 || c.kv_heads() % tp != 0 || c.FfnHidden() % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.tensor_parallel_degree = ", tp, " must divide model.n_head (", c.n_head,
-        "), the key/value heads (model.n_kv_head: ", c.kv_heads(), ") and the SwiGLU width (",
-        c.FfnHidden(), "): each rank holds n_head / ", tp, " query heads, n_kv_head / ", tp,
-        " key/value heads and ffn_hidden / ", tp, " MLP units"));
-  }
-  return absl::OkStatus();
-}
-
 Linear Projection(int64_t in, int64_t out) {
   return Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
 }  // namespace
 
-const ModelFamily kFamily = {"llama", ShapesOf, Plan, Build, TrainFlops, ValidateTensorParallel};
+CausalLm Build(const ModelConfig& c) { return std::make_shared<LlamaImpl>(c); }
 
 RmsNormImpl::RmsNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
@@ -107,7 +45,7 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, double theta, int64_t start) {
 
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : head_dim_(c.d_model / c.n_head), theta_(c.rope_theta), dropout_(c.dropout) {
-  const int64_t kv = int64_t(c.kv_heads()) * head_dim_;
+  const int64_t kv = int64_t(KvHeads(c)) * head_dim_;
   q_ = register_module("q_proj", Projection(c.d_model, c.d_model));
   k_ = register_module("k_proj", Projection(c.d_model, kv));
   v_ = register_module("v_proj", Projection(c.d_model, kv));
@@ -144,7 +82,7 @@ torch::Tensor AttentionImpl::Decode(const torch::Tensor& x, int64_t start, torch
 }
 
 MlpImpl::MlpImpl(const ModelConfig& c) {
-  const int64_t f = c.FfnHidden();
+  const int64_t f = FfnHidden(c);
   gate_ = register_module("gate_proj", Projection(c.d_model, f));
   up_ = register_module("up_proj", Projection(c.d_model, f));
   down_ = register_module("down_proj", Projection(f, c.d_model));
@@ -185,7 +123,7 @@ LlamaImpl::LlamaImpl(const ModelConfig& c) : CausalLmImpl(c) {
   norm_ = register_module("norm", RmsNorm(c.d_model, c.norm_eps));
   if (!c.tie_embeddings) head_ = register_module("lm_head", Projection(c.d_model, c.vocab));
 
-  InitializeParameters(*this, Plan(c));
+  InitializeParameters(*this, kFamily.plan(c));
 }
 
 torch::Tensor LlamaImpl::Embed(const torch::Tensor& tokens) {
