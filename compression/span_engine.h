@@ -1,5 +1,5 @@
 // The codecs and the little arithmetic an island's device copy of the global parameters needs
-// (outer/device_copy.h), over the memory of one device: the host (the CPU codecs) or a CUDA device
+// (outer/island/device_copy.h), over the memory of one device: the host (the CPU codecs) or a CUDA device
 // (the kernels of codec_cuda.h, on a stream of the engine's own, so that they overlap the training
 // on the compute stream). Results are bit for bit the same on both (codec_math.h, -fmad=false).
 //

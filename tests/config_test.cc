@@ -145,7 +145,7 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
     EXPECT_EQ(s.code(), c.code) << c.toml << " -> " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.toml;
   }
-  // Each robust rule loads from the smallest island count it acts on (outer/aggregation.h).
+  // Each robust rule loads from the smallest island count it acts on (outer/base/aggregation.h).
   for (const auto& [rule, islands] : std::vector<std::pair<std::string, std::string>>{
            {"trimmed_mean", "4"}, {"median", "3"}, {"clipped_mean", "3"}, {"mean", "1"}}) {
     EXPECT_TRUE(LoadText(base, {{"outer.aggregation", rule}, {"outer.islands", islands}}).ok())

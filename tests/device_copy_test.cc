@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "compression/codec.h"
-#include "outer/outer_config.h"
+#include "outer/base/outer_config.h"
 #include "src/island/tensor_device_copy.h"
 #include "src/service/coordinator.h"
 #include "tests/diloco_util.h"

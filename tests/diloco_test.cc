@@ -15,9 +15,9 @@
 #include "compression/checksum.h"
 #include <nlohmann/json.hpp>
 #include "compression/codec.h"
-#include "outer/faulty_transport.h"
-#include "outer/in_process_transport.h"
-#include "outer/island_sync.h"
+#include "outer/base/faulty_transport.h"
+#include "outer/service/in_process_transport.h"
+#include "outer/island/island_sync.h"
 #include "src/service/coordinator.h"
 #include "src/store/flat_params.h"
 #include "src/island/island_loop.h"

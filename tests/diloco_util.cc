@@ -7,8 +7,8 @@
 
 #include "compression/checksum.h"
 #include "compression/codec.h"
-#include "outer/faulty_transport.h"
-#include "outer/in_process_transport.h"
+#include "outer/base/faulty_transport.h"
+#include "outer/service/in_process_transport.h"
 #include "src/service/coordinator.h"
 #include "tests/test_util.h"
 

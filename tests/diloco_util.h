@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 #include "src/config/config.h"
 #include "src/island/island_loop.h"
 #include "tests/test_util.h"

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "compression/checksum.h"
-#include "outer/island_sync.h"
-#include "outer/payload.h"
+#include "outer/island/island_sync.h"
+#include "outer/base/payload.h"
 #include "atoll/v1/outer.grpc.pb.h"
 #include "src/net/grpc_server.h"
 #include "src/net/grpc_transport.h"

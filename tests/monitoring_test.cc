@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 #include "src/net/grpc_server.h"
 #include "src/net/http_server.h"
 #include "src/observe/monitoring.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "outer/transport.h"
+#include "outer/base/transport.h"
 #include "src/cli/child_process.h"
 #include "src/config/config.h"
 

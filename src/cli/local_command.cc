@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "compression/status_macros.h"
-#include "outer/credentials.h"
+#include "outer/service/credentials.h"
 #include "src/store/checkpoint.h"
 #include "src/net/http_server.h"
 #include "src/net/rpc_security.h"

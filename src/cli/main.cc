@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/status_macros.h"
-#include "outer/shard_router.h"
+#include "outer/island/shard_router.h"
 #include "src/cli/compare_command.h"
 #include "src/config/config.h"
 #include "src/service/coordinator.h"

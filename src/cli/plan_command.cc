@@ -11,7 +11,7 @@
 #include "compression/codec.h"
 #include "compression/status_macros.h"
 #include "inner/model.h"
-#include "outer/fragments.h"
+#include "outer/base/fragments.h"
 
 namespace atl {
 namespace {

@@ -1,6 +1,6 @@
 // `atoll plan`: before renting GPUs, what a run's links must carry. For a model (a parameter count
 // or a config's model), an inner step time, islands and their links, it replays each method's
-// schedule (outer/planner.h) and prints, per method, the bytes per island per round and per hour,
+// schedule (outer/base/planner.h) and prints, per method, the bytes per island per round and per hour,
 // the peak bytes in flight, the compute utilization on the given link and the lowest bandwidth
 // that reaches a target utilization; with --svg, utilization against bandwidth per method.
 #ifndef ATOLL_SRC_CLI_PLAN_COMMAND_H_
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "outer/planner.h"
+#include "outer/base/planner.h"
 #include "src/config/config.h"
 
 namespace atl {

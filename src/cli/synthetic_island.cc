@@ -15,9 +15,9 @@
 #include "compression/checksum.h"
 #include "compression/status_macros.h"
 #include "inner/loop.h"
-#include "outer/fragments.h"
-#include "outer/outer_step.h"
-#include "outer/payload.h"
+#include "outer/base/fragments.h"
+#include "outer/island/outer_step.h"
+#include "outer/base/payload.h"
 #include "src/net/rpc_security.h"
 #include "src/store/flat_params.h"
 

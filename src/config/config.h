@@ -1,7 +1,7 @@
 // Run configuration: TOML files with presets under deploy/configs/, every key overridable from the
 // command line as --section.key=value (torchtitan style). Each component owns its section (the
 // struct, its keys with their documentation, its typed values and its validation: inner/*_config.h,
-// inner/parallel/parallelism_config.h, outer/outer_config.h); this file composes them, one TOML
+// inner/parallel/parallelism_config.h, outer/base/outer_config.h); this file composes them, one TOML
 // section onto one struct. Unknown keys, wrong types and out-of-range values are errors that name
 // the key; typed values (codecs, enums) are parsed once, here.
 #ifndef ATOLL_SRC_CONFIG_CONFIG_H_
@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "inner/data.h"
 #include "inner/trainer_config.h"
-#include "outer/outer_config.h"
+#include "outer/base/outer_config.h"
 
 namespace atl {
 

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "inner/parallel/communicator.h"
 #include "inner/trainer.h"
-#include "outer/transport.h"
+#include "outer/base/transport.h"
 #include "src/config/config.h"
 
 namespace atl {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "outer/outer_step.h"
+#include "outer/island/outer_step.h"
 #include "src/config/config.h"
 #include "src/island/island_loop.h"
 

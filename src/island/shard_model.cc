@@ -12,7 +12,7 @@
 #include "compression/status_macros.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
-#include "outer/names.h"
+#include "outer/base/names.h"
 
 namespace atl {
 

@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "inner/parallel/mesh.h"
 #include "inner/trainer.h"
-#include "outer/outer_step.h"
-#include "outer/transport.h"
+#include "outer/island/outer_step.h"
+#include "outer/base/transport.h"
 #include "src/island/tensor_device_copy.h"
 
 namespace atl {

@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "compression/span_engine.h"
-#include "outer/device_copy.h"
+#include "outer/island/device_copy.h"
 
 namespace atl {
 

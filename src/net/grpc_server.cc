@@ -13,9 +13,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "atoll/v1/outer.grpc.pb.h"
-#include "outer/credentials.h"
-#include "outer/in_process_transport.h"
-#include "outer/names.h"
+#include "outer/service/credentials.h"
+#include "outer/service/in_process_transport.h"
+#include "outer/base/names.h"
 
 namespace atl {
 namespace {

@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 #include "src/net/rpc_security.h"
 
 namespace atl {

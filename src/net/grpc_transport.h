@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "outer/transport.h"
+#include "outer/base/transport.h"
 #include "src/net/rpc_security.h"
 
 namespace atl {

@@ -7,8 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
-#include "outer/credentials.h"
-#include "outer/names.h"
+#include "outer/service/credentials.h"
+#include "outer/base/names.h"
 #include "src/net/rpc_security.h"
 
 namespace atl {

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "compression/status_macros.h"
-#include "outer/names.h"
+#include "outer/base/names.h"
 
 namespace atl {
 namespace {

@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "outer/island_sync.h"
-#include "outer/sync_server.h"
+#include "outer/island/island_sync.h"
+#include "outer/service/sync_server.h"
 
 namespace atl {
 

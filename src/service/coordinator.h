@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 #include "src/config/config.h"
 #include "src/net/grpc_server.h"
 #include "src/store/service_state_file.h"
@@ -19,7 +19,7 @@ namespace pb = ::atollpb::v1;
 
 // The run's SyncServer: global parameters initialized from model.init_seed, or read from
 // train.init_from when set; layout from the model's named parameters.
-// With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/fragments.h).
+// With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/base/fragments.h).
 // `shard`: with outer.shards > 1, the coordinator (SyncServerOptions::kControlPlane, no fragment's
 // data) or shard server K (its fragments' data only).
 absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(

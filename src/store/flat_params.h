@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "inner/model.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 
 namespace atl {
 

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "outer/fragments.h"
+#include "outer/base/fragments.h"
 #include "src/store/checkpoint.h"
 #include "src/store/flat_params.h"
 #include "src/store/hf_format.h"

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "atoll/v1/service_state.pb.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 
 namespace atl {
 

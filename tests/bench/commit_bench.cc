@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "compression/codec.h"
-#include "outer/aggregation.h"
-#include "outer/sync_server.h"
+#include "outer/base/aggregation.h"
+#include "outer/service/sync_server.h"
 
 namespace {
 

@@ -38,8 +38,8 @@
 #include "compression/codec.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/trainer.h"
-#include "outer/fragments.h"
-#include "outer/payload.h"
+#include "outer/base/fragments.h"
+#include "outer/base/payload.h"
 #include "src/island/tensor_device_copy.h"
 #include "tests/test_util.h"
 

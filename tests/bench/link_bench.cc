@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "compression/codec.h"
-#include "outer/island_sync.h"
-#include "outer/sync_server.h"
+#include "outer/island/island_sync.h"
+#include "outer/service/sync_server.h"
 #include "src/net/grpc_server.h"
 #include "src/net/grpc_transport.h"
 

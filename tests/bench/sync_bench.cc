@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "compression/codec.h"
-#include "outer/island_sync.h"
-#include "outer/sync_server.h"
+#include "outer/island/island_sync.h"
+#include "outer/service/sync_server.h"
 #include "src/net/grpc_server.h"
 #include "src/net/grpc_transport.h"
 

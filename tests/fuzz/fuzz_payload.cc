@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "compression/checksum.h"
-#include "outer/payload.h"
+#include "outer/base/payload.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace pb = ::atollpb::v1;

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "compression/checksum.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 #include "tests/fuzz/fuzz_input.h"
 
 namespace pb = ::atollpb::v1;

@@ -8,7 +8,7 @@
 
 #include "atoll/v1/service_state.pb.h"
 #include "compression/checksum.h"
-#include "outer/sync_server.h"
+#include "outer/service/sync_server.h"
 #include "src/store/service_state_file.h"
 #include "tests/fuzz/fuzz_input.h"
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "compression/codec.h"
-#include "outer/payload.h"
-#include "outer/sync_server.h"
+#include "outer/base/payload.h"
+#include "outer/service/sync_server.h"
 #include "src/store/checkpoint.h"
 #include "src/config/config.h"
 #include "src/service/coordinator.h"

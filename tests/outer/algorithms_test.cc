@@ -10,9 +10,9 @@
 #include "compression/checksum.h"
 #include "compression/codec.h"
 #include "compression/codec_math.h"
-#include "outer/aggregation.h"
-#include "outer/outer_optimizer.h"
-#include "outer/payload.h"
+#include "outer/base/aggregation.h"
+#include "outer/base/outer_optimizer.h"
+#include "outer/base/payload.h"
 
 namespace atl::outer {
 namespace {

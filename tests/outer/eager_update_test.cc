@@ -1,5 +1,5 @@
-// Eager updates (outer/eager_update.h): the stand-in and the swap, to the float.
-#include "outer/eager_update.h"
+// Eager updates (outer/island/eager_update.h): the stand-in and the swap, to the float.
+#include "outer/island/eager_update.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "outer/fragments.h"
+#include "outer/base/fragments.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

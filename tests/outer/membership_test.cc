@@ -1,7 +1,7 @@
-#include "outer/membership.h"
+#include "outer/service/membership.h"
 
 #include "absl/strings/str_cat.h"
-#include "outer/log_limiter.h"
+#include "outer/service/log_limiter.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,11 +1,11 @@
-#include "outer/planner.h"
+#include "outer/base/planner.h"
 
 #include <cmath>
 
 #include <gtest/gtest.h>
 
 #include "compression/codec.h"
-#include "outer/auto_tune.h"
+#include "outer/service/auto_tune.h"
 
 namespace atl::outer {
 namespace {
@@ -65,7 +65,7 @@ TEST(PlannerTest, ReproducesTheOrdersOfMagnitudeOfTheStreamingDiLoCoPaper) {
 }
 
 // Through the star a sparse run's update comes back relayed when the outer step is linear (an
-// island receives the M - 1 other pushes: outer/update_recipe.h), else as the union of the
+// island receives the M - 1 other pushes: outer/base/update_recipe.h), else as the union of the
 // islands' indices (FP4 values): at most M times a push's kept values, never more than dense FP4.
 TEST(PlannerTest, SparseUpdatesComeBackRelayedOrAsTheUnionOfThePushes) {
   PlanInput in;

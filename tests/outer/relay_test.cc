@@ -1,8 +1,8 @@
-// Relayed updates (outer/update_recipe.h): with a linear outer step and sparse contributions the
+// Relayed updates (outer/base/update_recipe.h): with a linear outer step and sparse contributions the
 // service relays the contributions and every copy makes u itself, bit for bit the service's; a
 // rank that pushed receives only the other islands'. The fold over a range, recipe refusals, the
 // receiver's refusals, ranks and lanes, and the bytes an island receives.
-#include "outer/update_recipe.h"
+#include "outer/base/update_recipe.h"
 
 #include "tests/outer/sync_server_fixture.h"
 

@@ -9,11 +9,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "outer/in_process_transport.h"
-#include "outer/island_session.h"
-#include "outer/island_sync.h"
-#include "outer/shard_router.h"
-#include "outer/sync_server.h"
+#include "outer/service/in_process_transport.h"
+#include "outer/island/island_session.h"
+#include "outer/island/island_sync.h"
+#include "outer/island/shard_router.h"
+#include "outer/service/sync_server.h"
 
 namespace atl::outer {
 namespace {

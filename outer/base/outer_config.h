@@ -1,0 +1,214 @@
+// Configuration of the outer loop (the [outer] section), in torchft's vocabulary where it has one.
+#ifndef ATOLL_OUTER_BASE_OUTER_CONFIG_H_
+#define ATOLL_OUTER_BASE_OUTER_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "compression/codec.h"
+#include "outer/base/aggregation.h"
+#include "outer/base/fragments.h"
+#include "outer/base/outer_optimizer.h"
+
+namespace atl::outer {
+
+// Sync rounds, or async: contributions applied as they arrive (arXiv 2401.09135).
+enum class OuterMode { kSync, kAsync };
+absl::Status ParseConfigValue(const std::string& text, OuterMode* value);
+std::string ConfigValueText(OuterMode value);
+
+// Where an island's rank keeps its copy of the global parameters for making pseudo-gradients:
+// "device" (beside the parameters: made, encoded and merged there), "host" (made and encoded on
+// the host from a copy of the parameters), "auto" (device when the rank trains on a GPU).
+enum class GlobalCopy { kAuto, kDevice, kHost };
+absl::Status ParseConfigValue(const std::string& text, GlobalCopy* value);
+std::string ConfigValueText(GlobalCopy value);
+
+// The [outer] section. What the service decides for every island (the schedule it announces at
+// join: H, the phases, the fragments, the mode, the run's steps) is read by the service alone
+// (ServiceOptions, outer/service/service_options.h); what each island chooses for itself (tau, alpha,
+// codec, error feedback, rounding) by the island (IslandChoicesOf, outer/island/outer_step.h).
+struct OuterConfig {
+  static constexpr const char* kSection = "outer";
+  std::string run_id = "atoll";      // every RPC names it; a service refuses other runs
+  int sync_every = 50;               // H: inner steps per outer round
+  SyncPhases phases;                 // sync: a warm start and an early H before H (fragments.h)
+  OuterOptimizerConfig optimizer;    // outer.lr, outer.momentum, outer.nesterov
+  int islands = 2;                   // islands of the run (its disjoint data streams)
+  int min_islands = 1;               // contributions that commit a round at its deadline
+  double round_timeout_s = 600;      // a round's deadline after its first contribution
+  double rpc_timeout_s = 60;         // deadline of every other RPC
+  double heartbeat_s = 1;            // islands renew their lease this often
+  double lease_s = 5;                // an island silent this long is dead and dropped
+  double reconnect_timeout_s = 60;   // islands retry joining (backoff + jitter) this long
+  int durable_every = 1;             // the coordinator writes its state every K rounds
+  int join_warmup_steps = 0;         // a late joiner's fresh AdamW ramps its lr up over this many steps
+  int spike_window = 50;             // loss-spike guard: recent losses compared against (0: off)
+  double spike_factor = 8;           // ... robust standard deviations above their median
+  compression::CodecSpec codec;      // pseudo-gradients and outer updates on the wire (fp32)
+  // Sparse pseudo-gradients (SparseLoCo, arXiv 2508.15706): each chunk of topk_chunk elements
+  // keeps its round(topk_density x topk_chunk) largest magnitudes, values in `codec`; 1: dense.
+  double topk_density = 1;
+  int topk_chunk = 4096;
+  bool error_feedback = false;       // islands carry what the codec dropped into the next round
+  double error_feedback_decay = 1;   // beta: e <- beta e + delta before encoding (1: plain EF)
+  GlobalCopy global_copy = GlobalCopy::kAuto;
+  bool stochastic_rounding = false;  // islands round pseudo-gradients stochastically
+  // Streaming DiLoCo.
+  int num_fragments = 1;                  // P
+  FragmentPattern fragment_pattern = FragmentPattern::kStrided;
+  int fragment_sync_delay = 0;            // tau: inner steps between a fragment's push and merge
+  // Sync: the service chooses tau from the islands' measured links and step times to reach
+  // target_utilization (outer/service/auto_tune.h); fragment_sync_delay is the tau until it has.
+  bool auto_tune = false;
+  double target_utilization = 0.95;
+  double auto_tune_headroom = 2;  // plan as if transfers took this many times as long as measured
+  double fragment_update_alpha = -1;      // alpha; < 0: 0.5 when tau > 0, else 0
+  // Eager updates (arXiv 2502.12996; outer/island/eager_update.h): while a round is in flight the island
+  // trains on a stand-in for its update (the last one, with its own share refreshed), swapped for
+  // the update when it lands (instead of the alpha merge). Sync rounds with tau > 0; host copies.
+  bool eager_updates = false;
+  // Async DiLoCo (arXiv 2401.09135).
+  OuterMode mode = OuterMode::kSync;
+  int max_staleness = 16;                 // async: versions; staler contributions are refused
+  bool staleness_scaling = true;          // async: scale a contribution by 1 / (1 + staleness)
+  bool dynamic_local_steps = true;        // async: each island's H follows its throughput (DyLU)
+  int momentum_delay = 0;                 // async: delayed Nesterov period N (0: outer.islands)
+  // Hostile or broken islands (the service refuses or outvotes what no healthy island sends).
+  AggregationRule aggregation = AggregationRule::kMean;
+  double clip_multiple = 2.0;             // clipped_mean: norms clipped to this x the round's median
+  double trim_fraction = 0.25;            // trimmed_mean: share of values dropped at each end
+  // Bounds a healthy island stays far below: AdamW moves a weight by at most about lr per step, and
+  // tiny's pseudo-gradients measure 0.02 to 0.31 of their fragment's parameter norm (H = 50).
+  double max_update_norm = 10;            // contribution norm / fragment parameter norm (0: none)
+  double max_update_value = 1000;         // largest magnitude of any value (0: none)
+  // The coordinator's resource limits (see src/net/grpc_server.h).
+  double stream_idle_timeout_s = 60;      // a push stream silent this long is cancelled
+  double stream_first_message_s = 10;    // ... or without its first message this long
+  int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
+  int max_calls_per_island = 32;          // calls running at once for one island
+  int service_threads = 1;                // threads for a commit's data work (1..256)
+  // TCP connections of each island rank to the service (1..64): payloads are striped over them,
+  // for links whose bandwidth-delay product one TCP stream cannot fill.
+  int connections = 1;
+  // Shard servers holding the outer state (1..64; 1: the coordinator holds it). Fragment f lives
+  // on shard f mod shards (`atoll sync-server --shard K/N`); the coordinator keeps membership and
+  // the schedule. Needs num_fragments >= shards and sync mode.
+  int shards = 1;
+  bool async() const { return mode == OuterMode::kAsync; }
+  bool sparse() const { return topk_density < 1; }
+  // The encoding of pseudo-gradients on the wire: `codec`, sparse when topk_density < 1 (the
+  // outer updates follow from it: outer/base/payload.h, UpdateEncoding).
+  compression::CodecSpec wire_codec() const;
+  double alpha() const {
+    if (fragment_update_alpha >= 0) return fragment_update_alpha;
+    return fragment_sync_delay > 0 || auto_tune ? 0.5 : 0.0;
+  }
+};
+
+template <class V>
+void VisitKeys(OuterConfig& c, V&& v) {
+  v("run_id", c.run_id, "run name every RPC carries");
+  v("sync_every", c.sync_every, "H: inner steps per outer round");
+  v("warm_start_steps", c.phases.warm_start_steps,
+    "sync: the first steps are rounds of one step, plain averages (a data-parallel start)");
+  v("early_sync_every", c.phases.early_sync_every,
+    "sync: after the warm start, H for outer.early_sync_steps steps (0: off)");
+  v("early_sync_steps", c.phases.early_sync_steps,
+    "sync: how long outer.early_sync_every holds (a multiple of it)");
+  v("optimizer", c.optimizer.name,
+    "the service's outer optimizer: nesterov (SGD with Nesterov or heavy-ball momentum; plain SGD "
+    "at momentum 0) or sgd");
+  v("lr", c.optimizer.lr, "outer learning rate");
+  v("momentum", c.optimizer.momentum, "outer momentum (0: plain SGD)");
+  v("lr_warmup_rounds", c.optimizer.warmup_rounds,
+    "sync: outer lr ramps up linearly over a fragment's first rounds");
+  v("lr_decay", c.optimizer.decay,
+    "sync: outer lr after warmup: constant or cosine (to outer.min_lr_ratio x outer.lr)");
+  v("min_lr_ratio", c.optimizer.min_lr_ratio, "sync: cosine's final outer lr / outer.lr");
+  v("nesterov", c.optimizer.nesterov, "Nesterov momentum");
+  v("islands", c.islands, "islands of the run (disjoint data streams)");
+  v("min_islands", c.min_islands, "contributions that commit a late round");
+  v("round_timeout_s", c.round_timeout_s, "round deadline after its first push");
+  v("rpc_timeout_s", c.rpc_timeout_s, "deadline of every other RPC");
+  v("heartbeat_s", c.heartbeat_s, "seconds between an island's heartbeats");
+  v("lease_s", c.lease_s, "silence after which an island is dead and dropped");
+  v("reconnect_timeout_s", c.reconnect_timeout_s,
+    "how long islands retry joining (exponential backoff with jitter)");
+  v("durable_every", c.durable_every,
+    "K: the coordinator writes its state every K rounds (1: rounds are released once durable)");
+  v("spike_window", c.spike_window,
+    "loss-spike guard: recent losses to compare with (0: only non-finite losses)");
+  v("spike_factor", c.spike_factor,
+    "loss-spike guard: robust standard deviations above the median that make a spike");
+  v("join_warmup_steps", c.join_warmup_steps,
+    "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)");
+  v("codec", c.codec, compression::CodecsHelp());
+  v("topk_density", c.topk_density,
+    "sparse pseudo-gradients: share of each chunk's values kept (largest magnitudes), in (0, 1]; "
+    "1: dense");
+  v("topk_chunk", c.topk_chunk,
+    "sparse pseudo-gradients: elements per chunk, each keeping its own top-k (32..4096, a "
+    "multiple of 32)");
+  v("error_feedback", c.error_feedback, "carry codec error into the next round");
+  v("error_feedback_decay", c.error_feedback_decay,
+    "beta of error feedback: the residual is scaled by it before the next pseudo-gradient is "
+    "added (SparseLoCo's accumulator; 1: plain error feedback)");
+  v("global_copy", c.global_copy,
+    "where pseudo-gradients are made: device (beside the parameters), host, or auto");
+  v("stochastic_rounding", c.stochastic_rounding,
+    "round pseudo-gradients stochastically (unbiased) instead of to nearest");
+  v("num_fragments", c.num_fragments, "P: Streaming DiLoCo fragments");
+  v("fragment_pattern", c.fragment_pattern, "strided or sequential blocks");
+  v("fragment_sync_delay", c.fragment_sync_delay, "tau: steps of overlap");
+  v("auto_tune", c.auto_tune,
+    "sync: the coordinator chooses tau from the islands' measured links and step times");
+  v("target_utilization", c.target_utilization,
+    "auto_tune: the compute utilization tau is chosen to reach");
+  v("auto_tune_headroom", c.auto_tune_headroom,
+    "auto_tune: plan as if transfers took this many times as long as measured (jitter)");
+  v("eager_updates", c.eager_updates,
+    "while a round is in flight, train on a stand-in for its update (the last update, with the "
+    "island's own share refreshed), swapped for the update when it lands (replaces the alpha merge)");
+  v("fragment_update_alpha", c.fragment_update_alpha,
+    "alpha of the merge (negative: 0.5 if tau > 0 or auto_tune, else 0)");
+  v("mode", c.mode, "sync (rounds) or async (updates applied as they arrive)");
+  v("max_staleness", c.max_staleness, "async: refuse contributions staler than this");
+  v("staleness_scaling", c.staleness_scaling,
+    "async: scale a contribution by 1 / (1 + staleness)");
+  v("dynamic_local_steps", c.dynamic_local_steps,
+    "async: H of each island follows its inner throughput (DyLU)");
+  v("momentum_delay", c.momentum_delay, "async: delayed Nesterov period N (0: outer.islands)");
+  v("aggregation", c.aggregation,
+    "mean, clipped_mean, trimmed_mean or median (robust to faulty islands)");
+  v("clip_multiple", c.clip_multiple,
+    "clipped_mean: norms clipped to this multiple of the round's median norm");
+  v("trim_fraction", c.trim_fraction,
+    "trimmed_mean: share of values dropped at each end, per coordinate");
+  v("max_update_norm", c.max_update_norm,
+    "refuse contributions whose norm exceeds this x the fragment's parameter norm (0: off)");
+  v("max_update_value", c.max_update_value,
+    "refuse contributions holding a value of larger magnitude (0: off)");
+  v("stream_idle_timeout_s", c.stream_idle_timeout_s,
+    "coordinator: cancel a push stream silent for this long");
+  v("stream_first_message_s", c.stream_first_message_s,
+    "coordinator: cancel a push stream whose first message (one chunk) has not arrived by then");
+  v("max_pending_calls", c.max_pending_calls,
+    "coordinator: calls not tied to a member (joins, queries), at once");
+  v("max_calls_per_island", c.max_calls_per_island,
+    "coordinator: calls running at once for one island");
+  v("service_threads", c.service_threads,
+    "coordinator: threads for a commit's aggregation, outer step, encoding and hashing");
+  v("connections", c.connections,
+    "island: TCP connections of each rank to the service; pushes, updates and state transfers "
+    "are striped over them");
+  v("shards", c.shards,
+    "shard servers holding the outer state (atoll sync-server --shard K/N); fragment f on shard "
+    "f mod shards, the coordinator keeps membership only");
+}
+
+absl::Status Validate(const OuterConfig& config);
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_BASE_OUTER_CONFIG_H_

@@ -1,0 +1,603 @@
+#include "outer/island/outer_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "compression/checksum.h"
+#include "compression/codec.h"
+#include "compression/status_macros.h"
+
+namespace atl::outer {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Rounds: every island pushes fragment p after steps t = t_p (mod H) of the run's schedule and the
+// round commits when all have; the run ends after the run's steps.
+class SyncRounds : public RoundPolicy {
+ public:
+  SyncRounds(const OuterStepOptions& o, uint32_t fragments)
+      : options_(o), schedule_(int(o.schedule.sync_every), int(fragments), o.schedule.phases) {}
+  int64_t max_steps() const override { return options_.schedule.total_steps; }
+  bool IsLast(int64_t t) const override { return t == options_.schedule.total_steps; }
+  std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
+  int64_t Delay() const override { return tau_; }
+  void SetDelay(int64_t tau) override { tau_ = tau; }
+  int64_t DelayAfter(uint32_t f, int64_t t) const override {
+    return std::min(tau_, schedule_.NextDue(int(f), t) - t - 1);
+  }
+  bool WarmStartAfter(int64_t t) const override {
+    return t <= schedule_.phases().warm_start_steps;
+  }
+  uint32_t sync_every() const override { return options_.schedule.sync_every; }
+  void Pushed(uint32_t, int64_t) override {}
+  void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
+  void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) override {
+    // Back in step with the run (the service may have lost rounds this island had done).
+    model.JumpToStep(schedule_.ResumeStep(rounds));
+  }
+  absl::Status Finish(OuterStepHook&, bool) override { return absl::OkStatus(); }
+
+ private:
+  const OuterStepOptions options_;
+  const SyncSchedule schedule_;
+  int64_t tau_ = options_.island.tau;
+};
+
+// Versions: each contribution is applied as it arrives; the island's H follows its throughput
+// (the service's answer), the learning rate the run's progress; the run ends when the token budget
+// is spent, and then every island catches up with the versions committed after its last push.
+class AsyncVersions : public RoundPolicy {
+ public:
+  AsyncVersions(const OuterStepOptions& o, uint32_t fragments)
+      : options_(o), h_now_(o.schedule.sync_every), next_due_(fragments) {
+    const SyncSchedule schedule(int(o.schedule.sync_every), int(fragments));
+    for (uint32_t f = 0; f < fragments; ++f) {
+      next_due_[f] = schedule.offset(int(f)) > 0 ? schedule.offset(int(f)) : o.schedule.sync_every;
+    }
+  }
+  // Bounded by the whole budget.
+  int64_t max_steps() const override {
+    return options_.schedule.total_steps * int64_t(options_.schedule.num_data_streams);
+  }
+  bool IsLast(int64_t t) const override { return finishing_ || t == max_steps(); }
+  std::vector<uint32_t> DueAfter(int64_t t) const override {
+    std::vector<uint32_t> due;
+    for (uint32_t f = 0; f < next_due_.size(); ++f) {
+      if (next_due_[f] <= t) due.push_back(f);
+    }
+    return due;
+  }
+  // A fragment lands before its next push: tau stays below the island's current H.
+  int64_t Delay() const override { return std::min<int64_t>(options_.island.tau, h_now_ - 1); }
+  uint32_t sync_every() const override { return uint32_t(h_now_); }
+  void Pushed(uint32_t f, int64_t t) override { next_due_[f] = t + h_now_; }
+  void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
+    if (o.sync_every > 0) h_now_ = o.sync_every;
+    finishing_ |= o.budget_reached;
+    if (o.tokens_committed > stats.run_tokens && options_.schedule.token_budget > 0) {
+      stats.run_tokens = o.tokens_committed;
+      model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(options_.schedule.token_budget) *
+                                      double(options_.schedule.total_steps)));
+    }
+    stats.staleness.push_back(o.staleness);
+  }
+  void Rejoined(const std::vector<uint64_t>&, IslandModel&) override {}
+  // Says this island has finished, waits until every other one has too (or the round timeout),
+  // then applies the versions committed since, checking every hash.
+  absl::Status Finish(OuterStepHook& hook, bool stopped) override {
+    if (stopped) return absl::OkStatus();
+    // Rank 0 speaks for the island; every rank then catches up with the versions it heard.
+    std::string versions;
+    if (hook.ranks().rank() == 0) {
+      const auto until = std::chrono::steady_clock::now() +
+                         std::chrono::duration<double>(options_.island.round_timeout_s);
+      absl::StatusOr<pb::HeartbeatResponse> state;
+      while (true) {
+        state = hook.session().Heartbeat(/*finished=*/true);
+        if (!state.ok()) break;
+        if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      versions = state.ok() ? state->SerializeAsString()
+                            : std::string("!") + std::string(state.status().message());
+    }
+    ATL_ASSIGN_OR_RETURN(auto shared, hook.ranks().FromFirst(versions));
+    if (!shared.empty() && (shared)[0] == '!') return absl::UnavailableError(shared.substr(1));
+    pb::HeartbeatResponse state;
+    if (!state.ParseFromString(shared)) return absl::DataLossError("rank 0's answer is garbled");
+    return hook.CatchUp({state.versions().begin(), state.versions().end()});
+  }
+
+ private:
+  const OuterStepOptions options_;
+  int64_t h_now_;                   // the island's H (dynamic local steps)
+  std::vector<int64_t> next_due_;   // per fragment, the step of its next push
+  bool finishing_ = false;          // the run's token budget is spent
+};
+
+}  // namespace
+
+SyncPhases PhasesOf(const pb::OuterSchedule& schedule) {
+  SyncPhases p;
+  p.warm_start_steps = int64_t(std::min<uint64_t>(schedule.warm_start_steps(), INT32_MAX));
+  p.early_sync_every = int(std::min<uint32_t>(schedule.early_sync_every(), INT32_MAX));
+  p.early_sync_steps = int64_t(std::min<uint64_t>(schedule.early_sync_steps(), INT32_MAX));
+  return p;
+}
+
+std::string OuterStepHook::Describe() const {
+  return absl::StrFormat("H = %d, %d fragment(s), tau = %d, %s, %s", options_.schedule.sync_every,
+                         syncs_.size(), options_.island.tau,
+                         eager_.empty() ? absl::StrFormat("alpha = %.2f", options_.island.alpha)
+                                        : std::string("eager updates"),
+                         compression::CodecName(options_.island.sync.codec.codec));
+}
+
+RunSchedule ScheduleOf(const pb::OuterSchedule& schedule) {
+  RunSchedule s;
+  s.total_steps = int64_t(schedule.total_inner_steps());
+  s.sync_every = schedule.sync_every();
+  s.phases = PhasesOf(schedule);
+  s.async = schedule.async();
+  s.token_budget = schedule.token_budget();
+  s.num_data_streams = schedule.num_data_streams();
+  return s;
+}
+
+IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed) {
+  IslandChoices c;
+  c.tau = outer.fragment_sync_delay;
+  c.auto_tune = outer.auto_tune;
+  c.alpha = outer.alpha();
+  c.eager_gain = outer.eager_updates ? EagerGain(outer.optimizer) : 0.0;
+  c.round_timeout_s = outer.round_timeout_s;
+  c.retry.timeout_s = outer.reconnect_timeout_s;
+  c.sync.codec = outer.wire_codec();
+  c.sync.error_feedback = outer.error_feedback;
+  c.sync.error_feedback_decay = float(outer.error_feedback_decay);
+  c.sync.stochastic_rounding = outer.stochastic_rounding;
+  c.sync.seed = rounding_seed;
+  return c;
+}
+
+OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, IslandRanks& ranks,
+                             IslandModel& model, std::vector<FragmentShare> fragments,
+                             OuterStepOptions options)
+    : transport_(transport),
+      session_(session),
+      ranks_(ranks),
+      model_(model),
+      options_(std::move(options)),
+      last_push_(fragments.size(), model.step()) {
+  if (options_.schedule.async) {
+    policy_ = std::make_unique<AsyncVersions>(options_, uint32_t(fragments.size()));
+  } else {
+    policy_ = std::make_unique<SyncRounds>(options_, uint32_t(fragments.size()));
+  }
+  IslandSyncOptions sync = options_.island.sync;
+  sync.async = options_.schedule.async;
+  for (uint32_t f = 0; f < fragments.size(); ++f) {
+    sync.fragment = f;
+    sync.ranges = fragments[f].ranges;
+    sync.carried = fragments[f].carried;
+    syncs_.push_back(std::make_unique<IslandSync>(&transport_, session_.run_id(),
+                                                  session_.identity(), fragments[f].elements, sync));
+    syncs_.back()->set_device_copy(model_.device_copy(f));
+    if (options_.island.eager_gain > 0 && !options_.schedule.async) {
+      eager_.emplace_back(options_.island.eager_gain,
+                          std::max<uint32_t>(1, options_.schedule.num_data_streams));
+    }
+  }
+  stats_.tau = policy_->Delay();
+}
+
+OuterStepHook::~OuterStepHook() {
+  // Background pushes hold this hook's syncs: they finish before it goes.
+  for (auto& job : in_flight_) job.result.wait();
+}
+
+int64_t OuterStepHook::max_steps() const { return policy_->max_steps(); }
+
+absl::Status OuterStepHook::FetchGlobal() {
+  const uint64_t bytes0 = fetched_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    // Before the fragment's first commit, a joiner's seeded initial parameters are the service's:
+    // no download (the hash says). With auto-tune the download is the island's measure of its
+    // link: kept.
+    const auto& joined = session_.joined();
+    if (!options_.island.auto_tune && int(f) < joined.fragments_size() &&
+        joined.fragments(int(f)).round() == 0 && joined.fragments(int(f)).params_hash() != 0 &&
+        syncs_[f]->Adopt(model_.Snapshot(f), joined.fragments(int(f)).round(),
+                         joined.fragments(int(f)).params_hash())
+            .ok()) {
+      ++stats_.seeded_fragments;
+      continue;
+    }
+    // A coordinator that restarts right now is waited for, as for a join.
+    if (auto s = Retry(options_.island.retry, [&] { return syncs_[f]->FetchGlobal(); }); !s.ok()) {
+      return s;
+    }
+  }
+  // The whole state over the real channel: the island's measure of its link to the service.
+  const double seconds = Since(t0);
+  if (fetched_bytes() > bytes0 && seconds > 0) {
+    stats_.link_bps = 8.0 * double(fetched_bytes() - bytes0) / seconds;
+    for (auto& sync : syncs_) sync->set_link_bps(stats_.link_bps);
+  }
+  for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    ATL_RETURN_IF_ERROR(AgreeOnRound(f));
+    model_.Merge(f, syncs_[f]->global(), 0.0);
+  }
+  // Sync: a late joiner takes part from the rounds it holds, at the step they put it (as after a
+  // rejoin), so that its step count, its learning-rate schedule and its last step line up with the
+  // other islands'. With fragments the step follows every fragment's round, not fragment 0's
+  // alone (a fragment's round starts up to H steps after fragment 0's), and a round may have
+  // committed between the join's answer and the fetch (the round an island joins in does not wait
+  // for it).
+  const std::vector<uint64_t> rounds = Rounds();
+  if (!options_.schedule.async &&
+      std::any_of(rounds.begin(), rounds.end(), [](uint64_t r) { return r > 0; })) {
+    policy_->Rejoined(rounds, model_);
+    std::fill(last_push_.begin(), last_push_.end(), model_.step());
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> OuterStepHook::Rounds() const {
+  std::vector<uint64_t> rounds;
+  for (const auto& sync : syncs_) rounds.push_back(sync->round());
+  return rounds;
+}
+
+// Each rank fetches its ranges for itself, so a round can commit between the ranks' fetches (the
+// round the island joined in, which does not wait for it; async, any other island's version).
+// Ranks at different rounds push to different rounds: the island's contribution to either is never
+// whole, and the rank whose part was taken waits for an update that only the round's deadline
+// brings, its peers for it. Every rank goes on from the newest round any of them fetched: the
+// others apply the updates committed in between (all committed: a rank fetched the state after
+// them), or, where those are no longer kept, fetch the state again and the ranks compare anew.
+absl::Status OuterStepHook::AgreeOnRound(uint32_t f) {
+  if (ranks_.size() == 1) return absl::OkStatus();
+  IslandSync& sync = *syncs_[f];
+  for (int attempt = 0;; ++attempt) {
+    // From the first rank that carries the fragment (one that carries nothing has not fetched).
+    ATL_ASSIGN_OR_RETURN(auto first,
+                         ranks_.FromFirstWhere(sync.carried(), std::to_string(sync.round())));
+    uint64_t newest = 0;
+    if (!absl::SimpleAtoi(first, &newest)) {
+      return absl::DataLossError("the first carrying rank's round is garbled");
+    }
+    // Rounds only move forward, seldom by more than one between the ranks' fetches. A rank that
+    // carries nothing of the fragment takes the others' round.
+    while (true) {
+      ATL_ASSIGN_OR_RETURN(auto ahead, ranks_.Any(sync.carried() && sync.round() > newest));
+      if (!ahead) break;
+      ++newest;
+    }
+    if (sync.round() < newest || !sync.carried()) {
+      auto caught = Retry(options_.island.retry, [&] { return sync.CatchUp(newest); });
+      if (!caught.ok()) return caught.status();
+      stats_.bytes_received += caught->bytes_received;
+    }
+    ATL_ASSIGN_OR_RETURN(auto apart, ranks_.Any(sync.round() != newest));
+    if (!apart) return absl::OkStatus();
+    if (attempt >= options_.island.sync.retries) {
+      return absl::AbortedError(absl::StrCat("the island's ranks hold different rounds of fragment ",
+                                             f, ": the global state kept changing"));
+    }
+  }
+}
+
+absl::Status OuterStepHook::ReloadGlobal() {
+  // The rounds in flight land first, merged with alpha 0: their tasks write the global copies.
+  ATL_RETURN_IF_ERROR(LandAll());
+  for (uint32_t f = 0; f < syncs_.size(); ++f) model_.Merge(f, syncs_[f]->global(), 0.0);
+  return absl::OkStatus();
+}
+
+uint64_t OuterStepHook::fetched_bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : syncs_) n += s->fetched_bytes();
+  return n;
+}
+
+std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> OuterStepHook::RangeHashes(uint32_t f) const {
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> out;
+  const auto& sync = *syncs_[f];
+  uint64_t at = 0;
+  for (const auto& [begin, end] : sync.ranges()) {
+    out.emplace_back(begin, end,
+                     compression::Checksum(sync.global().data() + at, (end - begin) * sizeof(float)));
+    at += end - begin;
+  }
+  return out;
+}
+
+uint64_t OuterStepHook::global_hash() const {
+  std::vector<float> all;
+  for (const auto& s : syncs_) all.insert(all.end(), s->global().begin(), s->global().end());
+  return compression::Checksum(all.data(), all.size() * sizeof(float));
+}
+
+absl::Status OuterStepHook::AfterStep(double steps_per_s) {
+  if (!pending_rejoin_) pending_rejoin_ = session_.TakeRefusal();
+  // A rejoin changes what every rank does next: the island rejoins when any rank needs to.
+  ATL_ASSIGN_OR_RETURN(auto rejoin, ranks_.Any(pending_rejoin_.has_value()));
+  if (rejoin && !pending_rejoin_) pending_rejoin_ = absl::UnavailableError("another rank rejoins");
+  if (pending_rejoin_) {
+    // Back on the global parameters (and, sync, at the run's step): the next push is a round away.
+    ATL_RETURN_IF_ERROR(LandAll());
+    ATL_RETURN_IF_ERROR(Rejoin(*pending_rejoin_));
+    done_ = policy_->IsLast(model_.step());
+    return absl::OkStatus();
+  }
+  const int64_t t = model_.step();
+  done_ = policy_->IsLast(t);
+  // Merge what is due (tau steps after its push), then push the fragments due now.
+  ATL_RETURN_IF_ERROR(LandDue(t));
+  if (!done_) {
+    for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->DelayAfter(f, t), steps_per_s);
+    return LandDue(t);  // tau = 0: blocking
+  }
+  // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
+  // turn (alpha 0: the island ends on the global parameters).
+  ATL_RETURN_IF_ERROR(LandAll());
+  for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    Push(f, t, t, steps_per_s);
+    ATL_RETURN_IF_ERROR(Land(false));
+  }
+  return absl::OkStatus();
+}
+
+bool OuterStepHook::PushesAfter(int64_t t) const {
+  return policy_->IsLast(t) || !policy_->DueAfter(t).empty();
+}
+
+void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_per_s) {
+  InFlight job;
+  job.fragment = f;
+  job.pushed_at = t;
+  job.apply_at = apply_at;
+  job.bytes = compression::EncodedBytes(options_.island.sync.codec, syncs_[f]->global().size());
+  job.averaging = policy_->WarmStartAfter(t);
+  const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
+  last_push_[f] = t;
+  policy_->Pushed(f, t);
+  if (DeviceCopy* copy = model_.device_copy(f)) {
+    // The pseudo-gradient is made on the device, in the compute stream's order; the task encodes it.
+    const absl::Status captured = copy->Capture(options_.island.sync.error_feedback,
+                                                  options_.island.sync.error_feedback_decay);
+    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), captured, tokens,
+                                                 steps_per_s]() -> absl::StatusOr<RoundOutcome> {
+      if (!captured.ok()) return captured;
+      return sync->SyncRoundOnDevice(tokens, steps_per_s);
+    });
+  } else {
+    std::vector<float> local = model_.Snapshot(f);
+    // Eager updates: until the round lands (tau > 0), the island trains on a stand-in for it.
+    const std::vector<float>& global = syncs_[f]->global();
+    job.eager = !eager_.empty() && apply_at > t && !job.averaging && !local.empty() &&
+                local.size() == global.size();
+    if (job.eager) model_.Merge(f, eager_[f].StandIn(global, local), 0.0);
+    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = std::move(local),
+                                                 tokens, steps_per_s] {
+      return sync->SyncRound(local, tokens, steps_per_s);
+    });
+  }
+  bytes_in_flight_ += job.bytes;
+  stats_.peak_bytes_in_flight = std::max(stats_.peak_bytes_in_flight, bytes_in_flight_);
+  in_flight_.push_back(std::move(job));
+}
+
+absl::Status OuterStepHook::LandDue(int64_t t) {
+  while (!in_flight_.empty() && in_flight_.front().apply_at <= t) {
+    ATL_RETURN_IF_ERROR(Land(true));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::LandAll() {
+  while (!in_flight_.empty()) {
+    ATL_RETURN_IF_ERROR(Land(false));
+  }
+  return absl::OkStatus();
+}
+
+// Waits for the oldest fragment in flight and merges its update.
+absl::Status OuterStepHook::Land(bool keep_local) {
+  InFlight job = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto outcome = job.result.get();
+  const double idle_s = Since(t0);
+  bytes_in_flight_ -= job.bytes;
+  const bool eager = job.eager;
+  ATL_RETURN_IF_ERROR(FollowFirstCarrier(job.fragment, outcome));
+  const absl::Status& s = outcome.status();
+  if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    // The service no longer counts this island as a member (declared dead while it was silent),
+    // or is gone (restarting from its durable state): the contribution is lost; the island
+    // rejoins, with retries, and loads the global state before its next push.
+    if (eager) eager_[job.fragment].Forget();
+    if (!pending_rejoin_) pending_rejoin_ = s;
+    return absl::OkStatus();
+  }
+  if (!outcome.ok()) {
+    return absl::Status(s.code(), absl::StrCat("outer round of fragment ", job.fragment, ": ",
+                                               s.message()));
+  }
+  const std::vector<float>& global = syncs_[job.fragment]->global();
+  keep_local = keep_local && !outcome->resynced && !job.averaging;
+  if (eager && keep_local) {
+    // The stand-in the island trained on since the push is swapped for the update.
+    std::vector<float> local = model_.Snapshot(job.fragment);
+    eager_[job.fragment].Land(global, outcome->contributors, local);
+    model_.Merge(job.fragment, local, 0.0);
+  } else {
+    if (eager) eager_[job.fragment].Forget();
+    model_.Merge(job.fragment, global, keep_local ? options_.island.alpha : 0.0);
+  }
+  policy_->Landed(*outcome, model_, stats_);
+  if (options_.island.auto_tune) {
+    ATL_RETURN_IF_ERROR(AdoptTau(outcome->tau));
+  }
+  stats_.tau = policy_->Delay();
+  stats_.rounds += 1;
+  stats_.resyncs += outcome->resynced ? 1 : 0;
+  stats_.idle_s += idle_s;
+  stats_.bytes_sent += outcome->bytes_sent;
+  stats_.bytes_received += outcome->bytes_received;
+  stats_.elements_synced += outcome->elements;
+  if (observer_) {
+    LandedRound landed;
+    landed.fragment = job.fragment;
+    landed.pushed_at = job.pushed_at;
+    landed.step = model_.step();
+    landed.idle_s = idle_s;
+    landed.sync_every = policy_->sync_every();
+    landed.tau = job.apply_at - job.pushed_at;
+    landed.global_hash = syncs_[job.fragment]->global_hash();
+    landed.range_hashes = RangeHashes(job.fragment);
+    landed.outcome = *std::move(outcome);
+    observer_(landed);
+  }
+  return absl::OkStatus();
+}
+
+// The service's answers that change what the island does next (tau; async: the island's H, the
+// run's progress and its end) and the round's contributors are those of the first rank that
+// carries the fragment (rank 0, unless it is a pipeline stage holding none of it): every rank
+// takes them, whatever its own push got (a rank that carries nothing of the fragment got none).
+// Every rank lands the same fragments in the same order, so every rank calls this as often.
+absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome) {
+  if (ranks_.size() == 1) return absl::OkStatus();
+  std::string mine = "!";
+  if (outcome.ok()) {
+    mine = absl::StrCat(outcome->tau, " ", outcome->sync_every, " ", outcome->tokens_committed,
+                        " ", outcome->budget_reached ? 1 : 0, " ", outcome->contributors);
+  }
+  ATL_ASSIGN_OR_RETURN(auto first, ranks_.FromFirstWhere(syncs_[f]->carried(), mine));
+  if (!outcome.ok()) return absl::OkStatus();
+  RoundOutcome& o = *outcome;
+  o.tau = -1;
+  o.sync_every = 0;
+  o.tokens_committed = 0;
+  o.budget_reached = false;
+  if (first == "!") return absl::OkStatus();  // its push failed: the island rejoins
+  const std::vector<std::string> parts = absl::StrSplit(first, ' ');
+  int budget = 0;
+  if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &o.tau) ||
+      !absl::SimpleAtoi(parts[1], &o.sync_every) ||
+      !absl::SimpleAtoi(parts[2], &o.tokens_committed) || !absl::SimpleAtoi(parts[3], &budget) ||
+      !absl::SimpleAtoi(parts[4], &o.contributors)) {
+    return absl::DataLossError("the first carrying rank's answer of the service is garbled");
+  }
+  o.budget_reached = budget != 0;
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::AdoptTau(int tau) {
+  if (tau < 0 || tau == policy_->Delay()) return absl::OkStatus();
+  if (tau >= int64_t(options_.schedule.sync_every)) {
+    return absl::InvalidArgumentError(absl::StrCat("the service chose tau = ", tau,
+                                                   ", not below H = ", options_.schedule.sync_every));
+  }
+  if (on_message) {
+    on_message(absl::StrCat("auto-tune: tau ", policy_->Delay(), " -> ", tau,
+                            " (the service's choice for this run's links)"));
+  }
+  policy_->SetDelay(tau);
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
+  if (on_message) on_message(absl::StrCat("rejoining the run: ", why.message()));
+  ATL_RETURN_IF_ERROR(session_.Rejoin(ranks_));
+  if (session_.joined().data_stream() != session_.data_stream() && on_message) {
+    on_message(absl::StrCat("warning: its data stream ", session_.data_stream(),
+                            " was taken meanwhile (the service assigned ",
+                            session_.joined().data_stream(), "); this island goes on reading stream ",
+                            session_.data_stream()));
+  }
+  ATL_RETURN_IF_ERROR(FetchGlobal());
+  pending_rejoin_.reset();
+  stats_.rejoins += 1;
+  // Every rank continues at the same rounds (FetchGlobal has the ranks agree on them).
+  policy_->Rejoined(Rounds(), model_);
+  std::fill(last_push_.begin(), last_push_.end(), model_.step());
+  if (on_message) on_message(absl::StrCat("rejoined at round ", syncs_[0]->round()));
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::Finish(bool stopped) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ATL_RETURN_IF_ERROR(policy_->Finish(*this, stopped));
+  stats_.idle_s += Since(t0);  // waiting for the other islands counts as idle
+  return LandAll();
+}
+
+absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {
+  if (versions.size() != syncs_.size()) {
+    return absl::DataLossError("the service's heartbeat names the wrong fragments");
+  }
+  for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    ATL_ASSIGN_OR_RETURN(auto caught, syncs_[f]->CatchUp(versions[f]));
+    stats_.bytes_received += caught.bytes_received;
+    stats_.resyncs += caught.resynced ? 1 : 0;
+    model_.Merge(f, syncs_[f]->global(), 0.0);
+  }
+  if (on_message) {
+    on_message(absl::StrCat("finished: caught up with version ", versions[0], " of the run"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<OuterStepHook::Residual> OuterStepHook::Residuals() const {
+  std::vector<Residual> out;
+  for (const auto& sync : syncs_) {
+    if (!sync->carried() || !sync->keeps_residual()) continue;
+    out.push_back({sync->fragment(), sync->fragment_elements(), sync->ranges(),
+                   sync->ResidualSnapshot()});
+  }
+  return out;
+}
+
+absl::Status OuterStepHook::RestoreResiduals(const std::vector<Residual>& from) {
+  for (auto& sync : syncs_) {
+    if (!sync->carried() || !sync->keeps_residual()) continue;
+    std::vector<float> mine(sync->ResidualSnapshot().size(), 0.0f);
+    bool any = false;
+    uint64_t at = 0;
+    for (const auto& [begin, end] : sync->ranges()) {
+      for (const Residual& r : from) {
+        if (r.fragment != sync->fragment() || r.fragment_elements != sync->fragment_elements()) continue;
+        uint64_t theirs = 0;
+        for (const auto& [b, e] : r.ranges) {
+          const uint64_t lo = std::max(b, begin), hi = std::min(e, end);
+          if (lo < hi && theirs + (e - b) <= r.values.size()) {
+            std::copy(r.values.begin() + int64_t(theirs + (lo - b)),
+                      r.values.begin() + int64_t(theirs + (hi - b)),
+                      mine.begin() + int64_t(at + (lo - begin)));
+            any = true;
+          }
+          theirs += e - b;
+        }
+      }
+      at += end - begin;
+    }
+    if (any) ATL_RETURN_IF_ERROR(sync->RestoreResidual(std::move(mine)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace atl::outer

@@ -1,0 +1,256 @@
+// The outer step of an island, called after every inner step: it pushes the fragments that are
+// due (their pseudo-gradients travel in background tasks while training goes on), merges each
+// fragment's outer update tau steps later, rejoins when the service dropped the island, and ends
+// the run synced. Sync rounds and async versions are two policies, chosen once.
+//
+// It sees the model only through IslandModel (flat fp32 vectors per fragment: src/ implements it
+// over the trainer), the service only through a Transport and the IslandSession.
+//
+// Threading: everything runs on the training thread except the push-and-wait tasks, which own
+// their snapshot of the parameters and their fragment's IslandSync until they are landed.
+#ifndef ATOLL_OUTER_ISLAND_OUTER_STEP_H_
+#define ATOLL_OUTER_ISLAND_OUTER_STEP_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "outer/island/eager_update.h"
+#include "outer/base/fragments.h"
+#include "outer/island/island_session.h"
+#include "outer/island/island_sync.h"
+#include "outer/base/outer_config.h"
+
+namespace atl::outer {
+
+// What the outer step needs of the inner training.
+class IslandModel {
+ public:
+  virtual ~IslandModel() = default;
+  virtual int64_t step() const = 0;
+  // The local values of a fragment's parameters, flat, in the service's order.
+  virtual std::vector<float> Snapshot(uint32_t fragment) = 0;
+  // theta = alpha * theta + (1 - alpha) * global (alpha 0: load the global parameters). A model
+  // with a device copy of the fragment merges from that copy, equal to `global`.
+  virtual void Merge(uint32_t fragment, const std::vector<float>& global, double alpha) = 0;
+  // The copy of fragment f's global parameters the model keeps on its device (outer/island/device_copy.h),
+  // or nullptr: its pseudo-gradients are then made on the host from Snapshot.
+  virtual DeviceCopy* device_copy(uint32_t) { return nullptr; }
+  // Sync: back in step with the run after a rejoin (the service may have lost rounds).
+  virtual void JumpToStep(int64_t step) = 0;
+  // Async: the learning-rate schedule follows the run's progress, not this island's steps.
+  virtual void FollowRunProgress(int64_t position) = 0;
+};
+
+// What a rank carries of a fragment: the ranges [begin, end) of its `elements` it owns (empty: the
+// whole fragment), or nothing (`carried` false: a replica of ranks that carry it, or a pipeline
+// stage that holds none of it; the first rank that carries it speaks for the island about it).
+struct FragmentShare {
+  uint64_t elements = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  bool carried = true;
+};
+
+// What the service decides for every island of the run: the schedule it announces at join
+// (JoinResponse.schedule) and by GetState. An island never chooses these.
+struct RunSchedule {
+  int64_t total_steps = 0;        // the run's inner steps (async: each island's share of the budget)
+  uint32_t sync_every = 0;        // H
+  SyncPhases phases;              // sync: warm start and early H before H
+  bool async = false;
+  uint64_t token_budget = 0;      // async: the run's tokens
+  uint32_t num_data_streams = 1;
+};
+
+// The schedule a service announced.
+RunSchedule ScheduleOf(const pb::OuterSchedule& schedule);
+// Its phases alone.
+SyncPhases PhasesOf(const pb::OuterSchedule& schedule);
+
+// What each island chooses for itself, from its own [outer] section.
+struct IslandChoices {
+  int tau = 0;                    // inner steps between a fragment's push and its merge
+  double alpha = 0;               // merge factor
+  // Eager updates (outer/island/eager_update.h; outer.eager_updates): the outer step per unit of the
+  // averaged pseudo-gradient (EagerGain); 0: off (rounds in flight land with the alpha merge).
+  double eager_gain = 0;
+  bool auto_tune = false;         // sync: tau follows the service's choice (outer/service/auto_tune.h)
+  double round_timeout_s = 600;   // async: how long an island waits for the others to finish
+  RetryPolicy retry;
+  IslandSyncOptions sync;         // codec, error feedback, rounding (fragment set per fragment)
+};
+
+// The island's choices from its [outer] section; `rounding_seed` (stochastic rounding) should
+// differ between islands.
+IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed);
+
+struct OuterStepOptions {
+  RunSchedule schedule;          // the service's
+  IslandChoices island;          // this island's
+  int64_t tokens_per_step = 0;   // of this island (all its data-parallel ranks)
+};
+
+// A fragment's round, merged.
+struct LandedRound {
+  uint32_t fragment = 0;
+  int64_t pushed_at = 0;  // inner step of the snapshot
+  int64_t step = 0;       // inner step after which it was merged
+  int64_t tau = 0;        // inner steps between its push and its merge (as scheduled)
+  double idle_s = 0;      // the training thread waited this long for it
+  uint32_t sync_every = 0;  // the island's H from now on
+  uint64_t global_hash = 0;  // of the fragment's global parameters (this rank's) after the merge
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> range_hashes;  // begin, end, XXH64
+  RoundOutcome outcome;
+};
+
+struct OuterStepStats {
+  uint64_t rounds = 0, resyncs = 0, rejoins = 0;
+  double idle_s = 0;  // the training thread waiting for outer updates
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t elements_synced = 0;  // parameters carried, summed over rounds (bits per parameter)
+  uint64_t peak_bytes_in_flight = 0;
+  std::vector<uint32_t> staleness;  // async: of each contribution, in order
+  uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
+  double link_bps = 0;              // goodput of the last full-state fetch (join, resync)
+  int seeded_fragments = 0;         // taken from the island's own parameters (hash-checked)
+  int64_t tau = 0;                  // inner steps between a push and its merge, now
+};
+
+class OuterStepHook;
+
+// When fragments are pushed and when the island is done: sync rounds (the run's schedule, every
+// island in step) or async versions (each island's own H, until the run's token budget is spent).
+class RoundPolicy {
+ public:
+  virtual ~RoundPolicy() = default;
+  virtual int64_t max_steps() const = 0;
+  virtual bool IsLast(int64_t t) const = 0;
+  virtual std::vector<uint32_t> DueAfter(int64_t t) const = 0;
+  virtual int64_t Delay() const = 0;  // inner steps between a push and its merge
+  virtual void SetDelay(int64_t) {}   // sync with auto-tune: the service's choice
+  // The delay of fragment f's push after step t: Delay(), shortened where the fragment's next
+  // push comes sooner (the early phases of a sync schedule).
+  virtual int64_t DelayAfter(uint32_t, int64_t) const { return Delay(); }
+  // Whether the round pushed after step t is a warm-start round (a plain average, merged whole).
+  virtual bool WarmStartAfter(int64_t) const { return false; }
+  virtual uint32_t sync_every() const = 0;
+  virtual void Pushed(uint32_t fragment, int64_t t) = 0;
+  // A merged round's answer; may move the model's schedule.
+  virtual void Landed(const RoundOutcome& outcome, IslandModel& model, OuterStepStats& stats) = 0;
+  // After a rejoin, with the global parameters of each fragment's open round `rounds[f]` loaded.
+  virtual void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) = 0;
+  // The end of the run, once the island's last contribution has landed.
+  virtual absl::Status Finish(OuterStepHook& hook, bool stopped) = 0;
+};
+
+class OuterStepHook {
+ public:
+  // Every rank of an island runs one, over the ranges it owns; `ranks` shares the decisions.
+  OuterStepHook(Transport& transport, IslandSession& session, IslandRanks& ranks,
+                IslandModel& model, std::vector<FragmentShare> fragments, OuterStepOptions options);
+  ~OuterStepHook();
+
+  // Loads the global parameters into the model (join, rejoin), waiting for a restarting service.
+  absl::Status FetchGlobal();
+  // After an inner step: lands what is due, rejoins if the service dropped the island, pushes
+  // what is due. `steps_per_s`: the island's measured inner throughput (async DyLU).
+  absl::Status AfterStep(double steps_per_s);
+  // Whether AfterStep at step t pushes local progress (a fragment due, or the run's end): what
+  // the island has trained must be judged (the loss-spike guard) before.
+  bool PushesAfter(int64_t t) const;
+  // The island has done its last step (sync: the run's last; async: the budget is spent).
+  bool done() const { return done_; }
+  // Async islands train until the budget is spent, bounded by the whole budget.
+  int64_t max_steps() const;
+  // Ends the run: lands what is in flight; async islands then wait for the others and apply the
+  // versions committed since, so every island ends on the service's final parameters.
+  absl::Status Finish(bool stopped);
+  // Drops the local progress since the last sync (the loss-spike guard): what is in flight lands
+  // first (waiting for it), then every fragment goes back to its global parameters.
+  absl::Status ReloadGlobal();
+
+  void set_observer(std::function<void(const LandedRound&)> observer) {
+    observer_ = std::move(observer);
+  }
+  std::function<void(const std::string&)> on_message;  // lines worth printing
+  const OuterStepStats& stats() const { return stats_; }
+  // "H = 50, 2 fragment(s), tau = 2, alpha = 0.50, fp4_e2m1": the island's outer settings.
+  std::string Describe() const;
+  uint64_t fetched_bytes() const;
+  // XXH64 of the global parameters this rank holds, fragments concatenated.
+  uint64_t global_hash() const;
+  // The ranges of fragment f this rank holds and their hashes (for the round records).
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> RangeHashes(uint32_t f) const;
+  uint64_t round() const { return syncs_[0]->round(); }
+  IslandSession& session() { return session_; }
+  IslandRanks& ranks() { return ranks_; }
+
+  // This rank's error-feedback residuals (host path) for checkpoints: per fragment, its owned
+  // ranges and their values concatenated, as of each fragment's last accepted push. Any thread.
+  struct Residual {
+    uint32_t fragment = 0;
+    uint64_t fragment_elements = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    std::vector<float> values;
+  };
+  std::vector<Residual> Residuals() const;
+  // A resumed island, before its first push: takes what this rank owns from residuals any ranks
+  // wrote (their ranges need not be this rank's); elements none covers start at zero.
+  absl::Status RestoreResiduals(const std::vector<Residual>& from);
+
+  // Async: applies the versions committed up to `versions` (one per fragment), then loads them.
+  absl::Status CatchUp(const std::vector<uint64_t>& versions);
+
+ private:
+  // The open round of each fragment, as the island holds them.
+  std::vector<uint64_t> Rounds() const;
+  struct InFlight {
+    uint32_t fragment = 0;
+    int64_t pushed_at = 0, apply_at = 0;
+    uint64_t bytes = 0;  // encoded payload, counted while in flight
+    bool averaging = false;  // a warm-start round: merged with alpha 0
+    bool eager = false;      // the island trains on eager_[fragment]'s stand-in until it lands
+    std::future<absl::StatusOr<RoundOutcome>> result;
+  };
+  void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);
+  // Waits for the oldest round in flight and merges it: keep_local, with the island's progress
+  // since the push (the alpha merge, or eager updates); else the island takes the global
+  // parameters (a rejoin, the run's end, a reload).
+  absl::Status Land(bool keep_local);
+  absl::Status LandAll();               // everything in flight, onto the global parameters
+  absl::Status LandDue(int64_t t);      // what is due after step t, keeping local progress
+  absl::Status Rejoin(const absl::Status& why);
+  // After each rank's fetch: every rank of the island at the same round of fragment f.
+  absl::Status AgreeOnRound(uint32_t f);
+  // Every rank adopts the answer of the first rank that carries fragment f.
+  absl::Status FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome);
+  absl::Status AdoptTau(int tau);
+
+  Transport& transport_;
+  IslandSession& session_;
+  IslandRanks& ranks_;
+  IslandModel& model_;
+  const OuterStepOptions options_;
+  std::unique_ptr<RoundPolicy> policy_;
+  std::vector<std::unique_ptr<IslandSync>> syncs_;
+  std::deque<InFlight> in_flight_;
+  std::vector<EagerUpdate> eager_;  // per fragment, with eager updates (sync rounds)
+  uint64_t bytes_in_flight_ = 0;
+  std::vector<int64_t> last_push_;  // per fragment: step of its last push
+  bool done_ = false;
+  std::optional<absl::Status> pending_rejoin_;
+  OuterStepStats stats_;
+  std::function<void(const LandedRound&)> observer_;
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_ISLAND_OUTER_STEP_H_
