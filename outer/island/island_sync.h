@@ -196,8 +196,22 @@ class IslandSync {
   // checked unless split.
   void ReceivePart(const Span& p, uint64_t round, bool split, int lane, std::vector<float>& next,
                    Received& got);
+  pb::UpdateRequest UpdateRequestFor(const Span& p, uint64_t round, bool split,
+                                     bool holds_own) const;
+  // One attempt at ReceivePart: the range's hash as the service sent it.
+  absl::Status ReceiveOnce(const pb::UpdateRequest& request, const Span& p, int lane,
+                           std::vector<float>& next, Received& got, uint64_t* range_hash);
   absl::Status CheckSplitHash(const std::vector<Received>& received, uint64_t round,
                               const std::vector<float>& next) const;
+  // PushContribution's steps (outer/island/island_sync_push.cc): one chunk of a lane's part,
+  // encoded (and its residual and error noted); the lanes' answers combined into the push's.
+  struct PushPlan;
+  struct PushLane;
+  absl::StatusOr<pb::Chunk> EncodePushChunk(const PushPlan& plan, const Span& c, uint32_t index,
+                                            uint32_t count, std::vector<float>& delta,
+                                            std::vector<float>& decoded, PushLane& lane);
+  absl::StatusOr<pb::PushResponse> TakeAnswers(std::vector<PushLane>& lanes, bool keep_own,
+                                               RoundOutcome& out);
   // PushContribution's: what was pushed (its lanes' chunks), kept as this round's own
   // contribution, which a relayed update leaves out (outer/base/update_recipe.h).
   void KeepOwn(std::vector<EncodedChunk> sent);

@@ -1,5 +1,5 @@
 // Rounds: when one is ready, how its contributions become the outer update every copy applies,
-// and how islands receive it (or the whole state).
+// and how islands wait for it.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,36 +8,34 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "compression/checksum.h"
 #include "compression/status_macros.h"
 #include "outer/base/aggregation.h"
 #include "outer/base/names.h"
-#include "outer/service/sync_server.h"
+#include "outer/service/rounds.h"
 #include "outer/service/sync_server_internal.h"
 
 namespace atl::outer {
 
-using internal::HashParams;
 using internal::kCommittedKept;
 
-bool SyncServer::ReadyLocked(const Fragment& f, absl::Time now) const {
+bool Rounds::ReadyLocked(const ServiceFragment& f, absl::Time now) const {
   if (f.contributions.empty() || f.committing) return false;
   // Before its deadline a round needs every member; the first round also waits for the run's full
   // complement of islands, so an island that is merely slower to start takes part from the start.
-  const uint32_t fragment = uint32_t(&f - fragments_.data());
-  const uint64_t first = fragment < first_rounds_.size() ? first_rounds_[fragment] : 0;
-  bool all = f.round > first || complement_reached_;
-  for (const auto& [id, m] : membership_.members()) {
+  const uint32_t fragment = uint32_t(&f - core_.fragments.data());
+  const uint64_t first = fragment < core_.first_rounds.size() ? core_.first_rounds[fragment] : 0;
+  bool all = f.round > first || core_.complement_reached;
+  for (const auto& [id, m] : core_.membership.members()) {
     if (Membership::Required(m, fragment, f.round)) all &= f.contributions.count(id) > 0;
   }
   if (all) return true;
-  return now >= f.deadline && int(f.contributions.size()) >= options_.min_islands;
+  return now >= f.deadline && int(f.contributions.size()) >= core_.options.min_islands;
 }
 
-std::vector<SyncServer::CommitJob> SyncServer::TakeReadyLocked(absl::Time now) {
+std::vector<Rounds::CommitJob> Rounds::TakeReadyLocked(absl::Time now) {
   std::vector<CommitJob> jobs;
-  for (uint32_t i = 0; i < fragments_.size(); ++i) {
-    Fragment& f = fragments_[i];
+  for (uint32_t i = 0; i < core_.fragments.size(); ++i) {
+    ServiceFragment& f = core_.fragments[i];
     if (!ReadyLocked(f, now)) continue;
     CommitJob job;
     job.fragment = i;
@@ -58,12 +56,12 @@ std::vector<SyncServer::CommitJob> SyncServer::TakeReadyLocked(absl::Time now) {
   return jobs;
 }
 
-void SyncServer::RunCommits(std::vector<CommitJob> jobs) {
+void Rounds::RunCommits(std::vector<CommitJob> jobs) {
   for (auto& job : jobs) RunCommit(std::move(job));
 }
 
-void SyncServer::RunCommit(CommitJob job) {
-  Fragment& f = fragments_[job.fragment];
+void Rounds::RunCommit(CommitJob job) {
+  ServiceFragment& f = core_.fragments[job.fragment];
   std::lock_guard<std::mutex> data(*f.data_mu);
   const absl::Time started = absl::Now();
   if (commit_hook_) commit_hook_(job.fragment);
@@ -85,7 +83,7 @@ void SyncServer::RunCommit(CommitJob job) {
   std::optional<CommitResult> result;
   while (!refs.empty()) {
     AggregationReport report;
-    absl::Status s = Aggregate(options_.aggregation, refs, n, g, &report, pool_.get());
+    absl::Status s = Aggregate(core_.options.aggregation, refs, n, g, &report, core_.pool.get());
     if (s.ok()) {
       Relayable relayable;
       for (size_t i = 0; i < refs.size(); ++i) {
@@ -110,9 +108,8 @@ void SyncServer::RunCommit(CommitJob job) {
     }
     // The combination would leave the parameters non-finite (or could not be read): the round
     // commits without the contribution of largest norm, the likeliest culprit, and tries again.
-    auto worst = std::max_element(refs.begin(), refs.end(), [](const auto& x, const auto& y) {
-      return x.norm < y.norm;
-    });
+    auto worst = std::max_element(refs.begin(), refs.end(),
+                                  [](const auto& x, const auto& y) { return x.norm < y.norm; });
     events.push_back(absl::StrCat("round ", job.round, " of fragment ", job.fragment, ": ",
                                   s.message(), "; committing without island '", worst->island,
                                   "'"));
@@ -123,66 +120,67 @@ void SyncServer::RunCommit(CommitJob job) {
   if (!result) {
     // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged).
     result.emplace();
-    result->update = ZeroUpdate({options_.run_id, "", job.round, job.fragment}, options_.codec, n,
-                                options_.chunk_bytes);
+    result->update = ZeroUpdate({core_.options.run_id, "", job.round, job.fragment},
+                                core_.options.codec, n, core_.options.chunk_bytes);
     MeasureLocked(f, job.known_ranges, *result);
   }
   result->record.dropped = std::move(dropped);
   result->events = std::move(events);
   result->opened = job.opened;
   result->started = started;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(core_.mu);
   PublishLocked(job.fragment, *std::move(result), absl::Now());
 }
 
-absl::StatusOr<SyncServer::CommitResult> SyncServer::StepLocked(
-    Fragment& f, uint32_t fragment, uint64_t round, const float* g,
+absl::StatusOr<Rounds::CommitResult> Rounds::StepLocked(
+    ServiceFragment& f, uint32_t fragment, uint64_t round, const float* g,
     const std::set<std::pair<uint64_t, uint64_t>>& ranges, Relayable relayable) {
   // The update every copy applies is the decoded encoding of the optimizer's update, or one every
   // copy makes from the relayed contributions with the same functions: either way the service and
   // the islands subtract exactly the same numbers. Nothing changes until the whole update is known
   // to keep every parameter finite.
-  const PayloadId id{options_.run_id, "", round, fragment};
+  const PayloadId id{core_.options.run_id, "", round, fragment};
   // The round's outer step, a function of the round alone, so a resumed service and a replay step
   // the same way: a warm-start round is a plain average (the momentum untouched); the others
   // follow the outer learning-rate schedule over the rounds after the warm start.
-  const SyncSchedule schedule = Schedule();
+  const SyncSchedule schedule = core_.Schedule();
   const uint64_t warm = schedule.warm_start_rounds();
-  const bool averaging = !options_.async && schedule.WarmStartRound(round);
+  const bool averaging = !core_.options.async && schedule.WarmStartRound(round);
   const uint64_t total_rounds =
-      options_.total_inner_steps > 0
-          ? schedule.RoundsUntil(int(fragment), int64_t(options_.total_inner_steps))
+      core_.options.total_inner_steps > 0
+          ? schedule.RoundsUntil(int(fragment), int64_t(core_.options.total_inner_steps))
           : 0;
   f.data.set_averaging(averaging);
   f.data.set_lr(averaging ? 1.0
-                          : ScheduledLr(options_.optimizer, round - std::min(round, warm),
+                          : ScheduledLr(core_.options.optimizer, round - std::min(round, warm),
                                         total_rounds - std::min(total_rounds, warm)));
   CommitResult result;
   // Mean rules only: a per-coordinate rule's result is no fold of whole contributions.
-  const bool mean = options_.aggregation.rule == AggregationRule::kMean ||
-                    options_.aggregation.rule == AggregationRule::kClippedMean;
-  if (!options_.async && mean && f.data.optimizer().linear() &&
-      RelayIsSmaller(options_.codec, uint32_t(relayable.terms.size()), f.data.size())) {
-    ATL_RETURN_IF_ERROR(f.data.StepLinear(g, pool_.get()));
+  const bool mean = core_.options.aggregation.rule == AggregationRule::kMean ||
+                    core_.options.aggregation.rule == AggregationRule::kClippedMean;
+  if (!core_.options.async && mean && f.data.optimizer().linear() &&
+      RelayIsSmaller(core_.options.codec, uint32_t(relayable.terms.size()), f.data.size())) {
+    ATL_RETURN_IF_ERROR(f.data.StepLinear(g, core_.pool.get()));
     result.recipe = {std::move(relayable.terms), float(f.data.optimizer().lr())};
     result.relayed = std::move(relayable.payloads);
   } else {
-    ATL_ASSIGN_OR_RETURN(auto update, f.data.PrepareUpdate(g, id, options_.codec,
-                                                           options_.chunk_bytes, pool_.get()));
-    f.data.Apply(g, update, pool_.get());
+    ATL_ASSIGN_OR_RETURN(auto update,
+                         f.data.PrepareUpdate(g, id, core_.options.codec, core_.options.chunk_bytes,
+                                              core_.pool.get()));
+    f.data.Apply(g, update, core_.pool.get());
     result.update = std::move(update);
   }
   MeasureLocked(f, ranges, result);
   return result;
 }
 
-void SyncServer::MeasureLocked(const Fragment& f,
-                               const std::set<std::pair<uint64_t, uint64_t>>& ranges,
-                               CommitResult& result) {
+void Rounds::MeasureLocked(const ServiceFragment& f,
+                           const std::set<std::pair<uint64_t, uint64_t>>& ranges,
+                           CommitResult& result) {
   const std::vector<std::pair<uint64_t, uint64_t>> list(ranges.begin(), ranges.end());
   std::vector<uint64_t> hashes(list.size());
   // Task 0 hashes the whole; the others each hash a range.
-  pool_->ParallelFor(list.size() + 1, [&](size_t t) {
+  core_.pool->ParallelFor(list.size() + 1, [&](size_t t) {
     if (t == 0) {
       result.params_hash = f.data.Hash();
     } else if (list[t - 1].second <= f.data.size()) {
@@ -192,13 +190,13 @@ void SyncServer::MeasureLocked(const Fragment& f,
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i].second <= f.data.size()) result.range_hashes[list[i]] = hashes[i];
   }
-  result.params_norm = f.data.Norm(pool_.get());
+  result.params_norm = f.data.Norm(core_.pool.get());
 }
 
-void SyncServer::PublishLocked(uint32_t fragment, CommitResult result, absl::Time now) {
-  Fragment& f = fragments_[fragment];
-  if (on_event_) {
-    for (const auto& e : result.events) on_event_(e);
+void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time now) {
+  ServiceFragment& f = core_.fragments[fragment];
+  if (core_.on_event) {
+    for (const auto& e : result.events) core_.on_event(e);
   }
   auto committed = std::make_shared<CommittedRound>();
   committed->round = f.round;
@@ -214,25 +212,27 @@ void SyncServer::PublishLocked(uint32_t fragment, CommitResult result, absl::Tim
   f.params_norm = result.params_norm;
   committed->params_hash = f.params_hash;
   committed->commit_unix_s = absl::ToDoubleSeconds(now - absl::UnixEpoch());
-  if (result.opened != absl::InfinitePast()) committed->round_s = absl::ToDoubleSeconds(now - result.opened);
-  if (result.started != absl::InfinitePast()) committed->commit_s = absl::ToDoubleSeconds(now - result.started);
+  if (result.opened != absl::InfinitePast())
+    committed->round_s = absl::ToDoubleSeconds(now - result.opened);
+  if (result.started != absl::InfinitePast())
+    committed->commit_s = absl::ToDoubleSeconds(now - result.started);
   committed->update_chunks = std::move(result.update);
   for (const auto& c : committed->update_chunks) committed->update_bytes += c.data().size();
   committed->recipe = std::move(result.recipe);
   committed->relayed = std::move(result.relayed);
-  committed->relayed_codec = options_.codec;
+  committed->relayed_codec = core_.options.codec;
   for (const auto& p : committed->relayed) committed->update_bytes += p->bytes();
-  if (on_commit_) on_commit_(*committed);
+  if (core_.on_commit) core_.on_commit(*committed);
   f.committed.push_back(std::move(committed));
   while (f.committed.size() > kept_versions()) f.committed.pop_front();
   TrimCommittedLocked(f, internal::kMinCommittedKept, 0);
   ++f.round;
   f.committing = false;
-  committed_cv_.notify_all();
+  core_.committed_cv.notify_all();
 }
 
-void SyncServer::TrimCommittedLocked(Fragment& f, size_t keep, uint64_t extra_bytes) {
-  if (options_.async) return;
+void Rounds::TrimCommittedLocked(ServiceFragment& f, size_t keep, uint64_t extra_bytes) {
+  if (core_.options.async) return;
   uint64_t kept_bytes = extra_bytes;
   for (const auto& c : f.committed) kept_bytes += c->update_bytes;
   const uint64_t budget =
@@ -243,45 +243,41 @@ void SyncServer::TrimCommittedLocked(Fragment& f, size_t keep, uint64_t extra_by
   }
 }
 
-bool SyncServer::AllDoneLocked() const {
-  if (options_.async) return options_.token_budget > 0 && tokens_committed_ >= options_.token_budget;
-  const uint64_t steps = options_.total_inner_steps;
-  const uint64_t rounds = fragments_[0].round;
-  return steps > 0 && rounds > 0 && uint64_t(Schedule().DueStep(0, rounds - 1)) >= steps;
-}
-
-size_t SyncServer::kept_versions() const {
+size_t Rounds::kept_versions() const {
   // Async: enough for an island to catch up from the stalest base accepted, while every other
   // island pushes once more.
-  return options_.async ? std::max<size_t>(kCommittedKept, options_.max_staleness +
-                                                               2 * size_t(options_.num_data_streams))
-                        : kCommittedKept;
+  return core_.options.async
+             ? std::max<size_t>(kCommittedKept, core_.options.max_staleness +
+                                                    2 * size_t(core_.options.num_data_streams))
+             : kCommittedKept;
 }
 
-absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitUpdate(
+absl::StatusOr<std::shared_ptr<const CommittedRound>> Rounds::AwaitUpdate(
     const pb::UpdateRequest& request, absl::Time deadline, const std::function<bool()>& cancelled) {
-  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
+  ATL_RETURN_IF_ERROR(core_.CheckRun(request.run_id()));
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    ATL_RETURN_IF_ERROR(membership_.Authenticate(request.island_id(), request.session()));
+    std::lock_guard<std::mutex> lock(core_.mu);
+    ATL_RETURN_IF_ERROR(core_.membership.Authenticate(request.island_id(), request.session()));
   }
-  ATL_ASSIGN_OR_RETURN(const uint32_t fid, CheckFragment(request.fragment()));
+  ATL_ASSIGN_OR_RETURN(const uint32_t fid, core_.CheckFragment(request.fragment()));
   ATL_RETURN_IF_ERROR(CheckRange(request.offset(), request.num_elements(),
-                                 fragments_[fid].layout.total(), fid));
+                                 core_.fragments[fid].layout.total(), fid));
   return AwaitRound(request.round(), deadline, request.fragment(), cancelled);
 }
 
-absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(
+absl::StatusOr<std::shared_ptr<const CommittedRound>> Rounds::AwaitRound(
     uint64_t round, absl::Time deadline, uint32_t fragment,
     const std::function<bool()>& cancelled) {
-  ATL_ASSIGN_OR_RETURN(auto fid, CheckFragment(fragment));
-  std::unique_lock<std::mutex> lock(mu_);
-  Fragment& f = fragments_[fid];
+  ATL_ASSIGN_OR_RETURN(auto fid, core_.CheckFragment(fragment));
+  std::unique_lock<std::mutex> lock(core_.mu);
+  ServiceFragment& f = core_.fragments[fid];
   if (round > f.round) {
     return absl::FailedPreconditionError(absl::StrCat(
         "round ", round, " of fragment ", fid, " is unknown; the current round is ", f.round));
   }
-  auto released = [&] { return f.round > round && (!durability_gate_ || f.durable_round > round); };
+  auto released = [&] {
+    return f.round > round && (!core_.durability_gate || f.durable_round > round);
+  };
   while (!released()) {
     const absl::Time now = absl::Now();
     if (now >= deadline) {
@@ -291,63 +287,13 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> SyncServer::AwaitRound(
     }
     if (cancelled && cancelled()) return absl::CancelledError("the caller went away");
     const absl::Time wake = cancelled ? std::min(deadline, now + kCancelPoll) : deadline;
-    committed_cv_.wait_until(lock, absl::ToChronoTime(wake));
+    core_.committed_cv.wait_until(lock, absl::ToChronoTime(wake));
   }
   for (const auto& c : f.committed) {
     if (c->round == round) return c;
   }
   return absl::FailedPreconditionError(
       absl::StrCat("round ", round, " is too old to replay; fetch the global state"));
-}
-
-absl::Status SyncServer::FetchState(const pb::FetchStateRequest& request,
-                                    const std::function<bool(pb::StateChunk&&)>& write) {
-  ATL_RETURN_IF_ERROR(CheckRun(request.run_id()));
-  ATL_ASSIGN_OR_RETURN(auto fid, CheckFragment(request.fragment()));
-  const Fragment& f = fragments_[fid];
-  const compression::CodecSpec fp32{compression::Codec::kFp32, 0};
-  uint64_t round, hash, range_hash, total, n;
-  {
-    std::lock_guard<std::mutex> data(*f.data_mu);  // the parameters of a published round
-    std::lock_guard<std::mutex> lock(mu_);
-    ATL_RETURN_IF_ERROR(membership_.Authenticate(request.island_id(), request.session()));
-    total = f.data.params().size();
-    ATL_RETURN_IF_ERROR(CheckRange(request.offset(), request.num_elements(), total, fid));
-    n = request.num_elements() == 0 ? total - request.offset() : request.num_elements();
-    round = f.round;
-    hash = f.params_hash;
-    range_hash = HashParams(f.data.params().data() + request.offset(), n);
-  }
-  const ChunkPlan plan = PlanChunks(fp32, n, options_.chunk_bytes);
-  for (uint32_t c = 0; c < plan.num_chunks; ++c) {
-    const uint64_t first = uint64_t(c) * plan.per_chunk;
-    const uint64_t count = std::min(plan.per_chunk, n - first);
-    pb::StateChunk out;
-    {
-      std::lock_guard<std::mutex> data(*f.data_mu);
-      uint64_t now;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        now = f.round;
-        // The island reads what it asked for (flow control stops these writes otherwise): it is
-        // alive, though its heartbeats may wait behind this stream on a slow link.
-        membership_.Heartbeat(request.island_id(), absl::Now()).IgnoreError();
-      }
-      if (now != round) {
-        return absl::AbortedError(absl::StrCat("fragment ", fid, " committed round ", now,
-                                               " while its state was sent; fetch it again"));
-      }
-      ATL_ASSIGN_OR_RETURN(auto chunk,
-                           EncodeChunk({options_.run_id, "", round, fid}, fp32,
-                                       f.data.params().data() + request.offset() + first,
-                                       request.offset() + first, count, total, c, plan.num_chunks));
-      *out.mutable_chunk() = std::move(chunk);
-    }
-    out.set_params_hash(hash);
-    out.set_range_hash(range_hash);
-    if (!write(std::move(out))) return absl::CancelledError("the caller went away");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace atl::outer

@@ -1,5 +1,5 @@
 // The service side of a push: a stream checked message by message, a contribution recorded
-// (sync) or applied (async) once verified.
+// (sync) or applied (async) once verified, and the bound on what it may claim.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,42 +7,67 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "compression/checksum.h"
 #include "compression/status_macros.h"
-#include "outer/base/aggregation.h"
 #include "outer/base/names.h"
-#include "outer/service/sync_server.h"
-#include "outer/service/sync_server_internal.h"
+#include "outer/service/rounds.h"
 
 namespace atl::outer {
 
-PushStream::PushStream(SyncServer* server, ChunkStream chunks, uint64_t first_offset,
+PushStream::PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset,
                        std::string session, uint64_t tokens, IslandFigures figures)
-    : server_(server),
+    : rounds_(rounds),
       chunks_(std::move(chunks)),
       first_offset_(first_offset),
       session_(std::move(session)),
       tokens_(tokens),
       figures_(figures) {}
 
-PushStream::~PushStream() { server_->ClosePush(chunks_.id(), first_offset_); }
+PushStream::~PushStream() { rounds_->ClosePush(chunks_.id(), first_offset_); }
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
   ATL_RETURN_IF_ERROR(chunks_.Add(std::move(*request.mutable_chunk())));
   // Data arriving from the island shows it alive, though its heartbeats may queue behind it.
-  server_->Renew(chunks_.id().island_id);
+  rounds_->Renew(chunks_.id().island_id);
   return absl::OkStatus();
 }
 
-absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
-  const Fragment& frag = fragments_[id.fragment];
-  if (options_.async) return CheckAsyncLocked(frag, id.fragment, id.island_id, id.round);
-  ATL_RETURN_IF_ERROR(membership_.CheckMember(id.island_id));
+Rounds::Rounds(ServiceCore& core) : core_(core) { StartTuner(); }
+
+void Rounds::Renew(const std::string& island) {
+  std::lock_guard<std::mutex> lock(core_.mu);
+  core_.membership.Heartbeat(island, absl::Now()).IgnoreError();
+}
+
+void Rounds::StartTuner() {
+  if (!(core_.options.auto_tune_target > 0) || core_.options.async) return;
+  PlanInput run;
+  for (const auto& f : core_.fragments) run.fragment_elements.push_back(f.layout.total());
+  run.method = PlanMethod::kStreaming;
+  run.sync_every = int(core_.options.sync_every);
+  run.codec = core_.options.codec;
+  run.islands = int(core_.options.num_data_streams);
+  tuner_ = std::make_unique<TauTuner>(std::move(run), core_.options.auto_tune_target,
+                                      core_.options.auto_tune_headroom);
+}
+
+void Rounds::ForgetLocked(const std::string& island) {
+  steps_per_s_.erase(island);
+  if (tuner_) tuner_->Forget(island);
+  for (auto& f : core_.fragments) {
+    f.partials.erase(island);
+    f.applied.erase(island);
+  }
+}
+
+absl::Status Rounds::CheckPushLocked(const PayloadId& id) const {
+  const ServiceFragment& frag = core_.fragments[id.fragment];
+  if (core_.options.async) return CheckAsyncLocked(frag, id.fragment, id.island_id, id.round);
+  ATL_RETURN_IF_ERROR(core_.membership.CheckMember(id.island_id));
   if (id.round != frag.round) {
     return absl::FailedPreconditionError(absl::StrCat(
         "round ", id.round, " of fragment ", id.fragment,
-        id.round < frag.round ? " has already committed" : " is unknown",
-        "; the current round is ", frag.round, ": fetch the global state and continue"));
+        id.round < frag.round ? " has already committed" : " is unknown", "; the current round is ",
+        frag.round, ": fetch the global state and continue"));
   }
   if (frag.committing) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -50,48 +75,48 @@ absl::Status SyncServer::CheckPushLocked(const PayloadId& id) const {
         " is being committed without this contribution: fetch the global state and continue"));
   }
   if (frag.contributions.count(id.island_id)) {
-    return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id,
-                                                 "' has already contributed to round ", id.round));
+    return absl::AlreadyExistsError(
+        absl::StrCat("island '", id.island_id, "' has already contributed to round ", id.round));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<PushStream>> SyncServer::OpenPush(const pb::PushRequest& first) {
+absl::StatusOr<std::unique_ptr<PushStream>> Rounds::OpenPush(const pb::PushRequest& first) {
   const auto& h = first.chunk().header();
-  ATL_RETURN_IF_ERROR(CheckRun(h.run_id()));
-  ATL_ASSIGN_OR_RETURN(auto fid, CheckFragment(h.fragment()));
-  const PayloadId id{options_.run_id, h.island_id(), h.round(), fid};
+  ATL_RETURN_IF_ERROR(core_.CheckRun(h.run_id()));
+  ATL_ASSIGN_OR_RETURN(auto fid, core_.CheckFragment(h.fragment()));
+  const PayloadId id{core_.options.run_id, h.island_id(), h.round(), fid};
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    ATL_RETURN_IF_ERROR(membership_.Authenticate(id.island_id, first.session()));
+    std::lock_guard<std::mutex> lock(core_.mu);
+    ATL_RETURN_IF_ERROR(core_.membership.Authenticate(id.island_id, first.session()));
     ATL_RETURN_IF_ERROR(CheckPushLocked(id));
     // One push at a time per island, fragment and first element (a rank retrying its push while
     // the first attempt is still being read is told to wait).
     if (!open_pushes_.emplace(id.island_id, id.fragment, h.offset()).second) {
       return absl::UnavailableError(absl::StrCat("a push of island '", id.island_id,
                                                  "' for fragment ", id.fragment, " from element ",
-                                                 h.offset(), " is already under way; retry when "
+                                                 h.offset(),
+                                                 " is already under way; retry when "
                                                  "it has ended"));
     }
   }
-  const FragmentLayout& layout = fragments_[fid].layout;
+  const FragmentLayout& layout = core_.fragments[fid].layout;
   // A rank owns a range per unit (block) of the fragment it shards, and its tensor-parallel part of
   // a parameter is at most three ranges: at most four per parameter. The cap bounds what a peer
   // can make the stream keep per range (one scale block each).
   const size_t max_ranges = std::max<size_t>(64, 4 * layout.names.size());
   return std::unique_ptr<PushStream>(new PushStream(
-      this, ChunkStream(id, options_.codec, layout.total(), max_ranges),
-      h.offset(), first.session(), first.tokens(),
-      IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
+      this, ChunkStream(id, core_.options.codec, layout.total(), max_ranges), h.offset(),
+      first.session(), first.tokens(), IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
 }
 
-void SyncServer::ClosePush(const PayloadId& id, uint64_t first_offset) {
-  std::lock_guard<std::mutex> lock(mu_);
+void Rounds::ClosePush(const PayloadId& id, uint64_t first_offset) {
+  std::lock_guard<std::mutex> lock(core_.mu);
   open_pushes_.erase({id.island_id, id.fragment, first_offset});
 }
 
-void SyncServer::RememberRangesLocked(Fragment& f,
-                                      const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+void Rounds::RememberRangesLocked(ServiceFragment& f,
+                                  const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
   constexpr size_t kMaxKnownRanges = 4096;  // bounded whatever peers send
   for (const auto& r : ranges) {
     if (f.known_ranges.size() >= kMaxKnownRanges) return;
@@ -99,15 +124,17 @@ void SyncServer::RememberRangesLocked(Fragment& f,
   }
 }
 
-absl::StatusOr<std::optional<SyncServer::Contribution>> SyncServer::AddToPartialLocked(
-    const PayloadId& id, EncodedPayload payload, uint64_t tokens, double sum_squares) {
-  Fragment& f = fragments_[id.fragment];
+absl::StatusOr<std::optional<Contribution>> Rounds::AddToPartialLocked(const PayloadId& id,
+                                                                       EncodedPayload payload,
+                                                                       uint64_t tokens,
+                                                                       double sum_squares) {
+  ServiceFragment& f = core_.fragments[id.fragment];
   const auto ranges = payload.Ranges();
-  Partial& p = f.partials[id.island_id];
+  PartialContribution& p = f.partials[id.island_id];
   if (p.payload.chunks.empty() || p.round != id.round) {
-    p = Partial();  // a first part, or one abandoned for an older round
+    p = PartialContribution();  // a first part, or one abandoned for an older round
     p.round = id.round;
-    p.payload.codec = options_.codec;
+    p.payload.codec = core_.options.codec;
     p.tokens = tokens;
   }
   if (tokens != p.tokens) {
@@ -122,8 +149,10 @@ absl::StatusOr<std::optional<SyncServer::Contribution>> SyncServer::AddToPartial
                        [&](const auto& h) { return h.first <= r.first && r.second <= h.second; });
   });
   if (duplicate && !held.empty()) {
-    return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id, "' has already sent "
-                                                 "these elements of round ", id.round));
+    return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id,
+                                                 "' has already sent "
+                                                 "these elements of round ",
+                                                 id.round));
   }
   if (auto s = p.payload.Merge(std::move(payload)); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
@@ -140,22 +169,46 @@ absl::StatusOr<std::optional<SyncServer::Contribution>> SyncServer::AddToPartial
   return std::optional<Contribution>(std::move(c));
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::AwaitAppliedLocked(std::unique_lock<std::mutex>& lock,
-                                                                const PayloadId& id) {
-  Fragment& f = fragments_[id.fragment];
-  const absl::Time deadline = absl::Now() + absl::Seconds(options_.round_timeout_s);
+absl::StatusOr<pb::PushResponse> Rounds::AwaitAppliedLocked(std::unique_lock<std::mutex>& lock,
+                                                            const PayloadId& id) {
+  ServiceFragment& f = core_.fragments[id.fragment];
+  const absl::Time deadline = absl::Now() + absl::Seconds(core_.options.round_timeout_s);
   while (true) {
     auto it = f.applied.find(id.island_id);
     if (it != f.applied.end() && it->second.first == id.round) return it->second.second;
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the other ranks of island '", id.island_id, "' did not complete its contribution"));
+      return absl::DeadlineExceededError(absl::StrCat("the other ranks of island '", id.island_id,
+                                                      "' did not complete its contribution"));
     }
-    committed_cv_.wait_until(lock, absl::ToChronoTime(std::min(deadline, absl::Now() + kCancelPoll)));
+    core_.committed_cv.wait_until(
+        lock, absl::ToChronoTime(std::min(deadline, absl::Now() + kCancelPoll)));
   }
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStream> stream) {
+absl::Status Rounds::CheckValues(const PayloadId& id, const PayloadStats& stats) const {
+  if (core_.options.max_update_value > 0 && stats.max_abs > core_.options.max_update_value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("contribution of island '", id.island_id, "' to round ", id.round,
+                     ": a value of magnitude ", stats.max_abs,
+                     " exceeds outer.max_update_value = ", core_.options.max_update_value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Rounds::CheckNormLocked(const PayloadId& id, const Contribution& c) const {
+  const double params_norm = core_.fragments[id.fragment].params_norm;
+  if (core_.options.max_update_norm > 0 && params_norm > 0 &&
+      c.norm > core_.options.max_update_norm * params_norm) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("contribution of island '", id.island_id, "' to round ", id.round,
+                     " has norm ", c.norm, ", ", c.norm / params_norm,
+                     " times the fragment's parameter norm (outer.max_update_norm = ",
+                     core_.options.max_update_norm, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::PushResponse> Rounds::FinishPush(std::unique_ptr<PushStream> stream) {
   ATL_RETURN_IF_ERROR(stream->chunks_.CheckComplete());
   const uint64_t tokens = stream->tokens_;
   if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
@@ -170,27 +223,23 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
                                                    "' to round ", id.round, ": ",
                                                    stats.status().message()));
   }
-  if (options_.max_update_value > 0 && stats->max_abs > options_.max_update_value) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "contribution of island '", id.island_id, "' to round ", id.round, ": a value of magnitude ",
-        stats->max_abs, " exceeds outer.max_update_value = ", options_.max_update_value));
-  }
+  ATL_RETURN_IF_ERROR(CheckValues(id, *stats));
   std::vector<CommitJob> jobs;
   absl::StatusOr<pb::PushResponse> response;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(core_.mu);
     // Other contributions may have landed, rounds committed and the island rejoined (with a new
     // session) while this one arrived.
-    ATL_RETURN_IF_ERROR(membership_.Authenticate(id.island_id, stream->session_));
+    ATL_RETURN_IF_ERROR(core_.membership.Authenticate(id.island_id, stream->session_));
     ATL_RETURN_IF_ERROR(CheckPushLocked(id));
     ATL_RETURN_IF_ERROR(CheckClaimLocked(id, tokens));
     ATL_ASSIGN_OR_RETURN(auto complete,
                          AddToPartialLocked(id, std::move(payload), tokens, stats->sum_squares));
-    Fragment& frag = fragments_[id.fragment];
+    ServiceFragment& frag = core_.fragments[id.fragment];
     if (!complete.has_value()) {
       // A part of the island's contribution: the rank that completes it is answered as a whole
       // push.
-      if (options_.async) return AwaitAppliedLocked(lock, id);
+      if (core_.options.async) return AwaitAppliedLocked(lock, id);
       pb::PushResponse part;
       part.set_round(id.round);
       part.set_fragment(id.fragment);
@@ -199,27 +248,20 @@ absl::StatusOr<pb::PushResponse> SyncServer::FinishPush(std::unique_ptr<PushStre
       return part;
     }
     Contribution c = std::move(*complete);
-    if (const double params_norm = frag.params_norm;
-        options_.max_update_norm > 0 && params_norm > 0 &&
-        c.norm > options_.max_update_norm * params_norm) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "contribution of island '", id.island_id, "' to round ", id.round, " has norm ", c.norm,
-          ", ", c.norm / params_norm, " times the fragment's parameter norm (outer.max_update_norm = ",
-          options_.max_update_norm, ")"));
-    }
-    if (options_.async) {
+    ATL_RETURN_IF_ERROR(CheckNormLocked(id, c));
+    if (core_.options.async) {
       lock.unlock();
       return ApplyAsync(id, std::move(c), steps_per_s);
     }
     response = RecordLocked(id, std::move(c), jobs);
     if (tuner_) TuneLocked(id.island_id, stream->figures_, *response);
   }
-  // The contribution that completed its round commits it (outside mu_).
+  // The contribution that completed its round commits it (outside core_.mu).
   RunCommits(std::move(jobs));
   return response;
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequest>& requests) {
+absl::StatusOr<pb::PushResponse> Rounds::Push(const std::vector<pb::PushRequest>& requests) {
   if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
   ATL_ASSIGN_OR_RETURN(auto stream, OpenPush(requests.front()));
   for (const auto& r : requests) {
@@ -228,16 +270,16 @@ absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequ
   return FinishPush(std::move(stream));
 }
 
-void SyncServer::TuneLocked(const std::string& island, const IslandFigures& figures,
-                            pb::PushResponse& response) {
-  if (auto choice = tuner_->Report(island, figures); choice && on_event_) {
-    on_event_(absl::StrFormat(
+void Rounds::TuneLocked(const std::string& island, const IslandFigures& figures,
+                        pb::PushResponse& response) {
+  if (auto choice = tuner_->Report(island, figures); choice && core_.on_event) {
+    core_.on_event(absl::StrFormat(
         "auto-tune: tau = %d for a predicted compute utilization of %.1f%% (blocking: %.1f%%), "
         "from the slowest island's %.3f s per step and the slowest link's %.2f Mbit/s planned "
         "as %.2f Mbit/s (headroom %.1fx)",
         choice->tau, 100 * choice->predicted, 100 * choice->predicted_tau0, choice->step_time_s,
-        choice->link_bps * options_.auto_tune_headroom / 1e6, choice->link_bps / 1e6,
-        options_.auto_tune_headroom));
+        choice->link_bps * core_.options.auto_tune_headroom / 1e6, choice->link_bps / 1e6,
+        core_.options.auto_tune_headroom));
   }
   if (auto tau = tuner_->tau()) {
     response.set_tau_set(true);
@@ -245,15 +287,15 @@ void SyncServer::TuneLocked(const std::string& island, const IslandFigures& figu
   }
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, Contribution c,
-                                                          std::vector<CommitJob>& jobs) {
-  Fragment& frag = fragments_[id.fragment];
+absl::StatusOr<pb::PushResponse> Rounds::RecordLocked(const PayloadId& id, Contribution c,
+                                                      std::vector<CommitJob>& jobs) {
+  ServiceFragment& frag = core_.fragments[id.fragment];
   frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
-  membership_.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
+  core_.membership.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
   NoteContributedLocked(id, frag.contributions.at(id.island_id).tokens);
   if (frag.contributions.size() == 1) {
-    frag.deadline = now + absl::Seconds(options_.round_timeout_s);
+    frag.deadline = now + absl::Seconds(core_.options.round_timeout_s);
     frag.opened = now;
   }
   pb::PushResponse response;
@@ -264,19 +306,19 @@ absl::StatusOr<pb::PushResponse> SyncServer::RecordLocked(const PayloadId& id, C
   return response;
 }
 
-absl::Status SyncServer::CheckAsyncLocked(const Fragment& f, uint32_t fragment,
-                                          const std::string& island, uint64_t base) const {
-  ATL_RETURN_IF_ERROR(membership_.CheckMember(island));
+absl::Status Rounds::CheckAsyncLocked(const ServiceFragment& f, uint32_t fragment,
+                                      const std::string& island, uint64_t base) const {
+  ATL_RETURN_IF_ERROR(core_.membership.CheckMember(island));
   if (base > f.round) {
     return absl::FailedPreconditionError(absl::StrCat(
         "version ", base, " of fragment ", fragment, " is unknown; the current version is ",
         f.round, ": fetch the global state and continue"));
   }
-  if (f.round - base > options_.max_staleness) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "contribution from version ", base, " of fragment ", fragment, " is ", f.round - base,
-        " versions stale (the bound is ", options_.max_staleness,
-        "): fetch the global state and continue"));
+  if (f.round - base > core_.options.max_staleness) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("contribution from version ", base, " of fragment ", fragment, " is ",
+                     f.round - base, " versions stale (the bound is ", core_.options.max_staleness,
+                     "): fetch the global state and continue"));
   }
   if (auto it = f.last_base.find(island); it != f.last_base.end() && base <= it->second) {
     return absl::AlreadyExistsError(absl::StrCat("island '", island,
@@ -286,66 +328,53 @@ absl::Status SyncServer::CheckAsyncLocked(const Fragment& f, uint32_t fragment,
   return absl::OkStatus();
 }
 
-absl::Status SyncServer::CheckClaimLocked(const PayloadId& id, uint64_t tokens) const {
-  if (options_.tokens_per_step == 0) return absl::OkStatus();
-  const Member* m = membership_.Find(id.island_id);
+absl::Status Rounds::CheckClaimLocked(const PayloadId& id, uint64_t tokens) const {
+  if (core_.options.tokens_per_step == 0) return absl::OkStatus();
+  const Member* m = core_.membership.Find(id.island_id);
   const uint64_t ranks = m != nullptr ? m->data_parallel : 1;
   // Sync: the round's own steps (one in a warm-start round); an island's first contribution after
-  // it joined reaches back to the step it resumed at. Async: the run's H. An island's own H (dynamic
-  // local steps) is at most that, and a fragment's next push follows the H the island held at its
-  // last one, which may be any it was told: the run's H is the tightest bound that holds.
-  uint64_t steps = options_.sync_every;
-  if (!options_.async) {
-    const SyncSchedule schedule = Schedule();
+  // it joined reaches back to the step it resumed at. Async: the run's H. An island's own H
+  // (dynamic local steps) is at most that, and a fragment's next push follows the H the island held
+  // at its last one, which may be any it was told: the run's H is the tightest bound that holds.
+  uint64_t steps = core_.options.sync_every;
+  if (!core_.options.async) {
+    const SyncSchedule schedule = core_.Schedule();
     int64_t start = schedule.RoundStart(int(id.fragment), id.round);
-    const bool first = m == nullptr || id.fragment >= m->contributed.size() ||
-                       !m->contributed[id.fragment];
+    const bool first =
+        m == nullptr || id.fragment >= m->contributed.size() || !m->contributed[id.fragment];
     if (first) start = std::min(start, std::max<int64_t>(0, m ? m->resume_floor : 0));
     steps = uint64_t(schedule.DueStep(int(id.fragment), id.round) - start);
   }
-  const absl::uint128 bound = absl::uint128(steps) * options_.tokens_per_step * ranks;
+  const absl::uint128 bound = absl::uint128(steps) * core_.options.tokens_per_step * ranks;
   if (tokens <= bound) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "contribution of island '", id.island_id, "' to round ", id.round, " of fragment ",
       id.fragment, " claims ", tokens, " tokens; it covers at most ", steps, " inner steps of ",
-      options_.tokens_per_step, " tokens on each of the island's ", ranks,
+      core_.options.tokens_per_step, " tokens on each of the island's ", ranks,
       " data-parallel ranks: ", absl::Uint128Low64(bound)));
 }
 
-int64_t SyncServer::ResumeFloorLocked() const {
-  // An island resumes at a round start of one of the fragments (the latest, or the earliest when
-  // they disagree); a shard knows only its own fragments' rounds, which stand within a round of
-  // the others': one round back covers them.
-  const SyncSchedule schedule = Schedule();
-  int64_t floor = INT64_MAX;
-  for (uint32_t f = 0; f < fragments_.size(); ++f) {
-    if (!ShardOwns(options_, f)) continue;
-    const uint64_t r = fragments_[f].round;
-    floor = std::min(floor, schedule.RoundStart(int(f), r > 0 ? r - 1 : 0));
-  }
-  return floor == INT64_MAX ? 0 : floor;
-}
-
-void SyncServer::NoteContributedLocked(const PayloadId& id, uint64_t tokens) {
-  Member* m = membership_.FindMutable(id.island_id);
+void Rounds::NoteContributedLocked(const PayloadId& id, uint64_t tokens) {
+  Member* m = core_.membership.FindMutable(id.island_id);
   if (m == nullptr) return;
-  if (m->contributed.size() < fragments_.size()) m->contributed.resize(fragments_.size());
+  if (m->contributed.size() < core_.fragments.size()) m->contributed.resize(core_.fragments.size());
   m->contributed[id.fragment] = true;
   m->tokens_claimed += tokens;
   FlagClaimLocked(*m, absl::Now());
 }
 
-void SyncServer::FlagClaimLocked(Member& m, absl::Time now) {
+void Rounds::FlagClaimLocked(Member& m, absl::Time now) {
   if (m.peak_tokens_per_s <= 0) return;  // no throughput reported yet (or a shard: none heard)
   // Each fragment's contributions count the island's training once.
   uint32_t owned = 0;
-  for (uint32_t f = 0; f < fragments_.size(); ++f) owned += ShardOwns(options_, f) ? 1 : 0;
+  for (uint32_t f = 0; f < core_.fragments.size(); ++f)
+    owned += ShardOwns(core_.options, f) ? 1 : 0;
   const double trained = double(m.tokens_claimed) / std::max<uint32_t>(1, owned);
   const double elapsed_s = absl::ToDoubleSeconds(now - m.joined_at);
   const double possible = m.peak_tokens_per_s * elapsed_s;
   if (trained <= kClaimFlagFactor * possible) return;
   ++m.flagged_claims;
-  MemberEventLocked(
+  core_.EventLocked(
       absl::StrCat("island '", m.name, "' claims more tokens than its throughput allows"),
       absl::StrFormat(": %.0f tokens in %.1f s since it joined, %.1fx what %.0f tokens/s (the most "
                       "its heartbeats reported) train; its declared data-parallel ranks (%u) may "
@@ -354,25 +383,25 @@ void SyncServer::FlagClaimLocked(Member& m, absl::Time now) {
                       m.peak_tokens_per_s, m.data_parallel));
 }
 
-uint32_t SyncServer::SyncEveryLocked(const std::string& island) const {
-  if (!options_.dynamic_local_steps) return options_.sync_every;
+uint32_t Rounds::SyncEveryLocked(const std::string& island) const {
+  if (!core_.options.dynamic_local_steps) return core_.options.sync_every;
   auto it = steps_per_s_.find(island);
-  if (it == steps_per_s_.end()) return options_.sync_every;
+  if (it == steps_per_s_.end()) return core_.options.sync_every;
   double v_max = 0;
   for (const auto& [id, v] : steps_per_s_) v_max = std::max(v_max, v);
-  return DynamicLocalSteps(it->second, v_max, options_.sync_every);
+  return DynamicLocalSteps(it->second, v_max, core_.options.sync_every);
 }
 
-absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Contribution c,
-                                                        double steps_per_s) {
-  Fragment& frag = fragments_[id.fragment];
+absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contribution c,
+                                                    double steps_per_s) {
+  ServiceFragment& frag = core_.fragments[id.fragment];
   // Contributions to a fragment apply one at a time, each to the version the previous one made.
   std::lock_guard<std::mutex> data(*frag.data_mu);
   uint64_t staleness;
   double params_norm;
   std::set<std::pair<uint64_t, uint64_t>> ranges;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(core_.mu);
     // The island may have left, or others' contributions made this one too stale, while it waited.
     ATL_RETURN_IF_ERROR(CheckAsyncLocked(frag, id.fragment, id.island_id, id.round));
     staleness = frag.round - id.round;
@@ -382,7 +411,7 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   const absl::Time started = absl::Now();
   std::vector<float> g(frag.data.size());
   ATL_RETURN_IF_ERROR(c.payload.Read(0, g.size(), g.data()));
-  if (options_.staleness_scaling && staleness > 0) {
+  if (core_.options.staleness_scaling && staleness > 0) {
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
@@ -397,14 +426,14 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   result->record.staleness = staleness;
   result->started = started;
   result->record.relative_norms[id.island_id] = params_norm > 0 ? c.norm / params_norm : 0.0;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(core_.mu);
   const absl::Time now = absl::Now();
   PublishLocked(id.fragment, *std::move(result), now);
   frag.last_base[id.island_id] = id.round;
-  membership_.Contributed(id.island_id, now).IgnoreError();  // a member, or one that just left
+  core_.membership.Contributed(id.island_id, now).IgnoreError();  // a member, or one that just left
   NoteContributedLocked(id, c.tokens);
   if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
-  if (id.fragment == 0) tokens_committed_ += c.tokens;
+  if (id.fragment == 0) core_.tokens_committed += c.tokens;
   pb::PushResponse response;
   response.set_round(id.round);
   response.set_fragment(id.fragment);
@@ -412,9 +441,9 @@ absl::StatusOr<pb::PushResponse> SyncServer::ApplyAsync(const PayloadId& id, Con
   response.set_version(frag.round);
   response.set_staleness(uint32_t(staleness));
   response.set_sync_every(SyncEveryLocked(id.island_id));
-  response.set_tokens_committed(tokens_committed_);
-  response.set_budget_reached(options_.token_budget > 0 &&
-                              tokens_committed_ >= options_.token_budget);
+  response.set_tokens_committed(core_.tokens_committed);
+  response.set_budget_reached(core_.options.token_budget > 0 &&
+                              core_.tokens_committed >= core_.options.token_budget);
   frag.applied[id.island_id] = {id.round, response};
   return response;
 }

@@ -1,0 +1,209 @@
+// The service's rounds and contributions: a push checked message by message and verified whole,
+// the token claim it makes, its record (sync: it waits for its round; async: it is applied as it
+// arrives), the commit that turns a round's contributions into the update every copy applies, and
+// the islands' wait for it. A part of the sync server (outer/service/sync_server.h) over its
+// shared core (outer/service/service_core.h).
+//
+// A round commits when every current member has contributed (the first round also waits until the
+// run's num_data_streams islands have joined), or once its deadline has passed with at least
+// min_islands contributions. At commit the service averages the pseudo-gradients weighted by
+// tokens (in island-id order, so the result does not depend on arrival order), runs the outer
+// optimizer, applies the update to its own copy and keeps the encoded update (or the relayed
+// contributions) for the islands, which apply the same update to theirs and check the hash of the
+// result.
+#ifndef ATOLL_OUTER_SERVICE_ROUNDS_H_
+#define ATOLL_OUTER_SERVICE_ROUNDS_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "outer/service/auto_tune.h"
+#include "outer/service/service_core.h"
+
+namespace atl::outer {
+
+class Rounds;
+
+// One Push call in progress on the service: opened after the cheap checks (run, fragment, member,
+// round), fed message by message (each chunk checked before its bytes are kept: see ChunkStream),
+// finished by Rounds::FinishPush. At most one per island and fragment is open at a time.
+class PushStream {
+ public:
+  ~PushStream();
+  PushStream(const PushStream&) = delete;
+  PushStream& operator=(const PushStream&) = delete;
+
+  absl::Status Add(pb::PushRequest&& request);
+  const std::string& island() const { return chunks_.id().island_id; }
+
+ private:
+  friend class Rounds;
+  PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset, std::string session,
+             uint64_t tokens, IslandFigures figures);
+
+  Rounds* rounds_;
+  ChunkStream chunks_;
+  uint64_t first_offset_;  // with the island and fragment, the key of the open push
+  std::string session_;
+  uint64_t tokens_;
+  IslandFigures figures_;
+};
+
+class Rounds {
+ public:
+  explicit Rounds(ServiceCore& core);
+
+  // A member's claims since it joined are flagged past this many times what the highest
+  // throughput its heartbeats reported could have trained in that time (an honest island's are at
+  // most about 1x: its claims count the steps it trained, its throughput their wall-clock rate).
+  static constexpr double kClaimFlagFactor = 3.0;
+
+  // See SyncServer::OpenPush / FinishPush / Push.
+  absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const pb::PushRequest& first);
+  absl::StatusOr<pb::PushResponse> FinishPush(std::unique_ptr<PushStream> stream);
+  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
+  // See SyncServer::AwaitUpdate / AwaitRound.
+  absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitUpdate(
+      const pb::UpdateRequest& request, absl::Time deadline, const std::function<bool()>& cancelled);
+  absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitRound(
+      uint64_t round, absl::Time deadline, uint32_t fragment,
+      const std::function<bool()>& cancelled);
+
+  // A sync round taken for commit: its contributions, and what the commit needs from under mu.
+  struct CommitJob {
+    uint32_t fragment = 0;
+    uint64_t round = 0;
+    std::map<std::string, Contribution> contributions;
+    double params_norm = 0;
+    std::set<std::pair<uint64_t, uint64_t>> known_ranges;
+    absl::Time opened;  // the round's first contribution
+  };
+  // Under mu: marks every ready round as committing and hands its contributions over; the caller
+  // runs the jobs with RunCommits once it has released mu (membership changes make rounds ready
+  // too: an island that left is no longer waited for).
+  std::vector<CommitJob> TakeReadyLocked(absl::Time now);
+  void RunCommits(std::vector<CommitJob> jobs);
+  // Under mu: what the rounds kept for an island that left or died.
+  void ForgetLocked(const std::string& island);
+  // An island's data arrived or was read: its lease is renewed as by a heartbeat.
+  void Renew(const std::string& island);
+
+  void SetCommitHookForTesting(std::function<void(uint32_t fragment)> hook) {
+    commit_hook_ = std::move(hook);
+  }
+
+ private:
+  friend class PushStream;
+  // What a committed round records besides its update.
+  struct RoundRecord {
+    std::vector<std::string> contributors;
+    uint64_t tokens = 0;
+    uint64_t staleness = 0;
+    std::vector<std::string> dropped;
+    AggregationReport aggregation;
+    std::map<std::string, double> relative_norms;
+  };
+  // The data a commit produced, published under mu.
+  struct CommitResult {
+    std::vector<pb::Chunk> update;
+    UpdateRecipe recipe;  // a relayed update: the recipe and its contributions, in its order
+    std::vector<std::shared_ptr<const EncodedPayload>> relayed;
+    RoundRecord record;
+    uint64_t params_hash = 0;
+    double params_norm = 0;
+    std::map<std::pair<uint64_t, uint64_t>, uint64_t> range_hashes;
+    std::vector<std::string> events;
+    absl::Time opened = absl::InfinitePast(), started = absl::InfinitePast();  // round, data work
+  };
+  // The round's contributions as a relayed update would carry them (terms and payloads in the
+  // order g was made in).
+  struct Relayable {
+    std::vector<UpdateTerm> terms;
+    std::vector<std::shared_ptr<const EncodedPayload>> payloads;
+  };
+
+  // ---- pushes (outer/service/rounds_push.cc)
+  // The cheap checks of a push, at its start and again before it is recorded.
+  absl::Status CheckPushLocked(const PayloadId& id) const;
+  absl::Status CheckAsyncLocked(const ServiceFragment& f, uint32_t fragment,
+                                const std::string& island, uint64_t base) const;
+  // Refuses a contribution claiming more tokens than its round allows the island (see
+  // SyncServerOptions::tokens_per_step).
+  absl::Status CheckClaimLocked(const PayloadId& id, uint64_t tokens) const;
+  // Notes an accepted contribution of `tokens` (the bound on later claims, the flag below).
+  void NoteContributedLocked(const PayloadId& id, uint64_t tokens);
+  // Flags (counts, and logs at a bounded rate) a member whose claims since it joined exceed
+  // kClaimFlagFactor times what its reported throughput could have trained in that time: a claim
+  // the round's bound lets through when the island's declared data-parallel ranks are false.
+  void FlagClaimLocked(Member& m, absl::Time now);
+  void ClosePush(const PayloadId& id, uint64_t first_offset);
+  void RememberRangesLocked(ServiceFragment& f,
+                            const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+  // Adds a verified stream to the island's contribution; returns the complete contribution when
+  // this stream completed it.
+  absl::StatusOr<std::optional<Contribution>> AddToPartialLocked(const PayloadId& id,
+                                                                 EncodedPayload payload,
+                                                                 uint64_t tokens,
+                                                                 double sum_squares);
+  // The bounds on a whole contribution's values and norm.
+  absl::Status CheckValues(const PayloadId& id, const PayloadStats& stats) const;
+  absl::Status CheckNormLocked(const PayloadId& id, const Contribution& c) const;
+  // Async: a rank whose part did not complete its island's contribution waits for the rank that
+  // does, and answers what it was answered.
+  absl::StatusOr<pb::PushResponse> AwaitAppliedLocked(std::unique_lock<std::mutex>& lock,
+                                                      const PayloadId& id);
+  // Sync: the contribution waits for its round (and may complete it: then the caller runs the
+  // commit once mu is released). Async: it is applied at once, outside mu.
+  absl::StatusOr<pb::PushResponse> RecordLocked(const PayloadId& id, Contribution c,
+                                                std::vector<CommitJob>& jobs);
+  absl::StatusOr<pb::PushResponse> ApplyAsync(const PayloadId& id, Contribution c,
+                                              double steps_per_s);
+  uint32_t SyncEveryLocked(const std::string& island) const;
+  // Sync with auto-tune: records the island's figures and tells it the tau to use from now on.
+  void TuneLocked(const std::string& island, const IslandFigures& figures,
+                  pb::PushResponse& response);
+  void StartTuner();
+
+  // ---- commits (outer/service/rounds_commit.cc)
+  bool ReadyLocked(const ServiceFragment& f, absl::Time now) const;
+  // Aggregates the round's contributions and applies them (under the fragment's data lock);
+  // contributions whose combination would make the parameters non-finite are left out one by one
+  // (largest norm first).
+  void RunCommit(CommitJob job);
+  // Under the data lock: the update of the outer gradient g, applied (INVALID_ARGUMENT and nothing
+  // changed when it would make a parameter non-finite), with the hashes and norm after it. The
+  // update is relayed when the step is linear and relaying is smaller (RelayIsSmaller).
+  absl::StatusOr<CommitResult> StepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
+                                          const float* g,
+                                          const std::set<std::pair<uint64_t, uint64_t>>& ranges,
+                                          Relayable relayable);
+  // The hashes and norm of the parameters (under the data lock).
+  void MeasureLocked(const ServiceFragment& f,
+                     const std::set<std::pair<uint64_t, uint64_t>>& ranges, CommitResult& result);
+  // Under mu: logs the round and releases it to the islands.
+  void PublishLocked(uint32_t fragment, CommitResult result, absl::Time now);
+  size_t kept_versions() const;
+  // Sync: drops a fragment's oldest committed rounds while more than `keep` are kept and their
+  // encoded updates (with `extra_bytes` to come) exceed the fragment's budget for them.
+  void TrimCommittedLocked(ServiceFragment& f, size_t keep, uint64_t extra_bytes);
+
+  ServiceCore& core_;
+  std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
+  std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
+  std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)
+  std::function<void(uint32_t)> commit_hook_;
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_SERVICE_ROUNDS_H_
