@@ -1,16 +1,17 @@
 // The one training loop of atoll: `atoll train`, every island (each of its ranks) and the load
 // test's synthetic islands run it. It queues steps (which never wait for the device) and after
-// each step t calls its hooks in this order:
+// each step t calls its parts, each in the order given, at these points:
 //   BeforeStep / QueueStep / Queued(t)   the step (an island throttles and counts its time)
-//   stats       when StatsDue(t), or at the loop's last step: the steps' stats since the last
-//               report, in one copy from the device, to OnStats (reports, the loss-spike guard)
+//   stats       when a part's StatsDue(t), or at the loop's last step: the steps' stats since the
+//               last report, in one copy from the device, to every part's OnStats (reports, the
+//               loss-spike guard, an island's monitor)
 //   OuterStep(t)  an island's outer step (push, land, rejoin: it may move the step counter);
 //               says whether this was the run's last step
-//   evaluation  when EvalDue(t, last): Evaluate(t)
-//   checkpoint  when CheckpointDue(t, last): Checkpoint(t)
-//   stop        Stop(t): leave after this step (every rank of an island decides alike)
-// After the loop the stats of the steps not reported yet go to OnStats. Nothing here knows about
-// the network: an island plugs its outer sync in through OuterStep. Torch-free.
+//   AfterStep(t, last)  what a part does on its own cadence: an evaluation, a checkpoint
+//   Stop(t)     leave after this step (every rank of an island decides alike)
+// After the loop the stats of the steps not reported yet go to OnStats. Each part owns its
+// cadence and its state (inner/loop_parts.h has the ones every loop shares); nothing here knows
+// about the network: an island plugs its outer sync in as a part. Torch-free.
 #ifndef ATOLL_INNER_LOOP_H_
 #define ATOLL_INNER_LOOP_H_
 
@@ -50,28 +51,27 @@ class StepSource {
   virtual absl::StatusOr<std::vector<StepStats>> TakeStats() = 0;
 };
 
-// Every hook returning an error stops the loop with it.
-class LoopHooks {
+// A piece of the loop. Every call returning an error stops the loop with it.
+class LoopPart {
  public:
-  virtual ~LoopHooks() = default;
+  virtual ~LoopPart() = default;
   virtual void BeforeStep() {}
   virtual absl::Status Queued(int64_t /*step*/) { return absl::OkStatus(); }
-  // Whether the steps' stats must come over after `step` (one host sync): every step by default.
-  virtual bool StatsDue(int64_t /*step*/) const { return true; }
+  // Whether the steps' stats must come over after `step` (one host sync) for this part. Every
+  // rank of an island must answer alike.
+  virtual bool StatsDue(int64_t /*step*/) const { return false; }
   virtual absl::Status OnStats(const std::vector<StepStats>& /*steps*/) {
     return absl::OkStatus();
   }
   virtual absl::StatusOr<bool> OuterStep(int64_t /*step*/) { return false; }
-  virtual bool EvalDue(int64_t /*step*/, bool /*last*/) const { return false; }
-  virtual absl::Status Evaluate(int64_t /*step*/) { return absl::OkStatus(); }
-  virtual bool CheckpointDue(int64_t /*step*/, bool /*last*/) const { return false; }
-  virtual absl::Status Checkpoint(int64_t /*step*/) { return absl::OkStatus(); }
+  // `last`: the loop ends after this step.
+  virtual absl::Status AfterStep(int64_t /*step*/, bool /*last*/) { return absl::OkStatus(); }
   virtual absl::StatusOr<bool> Stop(int64_t /*step*/) { return false; }
 };
 
-// Steps `steps` until it has completed `until_step` steps, the outer step says the run is done,
-// or a stop.
-absl::Status RunLoop(StepSource& steps, int64_t until_step, LoopHooks& hooks);
+// Steps `steps` until it has completed `until_step` steps, an outer step says the run is done,
+// or a part stops it.
+absl::Status RunLoop(StepSource& steps, int64_t until_step, const std::vector<LoopPart*>& parts);
 
 }  // namespace atl::inner
 

@@ -91,10 +91,9 @@ std::vector<float> TrainIdentical(const Config& c, int islands) {
           LayoutOf(params).total());
       ASSERT_TRUE(sync.FetchGlobal().ok());
       LoadFlat(inner::PlanOf(cfg.model), sync.global(), params);
-      inner::LoopHooks quiet;  // the loop's defaults: no reports, evaluations or checkpoints
       while ((*trainer)->step() < cfg.train.steps) {
         ASSERT_TRUE(
-            inner::RunLoop(**trainer, (*trainer)->step() + cfg.outer.sync_every, quiet).ok());
+            inner::RunLoop(**trainer, (*trainer)->step() + cfg.outer.sync_every, {}).ok());  // no parts
         auto r = sync.SyncRound(Flatten(inner::PlanOf(cfg.model), params), 100);
         ASSERT_TRUE(r.ok()) << r.status();
         LoadFlat(inner::PlanOf(cfg.model), sync.global(), params);

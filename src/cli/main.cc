@@ -243,7 +243,7 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
               (unsigned long long)summary->rounds,
               summary->last_eval ? absl::StrFormat("val_loss %.4f", summary->last_eval->loss).c_str()
                                  : "no evaluation",
-              summary->compute_s, summary->sync_s, summary->bytes_sent / 1048576.0,
+              summary->compute_s, summary->idle_s, summary->bytes_sent / 1048576.0,
               summary->bytes_received / 1048576.0, (unsigned long long)summary->global_hash);
   return 0;
 }

@@ -379,7 +379,7 @@ class RoundGate {
 };
 
 // One synthetic island's loop: a step counter whose outer step, every H steps, is a round.
-class SyntheticLoop : public inner::StepSource, public inner::LoopHooks {
+class SyntheticLoop : public inner::StepSource, public inner::LoopPart {
  public:
   SyntheticLoop(SyntheticIsland& island, RoundGate& gate, int64_t sync_every)
       : island_(island), gate_(gate), h_(sync_every) {}
@@ -392,7 +392,6 @@ class SyntheticLoop : public inner::StepSource, public inner::LoopHooks {
   absl::StatusOr<std::vector<inner::StepStats>> TakeStats() override {
     return std::vector<inner::StepStats>();
   }
-  bool StatsDue(int64_t) const override { return false; }
   // A round every H steps; a stop before it ends the loop (the last step).
   absl::StatusOr<bool> OuterStep(int64_t t) override {
     if (t % h_ != 0) return false;
@@ -445,7 +444,7 @@ absl::Status SyntheticIslands::RunRounds(
   }
   for (size_t i = 0; i < islands_.size(); ++i) {
     threads.emplace_back([&, i] {
-      status[i] = inner::RunLoop(*loops[i], int64_t(rounds) * h, *loops[i]);
+      status[i] = inner::RunLoop(*loops[i], int64_t(rounds) * h, {loops[i].get()});
       if (!status[i].ok()) gate.Fail(status[i]);
     });
   }

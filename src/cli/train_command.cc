@@ -9,6 +9,7 @@
 #include "src/store/checkpoint.h"
 #include "src/observe/metrics.h"
 #include "src/store/model_io.h"
+#include "inner/loop_parts.h"
 #include "src/text/token_shards.h"
 
 namespace atl {
@@ -16,54 +17,30 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `atoll train`'s hooks of the loop: reports every step, evaluates every train.eval_every steps
-// and at the last, checkpoints every train.checkpoint_every steps, stops on request. The steps'
-// stats come over from the device every train.log_every steps, for an evaluation, a checkpoint
-// and a stop. An evaluation's figures go into its step's record.
-class TrainHooks : public inner::LoopHooks {
+// `atoll train`'s loop: reports every step, evaluates every train.eval_every steps and at the
+// last (the step an evaluation follows is reported with its figures), checkpoints every
+// train.checkpoint_every steps, stops on request. The steps' stats come over from the device
+// every train.log_every steps, for an evaluation and a checkpoint.
+class TrainLoop {
  public:
-  TrainHooks(const Config& config, const TrainOptions& options, inner::Trainer& trainer,
-             MetricsLog& metrics, Progress& progress, double wall_before)
+  TrainLoop(const Config& config, const TrainOptions& options, inner::Trainer& trainer,
+            MetricsLog& metrics, Progress& progress, double wall_before)
       : config_(config),
         options_(options),
         trainer_(trainer),
-        reporter_(metrics, progress, wall_before) {}
+        reporter_(metrics, progress, wall_before),
+        evaluation_({config.train.eval_every, /*at_end=*/true, config.train.steps},
+                    [this](int64_t) { return Evaluate(); }),
+        checkpoints_({config.train.checkpoint_every, /*at_end=*/false, config.train.steps},
+                     [this](int64_t) { return SaveCheckpoint(); }),
+        reports_(&reporter_, config.train.log_every, &evaluation_),
+        stop_([this]() -> absl::StatusOr<bool> {
+          return options_.stop != nullptr && options_.stop->load();
+        }) {}
 
-  bool StatsDue(int64_t step) const override {
-    return step % config_.train.log_every == 0 || CheckpointDue(step, false) ||
-           EvalDue(step, false) || stop_requested();
+  absl::Status Run(int64_t until) {
+    return inner::RunLoop(trainer_, until, {&reports_, &evaluation_, &checkpoints_, &stop_});
   }
-  absl::Status OnStats(const std::vector<inner::StepStats>& steps) override {
-    for (const auto& step : steps) {
-      // The step an evaluation follows is reported with it.
-      if (EvalDue(step.step, false)) {
-        held_ = step;
-        continue;
-      }
-      reporter_.Report(step, nullptr);
-    }
-    return absl::OkStatus();
-  }
-  bool EvalDue(int64_t step, bool) const override {
-    const int64_t every = config_.train.eval_every;
-    return (every > 0 && step % every == 0) || step == config_.train.steps;
-  }
-  absl::Status Evaluate(int64_t) override {
-    ATL_ASSIGN_OR_RETURN(last_eval_, trainer_.Evaluate());
-    if (held_) reporter_.Report(*held_, &*last_eval_);
-    held_.reset();
-    return absl::OkStatus();
-  }
-  bool CheckpointDue(int64_t step, bool) const override {
-    const int64_t every = config_.train.checkpoint_every;
-    return every > 0 && step % every == 0 && step < config_.train.steps;
-  }
-  absl::Status Checkpoint(int64_t) override { return SaveCheckpoint(); }
-  absl::StatusOr<bool> Stop(int64_t) override {
-    stopped_ = stop_requested();
-    return stopped_;
-  }
-  bool stopped() const { return stopped_; }
 
   absl::Status SaveCheckpoint() {
     const std::string path = CheckpointPath(options_.run_dir, trainer_.step());
@@ -72,20 +49,27 @@ class TrainHooks : public inner::LoopHooks {
     return s;
   }
 
+  bool stopped() const { return stop_.stopped(); }  // by request (a stop at the last step too)
   double WallSeconds() const { return reporter_.wall_s(); }
   double ElapsedHere() const { return reporter_.elapsed_s(); }
   const std::optional<inner::EvalStats>& last_eval() const { return last_eval_; }
 
  private:
-  bool stop_requested() const { return options_.stop != nullptr && options_.stop->load(); }
+  absl::Status Evaluate() {
+    ATL_ASSIGN_OR_RETURN(last_eval_, trainer_.Evaluate());
+    reports_.ReportWithEval(*last_eval_);
+    return absl::OkStatus();
+  }
 
   const Config& config_;
   const TrainOptions& options_;
   inner::Trainer& trainer_;
   StepReporter reporter_;
-  std::optional<inner::StepStats> held_;
+  inner::Evaluation evaluation_;
+  inner::Checkpoints checkpoints_;
+  StepReports reports_;
+  inner::StopSignal stop_;
   std::optional<inner::EvalStats> last_eval_;
-  bool stopped_ = false;  // by request (a stop at the last step too)
 };
 
 }  // namespace
@@ -136,23 +120,23 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
       double(inner::ParameterCount(config.model)) / 1e6,
       trainer->tokens_per_step(), config.data.path, options.run_dir,
       options.resume ? absl::StrCat(" (resumed at step ", start_step, ")") : ""));
-  TrainHooks hooks(config, options, *trainer, *metrics, progress, wall_before);
+  TrainLoop run(config, options, *trainer, *metrics, progress, wall_before);
   const int64_t until = options.stop_after_step > 0
                             ? std::min(options.stop_after_step, config.train.steps)
                             : config.train.steps;
-  absl::Status loop = inner::RunLoop(*trainer, until, hooks);
+  absl::Status loop = run.Run(until);
   progress.Finish();
   TrainSummary summary;
-  summary.stopped = hooks.stopped() || trainer->step() < config.train.steps;
+  summary.stopped = run.stopped() || trainer->step() < config.train.steps;
   if (!loop.ok() && !summary.stopped) return loop;
-  ATL_RETURN_IF_ERROR(hooks.SaveCheckpoint());
+  ATL_RETURN_IF_ERROR(run.SaveCheckpoint());
 
   summary.step = trainer->step();
   summary.tokens = trainer->tokens();
-  summary.wall_s = hooks.WallSeconds();
+  summary.wall_s = run.WallSeconds();
   summary.tokens_per_s = double(summary.tokens - start_step * trainer->tokens_per_step()) /
-                         std::max(1e-9, hooks.ElapsedHere());
-  summary.last_eval = hooks.last_eval();
+                         std::max(1e-9, run.ElapsedHere());
+  summary.last_eval = run.last_eval();
   return summary;
 }
 

@@ -16,7 +16,7 @@
 #include "compression/codec.h"
 #include "compression/codec_math.h"
 #include "compression/status_macros.h"
-#include "inner/loss_guard.h"
+#include "inner/loop_parts.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
 #include "outer/island/island_session.h"
@@ -146,9 +146,10 @@ outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinRespons
 }
 
 // One island (this rank of it) from join to summary: Setup, Train, Finish, each in its steps.
-// Train is the one training loop (inner/loop.h) with the island's hooks: the steps' reports and
-// the loss-spike guard, the outer step, evaluation, checkpoints, the island-wide stop.
-class IslandRun : private inner::LoopHooks {
+// Train is the one training loop (inner/loop.h) with the shared parts (the steps' reports, the
+// loss-spike guard, evaluations, checkpoints, the island-wide stop: inner/loop_parts.h) around
+// the island's own: its pacing and monitor, and the outer step.
+class IslandRun : private inner::LoopPart {
  public:
   IslandRun(const Config& config, outer::Transport& transport, const IslandOptions& options)
       : config_(config), transport_(transport), options_(options) {}
@@ -166,19 +167,15 @@ class IslandRun : private inner::LoopHooks {
   absl::Status OpenOutputs();
   absl::Status Train();
   absl::StatusOr<IslandSummary> Finish();
-  // The hooks of the loop.
+  // The island's part of the loop: its pacing, its monitor and telemetry, the outer step.
   void BeforeStep() override { step_start_ = Clock::now(); }
   absl::Status Queued(int64_t t) override;
-  bool StatsDue(int64_t t) const override;
+  bool StatsDue(int64_t t) const override { return outer_->PushesAfter(t); }
   absl::Status OnStats(const std::vector<inner::StepStats>& steps) override;
   absl::StatusOr<bool> OuterStep(int64_t t) override;
-  bool EvalDue(int64_t t, bool last) const override;
-  absl::Status Evaluate(int64_t t) override;
-  bool CheckpointDue(int64_t t, bool last) const override;
-  absl::Status Checkpoint(int64_t) override {
-    return checkpoints_->Save(/*background=*/true, Since(start_));
-  }
-  absl::StatusOr<bool> Stop(int64_t t) override;
+  // What the shared parts do for it.
+  absl::Status Evaluate(int64_t t);
+  absl::Status OnSpike(int64_t step, const std::string& why, bool finite);
   // What the heartbeats tell the service of this island's training (clamped to what it accepts).
   pb::IslandTelemetry Telemetry(double loss) const;
   absl::Status Fail(absl::Status s) {
@@ -210,7 +207,6 @@ class IslandRun : private inner::LoopHooks {
   Clock::time_point start_;
   Clock::time_point step_start_;
   std::optional<StepReporter> reporter_;  // rank 0's: the island's steps
-  std::optional<inner::LossSpikeGuard> guard_;
   double fetch_s_ = 0;
   bool stopped_ = false;
   IslandSummary summary_;
@@ -434,43 +430,28 @@ absl::Status IslandRun::Queued(int64_t t) {
   return absl::OkStatus();
 }
 
-// Whether the steps' stats must come over from the device after step t: a progress line is due,
-// or something that must follow every step judged (a push, an evaluation, a checkpoint, the end).
-bool IslandRun::StatsDue(int64_t t) const {
-  const int64_t eval_every = train_.eval_every, ckpt_every = config_.train.checkpoint_every;
-  return t % config_.train.log_every == 0 || outer_->PushesAfter(t) ||
-         (eval_every > 0 && t % eval_every == 0) || (ckpt_every > 0 && t % ckpt_every == 0) ||
-         t >= outer_->max_steps();
-}
-
-// The stats of the steps trained since the last report: rank 0 reports each, the spike guard
-// judges their losses in order, the monitor and the service see them. A spike drops the local
-// progress since the last sync, the steps after it included (they went on from the spiked
-// parameters; their losses stay unjudged).
+// The stats of the steps trained since the last report (after the reports, before the spike
+// guard): the monitor and the service see them.
 absl::Status IslandRun::OnStats(const std::vector<inner::StepStats>& steps) {
-  std::optional<std::string> spike;
-  int64_t spike_step = 0;
-  bool finite = true;
-  for (const auto& step : steps) {
-    if (reporter_) reporter_->Report(step, nullptr);
-    // The losses are the island's (reduced over its ranks): every rank takes the same decision.
-    if (!spike && (spike = guard_->Check(step.loss))) spike_step = step.step;
-    finite = finite && std::isfinite(step.loss);
-  }
   const inner::StepStats& last = steps.back();
   monitor_->OnSteps(int64_t(steps.size()), last.loss, last.tokens, summary_.compute_s,
                     Since(start_));
   if (lead()) session_->set_telemetry(Telemetry(last.loss));
-  if (!spike) return absl::OkStatus();
-  // The local parameters since the last sync are not to be trusted: drop them (and, after a
-  // non-finite loss, the AdamW moments it poisoned) and go on from the global parameters. The
-  // next push carries only the steps after this report.
+  return absl::OkStatus();
+}
+
+// A spike drops the local progress since the last sync, the steps after it included (they went
+// on from the spiked parameters). The losses are the island's (reduced over its ranks): every
+// rank takes the same decision. The local parameters since the last sync are not to be trusted:
+// drop them (and, after a non-finite loss, the AdamW moments it poisoned) and go on from the
+// global parameters. The next push carries only the steps after this report.
+absl::Status IslandRun::OnSpike(int64_t step, const std::string& why, bool finite) {
   ATL_RETURN_IF_ERROR(outer_->ReloadGlobal());
   ATL_RETURN_IF_ERROR(model_->SyncReplicas());
   if (!finite) trainer_->optimizer().Reset();
   summary_.spikes += 1;
   progress_->Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label_,
-                                     spike_step, *spike));
+                                     step, why));
   return absl::OkStatus();
 }
 
@@ -481,28 +462,29 @@ absl::StatusOr<bool> IslandRun::OuterStep(int64_t t) {
   return outer_->done();
 }
 
-// Async islands evaluate the run's final parameters once every island has finished (Finish).
-bool IslandRun::EvalDue(int64_t t, bool last) const {
-  const int64_t every = train_.eval_every;
-  return (every > 0 && t % every == 0 && !last) || (last && !async_);
-}
-
-bool IslandRun::CheckpointDue(int64_t t, bool last) const {
-  const int64_t every = config_.train.checkpoint_every;
-  return every > 0 && t % every == 0 && !last;
-}
-
-// A stop (SIGTERM on any rank) ends the island on every rank at the same step.
-absl::StatusOr<bool> IslandRun::Stop(int64_t) {
-  ATL_ASSIGN_OR_RETURN(stopped_, ranks_->Any(options_.stop != nullptr && options_.stop->load()));
-  return stopped_;
-}
-
+// The loop's parts, in order: reports (rank 0's), the island's own, the spike guard;
+// evaluations every train.eval_every steps and at the end (async islands evaluate the run's
+// final parameters once every island has finished: Finish), checkpoints every
+// train.checkpoint_every steps; a stop (SIGTERM on any rank) ends the island on every rank at the
+// same step.
 absl::Status IslandRun::Train() {
   if (lead()) reporter_.emplace(*metrics_, *progress_);
-  guard_.emplace(config_.outer.spike_window, config_.outer.spike_factor);
+  StepReports reports(reporter_ ? &*reporter_ : nullptr, config_.train.log_every);
+  inner::SpikeCheck spikes(config_.outer.spike_window, config_.outer.spike_factor,
+                           [this](int64_t step, const std::string& why, bool finite) {
+                             return OnSpike(step, why, finite);
+                           });
+  inner::Evaluation evaluation({train_.eval_every, /*at_end=*/!async_},
+                               [this](int64_t t) { return Evaluate(t); });
+  inner::Checkpoints checkpoints({config_.train.checkpoint_every}, [this](int64_t) {
+    return checkpoints_->Save(/*background=*/true, Since(start_));
+  });
+  inner::StopSignal stop([this] { return ranks_->Any(options_.stop != nullptr && options_.stop->load()); });
   TimedSteps steps(*trainer_, summary_.compute_s);
-  return inner::RunLoop(steps, outer_->max_steps(), *this);
+  absl::Status s = inner::RunLoop(steps, outer_->max_steps(),
+                                  {&reports, this, &spikes, &evaluation, &checkpoints, &stop});
+  stopped_ = stop.stopped();
+  return s;
 }
 
 absl::StatusOr<IslandSummary> IslandRun::Finish() {
@@ -517,22 +499,10 @@ absl::StatusOr<IslandSummary> IslandRun::Finish() {
   }
   progress_->Finish();
   session_->Leave();
-  const auto& stats = outer_->stats();
+  static_cast<outer::OuterStepStats&>(summary_) = outer_->stats();
   summary_.step = trainer_->step();
   summary_.tokens = trainer_->tokens();
   summary_.wall_s = Since(start_);
-  summary_.rounds = stats.rounds;
-  summary_.resyncs = stats.resyncs;
-  summary_.rejoins = stats.rejoins;
-  summary_.sync_s = stats.idle_s;
-  summary_.bytes_sent = stats.bytes_sent;
-  summary_.bytes_received = stats.bytes_received;
-  summary_.elements_synced = stats.elements_synced;
-  summary_.peak_bytes_in_flight = stats.peak_bytes_in_flight;
-  summary_.tau = stats.tau;
-  summary_.link_bps = stats.link_bps;
-  summary_.staleness = stats.staleness;
-  summary_.run_tokens = stats.run_tokens;
   summary_.checkpoints = checkpoints_->saved();
   summary_.checkpoint_stall_max_s = checkpoints_->stall_max_s();
   summary_.global_hash = outer_->global_hash();

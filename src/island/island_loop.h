@@ -19,6 +19,7 @@
 #include "inner/parallel/communicator.h"
 #include "inner/trainer.h"
 #include "outer/base/transport.h"
+#include "outer/island/outer_step.h"
 #include "src/config/config.h"
 
 namespace atl {
@@ -40,31 +41,21 @@ struct IslandOptions {
   std::string metrics_listen;
 };
 
-struct IslandSummary {
+// The island's end: the outer step's figures (rounds, resyncs, rejoins, bytes each way, idle
+// time, tau, the link, staleness: outer::OuterStepStats) and the island's own.
+struct IslandSummary : outer::OuterStepStats {
   std::string island_id;
   int64_t step = 0;
   int64_t tokens = 0;
-  uint64_t rounds = 0;
-  uint64_t resyncs = 0;
-  uint64_t rejoins = 0;   // times the service had dropped this island and it joined again
   uint64_t spikes = 0;    // steps the loss-spike guard refused (local parameters reloaded)
   uint64_t checkpoints = 0;
   int64_t steps_trained = 0;  // inner steps this process ran (the step counter may jump on a join)
   double checkpoint_stall_max_s = 0;  // longest pause of training to snapshot a checkpoint
   double wall_s = 0;
   double compute_s = 0;   // inner steps
-  double sync_s = 0;      // idle: the training thread waiting for outer updates
-  uint64_t peak_bytes_in_flight = 0;  // encoded pseudo-gradients pushed but not yet merged
-  int64_t tau = 0;        // inner steps between a push and its merge, at the end (auto_tune)
-  double link_bps = 0;    // goodput of the state fetch when the island joined
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t elements_synced = 0;  // parameters carried, summed over rounds
   uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds
   std::string global_copy = "host";  // where its pseudo-gradients were made (outer.global_copy)
   std::optional<inner::EvalStats> last_eval;
-  std::vector<uint32_t> staleness;  // async: of each contribution, in order
-  uint64_t run_tokens = 0;          // async: the run's tokens as of the last answer
 };
 
 absl::StatusOr<IslandSummary> RunIsland(const Config& config, outer::Transport& transport,

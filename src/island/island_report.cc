@@ -173,7 +173,7 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                                       std::max<double>(1, double(summary.steps_trained))},
                       {"wall_s", summary.wall_s},
                       {"compute_s", summary.compute_s},
-                      {"sync_s", summary.sync_s},
+                      {"sync_s", summary.idle_s},
                       {"bytes_sent", summary.bytes_sent},
                       {"bytes_received", summary.bytes_received},
                       // Per parameter and round, each way: indices, scales and headers included.

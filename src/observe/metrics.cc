@@ -76,6 +76,22 @@ void StepReporter::Report(const inner::StepStats& step, const inner::EvalStats* 
   progress_.OnStep(step, eval, wall);
 }
 
+absl::Status StepReports::OnStats(const std::vector<inner::StepStats>& steps) {
+  for (const auto& step : steps) {
+    if (with_eval_ != nullptr && with_eval_->Due(step.step, false)) {
+      held_ = step;  // reported with its evaluation
+    } else if (reporter_ != nullptr) {
+      reporter_->Report(step, nullptr);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StepReports::ReportWithEval(const inner::EvalStats& eval) {
+  if (held_ && reporter_ != nullptr) reporter_->Report(*held_, &eval);
+  held_.reset();
+}
+
 double StepReporter::elapsed_s() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }

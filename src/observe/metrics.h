@@ -12,7 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include <optional>
+#include <vector>
+
 #include "inner/loop.h"
+#include "inner/loop_parts.h"
 
 namespace atl {
 
@@ -74,6 +78,26 @@ class StepReporter {
   Progress& progress_;
   double wall_before_;
   std::chrono::steady_clock::time_point start_;
+};
+
+// The loop's part that reports every step (inner/loop.h): the steps' stats come over every
+// `log_every` steps. With `with_eval`, the step an evaluation follows is held and reported with
+// the evaluation's figures (ReportWithEval) in one record. `reporter` null: this rank reports
+// nothing, but its stats come over when every rank's do.
+class StepReports : public inner::LoopPart {
+ public:
+  StepReports(StepReporter* reporter, int64_t log_every,
+              const inner::Evaluation* with_eval = nullptr)
+      : reporter_(reporter), log_every_(log_every), with_eval_(with_eval) {}
+  bool StatsDue(int64_t step) const override { return step % log_every_ == 0; }
+  absl::Status OnStats(const std::vector<inner::StepStats>& steps) override;
+  void ReportWithEval(const inner::EvalStats& eval);
+
+ private:
+  StepReporter* reporter_;
+  int64_t log_every_;
+  const inner::Evaluation* with_eval_;
+  std::optional<inner::StepStats> held_;
 };
 
 std::string FormatDuration(double seconds);

@@ -59,14 +59,8 @@ int main(int argc, char** argv) {
   atl::Progress progress(devnull, /*tty=*/true, c.train.steps, c.train.log_every, "");
   atl::StepReporter reporter(**log, progress);
   // Every step reported, as `atoll train` reports its log steps.
-  struct Hooks : atl::inner::LoopHooks {
-    explicit Hooks(atl::StepReporter& r) : reporter(r) {}
-    absl::Status OnStats(const std::vector<atl::inner::StepStats>& steps) override {
-      for (const auto& step : steps) reporter.Report(step, nullptr);
-      return absl::OkStatus();
-    }
-    atl::StepReporter& reporter;
-  } observer(reporter);
+  atl::StepReports reports(&reporter, /*log_every=*/1);
+  const std::vector<atl::inner::LoopPart*> observer = {&reports};
 
   // Bare libtorch: same model class and init, a fixed batch, torch's AdamW.
   const atl::inner::CausalLm model = atl::inner::BuildModel(c.model);
