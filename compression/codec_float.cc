@@ -50,9 +50,33 @@ void DecodeBf16(uint32_t, const uint8_t* in, size_t, size_t first, size_t last, 
 
 }  // namespace
 
-const CodecTraits kFp32Codec = {Codec::kFp32, "fp32", 0, 0, 0, 1, 0, 32, EncodeFp32, false,
-                                DecodeFp32, false, false, true};
-const CodecTraits kBf16Codec = {Codec::kBf16, "bf16", 0, 0, 0, 1, 0, 16, EncodeBf16, false,
-                                DecodeBf16, true, false, true};
+const CodecTraits kFp32Codec = {.id = Codec::kFp32,
+                                .name = "fp32",
+                                .default_block = 0,
+                                .min_block = 0,
+                                .max_block = 0,
+                                .block_multiple = 1,
+                                .block_bytes = 0,
+                                .element_bits = 32,
+                                .encode = EncodeFp32,
+                                .checks_finite = false,
+                                .decode = DecodeFp32,
+                                .stochastic_rounding = false,
+                                .simd = false,
+                                .cuda = true};
+const CodecTraits kBf16Codec = {.id = Codec::kBf16,
+                                .name = "bf16",
+                                .default_block = 0,
+                                .min_block = 0,
+                                .max_block = 0,
+                                .block_multiple = 1,
+                                .block_bytes = 0,
+                                .element_bits = 16,
+                                .encode = EncodeBf16,
+                                .checks_finite = false,
+                                .decode = DecodeBf16,
+                                .stochastic_rounding = true,
+                                .simd = false,
+                                .cuda = true};
 
 }  // namespace atl::compression

@@ -115,9 +115,33 @@ uint32_t EncodeFp4(uint32_t block, const float* in, size_t n, uint8_t* out,
 
 }  // namespace
 
-const CodecTraits kFp4E2M1Codec = {Codec::kFp4E2M1, "fp4_e2m1", 32, 2, 4096, 2, 1, 4,
-                                   EncodeFp4<E2M1>, true, DecodeFp4<E2M1>, true, true, true};
-const CodecTraits kFp4E3M0Codec = {Codec::kFp4E3M0, "fp4_e3m0", 32, 2, 4096, 2, 1, 4,
-                                   EncodeFp4<E3M0>, true, DecodeFp4<E3M0>, true, true, true};
+const CodecTraits kFp4E2M1Codec = {.id = Codec::kFp4E2M1,
+                                   .name = "fp4_e2m1",
+                                   .default_block = 32,
+                                   .min_block = 2,
+                                   .max_block = 4096,
+                                   .block_multiple = 2,
+                                   .block_bytes = 1,
+                                   .element_bits = 4,
+                                   .encode = EncodeFp4<E2M1>,
+                                   .checks_finite = true,
+                                   .decode = DecodeFp4<E2M1>,
+                                   .stochastic_rounding = true,
+                                   .simd = true,
+                                   .cuda = true};
+const CodecTraits kFp4E3M0Codec = {.id = Codec::kFp4E3M0,
+                                   .name = "fp4_e3m0",
+                                   .default_block = 32,
+                                   .min_block = 2,
+                                   .max_block = 4096,
+                                   .block_multiple = 2,
+                                   .block_bytes = 1,
+                                   .element_bits = 4,
+                                   .encode = EncodeFp4<E3M0>,
+                                   .checks_finite = true,
+                                   .decode = DecodeFp4<E3M0>,
+                                   .stochastic_rounding = true,
+                                   .simd = true,
+                                   .cuda = true};
 
 }  // namespace atl::compression

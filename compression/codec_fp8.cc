@@ -105,7 +105,19 @@ void DecodeFp8(uint32_t block, const uint8_t* in, size_t n, size_t first, size_t
 
 }  // namespace
 
-const CodecTraits kFp8E4M3Codec = {Codec::kFp8E4M3, "fp8_e4m3", 32, 1, 4096, 1, 1, 8,
-                                   EncodeFp8, true, DecodeFp8, true, false, false};
+const CodecTraits kFp8E4M3Codec = {.id = Codec::kFp8E4M3,
+                                   .name = "fp8_e4m3",
+                                   .default_block = 32,
+                                   .min_block = 1,
+                                   .max_block = 4096,
+                                   .block_multiple = 1,
+                                   .block_bytes = 1,
+                                   .element_bits = 8,
+                                   .encode = EncodeFp8,
+                                   .checks_finite = true,
+                                   .decode = DecodeFp8,
+                                   .stochastic_rounding = true,
+                                   .simd = false,
+                                   .cuda = false};
 
 }  // namespace atl::compression

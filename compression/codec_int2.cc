@@ -63,7 +63,19 @@ void DecodeInt2(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t h
 
 }  // namespace
 
-const CodecTraits kInt2Codec = {Codec::kInt2, "int2", 64, 4, 65536, 4, 4, 2, EncodeInt2,
-                                true, DecodeInt2, true, true, true};
+const CodecTraits kInt2Codec = {.id = Codec::kInt2,
+                                .name = "int2",
+                                .default_block = 64,
+                                .min_block = 4,
+                                .max_block = 65536,
+                                .block_multiple = 4,
+                                .block_bytes = 4,
+                                .element_bits = 2,
+                                .encode = EncodeInt2,
+                                .checks_finite = true,
+                                .decode = DecodeInt2,
+                                .stochastic_rounding = true,
+                                .simd = true,
+                                .cuda = true};
 
 }  // namespace atl::compression

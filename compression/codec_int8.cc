@@ -49,7 +49,19 @@ void DecodeInt8(uint32_t block, const uint8_t* in, size_t n, size_t lo, size_t h
 
 }  // namespace
 
-const CodecTraits kInt8Codec = {Codec::kInt8, "int8", 64, 1, 65536, 1, 4, 8, EncodeInt8,
-                                false, DecodeInt8, true, false, true};
+const CodecTraits kInt8Codec = {.id = Codec::kInt8,
+                                .name = "int8",
+                                .default_block = 64,
+                                .min_block = 1,
+                                .max_block = 65536,
+                                .block_multiple = 1,
+                                .block_bytes = 4,
+                                .element_bits = 8,
+                                .encode = EncodeInt8,
+                                .checks_finite = false,
+                                .decode = DecodeInt8,
+                                .stochastic_rounding = true,
+                                .simd = false,
+                                .cuda = true};
 
 }  // namespace atl::compression

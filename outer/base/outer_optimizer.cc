@@ -98,18 +98,33 @@ class SgdOptimizer : public OuterOptimizer {
 struct OptimizerKind {
   const char* name;
   std::unique_ptr<OuterOptimizer> (*make)(const OuterOptimizerConfig&, size_t);
+  OuterOptimizerTraits traits;
 };
 
 const OptimizerKind kOptimizers[] = {
-    {"nesterov",
-     [](const OuterOptimizerConfig& c, size_t n) -> std::unique_ptr<OuterOptimizer> {
+    {.name = "nesterov",
+     .make = [](const OuterOptimizerConfig& c, size_t n) -> std::unique_ptr<OuterOptimizer> {
        return std::make_unique<NesterovOptimizer>(c, n);
-     }},
-    {"sgd",
-     [](const OuterOptimizerConfig& c, size_t n) -> std::unique_ptr<OuterOptimizer> {
+     },
+     .traits = {.linear = [](const OuterOptimizerConfig& c) { return c.momentum == 0; },
+                // u = lr (g + mu m'), m' = mu m + g: du/dg = lr (1 + mu); heavy ball: u = lr m'.
+                .gain = [](const OuterOptimizerConfig& c) {
+                  return c.nesterov ? c.lr * (1.0 + c.momentum) : c.lr;
+                }}},
+    {.name = "sgd",
+     .make = [](const OuterOptimizerConfig& c, size_t n) -> std::unique_ptr<OuterOptimizer> {
        return std::make_unique<SgdOptimizer>(c, n);
-     }},
+     },
+     .traits = {.linear = [](const OuterOptimizerConfig&) { return true; },
+                .gain = [](const OuterOptimizerConfig& c) { return c.lr; }}},
 };
+
+const OptimizerKind& KindOf(const OuterOptimizerConfig& config) {
+  for (const auto& k : kOptimizers) {
+    if (config.name == k.name) return k;
+  }
+  return kOptimizers[0];  // Validate refuses unknown names first
+}
 
 // The state a Restore was given, by name: each must be found once.
 template <class T>
@@ -138,10 +153,11 @@ std::vector<std::string> OuterOptimizerNames() {
 
 std::unique_ptr<OuterOptimizer> MakeOuterOptimizer(const OuterOptimizerConfig& config,
                                                    size_t num_elements) {
-  for (const auto& k : kOptimizers) {
-    if (config.name == k.name) return k.make(config, num_elements);
-  }
-  return nullptr;  // Validate refuses unknown names first
+  return KindOf(config).make(config, num_elements);
+}
+
+const OuterOptimizerTraits& TraitsOf(const OuterOptimizerConfig& config) {
+  return KindOf(config).traits;
 }
 
 NesterovOptimizer::NesterovOptimizer(const OuterOptimizerConfig& config, size_t num_elements)

@@ -95,6 +95,19 @@ class OuterOptimizer {
   bool averaging_ = false;
 };
 
+// What code outside an optimizer may know of it, from its row in the table (never from its name):
+// a new optimizer states them, and eager updates and the planner follow.
+struct OuterOptimizerTraits {
+  // Its sync update is u = lr x g, linear in the round's contributions (before any warm start
+  // averages): relayed updates apply, the planner models a linear commit.
+  bool (*linear)(const OuterOptimizerConfig&);
+  // d u / d g for a fresh gradient, in units of the gradient (eager updates' stand-in gain):
+  // lr for a plain step, lr (1 + mu) for Nesterov momentum.
+  double (*gain)(const OuterOptimizerConfig&);
+};
+// `config.name`'s traits (the name is validated).
+const OuterOptimizerTraits& TraitsOf(const OuterOptimizerConfig& config);
+
 // The outer optimizers this build has (for validation and help).
 std::vector<std::string> OuterOptimizerNames();
 // `config.name`'s optimizer for a fragment of `num_elements` (the name is validated).

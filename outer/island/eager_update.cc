@@ -4,11 +4,7 @@
 
 namespace atl::outer {
 
-double EagerGain(const OuterOptimizerConfig& config) {
-  // Nesterov: u = lr (g + mu m'), m' = mu m + g, so du/dg = lr (1 + mu); heavy ball: u = lr m'.
-  if (config.name == "nesterov" && config.nesterov) return config.lr * (1.0 + config.momentum);
-  return config.lr;
-}
+double EagerGain(const OuterOptimizerConfig& config) { return TraitsOf(config).gain(config); }
 
 std::vector<float> EagerUpdate::StandIn(const std::vector<float>& global,
                                         const std::vector<float>& local) {

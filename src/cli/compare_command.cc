@@ -20,6 +20,7 @@
 #include "inner/model.h"
 #include "src/store/checkpoint.h"
 #include "src/config/config.h"
+#include "src/cli/compare_methods.h"
 #include "src/cli/local_command.h"
 #include "src/cli/results.h"
 #include "src/cli/train_command.h"
@@ -73,60 +74,8 @@ absl::StatusOr<MethodResult> Baseline(const Config& base, const CompareOptions& 
   return r;
 }
 
-// What a method changes of the compare's config: "diloco" runs the config's outer settings;
-// "diloco_<codec>" overrides the codec (e.g. diloco_fp4_e2m1); "streaming_<codec>" runs Streaming
-// DiLoCo with that codec: the config's outer.num_fragments (4 when it is 1, at most one block per
-// fragment), tau = 1, alpha = 0.5; "sparse_<codec>" sends sparse pseudo-gradients (SparseLoCo:
-// the config's outer.topk_density, 1% if it has none, values in <codec>, error feedback, outer
-// SGD); "async" runs async DiLoCo (delayed Nesterov, dynamic local
-// steps) with the config's settings, less those that schedule sync rounds (said in the plan).
-struct MethodChanges {
-  std::vector<Override> overrides;
-  std::vector<std::string> notes;  // what the plan says of keys that cannot apply
-};
-
-MethodChanges ChangesOf(const std::string& method, const Config& c) {
-  MethodChanges m;
-  if (method == "async") {
-    m.overrides.emplace_back("outer.mode", "async");
-    auto drop = [&](const char* key, bool set, const std::string& value, const char* why) {
-      if (!set) return;
-      m.overrides.emplace_back(key, value);
-      m.notes.push_back(absl::StrCat(key, " = ", value, " (", why, ")"));
-    };
-    const auto& ph = c.outer.phases;
-    drop("outer.warm_start_steps", ph.warm_start_steps > 0, "0",
-         "async islands choose their own H: no synchronous warm start");
-    drop("outer.early_sync_every", ph.early_sync_every > 0, "0",
-         "async islands choose their own H: no early H");
-    drop("outer.lr_warmup_rounds", c.outer.optimizer.warmup_rounds > 0, "0",
-         "async mode has versions, not rounds, to schedule the outer lr over");
-    drop("outer.lr_decay", c.outer.optimizer.decay != outer::LrDecay::kConstant, "constant",
-         "async mode has versions, not rounds, to schedule the outer lr over");
-    drop("outer.auto_tune", c.outer.auto_tune, "false", "auto_tune chooses tau for sync rounds");
-    drop("outer.shards", c.outer.shards > 1, "1", "a sharded service serves sync rounds");
-  }
-  if (absl::StartsWith(method, "diloco_")) m.overrides.emplace_back("outer.codec", method.substr(7));
-  if (absl::StartsWith(method, "sparse_")) {
-    // SparseLoCo: the config's top-k share (1% when it has none), error feedback (its decay and
-    // the outer lr as configured or swept), plain outer SGD.
-    m.overrides.emplace_back("outer.codec", method.substr(7));
-    m.overrides.emplace_back("outer.error_feedback", "true");
-    m.overrides.emplace_back("outer.optimizer", "sgd");
-    if (!c.outer.sparse()) m.overrides.emplace_back("outer.topk_density", "0.01");
-  }
-  if (absl::StartsWith(method, "streaming_")) {
-    const int p = c.outer.num_fragments > 1 ? c.outer.num_fragments : std::min(4, c.model.n_layer);
-    m.overrides.emplace_back("outer.codec", method.substr(10));
-    m.overrides.emplace_back("outer.num_fragments", std::to_string(p));
-    m.overrides.emplace_back("outer.fragment_sync_delay", "1");
-    m.overrides.emplace_back("outer.fragment_update_alpha", "0.5");
-  }
-  return m;
-}
-
 absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
-                                    const std::string& method, const std::vector<Override>& point,
+                                    const Method& method, const std::vector<Override>& point,
                                     const std::string& dir) {
   LocalOptions l;
   l.islands = c.outer.islands;
@@ -144,11 +93,11 @@ absl::StatusOr<MethodResult> DiLoCo(const Config& c, const CompareOptions& o,
   for (size_t i = 0; i < o.throttle.size(); ++i) {
     if (o.throttle[i] > 1) absl::StrAppend(&throttled, ", island", i, " throttled ", o.throttle[i], "x");
   }
-  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.c_str(), l.islands,
+  std::fprintf(stderr, "atoll compare: %s, %d islands, H = %d%s\n", method.name.c_str(), l.islands,
                c.outer.sync_every, throttled.c_str());
   ATL_ASSIGN_OR_RETURN(auto local, RunLocal(l));
   MethodResult r;
-  r.method = method;
+  r.method = method.name;
   r.wall_s = local.wall_s;
   uint64_t peak = 0;
   double utilization = 0;
@@ -243,10 +192,10 @@ bool ChangesBaseline(const std::string& key) {
 }
 
 // The settings `method` runs: every combination of the sweeps that can change it.
-std::vector<std::vector<Override>> GridFor(const std::string& method, const std::vector<Sweep>& sweeps) {
+std::vector<std::vector<Override>> GridFor(const Method& method, const std::vector<Sweep>& sweeps) {
   std::vector<std::vector<Override>> grid = {{}};
   for (const auto& sweep : sweeps) {
-    if (method == "baseline" && !ChangesBaseline(sweep.key)) continue;
+    if (method.kind == MethodKind::kBaseline && !ChangesBaseline(sweep.key)) continue;
     std::vector<std::vector<Override>> next;
     for (const auto& point : grid) {
       for (const auto& value : sweep.values) {
@@ -275,13 +224,6 @@ std::string RunDirOf(const std::string& run_dir, const std::string& method, cons
     if (c == '/') c = '_';
   }
   return (dir / name).string();
-}
-
-bool KnownMethod(absl::string_view m) {
-  return m == "baseline" || m == "diloco" || m == "async" ||
-         (absl::StartsWith(m, "diloco_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
-         (absl::StartsWith(m, "sparse_") && compression::ParseCodec(std::string(m.substr(7))).ok()) ||
-         (absl::StartsWith(m, "streaming_") && compression::ParseCodec(std::string(m.substr(10))).ok());
 }
 
 // What makes two compares the same: resuming one is allowed, mixing two is not.
@@ -385,12 +327,9 @@ absl::Status WriteReports(const CompareOptions& o, const Config& config,
 // Every run's whole config (each method at each grid point), checked before the first one starts;
 // what a method changes because a key of the config cannot apply to it is said here.
 absl::Status CheckRuns(const CompareOptions& o, const std::vector<Override>& overrides,
-                       const std::vector<std::string>& methods, const std::vector<Sweep>& sweeps,
+                       const std::vector<Method>& methods, const std::vector<Sweep>& sweeps,
                        const Config& config) {
   for (const auto& m : methods) {
-    if (!KnownMethod(m)) {
-      return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", m, "'"));
-    }
     std::set<std::string> said;
     for (const auto& point : GridFor(m, sweeps)) {
       auto with = overrides;
@@ -401,14 +340,14 @@ absl::Status CheckRuns(const CompareOptions& o, const std::vector<Override>& ove
       const MethodChanges changes = ChangesOf(m, at_point);
       const std::string notes = absl::StrJoin(changes.notes, ", ");
       if (!notes.empty() && said.insert(notes).second) {
-        std::fprintf(stderr, "atoll compare: %s%s runs with %s\n", m.c_str(),
+        std::fprintf(stderr, "atoll compare: %s%s runs with %s\n", m.name.c_str(),
                      point.empty() ? "" : absl::StrCat(" at ", SettingOf(point)).c_str(),
                      notes.c_str());
       }
       with.insert(with.end(), changes.overrides.begin(), changes.overrides.end());
       if (auto checked = LoadConfig(o.config_path, with); !checked.ok()) {
         return absl::Status(checked.status().code(),
-                            absl::StrCat("compare: ", m, point.empty() ? "" : " at ",
+                            absl::StrCat("compare: ", m.name, point.empty() ? "" : " at ",
                                          SettingOf(point), ": ", checked.status().message()));
       }
     }
@@ -416,54 +355,28 @@ absl::Status CheckRuns(const CompareOptions& o, const std::vector<Override>& ove
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
-  if (o.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
-  if (o.islands < 1) return absl::InvalidArgumentError("--islands must be >= 1");
-  ATL_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(o.overrides));
-  overrides.emplace_back("outer.islands", std::to_string(o.islands));
-  // The template of the runs: its keys fit together once a method has made its changes (a sparse
-  // method turns error feedback on, say), which CheckRuns checks for every run.
-  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides, ConfigChecks::kKeys));
-  // Check the data before starting anything.
-  ATL_RETURN_IF_ERROR(text::LoadDataset(config.data, config.model));
-  ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
-  std::vector<std::string> methods = absl::StrSplit(config.compare.methods, ',', absl::SkipEmpty());
-  ATL_RETURN_IF_ERROR(CheckRuns(o, overrides, methods, sweeps, config));
-  if (o.dry_run) {
-    std::fprintf(stderr, "atoll compare: every run's config is valid (dry run: nothing started)\n");
-    return std::vector<MethodResult>();
-  }
-  // A directory holding this same compare resumes; anything else is refused.
-  const fs::path dir(o.run_dir);
-  const auto manifest = Manifest(config, o, sweeps);
-  const std::string manifest_path = (dir / "compare.json").string();
-  if (fs::exists(dir) && !fs::is_empty(dir)) {
-    std::ifstream in(manifest_path);
-    if (!SameCompare(nlohmann::json::parse(in, nullptr, false), manifest)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "run directory ", o.run_dir,
-          " is not empty and holds another compare (config, islands or sweeps differ)"));
-    }
-  }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  ATL_RETURN_IF_ERROR(WriteFileAtomic(manifest_path, manifest.dump(2) + "\n"));
+namespace {
 
-  // The plan and its cost, before anything runs.
-  struct Run {
-    std::string method;
-    std::vector<Override> point;
-    std::optional<MethodResult> done;  // finished before: reused
-  };
-  std::vector<Run> plan;
+// One run of the plan: a method at a grid point.
+struct PlannedRun {
+  Method method;
+  std::vector<Override> point;
+  std::optional<MethodResult> done;  // finished before: reused
+};
+
+// The runs, and their cost said before anything runs.
+std::vector<PlannedRun> PlanRuns(const CompareOptions& o, const Config& config,
+                                 const std::vector<Method>& methods,
+                                 const std::vector<Sweep>& sweeps) {
+  std::vector<PlannedRun> plan;
   std::vector<std::string> counts;
   int reused = 0;
   int64_t island_steps = 0;  // the cost: each run's inner steps x its islands
   for (const auto& m : methods) {
     const auto grid = GridFor(m, sweeps);
-    counts.push_back(absl::StrCat(m, " x ", grid.size()));
+    counts.push_back(absl::StrCat(m.name, " x ", grid.size()));
     for (const auto& point : grid) {
-      plan.push_back({m, point, LoadResult(RunDirOf(o.run_dir, m, SettingOf(point)))});
+      plan.push_back({m, point, LoadResult(RunDirOf(o.run_dir, m.name, SettingOf(point)))});
       reused += plan.back().done.has_value();
       int64_t steps = config.train.steps, islands = o.islands;
       for (const auto& [key, value] : point) {
@@ -479,27 +392,76 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
       "%d finished runs reused\n",
       absl::StrJoin(counts, ", ").c_str(), plan.size(), (long long)config.train.steps, o.islands,
       (long long)island_steps, reused);
+  return plan;
+}
 
+// A directory holding this same compare resumes; anything else is refused.
+absl::Status OpenRunDir(const CompareOptions& o, const Config& config,
+                        const std::vector<Sweep>& sweeps) {
+  const fs::path dir(o.run_dir);
+  const auto manifest = Manifest(config, o, sweeps);
+  const std::string manifest_path = (dir / "compare.json").string();
+  if (fs::exists(dir) && !fs::is_empty(dir)) {
+    std::ifstream in(manifest_path);
+    if (!SameCompare(nlohmann::json::parse(in, nullptr, false), manifest)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "run directory ", o.run_dir,
+          " is not empty and holds another compare (config, islands or sweeps differ)"));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  return WriteFileAtomic(manifest_path, manifest.dump(2) + "\n");
+}
+
+// A run not finished before, started afresh.
+absl::StatusOr<MethodResult> RunOne(const CompareOptions& o, const std::vector<Override>& overrides,
+                                    const PlannedRun& run) {
+  const std::string setting = SettingOf(run.point);
+  const std::string run_dir = RunDirOf(o.run_dir, run.method.name, setting);
+  std::error_code ec;
+  fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
+  auto with = overrides;
+  with.insert(with.end(), run.point.begin(), run.point.end());
+  // The method makes its changes to this template (CheckRuns checked the result whole).
+  ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, with, ConfigChecks::kKeys));
+  ATL_ASSIGN_OR_RETURN(auto r, run.method.kind == MethodKind::kBaseline
+                                   ? Baseline(c, o, run_dir)
+                                   : DiLoCo(c, o, run.method, run.point, run_dir));
+  r.setting = setting;
+  ATL_RETURN_IF_ERROR(SaveResult(run_dir, r));
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
+  if (o.run_dir.empty()) return absl::InvalidArgumentError("--run-dir is required");
+  if (o.islands < 1) return absl::InvalidArgumentError("--islands must be >= 1");
+  ATL_ASSIGN_OR_RETURN(auto overrides, ParseOverrides(o.overrides));
+  overrides.emplace_back("outer.islands", std::to_string(o.islands));
+  // The template of the runs: its keys fit together once a method has made its changes (a sparse
+  // method turns error feedback on, say), which CheckRuns checks for every run.
+  ATL_ASSIGN_OR_RETURN(auto config, LoadConfig(o.config_path, overrides, ConfigChecks::kKeys));
+  // Check the data before starting anything.
+  ATL_RETURN_IF_ERROR(text::LoadDataset(config.data, config.model));
+  ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
+  ATL_ASSIGN_OR_RETURN(auto methods, ParseMethods(config.compare.methods));
+  ATL_RETURN_IF_ERROR(CheckRuns(o, overrides, methods, sweeps, config));
+  if (o.dry_run) {
+    std::fprintf(stderr, "atoll compare: every run's config is valid (dry run: nothing started)\n");
+    return std::vector<MethodResult>();
+  }
+  ATL_RETURN_IF_ERROR(OpenRunDir(o, config, sweeps));
   std::vector<MethodResult> runs;
-  for (auto& [method, point, done] : plan) {
-    if (done) {
-      runs.push_back(*std::move(done));
+  for (auto& run : PlanRuns(o, config, methods, sweeps)) {
+    if (run.done) {
+      runs.push_back(*std::move(run.done));
       continue;
     }
-    const std::string setting = SettingOf(point);
-    const std::string run_dir = RunDirOf(o.run_dir, method, setting);
-    fs::remove_all(run_dir, ec);  // a run stopped half-way starts again
-    auto with = overrides;
-    with.insert(with.end(), point.begin(), point.end());
-    // The method makes its changes to this template (CheckRuns checked the result whole).
-    ATL_ASSIGN_OR_RETURN(auto c, LoadConfig(o.config_path, with, ConfigChecks::kKeys));
-    ATL_ASSIGN_OR_RETURN(auto r, method == "baseline" ? Baseline(c, o, run_dir)
-                                                      : DiLoCo(c, o, method, point, run_dir));
-    r.setting = setting;
-    ATL_RETURN_IF_ERROR(SaveResult(run_dir, r));
+    ATL_ASSIGN_OR_RETURN(auto r, RunOne(o, overrides, run));
     runs.push_back(std::move(r));
   }
-
   const auto best = BestPerMethod(runs);
   ATL_RETURN_IF_ERROR(WriteReports(o, config, sweeps, runs, best));
   return best;

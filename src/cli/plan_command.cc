@@ -150,7 +150,7 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.pattern = c.outer.fragment_pattern;
     s.service_threads = c.outer.service_threads;
     s.shards = c.outer.shards;
-    s.linear_step = c.outer.optimizer.name == "sgd" || c.outer.optimizer.momentum == 0;
+    s.linear_step = outer::TraitsOf(c.outer.optimizer).linear(c.outer.optimizer);
   }
   if (o.params > 0) {
     s.params = o.params;

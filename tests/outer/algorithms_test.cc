@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -28,6 +30,28 @@ TEST(OuterOptimizerTest, NesterovMatchesTheFormula) {
   opt.ComputeUpdate(g2, u);  // m = 0.9 g1 + g2
   const float m0 = 0.9f * 1.0f + 0.5f;
   EXPECT_FLOAT_EQ(u[0], 0.7f * (0.5f + 0.9f * m0));
+}
+
+// Every optimizer's traits (what eager updates and the planner know of it) agree with what it
+// does: its first step from fresh state moves u = gain x g, and it says it is linear exactly when
+// its traits do, at several momenta and with and without Nesterov.
+TEST(OuterOptimizerTest, TraitsAgreeWithEachOptimizersSteps) {
+  const float g[3] = {1.0f, -0.25f, 2.0f};
+  for (const auto& name : OuterOptimizerNames()) {
+    for (double momentum : {0.0, 0.5, 0.9}) {
+      for (bool nesterov : {true, false}) {
+        OuterOptimizerConfig c{0.5, momentum, nesterov};
+        c.name = name;
+        const auto& traits = TraitsOf(c);
+        auto opt = MakeOuterOptimizer(c, 3);
+        float u[3];
+        opt->ComputeUpdate(g, u);
+        const std::string what = absl::StrCat(name, " momentum ", momentum, nesterov ? " nesterov" : "");
+        for (int i = 0; i < 3; ++i) EXPECT_NEAR(u[i], traits.gain(c) * g[i], 1e-6) << what;
+        EXPECT_EQ(MakeOuterOptimizer(c, 3)->linear(), traits.linear(c)) << what;
+      }
+    }
+  }
 }
 
 // Outer optimizers by name, with their named state: sgd keeps none and steps u = lr g, bit for
