@@ -16,7 +16,7 @@ packages=(
   prometheus-cpp-dev libcpp-httplib-dev libsentencepiece-dev
 )
 
-# The test suite also drives a real Prometheus and a headless Chromium (tests/monitoring_test.cc),
+# The test suite also drives a real Prometheus and a headless Chromium (tests/src/observe/monitoring_test.cc),
 # checks the Kubernetes manifests (kubectl, python3-kubernetes) and runs the Slurm batch script on
 # a one-node Slurm (deploy/slurm/check_local.sh).
 if [[ -n "${ATOLL_TEST_TOOLS:-}" ]]; then

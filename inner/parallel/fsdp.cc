@@ -136,10 +136,11 @@ absl::StatusOr<std::unique_ptr<FsdpModel>> FsdpModel::Create(const ModelConfig& 
   return f;
 }
 
-absl::Status FsdpModel::BuildUnits() {
-  torch::NoGradGuard no_grad;
-  const ModelConfig& config = model_->config();
-  const int n_layer = config.n_layer;
+// The stage's units, each with its parameters: those whole on every TP rank first, then the
+// TP-split ones, at their offsets in the unit's flat buffer. The other stages' parameters are
+// freed.
+void FsdpModel::AssignParameters() {
+  const int n_layer = model_->config().n_layer;
   units_.clear();
   for (int u = stage_.first; u <= stage_.last; ++u) {
     units_.push_back(std::make_unique<Unit>());
@@ -148,8 +149,6 @@ absl::Status FsdpModel::BuildUnits() {
     unit.is_block = u >= 1 && u <= n_layer;
     unit.index = u;
   }
-  std::map<std::string, std::vector<int64_t>> whole_shape;
-  for (auto& [name, shape] : ParameterShapes(config)) whole_shape[name] = shape;
   // Each unit's parameters: those whole on every TP rank first, then the TP-split ones. The other
   // stages' parameters are freed.
   for (auto& [name, p] : NamedParameters(*model_)) {
@@ -173,60 +172,72 @@ absl::Status FsdpModel::BuildUnits() {
       }
     }
   }
+}
+
+// Unit ui's flat buffers (this rank's shard of them, when sharded), the module's parameters and
+// gradients made views of them, and the parts of each parameter in this rank's shard.
+void FsdpModel::FlattenUnit(size_t ui,
+                            const std::map<std::string, std::vector<int64_t>>& whole_shape) {
   const int64_t ranks = mesh_.shape().dp_shard;
   const int64_t me = mesh_.coordinate(MeshDim::kDpShard);
   const int tp_rank = mesh_.coordinate(MeshDim::kTp), tp_size = mesh_.shape().tp;
-  for (size_t ui = 0; ui < units_.size(); ++ui) {
-    Unit& u = *units_[ui];
-    u.padded = (u.numel + ranks - 1) / ranks * ranks;
-    u.shard_numel = u.padded / ranks;
-    const auto options = u.params.front().second.options();
-    at::Tensor flat = at::zeros({u.padded}, options);
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      const auto& [name, p] = u.params[i];
-      flat.narrow(0, u.offsets[i], p.numel()).copy_(CanonicalFlat(PlanOf(plan_, name), p));
-    }
-    if (sharded()) {
-      const auto gathered = options_.bf16 ? options.dtype(at::kBFloat16) : options;
-      u.shard = flat.narrow(0, me * u.shard_numel, u.shard_numel).clone();
-      u.shard_grad = at::zeros({u.shard_numel}, options);
-      u.scatter = at::empty({u.shard_numel}, options);
-      u.full = at::empty({u.padded}, gathered);
-      u.full_grad = at::empty({u.padded}, gathered);
-      if (options_.bf16) u.shard_low = at::empty({u.shard_numel}, gathered);
-    } else {
-      u.full = u.shard = flat;
-      u.full_grad = u.shard_grad = at::zeros({u.padded}, options);
-      u.gathered = true;
-    }
-    // The module's parameters (and their gradients) become views of the unit's flat buffers.
-    for (size_t i = 0; i < u.params.size(); ++i) {
-      auto& [name, p] = u.params[i];
-      const auto shape = p.sizes().vec();
-      const ParamPlan pp = PlanOf(plan_, name);
-      p.set_data(ShapedView(pp, u.full.narrow(0, u.offsets[i], p.numel()), shape));
-      p.mutable_grad() = ShapedView(pp, u.full_grad.narrow(0, u.offsets[i], p.numel()), shape);
-      // The part of this parameter inside this rank's shard.
-      const int64_t lo = std::max(u.offsets[i], me * u.shard_numel);
-      const int64_t hi = std::min(u.offsets[i] + p.numel(), (me + 1) * u.shard_numel);
-      if (lo >= hi) continue;
-      ParamShard s;
-      s.name = name;
-      s.shape = whole_shape.at(name);
-      s.runs = Runs(TpRanges(pp, s.shape, tp_rank, tp_size), lo - u.offsets[i],
-                    hi - u.offsets[i]);
-      s.value = u.shard.narrow(0, lo - me * u.shard_numel, hi - lo);
-      s.grad = u.shard_grad.narrow(0, lo - me * u.shard_numel, hi - lo);
-      s.decay = shape.size() >= 2;
-      s.replica = tp_rank > 0 && pp.style == TpStyle::kReplicated;
-      s.unit = int(ui);
-      shards_.push_back(std::move(s));
-    }
-    if (sharded()) {  // gathered only when needed, from now on
-      compat::ResizeStorage(u.full, 0);
-      compat::ResizeStorage(u.full_grad, 0);
-    }
+  Unit& u = *units_[ui];
+  u.padded = (u.numel + ranks - 1) / ranks * ranks;
+  u.shard_numel = u.padded / ranks;
+  const auto options = u.params.front().second.options();
+  at::Tensor flat = at::zeros({u.padded}, options);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const auto& [name, p] = u.params[i];
+    flat.narrow(0, u.offsets[i], p.numel()).copy_(CanonicalFlat(PlanOf(plan_, name), p));
   }
+  if (sharded()) {
+    const auto gathered = options_.bf16 ? options.dtype(at::kBFloat16) : options;
+    u.shard = flat.narrow(0, me * u.shard_numel, u.shard_numel).clone();
+    u.shard_grad = at::zeros({u.shard_numel}, options);
+    u.scatter = at::empty({u.shard_numel}, options);
+    u.full = at::empty({u.padded}, gathered);
+    u.full_grad = at::empty({u.padded}, gathered);
+    if (options_.bf16) u.shard_low = at::empty({u.shard_numel}, gathered);
+  } else {
+    u.full = u.shard = flat;
+    u.full_grad = u.shard_grad = at::zeros({u.padded}, options);
+    u.gathered = true;
+  }
+  // The module's parameters (and their gradients) become views of the unit's flat buffers.
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    auto& [name, p] = u.params[i];
+    const auto shape = p.sizes().vec();
+    const ParamPlan pp = PlanOf(plan_, name);
+    p.set_data(ShapedView(pp, u.full.narrow(0, u.offsets[i], p.numel()), shape));
+    p.mutable_grad() = ShapedView(pp, u.full_grad.narrow(0, u.offsets[i], p.numel()), shape);
+    // The part of this parameter inside this rank's shard.
+    const int64_t lo = std::max(u.offsets[i], me * u.shard_numel);
+    const int64_t hi = std::min(u.offsets[i] + p.numel(), (me + 1) * u.shard_numel);
+    if (lo >= hi) continue;
+    ParamShard s;
+    s.name = name;
+    s.shape = whole_shape.at(name);
+    s.runs = Runs(TpRanges(pp, s.shape, tp_rank, tp_size), lo - u.offsets[i],
+                  hi - u.offsets[i]);
+    s.value = u.shard.narrow(0, lo - me * u.shard_numel, hi - lo);
+    s.grad = u.shard_grad.narrow(0, lo - me * u.shard_numel, hi - lo);
+    s.decay = shape.size() >= 2;
+    s.replica = tp_rank > 0 && pp.style == TpStyle::kReplicated;
+    s.unit = int(ui);
+    shards_.push_back(std::move(s));
+  }
+  if (sharded()) {  // gathered only when needed, from now on
+    compat::ResizeStorage(u.full, 0);
+    compat::ResizeStorage(u.full_grad, 0);
+  }
+}
+
+absl::Status FsdpModel::BuildUnits() {
+  torch::NoGradGuard no_grad;
+  AssignParameters();
+  std::map<std::string, std::vector<int64_t>> whole_shape;
+  for (auto& [name, shape] : ParameterShapes(model_->config())) whole_shape[name] = shape;
+  for (size_t ui = 0; ui < units_.size(); ++ui) FlattenUnit(ui, whole_shape);
   return absl::OkStatus();
 }
 

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +135,8 @@ class FsdpModel {
   class StageRun;
   FsdpModel(const ModelConfig& config, DeviceMesh& mesh, FsdpOptions options);
   absl::Status BuildUnits();
+  void AssignParameters();
+  void FlattenUnit(size_t ui, const std::map<std::string, std::vector<int64_t>>& whole_shape);
   bool sharded() const;
   bool first_stage() const { return stage_.first == 0; }
   bool last_stage() const { return stage_.last == model_->config().n_layer + 1; }

@@ -106,8 +106,11 @@ struct OuterConfig {
   }
 };
 
+namespace outer_keys {
+
+// [outer]: the rounds and the outer optimizer.
 template <class V>
-void VisitKeys(OuterConfig& c, V&& v) {
+void RoundsKeys(OuterConfig& c, V&& v) {
   v("run_id", c.run_id, "run name every RPC carries");
   v("sync_every", c.sync_every, "H: inner steps per outer round");
   v("warm_start_steps", c.phases.warm_start_steps,
@@ -127,6 +130,11 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "sync: outer lr after warmup: constant or cosine (to outer.min_lr_ratio x outer.lr)");
   v("min_lr_ratio", c.optimizer.min_lr_ratio, "sync: cosine's final outer lr / outer.lr");
   v("nesterov", c.optimizer.nesterov, "Nesterov momentum");
+}
+
+// [outer]: membership, deadlines and the island's guards.
+template <class V>
+void MembershipKeys(OuterConfig& c, V&& v) {
   v("islands", c.islands, "islands of the run (disjoint data streams)");
   v("min_islands", c.min_islands, "contributions that commit a late round");
   v("round_timeout_s", c.round_timeout_s, "round deadline after its first push");
@@ -143,6 +151,11 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "loss-spike guard: robust standard deviations above the median that make a spike");
   v("join_warmup_steps", c.join_warmup_steps,
     "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)");
+}
+
+// [outer]: the encoding of pseudo-gradients.
+template <class V>
+void CodecKeys(OuterConfig& c, V&& v) {
   v("codec", c.codec, compression::CodecsHelp());
   v("topk_density", c.topk_density,
     "sparse pseudo-gradients: share of each chunk's values kept (largest magnitudes), in (0, 1]; "
@@ -158,6 +171,11 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "where pseudo-gradients are made: device (beside the parameters), host, or auto");
   v("stochastic_rounding", c.stochastic_rounding,
     "round pseudo-gradients stochastically (unbiased) instead of to nearest");
+}
+
+// [outer]: Streaming DiLoCo: fragments, overlap, merge.
+template <class V>
+void StreamingKeys(OuterConfig& c, V&& v) {
   v("num_fragments", c.num_fragments, "P: Streaming DiLoCo fragments");
   v("fragment_pattern", c.fragment_pattern, "strided or sequential blocks");
   v("fragment_sync_delay", c.fragment_sync_delay, "tau: steps of overlap");
@@ -172,6 +190,11 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "island's own share refreshed), swapped for the update when it lands (replaces the alpha merge)");
   v("fragment_update_alpha", c.fragment_update_alpha,
     "alpha of the merge (negative: 0.5 if tau > 0 or auto_tune, else 0)");
+}
+
+// [outer]: async mode.
+template <class V>
+void AsyncKeys(OuterConfig& c, V&& v) {
   v("mode", c.mode, "sync (rounds) or async (updates applied as they arrive)");
   v("max_staleness", c.max_staleness, "async: refuse contributions staler than this");
   v("staleness_scaling", c.staleness_scaling,
@@ -179,6 +202,11 @@ void VisitKeys(OuterConfig& c, V&& v) {
   v("dynamic_local_steps", c.dynamic_local_steps,
     "async: H of each island follows its inner throughput (DyLU)");
   v("momentum_delay", c.momentum_delay, "async: delayed Nesterov period N (0: outer.islands)");
+}
+
+// [outer]: aggregation and bounds on contributions.
+template <class V>
+void RobustKeys(OuterConfig& c, V&& v) {
   v("aggregation", c.aggregation,
     "mean, clipped_mean, trimmed_mean or median (robust to faulty islands)");
   v("clip_multiple", c.clip_multiple,
@@ -189,6 +217,11 @@ void VisitKeys(OuterConfig& c, V&& v) {
     "refuse contributions whose norm exceeds this x the fragment's parameter norm (0: off)");
   v("max_update_value", c.max_update_value,
     "refuse contributions holding a value of larger magnitude (0: off)");
+}
+
+// [outer]: the service's and links' capacity.
+template <class V>
+void ServiceKeys(OuterConfig& c, V&& v) {
   v("stream_idle_timeout_s", c.stream_idle_timeout_s,
     "coordinator: cancel a push stream silent for this long");
   v("stream_first_message_s", c.stream_first_message_s,
@@ -205,6 +238,20 @@ void VisitKeys(OuterConfig& c, V&& v) {
   v("shards", c.shards,
     "shard servers holding the outer state (atoll sync-server --shard K/N); fragment f on shard "
     "f mod shards, the coordinator keeps membership only");
+}
+
+}  // namespace outer_keys
+
+// Every [outer] key in order (TOML, help and the resolved config list them so).
+template <class V>
+void VisitKeys(OuterConfig& c, V&& v) {
+  outer_keys::RoundsKeys(c, v);
+  outer_keys::MembershipKeys(c, v);
+  outer_keys::CodecKeys(c, v);
+  outer_keys::StreamingKeys(c, v);
+  outer_keys::AsyncKeys(c, v);
+  outer_keys::RobustKeys(c, v);
+  outer_keys::ServiceKeys(c, v);
 }
 
 absl::Status Validate(const OuterConfig& config);

@@ -20,110 +20,6 @@ double Since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Rounds: every island pushes fragment p after steps t = t_p (mod H) of the run's schedule and the
-// round commits when all have; the run ends after the run's steps.
-class SyncRounds : public RoundPolicy {
- public:
-  SyncRounds(const OuterStepOptions& o, uint32_t fragments)
-      : options_(o), schedule_(int(o.schedule.sync_every), int(fragments), o.schedule.phases) {}
-  int64_t max_steps() const override { return options_.schedule.total_steps; }
-  bool IsLast(int64_t t) const override { return t == options_.schedule.total_steps; }
-  std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
-  int64_t Delay() const override { return tau_; }
-  void SetDelay(int64_t tau) override { tau_ = tau; }
-  int64_t DelayAfter(uint32_t f, int64_t t) const override {
-    return std::min(tau_, schedule_.NextDue(int(f), t) - t - 1);
-  }
-  bool WarmStartAfter(int64_t t) const override {
-    return t <= schedule_.phases().warm_start_steps;
-  }
-  uint32_t sync_every() const override { return options_.schedule.sync_every; }
-  void Pushed(uint32_t, int64_t) override {}
-  void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
-  void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) override {
-    // Back in step with the run (the service may have lost rounds this island had done).
-    model.JumpToStep(schedule_.ResumeStep(rounds));
-  }
-  absl::Status Finish(OuterStepHook&, bool) override { return absl::OkStatus(); }
-
- private:
-  const OuterStepOptions options_;
-  const SyncSchedule schedule_;
-  int64_t tau_ = options_.island.tau;
-};
-
-// Versions: each contribution is applied as it arrives; the island's H follows its throughput
-// (the service's answer), the learning rate the run's progress; the run ends when the token budget
-// is spent, and then every island catches up with the versions committed after its last push.
-class AsyncVersions : public RoundPolicy {
- public:
-  AsyncVersions(const OuterStepOptions& o, uint32_t fragments)
-      : options_(o), h_now_(o.schedule.sync_every), next_due_(fragments) {
-    const SyncSchedule schedule(int(o.schedule.sync_every), int(fragments));
-    for (uint32_t f = 0; f < fragments; ++f) {
-      next_due_[f] = schedule.offset(int(f)) > 0 ? schedule.offset(int(f)) : o.schedule.sync_every;
-    }
-  }
-  // Bounded by the whole budget.
-  int64_t max_steps() const override {
-    return options_.schedule.total_steps * int64_t(options_.schedule.num_data_streams);
-  }
-  bool IsLast(int64_t t) const override { return finishing_ || t == max_steps(); }
-  std::vector<uint32_t> DueAfter(int64_t t) const override {
-    std::vector<uint32_t> due;
-    for (uint32_t f = 0; f < next_due_.size(); ++f) {
-      if (next_due_[f] <= t) due.push_back(f);
-    }
-    return due;
-  }
-  // A fragment lands before its next push: tau stays below the island's current H.
-  int64_t Delay() const override { return std::min<int64_t>(options_.island.tau, h_now_ - 1); }
-  uint32_t sync_every() const override { return uint32_t(h_now_); }
-  void Pushed(uint32_t f, int64_t t) override { next_due_[f] = t + h_now_; }
-  void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
-    if (o.sync_every > 0) h_now_ = o.sync_every;
-    finishing_ |= o.budget_reached;
-    if (o.tokens_committed > stats.run_tokens && options_.schedule.token_budget > 0) {
-      stats.run_tokens = o.tokens_committed;
-      model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(options_.schedule.token_budget) *
-                                      double(options_.schedule.total_steps)));
-    }
-    stats.staleness.push_back(o.staleness);
-  }
-  void Rejoined(const std::vector<uint64_t>&, IslandModel&) override {}
-  // Says this island has finished, waits until every other one has too (or the round timeout),
-  // then applies the versions committed since, checking every hash.
-  absl::Status Finish(OuterStepHook& hook, bool stopped) override {
-    if (stopped) return absl::OkStatus();
-    // Rank 0 speaks for the island; every rank then catches up with the versions it heard.
-    std::string versions;
-    if (hook.ranks().rank() == 0) {
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration<double>(options_.island.round_timeout_s);
-      absl::StatusOr<pb::HeartbeatResponse> state;
-      while (true) {
-        state = hook.session().Heartbeat(/*finished=*/true);
-        if (!state.ok()) break;
-        if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      versions = state.ok() ? state->SerializeAsString()
-                            : std::string("!") + std::string(state.status().message());
-    }
-    ATL_ASSIGN_OR_RETURN(auto shared, hook.ranks().FromFirst(versions));
-    if (!shared.empty() && (shared)[0] == '!') return absl::UnavailableError(shared.substr(1));
-    pb::HeartbeatResponse state;
-    if (!state.ParseFromString(shared)) return absl::DataLossError("rank 0's answer is garbled");
-    return hook.CatchUp({state.versions().begin(), state.versions().end()});
-  }
-
- private:
-  const OuterStepOptions options_;
-  int64_t h_now_;                   // the island's H (dynamic local steps)
-  std::vector<int64_t> next_due_;   // per fragment, the step of its next push
-  bool finishing_ = false;          // the run's token budget is spent
-};
-
 }  // namespace
 
 SyncPhases PhasesOf(const pb::OuterSchedule& schedule) {
@@ -178,11 +74,7 @@ OuterStepHook::OuterStepHook(Transport& transport, IslandSession& session, Islan
       model_(model),
       options_(std::move(options)),
       last_push_(fragments.size(), model.step()) {
-  if (options_.schedule.async) {
-    policy_ = std::make_unique<AsyncVersions>(options_, uint32_t(fragments.size()));
-  } else {
-    policy_ = std::make_unique<SyncRounds>(options_, uint32_t(fragments.size()));
-  }
+  policy_ = MakeRoundPolicy(options_, uint32_t(fragments.size()));
   IslandSyncOptions sync = options_.island.sync;
   sync.async = options_.schedule.async;
   for (uint32_t f = 0; f < fragments.size(); ++f) {

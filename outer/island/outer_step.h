@@ -151,6 +151,9 @@ class RoundPolicy {
   virtual absl::Status Finish(OuterStepHook& hook, bool stopped) = 0;
 };
 
+// Sync rounds or async versions, as the run's schedule says (outer/island/round_policy.cc).
+std::unique_ptr<RoundPolicy> MakeRoundPolicy(const OuterStepOptions& options, uint32_t fragments);
+
 class OuterStepHook {
  public:
   // Every rank of an island runs one, over the ranges it owns; `ranks` shares the decisions.

@@ -286,16 +286,10 @@ class ServiceProcesses {
   std::string address_;
 };
 
-absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
-  ATL_RETURN_IF_ERROR(CheckOptions(o));
-  ATL_ASSIGN_OR_RETURN(auto loaded, LoadtestConfig(o));
-  const Config config = loaded;
-  std::error_code ec;
-  fs::create_directories(o.run_dir, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", o.run_dir, ": ", ec.message()));
-  const std::string config_path = (fs::path(o.run_dir) / "config.toml").string();
-  ATL_RETURN_IF_ERROR(WriteFileAtomic(config_path, ToToml(config)));
+namespace {
 
+// The report's figures of the run before it starts, said.
+LoadtestReport StartReport(const LoadtestOptions& o, const Config& config) {
   LoadtestReport report;
   report.params = inner::ParameterCount(config.model);
   report.codec = compression::SpecText(config.outer.wire_codec());
@@ -312,6 +306,31 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
                report.codec.c_str(), o.islands, o.rounds, config.outer.service_threads,
                o.shards > 1 ? absl::StrFormat(", %d shard servers", o.shards).c_str() : "");
   std::fflush(o.out);
+  return report;
+}
+
+// The processes holding state and their resident memory, as one line's end.
+std::string Resident(ServiceProcesses& service, const std::vector<ChildProcess*>& holders) {
+  std::string resident;
+  for (ChildProcess* p : holders) {
+    resident += absl::StrCat(resident.empty() ? "" : ", ", service.name(p), " resident ",
+                             Gib(double(p->RssBytes())));
+  }
+  return resident;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
+  ATL_RETURN_IF_ERROR(CheckOptions(o));
+  ATL_ASSIGN_OR_RETURN(auto loaded, LoadtestConfig(o));
+  const Config config = loaded;
+  std::error_code ec;
+  fs::create_directories(o.run_dir, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("cannot create ", o.run_dir, ": ", ec.message()));
+  const std::string config_path = (fs::path(o.run_dir) / "config.toml").string();
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(config_path, ToToml(config)));
+  LoadtestReport report = StartReport(o, config);
 
   const std::string token = outer::NewCredential();
   ServiceProcesses service;
@@ -343,14 +362,9 @@ absl::StatusOr<LoadtestReport> RunLoadtest(const LoadtestOptions& o) {
     report.round_s.push_back(Seconds(t.start, t.done));
     push_time += report.push_s.back();
     round_time += report.round_s.back();
-    std::string resident;
-    for (ChildProcess* p : holders) {
-      resident += absl::StrCat(resident.empty() ? "" : ", ", service.name(p), " resident ",
-                               Gib(double(p->RssBytes())));
-    }
     std::fprintf(o.out, "round %d/%d: pushes %.2f s, commit %.3f s, whole round %.2f s, %s\n",
                  r + 1, o.rounds, report.push_s.back(), report.commit_s.back(),
-                 report.round_s.back(), resident.c_str());
+                 report.round_s.back(), Resident(service, holders).c_str());
     std::fflush(o.out);
   }));
   // Peaks before the islands leave: the processes still run.

@@ -25,8 +25,7 @@
 #include "src/store/checkpoint.h"
 #include "src/net/http_server.h"
 #include "src/net/rpc_security.h"
-
-extern char** environ;
+#include "src/cli/local_children.h"
 
 namespace atl {
 namespace {
@@ -34,80 +33,11 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-struct Child {
-  std::string name;
-  pid_t pid = -1;
-  int out_fd = -1;     // read end of the child's stdout + stderr
-  std::string partial;  // an unfinished line
-  std::ofstream log;
-  bool exited = false;
-  int status = 0;
-  bool is_island = false;
-  bool expected_end = false;  // stopped by a scheduled event: its exit is not a failure
-  std::map<int, pid_t> rank_pids;  // an island of several ranks: its agent's ranks
-  std::string address;             // the coordinator or a shard: where it listens
-};
-
-absl::Status Spawn(Child& child, const std::vector<std::string>& argv) {
-  int fds[2];
-  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  posix_spawn_file_actions_addclose(&actions, fds[1]);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const int rc = posix_spawn(&child.pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  if (rc != 0) {
-    close(fds[0]);
-    return absl::InternalError(absl::StrCat("cannot start ", args[0], ": ", strerror(rc)));
-  }
-  child.out_fd = fds[0];
-  return absl::OkStatus();
-}
-
-// Reads what is available; calls `line` for each complete line. False at end of stream.
-template <typename F>
-bool Drain(Child& c, F&& line) {
-  char buf[4096];
-  const ssize_t n = read(c.out_fd, buf, sizeof(buf));
-  if (n <= 0) {
-    if (!c.partial.empty()) line(c.partial);
-    c.partial.clear();
-    close(c.out_fd);
-    c.out_fd = -1;
-    return false;
-  }
-  c.partial.append(buf, size_t(n));
-  size_t pos;
-  while ((pos = c.partial.find('\n')) != std::string::npos) {
-    line(c.partial.substr(0, pos));
-    c.partial.erase(0, pos + 1);
-  }
-  return true;
-}
-
-void Reap(std::vector<std::unique_ptr<Child>>& children) {
-  for (auto& c : children) {
-    if (c->exited || c->pid <= 0) continue;
-    int status;
-    if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
-      c->exited = true;
-      c->status = status;
-    }
-  }
-}
-
-std::string Describe(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("was killed by signal ", WTERMSIG(status));
-  return "ended";
-}
+using local::Child;
+using local::Describe;
+using local::Drain;
+using local::Reap;
+using local::Spawn;
 
 }  // namespace
 

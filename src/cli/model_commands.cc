@@ -193,9 +193,8 @@ struct TextCodec {
   int64_t eos() const { return tokenizer ? tokenizer->eos_id() : -1; }
 };
 
-}  // namespace
-
-absl::Status RunGenerate(const GenerateOptions& o) {
+// The sampling options that need no model, each refused by name.
+absl::Status CheckGenerateOptions(const GenerateOptions& o) {
   if (o.prompt.empty()) return absl::InvalidArgumentError("--prompt must not be empty");
   if (o.tokens < 1 || o.tokens > 1'000'000) {
     return absl::InvalidArgumentError(absl::StrCat("--tokens must be in [1, 1000000], got ", o.tokens));
@@ -207,6 +206,13 @@ absl::Status RunGenerate(const GenerateOptions& o) {
   if (!(o.top_p > 0 && o.top_p <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--top-p must be in (0, 1], got ", o.top_p));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunGenerate(const GenerateOptions& o) {
+  ATL_RETURN_IF_ERROR(CheckGenerateOptions(o));
   ATL_ASSIGN_OR_RETURN(auto config, OptionalConfig(o.config_path));
   ATL_ASSIGN_OR_RETURN(auto weights, Load(o.source, config));
   const auto& m = weights.model;

@@ -25,7 +25,8 @@
 #include "outer/base/outer_optimizer.h"
 #include "outer/base/payload.h"
 #include "outer/service/sync_server.h"
-#include "tests/test_util.h"
+#include "tests/files_util.h"
+#include "tests/transport_util.h"
 
 namespace atl::outer {
 

@@ -1,8 +1,8 @@
 // What the tests of the outer loop around the real trainer share (diloco_test.cc, streaming_test.cc,
 // device_copy_test.cc): the small configs they start from, islands against an in-process service,
 // and the plainly trained reference with the comparison that holds a run to it.
-#ifndef ATOLL_TESTS_DILOCO_UTIL_H_
-#define ATOLL_TESTS_DILOCO_UTIL_H_
+#ifndef ATOLL_TESTS_SRC_ISLAND_DILOCO_UTIL_H_
+#define ATOLL_TESTS_SRC_ISLAND_DILOCO_UTIL_H_
 
 #include <memory>
 #include <string>
@@ -53,4 +53,4 @@ void ExpectPlainTraining(const Config& c, const std::vector<float>& global, inne
 
 }  // namespace atl
 
-#endif  // ATOLL_TESTS_DILOCO_UTIL_H_
+#endif  // ATOLL_TESTS_SRC_ISLAND_DILOCO_UTIL_H_

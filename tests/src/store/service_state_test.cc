@@ -1,5 +1,5 @@
 // The service's durable state across file formats: states written by the format-2 code (the files
-// in tests/data were written by `atoll local` at ce0da6b, with the config.toml beside them) load
+// in tests/src/store/data were written by `atoll local` at ce0da6b, with the config.toml beside them) load
 // into today's service, and the named optimizer state they become round-trips through format 3.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -20,7 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string Fixture(const std::string& name) {
-  return std::string(ATOLL_SOURCE_DIR) + "/tests/data/" + name;
+  return std::string(ATOLL_SOURCE_DIR) + "/tests/src/store/data/" + name;
 }
 
 Config FixtureConfig(const std::string& name) {

@@ -546,7 +546,7 @@ TEST(HfFormatTest, DirectoriesThatDoNotFitAreRefusedByName) {
               HasSubstr("model.layers.0.self_attn.q_norm.weight (in model.safetensors) is not a parameter"));
 }
 
-// An independent reader of an exported Llama directory (tests/hf_llama_reference.py: numpy in
+// An independent reader of an exported Llama directory (tests/src/store/hf_llama_reference.py: numpy in
 // float64, written from Hugging Face's definition of LlamaForCausalLM, no code shared with atoll)
 // continues a prompt greedily as `atoll generate` does from the same directory, token for token:
 // names, layouts, the rotary convention, grouped-query attention and the tied head are Hugging
@@ -583,7 +583,7 @@ TEST(HfFormatTest, AnIndependentReaderGeneratesWhatAtollGenerates) {
       distinct.insert(uint8_t(atoll.output[i]));
     }
     EXPECT_GE(distinct.size(), 4u) << "a continuation that says little: " << want;
-    const auto reference = testing::RunCommand("/usr/bin/python3 " ATOLL_SOURCE_DIR "/tests/hf_llama_reference.py " +
+    const auto reference = testing::RunCommand("/usr/bin/python3 " ATOLL_SOURCE_DIR "/tests/src/store/hf_llama_reference.py " +
                                                out + " 'islands ' 20");
     ASSERT_EQ(reference.exit_code, 0) << reference.output;
     EXPECT_EQ(reference.output, want) << (tied ? "tied" : "untied");

@@ -1,4 +1,4 @@
-#include "tests/diloco_util.h"
+#include "tests/src/island/diloco_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

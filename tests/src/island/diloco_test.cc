@@ -24,7 +24,7 @@
 #include "src/island/island_report.h"
 #include "src/store/checkpoint.h"
 #include "src/island/tensor_device_copy.h"
-#include "tests/diloco_util.h"
+#include "tests/src/island/diloco_util.h"
 #include "tests/test_util.h"
 
 namespace atl {

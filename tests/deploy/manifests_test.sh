@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The manifest checker catches the mistakes it is there for: each edit of datacenter A's rendered
 # manifests below must be reported, naming the problem.
-#   tests/deploy_manifests_test.sh ATOLL_BINARY
+#   tests/deploy/manifests_test.sh ATOLL_BINARY
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
 binary="$1"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
