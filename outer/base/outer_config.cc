@@ -61,6 +61,10 @@ absl::Status ValidateRounds(const OuterConfig& c) {
         "outer.spike_window must be >= 0 and outer.spike_factor > 0, got ", c.spike_window, " and ",
         c.spike_factor));
   }
+  if (c.checkpoint_rounds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.checkpoint_rounds must be >= 0, got ", c.checkpoint_rounds));
+  }
   if (c.join_warmup_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.join_warmup_steps must be >= 0, got ", c.join_warmup_steps));
@@ -156,9 +160,9 @@ absl::Status ValidateSparse(const OuterConfig& c) {
 
 // Async mode's own keys.
 absl::Status ValidateAsync(const OuterConfig& c) {
-  if (c.max_staleness < 0) {
+  if (c.max_staleness < -1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("outer.max_staleness must be >= 0, got ", c.max_staleness));
+        absl::StrCat("outer.max_staleness must be >= 0 (or -1: the mode's default), got ", c.max_staleness));
   }
   if (c.momentum_delay < 0) {
     return absl::InvalidArgumentError(

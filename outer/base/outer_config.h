@@ -8,6 +8,7 @@
 #include "compression/codec.h"
 #include "outer/base/aggregation.h"
 #include "outer/base/fragments.h"
+#include "outer/base/grace.h"
 #include "outer/base/outer_optimizer.h"
 
 namespace atl::outer {
@@ -37,12 +38,18 @@ struct OuterConfig {
   int islands = 2;                   // islands of the run (its disjoint data streams)
   int min_islands = 1;               // contributions that commit a round at its deadline
   double round_timeout_s = 600;      // a round's deadline after its first contribution
+  // Sync: how long a round with its quorum waits for the rest (outer/base/grace.h).
+  GraceSpec grace;
   double rpc_timeout_s = 60;         // deadline of every other RPC
   double heartbeat_s = 1;            // islands renew their lease this often
   double lease_s = 5;                // an island silent this long is dead and dropped
   double reconnect_timeout_s = 60;   // islands retry joining (backoff + jitter) this long
   int durable_every = 1;             // the coordinator writes its state every K rounds
   int join_warmup_steps = 0;         // a late joiner's fresh AdamW ramps its lr up over this many steps
+  // An island checkpoints every this many rounds (every outer.sync_every x this many steps, in
+  // the background: the training thread only copies the state), so that a restart loses at most
+  // the steps since then; 0: only at train.checkpoint_every.
+  int checkpoint_rounds = 1;
   int spike_window = 50;             // loss-spike guard: recent losses compared against (0: off)
   double spike_factor = 8;           // ... robust standard deviations above their median
   compression::CodecSpec codec;      // pseudo-gradients and outer updates on the wire (fp32)
@@ -70,7 +77,9 @@ struct OuterConfig {
   bool eager_updates = false;
   // Async DiLoCo (arXiv 2401.09135).
   OuterMode mode = OuterMode::kSync;
-  int max_staleness = 16;                 // async: versions; staler contributions are refused
+  // Rounds (sync) or versions (async) a contribution may be stale; -1: 1 round in sync mode (a
+  // push after its round committed is folded into the next), 16 versions in async mode.
+  int max_staleness = -1;
   bool staleness_scaling = true;          // async: scale a contribution by 1 / (1 + staleness)
   bool dynamic_local_steps = true;        // async: each island's H follows its throughput (DyLU)
   int momentum_delay = 0;                 // async: delayed Nesterov period N (0: outer.islands)
@@ -138,6 +147,10 @@ void MembershipKeys(OuterConfig& c, V&& v) {
   v("islands", c.islands, "islands of the run (disjoint data streams)");
   v("min_islands", c.min_islands, "contributions that commit a late round");
   v("round_timeout_s", c.round_timeout_s, "round deadline after its first push");
+  v("grace", c.grace,
+    "sync: once a round has outer.min_islands contributions, how long it waits for the others "
+    "(\"adaptive\": from recent arrival times, median + 3 MAD; \"off\": outer.round_timeout_s; "
+    "or seconds); later pushes are folded into the next round (outer.max_staleness)");
   v("rpc_timeout_s", c.rpc_timeout_s, "deadline of every other RPC");
   v("heartbeat_s", c.heartbeat_s, "seconds between an island's heartbeats");
   v("lease_s", c.lease_s, "silence after which an island is dead and dropped");
@@ -149,6 +162,9 @@ void MembershipKeys(OuterConfig& c, V&& v) {
     "loss-spike guard: recent losses to compare with (0: only non-finite losses)");
   v("spike_factor", c.spike_factor,
     "loss-spike guard: robust standard deviations above the median that make a spike");
+  v("checkpoint_rounds", c.checkpoint_rounds,
+    "islands checkpoint every this many rounds (in the background; a restart loses at most the "
+    "steps since), besides train.checkpoint_every (0: only that)");
   v("join_warmup_steps", c.join_warmup_steps,
     "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)");
 }
@@ -196,7 +212,10 @@ void StreamingKeys(OuterConfig& c, V&& v) {
 template <class V>
 void AsyncKeys(OuterConfig& c, V&& v) {
   v("mode", c.mode, "sync (rounds) or async (updates applied as they arrive)");
-  v("max_staleness", c.max_staleness, "async: refuse contributions staler than this");
+  v("max_staleness", c.max_staleness,
+    "sync: a push after its round committed, at most this many rounds late, is folded into the "
+    "open round at weight 1 / (1 + staleness) (0: refused); async: versions; -1: 1 (sync), 16 "
+    "(async)");
   v("staleness_scaling", c.staleness_scaling,
     "async: scale a contribution by 1 / (1 + staleness)");
   v("dynamic_local_steps", c.dynamic_local_steps,

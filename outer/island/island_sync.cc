@@ -188,7 +188,8 @@ absl::Status IslandSync::FetchGlobal() {
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& local,
-                                                   uint64_t tokens, double steps_per_s) {
+                                                   uint64_t tokens, double steps_per_s,
+                                                   uint64_t step) {
   if (device_) {
     return absl::FailedPreconditionError("this fragment's pseudo-gradient is made on the device");
   }
@@ -196,20 +197,34 @@ absl::StatusOr<RoundOutcome> IslandSync::SyncRound(const std::vector<float>& loc
     return absl::InvalidArgumentError(
         absl::StrCat("local parameters have ", local.size(), " elements, expected ", n_));
   }
-  return Round(&local, tokens, steps_per_s);
+  return Round(&local, tokens, steps_per_s, step);
 }
 
-absl::StatusOr<RoundOutcome> IslandSync::SyncRoundOnDevice(uint64_t tokens, double steps_per_s) {
+absl::StatusOr<RoundOutcome> IslandSync::SyncRoundOnDevice(uint64_t tokens, double steps_per_s,
+                                                           uint64_t step) {
   if (!device_ && carried()) {
     return absl::FailedPreconditionError("this fragment has no device copy");
   }
-  return Round(nullptr, tokens, steps_per_s);
+  return Round(nullptr, tokens, steps_per_s, step);
+}
+
+absl::StatusOr<pb::PushResponse> IslandSync::Contribute(const std::vector<float>& local,
+                                                        uint64_t tokens, uint64_t step) {
+  if (options_.async || device_ || !carried()) {
+    return absl::FailedPreconditionError("only a sync fragment held on the host contributes alone");
+  }
+  if (local.size() != n_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local parameters have ", local.size(), " elements, expected ", n_));
+  }
+  RoundOutcome out;
+  return PushContribution(&local, tokens, 0, step, out);
 }
 
 void IslandSync::set_device_copy(DeviceCopy* copy) { device_ = copy && carried() ? copy : nullptr; }
 
 absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, uint64_t tokens,
-                                               double steps_per_s) {
+                                               double steps_per_s, uint64_t step) {
   RoundOutcome out;
   out.round = round_;
   out.elements = n_;
@@ -232,9 +247,10 @@ absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, 
   };
 
   const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<pb::PushResponse> pushed = PushContribution(local, tokens, steps_per_s, out);
+  absl::StatusOr<pb::PushResponse> pushed = PushContribution(local, tokens, steps_per_s, step, out);
   out.push_s = Since(t0);
-  if (!pushed.ok()) {
+  const bool recorded = !options_.async && absl::IsAlreadyExists(pushed.status());
+  if (!pushed.ok() && !recorded) {
     // Stale or unknown round; or (async) a retried push that had been applied after all, whose
     // version this island does not know: the full state puts it right.
     if (absl::IsFailedPrecondition(pushed.status()) ||
@@ -243,13 +259,24 @@ absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, 
     }
     return pushed.status();
   }
+  if (recorded) {
+    // Sync: this island's contribution to the round is there already (a push pushed again after
+    // its answer was lost): the round's update is what comes next, as for any push.
+    pushed = pb::PushResponse();
+  }
 
   const auto t1 = std::chrono::steady_clock::now();
   out.contributors = pushed->contributors();
   if (pushed->tau_set()) out.tau = int(pushed->tau());
-  // Sync: the round's update. Async: every version since the one this contribution started from,
-  // its own included.
-  const uint64_t until = options_.async ? pushed->version() : round_ + 1;
+  if (!options_.async && pushed->late()) {
+    out.late = true;
+    out.staleness = pushed->staleness();
+  }
+  // Sync: the round's update; after a late push, every round committed since (the island goes on
+  // from the open one). Async: every version since the one this contribution started from, its
+  // own included.
+  const uint64_t until =
+      options_.async || out.late ? std::max(pushed->version(), round_ + 1) : round_ + 1;
   if (options_.async) {
     out.staleness = pushed->staleness();
     out.sync_every = pushed->sync_every();

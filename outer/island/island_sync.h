@@ -55,6 +55,9 @@ struct RoundOutcome {
   bool budget_reached = false;
   // Sync with auto-tune: the tau the service chose for the island's next pushes (-1: none).
   int tau = -1;
+  // Sync: the push came after its round committed and was folded into round `version` (its
+  // staleness in `staleness`); the island applied its own round's update as usual.
+  bool late = false;
 };
 
 // Who an island is to the service: its id and the session credential of its current membership,
@@ -129,12 +132,18 @@ class IslandSync {
   // After H inner steps: pushes global - local (weighted by `tokens`, the whole island's), waits
   // for the round to commit, applies the outer update to the global copy. On return global() holds
   // the new global parameters, which the caller loads into its model. `local` holds the owned
-  // ranges, concatenated. `steps_per_s` reports the island's inner throughput (async DyLU).
+  // ranges, concatenated. `steps_per_s` reports the island's inner throughput (async DyLU),
+  // `step` its inner step (the service keeps the newest for the island's restart).
   absl::StatusOr<RoundOutcome> SyncRound(const std::vector<float>& local, uint64_t tokens,
-                                         double steps_per_s = 0);
+                                         double steps_per_s = 0, uint64_t step = 0);
   // The same with a device copy: the pseudo-gradient it captured (DeviceCopy::Capture) is encoded
   // there, and each committed update is applied to it as to the host copy.
-  absl::StatusOr<RoundOutcome> SyncRoundOnDevice(uint64_t tokens, double steps_per_s = 0);
+  absl::StatusOr<RoundOutcome> SyncRoundOnDevice(uint64_t tokens, double steps_per_s = 0,
+                                                 uint64_t step = 0);
+  // Sync, host path: pushes global - local as SyncRound does, without waiting for the round to
+  // commit (an island that leaves: its last steps count). The global copy does not move.
+  absl::StatusOr<pb::PushResponse> Contribute(const std::vector<float>& local, uint64_t tokens,
+                                              uint64_t step);
   // The device copy this fragment's rounds keep equal to global() (outer/island/device_copy.h); set before
   // the first fetch, owned by the model, outliving this IslandSync. nullptr: none.
   void set_device_copy(DeviceCopy* copy);
@@ -175,11 +184,11 @@ class IslandSync {
   // Encodes and pushes global - local on every lane at once (each retried on transient failures);
   // the service's answer, or the first lane's error.
   absl::StatusOr<RoundOutcome> Round(const std::vector<float>* local, uint64_t tokens,
-                                     double steps_per_s);
+                                     double steps_per_s, uint64_t step);
   // `local` null: the device copy makes the pseudo-gradient.
   absl::StatusOr<pb::PushResponse> PushContribution(const std::vector<float>* local,
                                                     uint64_t tokens, double steps_per_s,
-                                                    RoundOutcome& out);
+                                                    uint64_t step, RoundOutcome& out);
   // One element range [begin, end) of the fragment held at owned offset `at`.
   struct Span {
     uint64_t at = 0, begin = 0, end = 0;

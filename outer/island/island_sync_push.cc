@@ -206,7 +206,7 @@ absl::StatusOr<pb::PushResponse> IslandSync::TakeAnswers(std::vector<PushLane>& 
 
 absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<float>* local,
                                                               uint64_t tokens, double steps_per_s,
-                                                              RoundOutcome& out) {
+                                                              uint64_t step, RoundOutcome& out) {
   PushPlan plan;
   plan.id = {run_id_, island_id_, round_, options_.fragment};
   if (options_.stochastic_rounding) {
@@ -238,6 +238,7 @@ absl::StatusOr<pb::PushResponse> IslandSync::PushContribution(const std::vector<
       m->set_tokens(tokens);
       if (next == 0) {
         m->set_inner_steps_per_s(steps_per_s);
+        m->set_step(step);
         m->set_link_bps(link_bps_);
         m->set_session(session);
       }

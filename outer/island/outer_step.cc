@@ -100,6 +100,23 @@ OuterStepHook::~OuterStepHook() {
 int64_t OuterStepHook::max_steps() const { return policy_->max_steps(); }
 
 absl::Status OuterStepHook::FetchGlobal() {
+  ATL_RETURN_IF_ERROR(LoadGlobal());
+  // Sync: a joiner takes part from the rounds it holds (outer/island/round_policy.cc): a new island
+  // at the step they put it, so that its step count, its learning-rate schedule and its last step
+  // line up with the other islands'; a restarted one at its own step (it owes the steps since).
+  // With fragments the step follows every fragment's round, not fragment 0's alone (a fragment's
+  // round starts up to H steps after fragment 0's), and a round may have committed between the
+  // join's answer and the fetch (the round an island joins in does not wait for it).
+  const std::vector<uint64_t> rounds = Rounds();
+  if (!options_.schedule.async &&
+      std::any_of(rounds.begin(), rounds.end(), [](uint64_t r) { return r > 0; })) {
+    policy_->Rejoined(Where(/*ahead=*/false), model_);
+    std::fill(last_push_.begin(), last_push_.end(), model_.step());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OuterStepHook::LoadGlobal() {
   const uint64_t bytes0 = fetched_bytes();
   const auto t0 = std::chrono::steady_clock::now();
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
@@ -130,19 +147,15 @@ absl::Status OuterStepHook::FetchGlobal() {
     ATL_RETURN_IF_ERROR(AgreeOnRound(f));
     model_.Merge(f, syncs_[f]->global(), 0.0);
   }
-  // Sync: a late joiner takes part from the rounds it holds, at the step they put it (as after a
-  // rejoin), so that its step count, its learning-rate schedule and its last step line up with the
-  // other islands'. With fragments the step follows every fragment's round, not fragment 0's
-  // alone (a fragment's round starts up to H steps after fragment 0's), and a round may have
-  // committed between the join's answer and the fetch (the round an island joins in does not wait
-  // for it).
-  const std::vector<uint64_t> rounds = Rounds();
-  if (!options_.schedule.async &&
-      std::any_of(rounds.begin(), rounds.end(), [](uint64_t r) { return r > 0; })) {
-    policy_->Rejoined(rounds, model_);
-    std::fill(last_push_.begin(), last_push_.end(), model_.step());
-  }
   return absl::OkStatus();
+}
+
+RejoinPoint OuterStepHook::Where(bool ahead) const {
+  RejoinPoint at;
+  at.rounds = Rounds();
+  for (const auto& f : session_.joined().fragments()) at.done.push_back(f.done_step());
+  at.ahead = ahead;
+  return at;
 }
 
 std::vector<uint64_t> OuterStepHook::Rounds() const {
@@ -227,8 +240,9 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   ATL_ASSIGN_OR_RETURN(auto rejoin, ranks_.Any(pending_rejoin_.has_value()));
   if (rejoin && !pending_rejoin_) pending_rejoin_ = absl::UnavailableError("another rank rejoins");
   if (pending_rejoin_) {
-    // Back on the global parameters (and, sync, at the run's step): the next push is a round away.
-    ATL_RETURN_IF_ERROR(LandAll());
+    // What is in flight lands as it would have (pushes that did not get through are kept), then
+    // the island rejoins with its progress (outer/island/rejoin.cc).
+    ATL_RETURN_IF_ERROR(LandAll(/*keep_local=*/!options_.schedule.async));
     ATL_RETURN_IF_ERROR(Rejoin(*pending_rejoin_));
     done_ = policy_->IsLast(model_.step());
     return absl::OkStatus();
@@ -242,7 +256,9 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
     return LandDue(t);  // tau = 0: blocking
   }
   // The run ends synced: everything in flight lands, then each fragment is pushed and merged in
-  // turn (alpha 0: the island ends on the global parameters).
+  // turn (alpha 0: the island ends on the global parameters). A push of the last step is the
+  // island's last of its fragment: the service does not wait for it in that fragment's later
+  // rounds (those of an island that trains on after it, owing steps).
   ATL_RETURN_IF_ERROR(LandAll());
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
     Push(f, t, t, steps_per_s);
@@ -270,9 +286,9 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
     const absl::Status captured = copy->Capture(options_.island.sync.error_feedback,
                                                   options_.island.sync.error_feedback_decay);
     job.result = std::async(std::launch::async, [sync = syncs_[f].get(), captured, tokens,
-                                                 steps_per_s]() -> absl::StatusOr<RoundOutcome> {
+                                                 steps_per_s, t]() -> absl::StatusOr<RoundOutcome> {
       if (!captured.ok()) return captured;
-      return sync->SyncRoundOnDevice(tokens, steps_per_s);
+      return sync->SyncRoundOnDevice(tokens, steps_per_s, uint64_t(t));
     });
   } else {
     std::vector<float> local = model_.Snapshot(f);
@@ -281,9 +297,12 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
     job.eager = !eager_.empty() && apply_at > t && !job.averaging && !local.empty() &&
                 local.size() == global.size();
     if (job.eager) model_.Merge(f, eager_[f].StandIn(global, local), 0.0);
-    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = std::move(local),
-                                                 tokens, steps_per_s] {
-      return sync->SyncRound(local, tokens, steps_per_s);
+    job.local = std::make_shared<const std::vector<float>>(std::move(local));
+    job.tokens = tokens;
+    job.steps_per_s = steps_per_s;
+    job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = job.local,
+                                                 tokens, steps_per_s, t] {
+      return sync->SyncRound(*local, tokens, steps_per_s, uint64_t(t));
     });
   }
   bytes_in_flight_ += job.bytes;
@@ -298,9 +317,9 @@ absl::Status OuterStepHook::LandDue(int64_t t) {
   return absl::OkStatus();
 }
 
-absl::Status OuterStepHook::LandAll() {
+absl::Status OuterStepHook::LandAll(bool keep_local) {
   while (!in_flight_.empty()) {
-    ATL_RETURN_IF_ERROR(Land(false));
+    ATL_RETURN_IF_ERROR(Land(keep_local));
   }
   return absl::OkStatus();
 }
@@ -318,10 +337,12 @@ absl::Status OuterStepHook::Land(bool keep_local) {
   const absl::Status& s = outcome.status();
   if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
     // The service no longer counts this island as a member (declared dead while it was silent),
-    // or is gone (restarting from its durable state): the contribution is lost; the island
-    // rejoins, with retries, and loads the global state before its next push.
+    // or is gone (restarting from its durable state, or the link is down): the island rejoins,
+    // with retries, and pushes the contribution again then (sync, host path: on time if its round
+    // is still open, else late), so that its steps still count.
     if (eager) eager_[job.fragment].Forget();
     if (!pending_rejoin_) pending_rejoin_ = s;
+    if (job.local != nullptr && !options_.schedule.async) refused_.push_back(std::move(job));
     return absl::OkStatus();
   }
   if (!outcome.ok()) {
@@ -346,6 +367,7 @@ absl::Status OuterStepHook::Land(bool keep_local) {
   stats_.tau = policy_->Delay();
   stats_.rounds += 1;
   stats_.resyncs += outcome->resynced ? 1 : 0;
+  stats_.late_pushes += outcome->late ? 1 : 0;
   stats_.idle_s += idle_s;
   stats_.bytes_sent += outcome->bytes_sent;
   stats_.bytes_received += outcome->bytes_received;
@@ -412,26 +434,8 @@ absl::Status OuterStepHook::AdoptTau(int tau) {
   return absl::OkStatus();
 }
 
-absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
-  if (on_message) on_message(absl::StrCat("rejoining the run: ", why.message()));
-  ATL_RETURN_IF_ERROR(session_.Rejoin(ranks_));
-  if (session_.joined().data_stream() != session_.data_stream() && on_message) {
-    on_message(absl::StrCat("warning: its data stream ", session_.data_stream(),
-                            " was taken meanwhile (the service assigned ",
-                            session_.joined().data_stream(), "); this island goes on reading stream ",
-                            session_.data_stream()));
-  }
-  ATL_RETURN_IF_ERROR(FetchGlobal());
-  pending_rejoin_.reset();
-  stats_.rejoins += 1;
-  // Every rank continues at the same rounds (FetchGlobal has the ranks agree on them).
-  policy_->Rejoined(Rounds(), model_);
-  std::fill(last_push_.begin(), last_push_.end(), model_.step());
-  if (on_message) on_message(absl::StrCat("rejoined at round ", syncs_[0]->round()));
-  return absl::OkStatus();
-}
-
 absl::Status OuterStepHook::Finish(bool stopped) {
+  if (stopped) return LeaveWithProgress();
   const auto t0 = std::chrono::steady_clock::now();
   ATL_RETURN_IF_ERROR(policy_->Finish(*this, stopped));
   stats_.idle_s += Since(t0);  // waiting for the other islands counts as idle
@@ -443,7 +447,9 @@ absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {
     return absl::DataLossError("the service's heartbeat names the wrong fragments");
   }
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
+    const uint64_t before = syncs_[f]->round();
     ATL_ASSIGN_OR_RETURN(auto caught, syncs_[f]->CatchUp(versions[f]));
+    stats_.caught_up_rounds += syncs_[f]->round() > before ? syncs_[f]->round() - before : 0;
     stats_.bytes_received += caught.bytes_received;
     stats_.resyncs += caught.resynced ? 1 : 0;
     model_.Merge(f, syncs_[f]->global(), 0.0);

@@ -113,6 +113,8 @@ struct LandedRound {
 
 struct OuterStepStats {
   uint64_t rounds = 0, resyncs = 0, rejoins = 0;
+  uint64_t late_pushes = 0;  // sync: contributions folded into a later round (outer.max_staleness)
+  uint64_t caught_up_rounds = 0;  // rounds (versions) applied after the island's last step
   double idle_s = 0;  // the training thread waiting for outer updates
   uint64_t bytes_sent = 0, bytes_received = 0;
   uint64_t elements_synced = 0;  // parameters carried, summed over rounds (bits per parameter)
@@ -125,6 +127,15 @@ struct OuterStepStats {
 };
 
 class OuterStepHook;
+
+// Where a joining or rejoining island stands against the run.
+struct RejoinPoint {
+  std::vector<uint64_t> rounds;  // each fragment's open round, as the island now holds it
+  // The newest inner step of the island's contributions to each fragment the service recorded (a
+  // restarted island's checkpoint may be older; 0: none).
+  std::vector<uint64_t> done;
+  bool ahead = false;  // the island held rounds the service no longer has (it went back)
+};
 
 // When fragments are pushed and when the island is done: sync rounds (the run's schedule, every
 // island in step) or async versions (each island's own H, until the run's token budget is spent).
@@ -145,8 +156,9 @@ class RoundPolicy {
   virtual void Pushed(uint32_t fragment, int64_t t) = 0;
   // A merged round's answer; may move the model's schedule.
   virtual void Landed(const RoundOutcome& outcome, IslandModel& model, OuterStepStats& stats) = 0;
-  // After a rejoin, with the global parameters of each fragment's open round `rounds[f]` loaded.
-  virtual void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) = 0;
+  // After a (re)join, with the global parameters of each fragment's open round loaded: where the
+  // island goes on from (outer/island/round_policy.cc says how).
+  virtual void Rejoined(const RejoinPoint& at, IslandModel& model) = 0;
   // The end of the run, once the island's last contribution has landed.
   virtual absl::Status Finish(OuterStepHook& hook, bool stopped) = 0;
 };
@@ -161,7 +173,9 @@ class OuterStepHook {
                 IslandModel& model, std::vector<FragmentShare> fragments, OuterStepOptions options);
   ~OuterStepHook();
 
-  // Loads the global parameters into the model (join, rejoin), waiting for a restarting service.
+  // Loads the global parameters into the model and puts the island on the run's schedule (a
+  // join: a new island at the run's step, a restarted one at its own), waiting for a restarting
+  // service.
   absl::Status FetchGlobal();
   // After an inner step: lands what is due, rejoins if the service dropped the island, pushes
   // what is due. `steps_per_s`: the island's measured inner throughput (async DyLU).
@@ -173,8 +187,10 @@ class OuterStepHook {
   bool done() const { return done_; }
   // Async islands train until the budget is spent, bounded by the whole budget.
   int64_t max_steps() const;
-  // Ends the run: lands what is in flight; async islands then wait for the others and apply the
-  // versions committed since, so every island ends on the service's final parameters.
+  // Ends the run: lands what is in flight; then every island waits for the others and applies the
+  // rounds (versions) committed since, so that it ends on the service's final parameters. A
+  // stopped island (SIGTERM) instead pushes what it trained since its last push of each fragment
+  // (sync), so that its last steps count, and does not wait.
   absl::Status Finish(bool stopped);
   // Drops the local progress since the last sync (the loss-spike guard): what is in flight lands
   // first (waiting for it), then every fragment goes back to its global parameters.
@@ -221,16 +237,42 @@ class OuterStepHook {
     uint64_t bytes = 0;  // encoded payload, counted while in flight
     bool averaging = false;  // a warm-start round: merged with alpha 0
     bool eager = false;      // the island trains on eager_[fragment]'s stand-in until it lands
+    // What was pushed (host path), kept to push it again if the island was dropped or lost the
+    // service meanwhile (outer/island/rejoin.cc).
+    std::shared_ptr<const std::vector<float>> local;
+    uint64_t tokens = 0;
+    double steps_per_s = 0;
     std::future<absl::StatusOr<RoundOutcome>> result;
   };
+  // Pushes that did not reach the service (dropped island, lost connection), kept for the rejoin.
+  std::vector<InFlight> refused_;
   void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);
   // Waits for the oldest round in flight and merges it: keep_local, with the island's progress
   // since the push (the alpha merge, or eager updates); else the island takes the global
   // parameters (a rejoin, the run's end, a reload).
   absl::Status Land(bool keep_local);
-  absl::Status LandAll();               // everything in flight, onto the global parameters
+  // Everything in flight: onto the global parameters, or (keep_local) merged as when it is due.
+  absl::Status LandAll(bool keep_local = false);
   absl::Status LandDue(int64_t t);      // what is due after step t, keeping local progress
+  // The global parameters into the model, every rank at the same rounds.
+  absl::Status LoadGlobal();
+  RejoinPoint Where(bool ahead) const;
+
+  // ---- rejoins and leaving (outer/island/rejoin.cc)
+  // After the service dropped the island (or restarted): joins again and goes on without losing
+  // what it trained (KeepProgress), or, where it cannot, from the global state.
   absl::Status Rejoin(const absl::Status& why);
+  // Whether every rank can keep its progress through this rejoin: sync, host copies, no eager
+  // stand-ins, no fragment ahead of the service's rounds `service`, the same refused pushes.
+  absl::StatusOr<bool> CanKeepProgress(const std::vector<uint64_t>& service);
+  // Each fragment: a refused push is pushed again (on time into its still open round, or late),
+  // the global copy catches up with the service's round, and the island's progress since its
+  // last push is carried onto it: its next push brings those steps, with their tokens.
+  absl::Status KeepProgress(const std::vector<uint64_t>& service);
+  // The fallback: refused pushes pushed again (late), then the global state is loaded.
+  void PushRefusedAgain();
+  // SIGTERM: what each fragment trained since its last push, pushed without waiting.
+  absl::Status LeaveWithProgress();
   // After each rank's fetch: every rank of the island at the same round of fragment f.
   absl::Status AgreeOnRound(uint32_t f);
   // Every rank adopts the answer of the first rank that carries fragment f.

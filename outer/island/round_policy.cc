@@ -1,7 +1,9 @@
 // The island's two round policies (outer/island/outer_step.h, RoundPolicy): sync rounds on the
 // run's schedule, async versions on the island's own H.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
@@ -10,36 +12,96 @@
 namespace atl::outer {
 namespace {
 
+// Says this island has finished, waits until every other one has too (or the round timeout),
+// then applies the rounds (versions) committed since, checking every hash: every island ends on
+// the run's last global parameters, also when another trained on after it (one that came back
+// from a failure trains every step it owes, its rounds after the others'). Rank 0 speaks for the
+// island; every rank then catches up with the rounds it heard.
+absl::Status FinishWithTheRun(OuterStepHook& hook, bool stopped, double timeout_s) {
+  if (stopped) return absl::OkStatus();
+  std::string versions;
+  if (hook.ranks().rank() == 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    absl::StatusOr<pb::HeartbeatResponse> state;
+    while (true) {
+      state = hook.session().Heartbeat(/*finished=*/true);
+      if (!state.ok()) break;
+      if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    versions = state.ok() ? state->SerializeAsString()
+                          : std::string("!") + std::string(state.status().message());
+  }
+  ATL_ASSIGN_OR_RETURN(auto shared, hook.ranks().FromFirst(versions));
+  if (!shared.empty() && shared[0] == '!') return absl::UnavailableError(shared.substr(1));
+  pb::HeartbeatResponse state;
+  if (!state.ParseFromString(shared)) return absl::DataLossError("rank 0's answer is garbled");
+  return hook.CatchUp({state.versions().begin(), state.versions().end()});
+}
+
 // Rounds: every island pushes fragment p after steps t = t_p (mod H) of the run's schedule and the
 // round commits when all have; the run ends after the run's steps.
+//
+// An island that was away (down, paused, cut off) owes the steps it missed: it trains every one of
+// them (the run takes longer, nothing is skipped), `lag_` steps behind the others. Its pushes
+// follow the run's schedule at its position, its own step + lag_, so that each of its rounds has
+// the steps the others' have (a restarted island in the warm start does not push one-step rounds
+// into the run's H-step ones) and arrives when theirs do; its last push comes after its own last
+// step.
 class SyncRounds : public RoundPolicy {
  public:
   SyncRounds(const OuterStepOptions& o, uint32_t fragments)
       : options_(o), schedule_(int(o.schedule.sync_every), int(fragments), o.schedule.phases) {}
   int64_t max_steps() const override { return options_.schedule.total_steps; }
   bool IsLast(int64_t t) const override { return t == options_.schedule.total_steps; }
-  std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t); }
+  std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t + lag_); }
   int64_t Delay() const override { return tau_; }
   void SetDelay(int64_t tau) override { tau_ = tau; }
   int64_t DelayAfter(uint32_t f, int64_t t) const override {
-    return std::min(tau_, schedule_.NextDue(int(f), t) - t - 1);
+    return std::min(tau_, schedule_.NextDue(int(f), t + lag_) - (t + lag_) - 1);
   }
   bool WarmStartAfter(int64_t t) const override {
-    return t <= schedule_.phases().warm_start_steps;
+    return t + lag_ <= schedule_.phases().warm_start_steps;
   }
   uint32_t sync_every() const override { return options_.schedule.sync_every; }
   void Pushed(uint32_t, int64_t) override {}
   void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
-  void Rejoined(const std::vector<uint64_t>& rounds, IslandModel& model) override {
-    // Back in step with the run (the service may have lost rounds this island had done).
-    model.JumpToStep(schedule_.ResumeStep(rounds));
+  // Back on the run's rounds, at the start of the open ones (`run`):
+  // - a new island (no step of its own, no contribution) joins at the run's step: it owes nothing;
+  // - one behind (it was away, or restarted from a checkpoint) keeps its step and owes the rest:
+  //   its position moves up to `run`. A restarted island whose checkpoint is older than its last
+  //   contribution of fragment 0 the service recorded goes on from that step: none is counted twice;
+  // - one whose rounds the service no longer has (it went back to an older state) goes back by as
+  //   many steps and trains them again.
+  void Rejoined(const RejoinPoint& at, IslandModel& model) override {
+    const int64_t run = schedule_.ResumeStep(at.rounds);
+    int64_t own = model.step();
+    const int64_t done =
+        at.done.empty() ? 0 : int64_t(std::min<uint64_t>(at.done[0], uint64_t(max_steps())));
+    if (own == 0 && lag_ == 0 && done == 0) {
+      model.JumpToStep(run);
+      return;
+    }
+    if (done > own) {
+      own = done;
+      model.JumpToStep(own);
+    }
+    const int64_t back = own + lag_ - run;
+    if (at.ahead && back > 0) {
+      own = std::max<int64_t>(0, own - back);
+      model.JumpToStep(own);
+    }
+    lag_ = std::max<int64_t>(at.ahead ? 0 : lag_, run - own);
   }
-  absl::Status Finish(OuterStepHook&, bool) override { return absl::OkStatus(); }
+  absl::Status Finish(OuterStepHook& hook, bool stopped) override {
+    return FinishWithTheRun(hook, stopped, options_.island.round_timeout_s);
+  }
 
  private:
   const OuterStepOptions options_;
   const SyncSchedule schedule_;
   int64_t tau_ = options_.island.tau;
+  int64_t lag_ = 0;  // steps behind the run's schedule (an island that was away)
 };
 
 // Versions: each contribution is applied as it arrives; the island's H follows its throughput
@@ -80,31 +142,9 @@ class AsyncVersions : public RoundPolicy {
     }
     stats.staleness.push_back(o.staleness);
   }
-  void Rejoined(const std::vector<uint64_t>&, IslandModel&) override {}
-  // Says this island has finished, waits until every other one has too (or the round timeout),
-  // then applies the versions committed since, checking every hash.
+  void Rejoined(const RejoinPoint&, IslandModel&) override {}
   absl::Status Finish(OuterStepHook& hook, bool stopped) override {
-    if (stopped) return absl::OkStatus();
-    // Rank 0 speaks for the island; every rank then catches up with the versions it heard.
-    std::string versions;
-    if (hook.ranks().rank() == 0) {
-      const auto until = std::chrono::steady_clock::now() +
-                         std::chrono::duration<double>(options_.island.round_timeout_s);
-      absl::StatusOr<pb::HeartbeatResponse> state;
-      while (true) {
-        state = hook.session().Heartbeat(/*finished=*/true);
-        if (!state.ok()) break;
-        if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      versions = state.ok() ? state->SerializeAsString()
-                            : std::string("!") + std::string(state.status().message());
-    }
-    ATL_ASSIGN_OR_RETURN(auto shared, hook.ranks().FromFirst(versions));
-    if (!shared.empty() && (shared)[0] == '!') return absl::UnavailableError(shared.substr(1));
-    pb::HeartbeatResponse state;
-    if (!state.ParseFromString(shared)) return absl::DataLossError("rank 0's answer is garbled");
-    return hook.CatchUp({state.versions().begin(), state.versions().end()});
+    return FinishWithTheRun(hook, stopped, options_.island.round_timeout_s);
   }
 
  private:

@@ -48,6 +48,7 @@ absl::StatusOr<pb::JoinResponse> MembershipDesk::Join(const pb::JoinRequest& req
   joined.data_parallel = data_parallel;
   joined.resume_floor = core_.ResumeFloorLocked();
   *core_.membership.FindMutable(joined.name) = joined;
+  rounds_.RealignLocked(joined.name);  // its first rounds wait for it, window or not
   const Member& m = joined;
   core_.complement_reached |= core_.membership.size() >= core_.options.num_data_streams;
   core_.membership_cv.notify_all();
@@ -78,6 +79,7 @@ pb::JoinResponse MembershipDesk::JoinedLocked(const pb::JoinRequest& request,
     if (ShardOwns(core_.options, f)) {
       frag->set_params_hash(core_.fragments[f].params_hash);
       frag->set_round(core_.fragments[f].round);
+      frag->set_done_step(rounds_.DoneStepLocked(request.name(), f));
     }
   }
   for (const auto& address : core_.shard_addresses) r.add_shards(address);
@@ -117,6 +119,10 @@ absl::StatusOr<pb::HeartbeatResponse> MembershipDesk::Heartbeat(
   if (request.finished()) member->finished = true;
   member->inner_step = request.inner_step();
   member->telemetry = request.telemetry();
+  if (request.telemetry().process() != 0) {
+    core_.ledger.Trained(request.island_id(), request.telemetry().process(),
+                         request.telemetry().tokens_trained());
+  }
   member->peak_tokens_per_s =
       std::max(member->peak_tokens_per_s, request.telemetry().tokens_per_s());
   pb::HeartbeatResponse r;
@@ -133,6 +139,11 @@ ServiceStatus MembershipDesk::GetStatus() const {
   std::lock_guard<std::mutex> lock(core_.mu);
   ServiceStatus status;
   const absl::Time now = absl::Now();
+  const std::map<std::string, TokenAccount> tokens = core_.ledger.Totals();
+  auto account = [&](const std::string& id) {
+    auto it = tokens.find(id);
+    return it == tokens.end() ? TokenAccount() : it->second;
+  };
   for (const auto& [id, m] : core_.membership.members()) {
     IslandStatus& i = status.islands.emplace_back();
     i.island_id = id;
@@ -145,12 +156,14 @@ ServiceStatus MembershipDesk::GetStatus() const {
     i.inner_step = m.inner_step;
     i.telemetry = m.telemetry;
     i.flagged_claims = m.flagged_claims;
+    i.tokens = account(id);
   }
   for (const auto& [id, state] : core_.membership.departed_states()) {
     if (core_.membership.Find(id) != nullptr) continue;  // it joined again
     IslandStatus& i = status.islands.emplace_back();
     i.island_id = id;
     i.state = StateName(state);
+    i.tokens = account(id);
   }
   for (const auto& f : core_.fragments) status.rounds.push_back(f.round);
   for (const auto& f : core_.fragments) status.committed_rounds += f.round;

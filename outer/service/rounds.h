@@ -49,13 +49,14 @@ class PushStream {
  private:
   friend class Rounds;
   PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset, std::string session,
-             uint64_t tokens, IslandFigures figures);
+             uint64_t tokens, uint64_t step, IslandFigures figures);
 
   Rounds* rounds_;
   ChunkStream chunks_;
   uint64_t first_offset_;  // with the island and fragment, the key of the open push
   std::string session_;
   uint64_t tokens_;
+  uint64_t step_;  // the island's inner step at the push
   IslandFigures figures_;
 };
 
@@ -84,19 +85,33 @@ class Rounds {
     uint32_t fragment = 0;
     uint64_t round = 0;
     std::map<std::string, Contribution> contributions;
+    std::map<std::string, Contribution> late;  // made for earlier rounds, folded into this one
     double params_norm = 0;
     std::set<std::pair<uint64_t, uint64_t>> known_ranges;
     absl::Time opened;  // the round's first contribution
+    double grace_s = -1;  // the grace window the round got (-1: none)
   };
   // Under mu: marks every ready round as committing and hands its contributions over; the caller
   // runs the jobs with RunCommits once it has released mu (membership changes make rounds ready
   // too: an island that left is no longer waited for).
   std::vector<CommitJob> TakeReadyLocked(absl::Time now);
+  // Under mu: whether every member the open round of `f` waits for has contributed.
+  bool AllArrivedLocked(const ServiceFragment& f) const;
+  // Under mu: a round that just reached its quorum gets its grace window (outer.grace).
+  void OpenGraceLocked(ServiceFragment& f, absl::Time now);
+  // Under mu: an island that (re)joined, or that a round of a fragment was committed without, is
+  // waited for in its next round of the fragment, window or not: once, so that it is back in step
+  // with the others (else an island a pause put out of phase stays late in every round after).
+  void RealignLocked(const std::string& island);
+  bool RealigningMissingLocked(const ServiceFragment& f) const;
   void RunCommits(std::vector<CommitJob> jobs);
   // Under mu: what the rounds kept for an island that left or died.
   void ForgetLocked(const std::string& island);
   // An island's data arrived or was read: its lease is renewed as by a heartbeat.
   void Renew(const std::string& island);
+  // Under mu: the newest inner step of the island's recorded contributions to `fragment` (0: none),
+  // kept across its leaving and coming back (a restarted island goes on from there).
+  uint64_t DoneStepLocked(const std::string& island, uint32_t fragment) const;
 
   void SetCommitHookForTesting(std::function<void(uint32_t fragment)> hook) {
     commit_hook_ = std::move(hook);
@@ -106,10 +121,17 @@ class Rounds {
   friend class PushStream;
   // What a committed round records besides its update.
   struct RoundRecord {
+    double grace_s = -1;
     std::vector<std::string> contributors;
     uint64_t tokens = 0;
     uint64_t staleness = 0;
+    std::vector<std::string> stale_contributors;
+    uint64_t stale_tokens = 0;
     std::vector<std::string> dropped;
+    // For the token ledger: each contribution's island, tokens and whether it was late, and the
+    // tokens of those left out (dropped).
+    std::vector<std::tuple<std::string, uint64_t, bool>> accounted;
+    std::vector<std::pair<std::string, uint64_t>> dropped_tokens;
     AggregationReport aggregation;
     std::map<std::string, double> relative_norms;
   };
@@ -130,18 +152,44 @@ class Rounds {
   struct Relayable {
     std::vector<UpdateTerm> terms;
     std::vector<std::shared_ptr<const EncodedPayload>> payloads;
+    bool allowed = true;  // false: the round folds late contributions (one island, two terms)
   };
+  // A contribution as a commit aggregates it: on time or late, its weight (a late one's tokens at
+  // 1 / (1 + staleness)) and its whole tokens.
+  struct CommitEntry {
+    ContributionRef ref;
+    std::shared_ptr<const EncodedPayload> payload;
+    bool late = false;
+    uint64_t tokens = 0;
+  };
+  std::vector<CommitEntry> CommitEntries(CommitJob& job) const;
+  // The aggregate of `entries` stepped (under the data lock), leaving out, one by one, those whose
+  // combination would make the parameters non-finite (largest norm first).
+  using Dropped = std::vector<std::pair<std::string, uint64_t>>;  // (island, tokens)
+  std::optional<CommitResult> AggregateAndStep(ServiceFragment& f, const CommitJob& job,
+                                               std::vector<CommitEntry> entries, Dropped& dropped,
+                                               std::vector<std::string>& events);
 
   // ---- pushes (outer/service/rounds_push.cc)
+  absl::StatusOr<std::unique_ptr<PushStream>> OpenPushChecked(const pb::PushRequest& first);
+  absl::StatusOr<pb::PushResponse> FinishPushChecked(std::unique_ptr<PushStream> stream);
+  void NoteRefused(const PayloadId& id, uint64_t first_offset, uint64_t tokens,
+                   const absl::Status& why);
   // The cheap checks of a push, at its start and again before it is recorded.
   absl::Status CheckPushLocked(const PayloadId& id) const;
+  // Sync: the round a contribution arriving now joins (the open one; the next while one commits),
+  // and the checks of one that comes after its own round: at most outer.max_staleness rounds, one
+  // waiting per island and fragment.
+  uint64_t OpenRoundLocked(const ServiceFragment& f) const;
+  absl::Status CheckLateLocked(const ServiceFragment& frag, const PayloadId& id) const;
+  pb::PushResponse RecordLateLocked(const PayloadId& id, Contribution c);
   absl::Status CheckAsyncLocked(const ServiceFragment& f, uint32_t fragment,
                                 const std::string& island, uint64_t base) const;
   // Refuses a contribution claiming more tokens than its round allows the island (see
   // SyncServerOptions::tokens_per_step).
   absl::Status CheckClaimLocked(const PayloadId& id, uint64_t tokens) const;
   // Notes an accepted contribution of `tokens` (the bound on later claims, the flag below).
-  void NoteContributedLocked(const PayloadId& id, uint64_t tokens);
+  void NoteContributedLocked(const PayloadId& id, uint64_t tokens, uint64_t step);
   // Flags (counts, and logs at a bounded rate) a member whose claims since it joined exceed
   // kClaimFlagFactor times what its reported throughput could have trained in that time: a claim
   // the round's bound lets through when the island's declared data-parallel ranks are false.
@@ -202,6 +250,11 @@ class Rounds {
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)
   std::function<void(uint32_t)> commit_hook_;
+  // Under mu: DoneStepLocked's, by island name (at most kMaxDoneIslands names are kept).
+  static constexpr size_t kMaxDoneIslands = 4096;
+  std::map<std::string, std::vector<uint64_t>> done_steps_;
+  // Under mu: RealignLocked's, by island name and fragment (bounded as done_steps_).
+  std::map<std::string, std::vector<char>> realign_;
 };
 
 }  // namespace atl::outer

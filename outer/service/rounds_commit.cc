@@ -18,18 +18,65 @@ namespace atl::outer {
 
 using internal::kCommittedKept;
 
-bool Rounds::ReadyLocked(const ServiceFragment& f, absl::Time now) const {
-  if (f.contributions.empty() || f.committing) return false;
+bool Rounds::AllArrivedLocked(const ServiceFragment& f) const {
   // Before its deadline a round needs every member; the first round also waits for the run's full
   // complement of islands, so an island that is merely slower to start takes part from the start.
   const uint32_t fragment = uint32_t(&f - core_.fragments.data());
   const uint64_t first = fragment < core_.first_rounds.size() ? core_.first_rounds[fragment] : 0;
   bool all = f.round > first || core_.complement_reached;
+  // A member that has finished (it waits for the others to end the run), or that pushed the
+  // fragment after the run's last step, pushes no more rounds of it: an island that trains on
+  // after it (it owes the steps it was away for) commits those alone.
+  const uint64_t last = core_.options.async ? UINT64_MAX : core_.options.total_inner_steps;
   for (const auto& [id, m] : core_.membership.members()) {
-    if (Membership::Required(m, fragment, f.round)) all &= f.contributions.count(id) > 0;
+    if (!m.finished && Membership::Required(m, fragment, f.round) &&
+        (last == 0 || DoneStepLocked(id, fragment) < last)) {
+      all &= f.contributions.count(id) > 0;
+    }
   }
-  if (all) return true;
-  return now >= f.deadline && int(f.contributions.size()) >= core_.options.min_islands;
+  return all;
+}
+
+bool Rounds::ReadyLocked(const ServiceFragment& f, absl::Time now) const {
+  if (f.committing) return false;
+  // Late contributions alone commit a round only when no member is to push to it (the run's last
+  // rounds): they are not left behind.
+  if (f.contributions.empty()) return !f.late.empty() && AllArrivedLocked(f);
+  if (AllArrivedLocked(f)) return true;
+  if (int(f.contributions.size()) < core_.options.min_islands) return false;
+  if (now >= f.deadline) return true;
+  return now >= f.grace_deadline && !RealigningMissingLocked(f);
+}
+
+bool Rounds::RealigningMissingLocked(const ServiceFragment& f) const {
+  const uint32_t fragment = uint32_t(&f - core_.fragments.data());
+  for (const auto& [id, m] : core_.membership.members()) {
+    if (f.contributions.count(id) || m.finished ||
+        !Membership::Required(m, fragment, f.round)) {
+      continue;
+    }
+    auto it = realign_.find(id);
+    if (it != realign_.end() && fragment < it->second.size() && it->second[fragment]) return true;
+  }
+  return false;
+}
+
+void Rounds::RealignLocked(const std::string& island) {
+  if (!realign_.count(island) && realign_.size() >= kMaxDoneIslands) return;
+  realign_[island].assign(core_.fragments.size(), 1);
+}
+
+void Rounds::OpenGraceLocked(ServiceFragment& f, absl::Time now) {
+  f.quorum_at = now;
+  if (core_.options.async) return;
+  const double period = f.previous_quorum_at == absl::InfinitePast()
+                            ? 0
+                            : absl::ToDoubleSeconds(now - f.previous_quorum_at);
+  const std::optional<double> window =
+      f.arrivals.Window(core_.options.grace, period, core_.options.grace_floor_s);
+  if (!window) return;
+  f.grace_s = std::min(*window, core_.options.round_timeout_s);
+  f.grace_deadline = now + absl::Seconds(f.grace_s);
 }
 
 std::vector<Rounds::CommitJob> Rounds::TakeReadyLocked(absl::Time now) {
@@ -37,14 +84,37 @@ std::vector<Rounds::CommitJob> Rounds::TakeReadyLocked(absl::Time now) {
   for (uint32_t i = 0; i < core_.fragments.size(); ++i) {
     ServiceFragment& f = core_.fragments[i];
     if (!ReadyLocked(f, now)) continue;
+    // A round every member reached teaches the grace window how long the last ones take (not the
+    // first round: it waits for the run's islands to start).
+    const uint64_t first = i < core_.first_rounds.size() ? core_.first_rounds[i] : 0;
+    if (f.round > first && AllArrivedLocked(f) && f.quorum_at != absl::InfinitePast() &&
+        f.previous_quorum_at != absl::InfinitePast()) {
+      f.arrivals.Add(absl::ToDoubleSeconds(f.last_arrival - f.quorum_at),
+                     absl::ToDoubleSeconds(f.quorum_at - f.previous_quorum_at));
+    }
+    f.previous_quorum_at = f.quorum_at;
+    f.quorum_at = absl::InfinitePast();
+    f.grace_deadline = absl::InfiniteFuture();
+    // The members it is committed without are waited for in their next round of the fragment.
+    for (const auto& [id, m] : core_.membership.members()) {
+      if (f.contributions.count(id) || m.finished || !Membership::Required(m, i, f.round)) continue;
+      if (!realign_.count(id) && realign_.size() >= kMaxDoneIslands) continue;
+      auto& flags = realign_[id];
+      flags.resize(core_.fragments.size(), 0);
+      flags[i] = 1;
+    }
     CommitJob job;
+    job.grace_s = f.grace_s;
+    f.grace_s = -1;
     job.fragment = i;
     job.round = f.round;
     job.contributions = std::move(f.contributions);
+    job.late = std::move(f.late);
     job.params_norm = f.params_norm;
     job.known_ranges = f.known_ranges;
     job.opened = f.opened;
     f.contributions.clear();
+    f.late.clear();
     f.partials.clear();  // parts of islands that did not complete theirs in time
     f.deadline = absl::InfiniteFuture();
     f.committing = true;
@@ -60,73 +130,110 @@ void Rounds::RunCommits(std::vector<CommitJob> jobs) {
   for (auto& job : jobs) RunCommit(std::move(job));
 }
 
-void Rounds::RunCommit(CommitJob job) {
-  ServiceFragment& f = core_.fragments[job.fragment];
-  std::lock_guard<std::mutex> data(*f.data_mu);
-  const absl::Time started = absl::Now();
-  if (commit_hook_) commit_hook_(job.fragment);
-  const size_t n = f.data.size();
-  // In island-id order (std::map): the result does not depend on arrival order. The payloads are
-  // shared: a relayed update keeps them.
-  std::vector<ContributionRef> refs;
-  std::map<std::string, std::shared_ptr<const EncodedPayload>> payloads;
-  for (auto& [id, c] : job.contributions) {
-    auto payload = std::make_shared<const EncodedPayload>(std::move(c.payload));
-    refs.push_back({id, c.tokens, c.norm, payload.get()});
-    payloads.emplace(id, std::move(payload));
+// In island-id order (std::map), the on-time contributions, then the late ones: the result does
+// not depend on arrival order. A late contribution weighs its tokens / (1 + staleness), the rule
+// async mode's staleness scaling follows (outer.staleness_scaling; FedAsync's polynomial staleness
+// weight with a = 1, Xie et al. 2019), so a round's own work counts most. The payloads are
+// shared: a relayed update keeps them.
+std::vector<Rounds::CommitEntry> Rounds::CommitEntries(CommitJob& job) const {
+  std::vector<CommitEntry> entries;
+  for (auto* from : {&job.contributions, &job.late}) {
+    for (auto& [id, c] : *from) {
+      CommitEntry e;
+      e.late = from == &job.late;
+      e.tokens = c.tokens;
+      const uint64_t stale = e.late ? job.round - std::min(job.round, c.base_round) : 0;
+      e.payload = std::make_shared<const EncodedPayload>(std::move(c.payload));
+      e.ref = {id, std::max<uint64_t>(1, c.tokens / (1 + stale)), c.norm, e.payload.get()};
+      entries.push_back(std::move(e));
+    }
   }
-  std::vector<std::string> dropped, events;
+  job.contributions.clear();
+  job.late.clear();
+  return entries;
+}
+
+std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
+                                                             const CommitJob& job,
+                                                             std::vector<CommitEntry> entries,
+                                                             Dropped& dropped,
+                                                             std::vector<std::string>& events) {
+  const size_t n = f.data.size();
   // The one accumulator, kept between commits: a fresh one would fault in 4 bytes per parameter
   // again every round (measured: a seventh of a 190M-parameter commit's time).
   if (!f.accumulator) f.accumulator.reset(new float[n]);
   float* const g = f.accumulator.get();
-  std::optional<CommitResult> result;
-  while (!refs.empty()) {
+  while (!entries.empty()) {
+    std::vector<ContributionRef> refs;
+    bool any_late = false;
+    for (const auto& e : entries) {
+      refs.push_back(e.ref);
+      any_late = any_late || e.late;
+    }
     AggregationReport report;
     absl::Status s = Aggregate(core_.options.aggregation, refs, n, g, &report, core_.pool.get());
     if (s.ok()) {
       Relayable relayable;
+      relayable.allowed = !any_late;
       for (size_t i = 0; i < refs.size(); ++i) {
         const double scale = i < report.scales.size() ? report.scales[i] : 1.0;
         relayable.terms.push_back({refs[i].island, refs[i].tokens, scale});
-        relayable.payloads.push_back(payloads.at(refs[i].island));
+        relayable.payloads.push_back(entries[i].payload);
       }
       auto stepped =
           StepLocked(f, job.fragment, job.round, g, job.known_ranges, std::move(relayable));
       if (stepped.ok()) {
-        result = *std::move(stepped);
-        RoundRecord& record = result->record;
-        for (const auto& r : refs) {
-          record.contributors.push_back(r.island);
-          record.tokens += r.tokens;
-          record.relative_norms[r.island] = job.params_norm > 0 ? r.norm / job.params_norm : 0.0;
+        RoundRecord& record = stepped->record;
+        for (const auto& e : entries) {
+          (e.late ? record.stale_contributors : record.contributors).push_back(e.ref.island);
+          record.accounted.emplace_back(e.ref.island, e.tokens, e.late);
+          record.tokens += e.tokens;
+          if (e.late) record.stale_tokens += e.tokens;
+          if (!e.late) {
+            record.relative_norms[e.ref.island] =
+                job.params_norm > 0 ? e.ref.norm / job.params_norm : 0.0;
+          }
         }
         record.aggregation = std::move(report);
-        break;
+        return *std::move(stepped);
       }
       s = stepped.status();
     }
     // The combination would leave the parameters non-finite (or could not be read): the round
     // commits without the contribution of largest norm, the likeliest culprit, and tries again.
-    auto worst = std::max_element(refs.begin(), refs.end(),
-                                  [](const auto& x, const auto& y) { return x.norm < y.norm; });
+    auto worst = std::max_element(entries.begin(), entries.end(), [](const auto& x, const auto& y) {
+      return x.ref.norm < y.ref.norm;
+    });
     events.push_back(absl::StrCat("round ", job.round, " of fragment ", job.fragment, ": ",
-                                  s.message(), "; committing without island '", worst->island,
-                                  "'"));
-    dropped.push_back(worst->island);
-    refs.erase(worst);
+                                  s.message(), "; committing without island '", worst->ref.island,
+                                  "'", worst->late ? " (late)" : ""));
+    dropped.emplace_back(worst->ref.island, worst->tokens);
+    entries.erase(worst);
   }
-  job.contributions.clear();
+  return std::nullopt;
+}
+
+void Rounds::RunCommit(CommitJob job) {
+  ServiceFragment& f = core_.fragments[job.fragment];
+  std::lock_guard<std::mutex> data(*f.data_mu);
+  const absl::Time started = absl::Now();
+  if (commit_hook_) commit_hook_(job.fragment);
+  Dropped dropped;
+  std::vector<std::string> events;
+  std::optional<CommitResult> result =
+      AggregateAndStep(f, job, CommitEntries(job), dropped, events);
   if (!result) {
     // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged).
     result.emplace();
     result->update = ZeroUpdate({core_.options.run_id, "", job.round, job.fragment},
-                                core_.options.codec, n, core_.options.chunk_bytes);
+                                core_.options.codec, f.data.size(), core_.options.chunk_bytes);
     MeasureLocked(f, job.known_ranges, *result);
   }
-  result->record.dropped = std::move(dropped);
+  for (const auto& [island, tokens] : dropped) result->record.dropped.push_back(island);
+  result->record.dropped_tokens = std::move(dropped);
   result->events = std::move(events);
   result->opened = job.opened;
+  result->record.grace_s = job.grace_s;
   result->started = started;
   std::lock_guard<std::mutex> lock(core_.mu);
   PublishLocked(job.fragment, *std::move(result), absl::Now());
@@ -158,7 +265,7 @@ absl::StatusOr<Rounds::CommitResult> Rounds::StepLocked(
   // Mean rules only: a per-coordinate rule's result is no fold of whole contributions.
   const bool mean = core_.options.aggregation.rule == AggregationRule::kMean ||
                     core_.options.aggregation.rule == AggregationRule::kClippedMean;
-  if (!core_.options.async && mean && f.data.optimizer().linear() &&
+  if (!core_.options.async && mean && relayable.allowed && f.data.optimizer().linear() &&
       RelayIsSmaller(core_.options.codec, uint32_t(relayable.terms.size()), f.data.size())) {
     ATL_RETURN_IF_ERROR(f.data.StepLinear(g, core_.pool.get()));
     result.recipe = {std::move(relayable.terms), float(f.data.optimizer().lr())};
@@ -204,7 +311,19 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
   committed->contributors = std::move(result.record.contributors);
   committed->tokens = result.record.tokens;
   committed->staleness = result.record.staleness;
+  committed->grace_s = result.record.grace_s;
+  committed->stale_contributors = std::move(result.record.stale_contributors);
+  committed->stale_tokens = result.record.stale_tokens;
   committed->dropped = std::move(result.record.dropped);
+  if (fragment == 0) {
+    for (const auto& [island, tokens, stale] : result.record.accounted) {
+      core_.ledger.Committed(island, tokens, stale);
+    }
+    for (const auto& [island, tokens] : result.record.dropped_tokens) {
+      core_.ledger.Dropped(island, "dropped (non-finite combination)", tokens);
+    }
+    committed->ledger = core_.ledger.TakeSlice();
+  }
   committed->aggregation = std::move(result.record.aggregation);
   committed->relative_norms = std::move(result.record.relative_norms);
   committed->range_hashes = std::move(result.range_hashes);

@@ -14,12 +14,14 @@
 namespace atl::outer {
 
 PushStream::PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset,
-                       std::string session, uint64_t tokens, IslandFigures figures)
+                       std::string session, uint64_t tokens, uint64_t step,
+                       IslandFigures figures)
     : rounds_(rounds),
       chunks_(std::move(chunks)),
       first_offset_(first_offset),
       session_(std::move(session)),
       tokens_(tokens),
+      step_(step),
       figures_(figures) {}
 
 PushStream::~PushStream() { rounds_->ClosePush(chunks_.id(), first_offset_); }
@@ -63,17 +65,12 @@ absl::Status Rounds::CheckPushLocked(const PayloadId& id) const {
   const ServiceFragment& frag = core_.fragments[id.fragment];
   if (core_.options.async) return CheckAsyncLocked(frag, id.fragment, id.island_id, id.round);
   ATL_RETURN_IF_ERROR(core_.membership.CheckMember(id.island_id));
-  if (id.round != frag.round) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "round ", id.round, " of fragment ", id.fragment,
-        id.round < frag.round ? " has already committed" : " is unknown", "; the current round is ",
-        frag.round, ": fetch the global state and continue"));
+  if (id.round > frag.round) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", id.round, " of fragment ", id.fragment, " is unknown; the current round is ",
+                     frag.round, ": fetch the global state and continue"));
   }
-  if (frag.committing) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "round ", id.round, " of fragment ", id.fragment,
-        " is being committed without this contribution: fetch the global state and continue"));
-  }
+  if (id.round < OpenRoundLocked(frag)) return CheckLateLocked(frag, id);
   if (frag.contributions.count(id.island_id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("island '", id.island_id, "' has already contributed to round ", id.round));
@@ -81,7 +78,41 @@ absl::Status Rounds::CheckPushLocked(const PayloadId& id) const {
   return absl::OkStatus();
 }
 
+// A refused contribution's tokens go to the ledger: once per contribution (the push of its first
+// element, of fragment 0), not for a transient refusal the island retries, nor for a caller that
+// could not show the island's session.
+void Rounds::NoteRefused(const PayloadId& id, uint64_t first_offset, uint64_t tokens,
+                         const absl::Status& why) {
+  if (id.fragment != 0 || first_offset != 0 || tokens == 0) return;
+  const std::string reason = RefusalReason(why);
+  if (reason == "unavailable" || absl::IsUnauthenticated(why) || absl::IsNotFound(why)) return;
+  std::lock_guard<std::mutex> lock(core_.mu);
+  if (core_.membership.Find(id.island_id) == nullptr && !absl::IsPermissionDenied(why) &&
+      !absl::IsFailedPrecondition(why)) {
+    return;
+  }
+  core_.ledger.Refused(id.island_id, id.round, reason, tokens);
+}
+
 absl::StatusOr<std::unique_ptr<PushStream>> Rounds::OpenPush(const pb::PushRequest& first) {
+  auto stream = OpenPushChecked(first);
+  if (!stream.ok()) {
+    const auto& h = first.chunk().header();
+    NoteRefused({h.run_id(), h.island_id(), h.round(), h.fragment()}, h.offset(), first.tokens(),
+                stream.status());
+  }
+  return stream;
+}
+
+absl::StatusOr<pb::PushResponse> Rounds::FinishPush(std::unique_ptr<PushStream> stream) {
+  const PayloadId id = stream->chunks_.id();
+  const uint64_t offset = stream->first_offset_, tokens = stream->tokens_;
+  auto response = FinishPushChecked(std::move(stream));
+  if (!response.ok()) NoteRefused(id, offset, tokens, response.status());
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<PushStream>> Rounds::OpenPushChecked(const pb::PushRequest& first) {
   const auto& h = first.chunk().header();
   ATL_RETURN_IF_ERROR(core_.CheckRun(h.run_id()));
   ATL_ASSIGN_OR_RETURN(auto fid, core_.CheckFragment(h.fragment()));
@@ -107,7 +138,8 @@ absl::StatusOr<std::unique_ptr<PushStream>> Rounds::OpenPush(const pb::PushReque
   const size_t max_ranges = std::max<size_t>(64, 4 * layout.names.size());
   return std::unique_ptr<PushStream>(new PushStream(
       this, ChunkStream(id, core_.options.codec, layout.total(), max_ranges), h.offset(),
-      first.session(), first.tokens(), IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
+      first.session(), first.tokens(), first.step(),
+      IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
 }
 
 void Rounds::ClosePush(const PayloadId& id, uint64_t first_offset) {
@@ -208,7 +240,7 @@ absl::Status Rounds::CheckNormLocked(const PayloadId& id, const Contribution& c)
   return absl::OkStatus();
 }
 
-absl::StatusOr<pb::PushResponse> Rounds::FinishPush(std::unique_ptr<PushStream> stream) {
+absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushStream> stream) {
   ATL_RETURN_IF_ERROR(stream->chunks_.CheckComplete());
   const uint64_t tokens = stream->tokens_;
   if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
@@ -248,6 +280,7 @@ absl::StatusOr<pb::PushResponse> Rounds::FinishPush(std::unique_ptr<PushStream> 
       return part;
     }
     Contribution c = std::move(*complete);
+    c.step = stream->step_;
     ATL_RETURN_IF_ERROR(CheckNormLocked(id, c));
     if (core_.options.async) {
       lock.unlock();
@@ -287,17 +320,73 @@ void Rounds::TuneLocked(const std::string& island, const IslandFigures& figures,
   }
 }
 
+uint64_t Rounds::OpenRoundLocked(const ServiceFragment& f) const {
+  return f.round + (f.committing ? 1 : 0);
+}
+
+absl::Status Rounds::CheckLateLocked(const ServiceFragment& frag, const PayloadId& id) const {
+  const uint64_t stale = OpenRoundLocked(frag) - id.round;
+  if (stale > core_.options.sync_max_staleness) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", id.round, " of fragment ", id.fragment,
+        id.round == frag.round ? " is being committed without this contribution"
+                               : " has already committed",
+        ", and it would be ", stale, " round", stale == 1 ? "" : "s", " stale (outer.max_staleness = ",
+        core_.options.sync_max_staleness, "); the current round is ", frag.round,
+        ": fetch the global state and continue"));
+  }
+  if (frag.late.count(id.island_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id,
+                                                 "' has a late contribution to fragment ",
+                                                 id.fragment, " waiting already"));
+  }
+  return absl::OkStatus();
+}
+
+// A late contribution waits for the next commit of its fragment; it commits a round alone only
+// when no member is to push to the open one (ReadyLocked: the run's last rounds).
+pb::PushResponse Rounds::RecordLateLocked(const PayloadId& id, Contribution c) {
+  ServiceFragment& frag = core_.fragments[id.fragment];
+  const uint64_t open = OpenRoundLocked(frag);
+  c.base_round = id.round;
+  const uint64_t tokens = c.tokens;
+  frag.late.emplace(id.island_id, std::move(c));
+  core_.membership.Contributed(id.island_id, absl::Now()).IgnoreError();
+  NoteContributedLocked(id, tokens, frag.late.at(id.island_id).step);
+  pb::PushResponse response;
+  response.set_round(id.round);
+  response.set_fragment(id.fragment);
+  response.set_contributors(uint32_t(frag.contributions.size()));
+  response.set_late(true);
+  response.set_version(open);
+  response.set_staleness(uint32_t(open - id.round));
+  return response;
+}
+
 absl::StatusOr<pb::PushResponse> Rounds::RecordLocked(const PayloadId& id, Contribution c,
                                                       std::vector<CommitJob>& jobs) {
   ServiceFragment& frag = core_.fragments[id.fragment];
+  if (id.round < OpenRoundLocked(frag)) {
+    pb::PushResponse response = RecordLateLocked(id, std::move(c));
+    jobs = TakeReadyLocked(absl::Now());  // the last rounds of a run may be late ones alone
+    return response;
+  }
+  c.base_round = id.round;
   frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
   core_.membership.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
-  NoteContributedLocked(id, frag.contributions.at(id.island_id).tokens);
+  NoteContributedLocked(id, frag.contributions.at(id.island_id).tokens,
+                        frag.contributions.at(id.island_id).step);
   if (frag.contributions.size() == 1) {
     frag.deadline = now + absl::Seconds(core_.options.round_timeout_s);
     frag.opened = now;
   }
+  frag.last_arrival = now;
+  if (auto it = realign_.find(id.island_id);
+      it != realign_.end() && id.fragment < it->second.size()) {
+    it->second[id.fragment] = 0;  // in step again
+  }
+  if (int(frag.contributions.size()) == core_.options.min_islands) OpenGraceLocked(frag, now);
   pb::PushResponse response;
   response.set_round(id.round);
   response.set_fragment(id.fragment);
@@ -354,7 +443,18 @@ absl::Status Rounds::CheckClaimLocked(const PayloadId& id, uint64_t tokens) cons
       " data-parallel ranks: ", absl::Uint128Low64(bound)));
 }
 
-void Rounds::NoteContributedLocked(const PayloadId& id, uint64_t tokens) {
+uint64_t Rounds::DoneStepLocked(const std::string& island, uint32_t fragment) const {
+  auto it = done_steps_.find(island);
+  return it != done_steps_.end() && fragment < it->second.size() ? it->second[fragment] : 0;
+}
+
+void Rounds::NoteContributedLocked(const PayloadId& id, uint64_t tokens, uint64_t step) {
+  if (id.fragment == 0) core_.ledger.Pushed(id.island_id, id.round, tokens);
+  if (done_steps_.count(id.island_id) || done_steps_.size() < kMaxDoneIslands) {
+    auto& done = done_steps_[id.island_id];
+    if (done.size() < core_.fragments.size()) done.resize(core_.fragments.size(), 0);
+    done[id.fragment] = std::max(done[id.fragment], step);
+  }
   Member* m = core_.membership.FindMutable(id.island_id);
   if (m == nullptr) return;
   if (m->contributed.size() < core_.fragments.size()) m->contributed.resize(core_.fragments.size());
@@ -422,6 +522,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   }
   g = {};
   result->record.contributors = {id.island_id};
+  result->record.accounted.emplace_back(id.island_id, c.tokens, false);
   result->record.tokens = c.tokens;
   result->record.staleness = staleness;
   result->started = started;
@@ -431,7 +532,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   PublishLocked(id.fragment, *std::move(result), now);
   frag.last_base[id.island_id] = id.round;
   core_.membership.Contributed(id.island_id, now).IgnoreError();  // a member, or one that just left
-  NoteContributedLocked(id, c.tokens);
+  NoteContributedLocked(id, c.tokens, c.step);
   if (steps_per_s > 0) steps_per_s_[id.island_id] = steps_per_s;
   if (id.fragment == 0) core_.tokens_committed += c.tokens;
   pb::PushResponse response;

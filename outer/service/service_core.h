@@ -27,6 +27,7 @@
 #include "outer/base/fragment_data.h"
 #include "outer/base/payload.h"
 #include "outer/base/worker_pool.h"
+#include "outer/service/token_ledger.h"
 #include "outer/service/log_limiter.h"
 #include "outer/service/membership.h"
 #include "outer/service/sync_types.h"
@@ -38,6 +39,8 @@ struct Contribution {
   EncodedPayload payload;
   uint64_t tokens = 0;
   double norm = 0;
+  uint64_t base_round = 0;  // the round it was made for (a late one's is older than its fold's)
+  uint64_t step = 0;        // the island's inner step when it pushed
 };
 
 // An island's contribution while its ranks' pushes arrive (each carries the ranges it owns).
@@ -61,11 +64,22 @@ struct ServiceFragment {
   bool committing = false;   // sync: the round's contributions are being committed
   uint64_t round = 0;
   std::map<std::string, Contribution> contributions;  // of `round`, by island id
+  // Sync: late contributions, folded into the next commit (by island id).
+  std::map<std::string, Contribution> late;
   std::map<std::string, PartialContribution> partials;  // incomplete ones, by island id
   std::map<std::string, std::pair<uint64_t, pb::PushResponse>> applied;  // async: last, by island
   std::set<std::pair<uint64_t, uint64_t>> known_ranges;  // [begin, end) ranks own
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time opened = absl::InfinitePast();  // the open round's first contribution
+  // Sync, the grace window (outer/base/grace.h): when the open round reached its quorum and when
+  // its latest contribution arrived, the previous round's quorum, the window it got (-1: none),
+  // and the complete rounds' arrivals.
+  absl::Time grace_deadline = absl::InfiniteFuture();  // quorum + window (`deadline`: the fixed one)
+  absl::Time quorum_at = absl::InfinitePast();
+  absl::Time last_arrival = absl::InfinitePast();
+  absl::Time previous_quorum_at = absl::InfinitePast();
+  double grace_s = -1;
+  ArrivalHistory arrivals;
   std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
   std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
   uint64_t durable_round = 0;                 // rounds of this fragment in a durable snapshot
@@ -119,6 +133,7 @@ struct ServiceCore {
   // Control plane: each shard's address (empty until it called). The rounds of the fragments are
   // those the shards last reported.
   std::vector<std::string> shard_addresses;
+  TokenLedger ledger;  // where each island's tokens went (fragment 0)
   std::function<void(const CommittedRound&)> on_commit;
   std::function<void(const std::string&)> on_event;
   // Membership events (joins, leaves, deaths) are logged per island at a bounded rate.

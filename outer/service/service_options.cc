@@ -8,6 +8,7 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.optimizer = outer.optimizer;
   o.min_islands = outer.min_islands;
   o.round_timeout_s = outer.round_timeout_s;
+  o.grace = outer.grace;
   o.lease_s = outer.lease_s;
   o.sync_every = uint32_t(outer.sync_every);
   o.total_inner_steps = run.total_inner_steps;
@@ -28,9 +29,11 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
     o.auto_tune_headroom = outer.auto_tune_headroom;
   }
   o.tokens_per_step = run.tokens_per_step;
+  // outer.max_staleness -1: the mode's default (sync 1 round, async 16 versions).
+  o.sync_max_staleness = outer.max_staleness < 0 ? 1 : uint32_t(outer.max_staleness);
   if (outer.async()) {
     o.async = true;
-    o.max_staleness = uint32_t(outer.max_staleness);
+    o.max_staleness = outer.max_staleness < 0 ? 16 : uint32_t(outer.max_staleness);
     o.staleness_scaling = outer.staleness_scaling;
     o.dynamic_local_steps = outer.dynamic_local_steps;
     o.optimizer.momentum_delay = outer.momentum_delay > 0 ? outer.momentum_delay : outer.islands;

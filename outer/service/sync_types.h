@@ -15,11 +15,13 @@
 #include "absl/time/time.h"
 #include "atoll/v1/outer.pb.h"
 #include "compression/codec.h"
+#include "outer/base/grace.h"
 #include "outer/base/aggregation.h"
 #include "outer/base/fragments.h"
 #include "outer/base/outer_optimizer.h"
 #include "outer/base/payload.h"
 #include "outer/base/update_recipe.h"
+#include "outer/service/token_ledger.h"
 
 namespace atl::outer {
 
@@ -28,6 +30,11 @@ struct SyncServerOptions {
   OuterOptimizerConfig optimizer;
   int min_islands = 1;             // contributions needed to commit at the deadline
   double round_timeout_s = 600;    // deadline, counted from a round's first contribution
+  // Sync: how long a round with min_islands contributions waits for the rest (outer/base/grace.h).
+  // Off by default here (tests that build options by hand wait as before); the config's default
+  // is adaptive.
+  GraceSpec grace = {GraceSpec::Mode::kOff, 0};
+  double grace_floor_s = kGraceFloorSeconds;  // the adaptive window's least
   uint32_t sync_every = 100;       // H, told to islands at join
   uint64_t total_inner_steps = 0;  // told to islands at join
   SyncPhases phases;               // sync: warm start (plain averages) and early H, told at join
@@ -40,7 +47,11 @@ struct SyncServerOptions {
   // Async mode: every contribution is applied as it arrives (one version per contribution, with
   // the optimizer's delayed Nesterov); there are no rounds to wait for.
   bool async = false;
-  uint32_t max_staleness = 16;      // versions; staler contributions are refused
+  uint32_t max_staleness = 16;      // async: versions; staler contributions are refused
+  // Sync: a push that arrives after its round committed (or while it commits), from a member, at
+  // most this many rounds after the round it was made for, is folded into the open round with its
+  // weight scaled by 1 / (1 + staleness) (outer/service/rounds.h); 0: refused, as before.
+  uint32_t sync_max_staleness = 0;
   bool staleness_scaling = false;   // scale a contribution by 1 / (1 + staleness)
   bool dynamic_local_steps = true;  // DyLU: each island's H follows its measured throughput
   uint64_t token_budget = 0;        // tokens over all islands after which islands finish (0: none)
@@ -112,6 +123,14 @@ struct CommittedRound {
   uint64_t tokens = 0;
   double commit_unix_s = 0;
   uint64_t staleness = 0;  // async: versions between the contribution's start and its arrival
+  double grace_s = -1;     // sync: the grace window the round got after its quorum (-1: none)
+  // Sync: late contributions folded into this round (each made for an earlier round), and their
+  // tokens (counted in `tokens` too, whole; weighed at 1 / (1 + staleness) in the mean).
+  std::vector<std::string> stale_contributors;
+  uint64_t stale_tokens = 0;
+  // Fragment 0: where each island's tokens went since the previous commit (the token ledger's
+  // slice: trained, on time, stale, refused by reason, recomputed; outer/service/token_ledger.h).
+  std::map<std::string, TokenAccount> ledger;
   double round_s = 0;   // from the round's first contribution to its commit
   double commit_s = 0;  // the commit's data work: aggregation, outer step, encoding, hashing
   // Islands whose contributions were left out because the combination would have made the
@@ -139,6 +158,7 @@ struct IslandStatus {
   uint64_t inner_step = 0;
   pb::IslandTelemetry telemetry;
   uint32_t flagged_claims = 0;  // its contributions that claimed more than its throughput allows
+  TokenAccount tokens;          // where its trained tokens went (outer/service/token_ledger.h)
 };
 struct ServiceStatus {
   std::vector<IslandStatus> islands;  // members, then former members

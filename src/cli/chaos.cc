@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "compression/status_macros.h"
+#include "src/observe/metrics.h"
 #include <nlohmann/json.hpp>
 
 namespace atl {
@@ -86,6 +87,11 @@ absl::Status CountRounds(const std::string& rounds_jsonl, int islands, GoodputRe
     ++report->rounds;
     report->tokens_committed += r.value("tokens", uint64_t(0));
     if (r.contains("contributors") && int(r["contributors"].size()) < islands) ++report->rounds_short;
+    if (const auto it = r.find("ledger"); it != r.end() && it->is_object()) {
+      for (const auto& [island, account] : it->items()) {
+        report->tokens.Add(TokenAccountFromJson(account));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -185,13 +191,17 @@ absl::StatusOr<GoodputReport> Chaos::Report(const std::string& rounds_jsonl,
 std::string GoodputReport::Text() const {
   std::vector<std::string> rejoins;
   for (double s : rejoin_s) rejoins.push_back(absl::StrFormat("%.1f", s));
+  std::vector<std::string> refused;
+  for (const auto& [reason, n] : tokens.refused) refused.push_back(absl::StrCat(reason, " ", n));
   return absl::StrFormat(
       "goodput %.1f%% (%d of %d tokens reached the global model), %d failures, %d of %d rounds "
       "short of an island, rejoin after recovery %s s, %d islands finished, their global "
-      "parameters %s",
+      "parameters %s; tokens trained %d (recomputed after a restart %d), committed on time %d, "
+      "committed stale %d, refused %s",
       100 * goodput(), tokens_committed, tokens_expected, failures, rounds_short, rounds,
       rejoins.empty() ? "-" : absl::StrJoin(rejoins, " / "), finished,
-      identical ? "bit-identical" : "NOT identical");
+      identical ? "bit-identical" : "NOT identical", tokens.trained, tokens.recomputed,
+      tokens.on_time, tokens.stale, refused.empty() ? "0" : absl::StrJoin(refused, ", "));
 }
 
 std::string GoodputReport::Json() const {
@@ -203,7 +213,8 @@ std::string GoodputReport::Json() const {
                         {"rounds_short", rounds_short},
                         {"rejoin_s", rejoin_s},
                         {"finished", finished},
-                        {"identical", identical}}
+                        {"identical", identical},
+                        {"token_account", TokenAccountJson(tokens)}}
       .dump();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "outer/service/token_ledger.h"
 
 namespace atl {
 
@@ -60,6 +61,9 @@ struct GoodputReport {
   int finished = 0;               // islands that reached the last step (a victim that came back
                                   // after the others ended the run does not)
   bool identical = false;         // every island that finished ended on the same parameters
+  // Where the islands' tokens went, summed over them (the coordinator's token ledger, from the
+  // `ledger` of rounds.jsonl's records): trained, committed on time or stale, refused, recomputed.
+  outer::TokenAccount tokens;
   double goodput() const {
     return tokens_expected > 0 ? double(tokens_committed) / double(tokens_expected) : 0;
   }

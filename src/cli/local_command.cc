@@ -42,20 +42,34 @@ using local::Spawn;
 }  // namespace
 
 absl::StatusOr<LocalEvent> ParseLocalEvent(LocalEvent::Kind kind, const std::string& text) {
-  const char* flag = kind == LocalEvent::kKill ? "--kill" : kind == LocalEvent::kTerm ? "--term" : "--join";
-  const std::vector<std::string> parts = absl::StrSplit(text, '@');
+  const char* flag = kind == LocalEvent::kKill   ? "--kill"
+                     : kind == LocalEvent::kTerm ? "--term"
+                     : kind == LocalEvent::kJoin ? "--join"
+                                                 : "--stop";
+  LocalEvent e;
+  e.kind = kind;
+  std::string at = text;
+  if (kind == LocalEvent::kStop) {
+    const std::vector<std::string> timed = absl::StrSplit(text, absl::MaxSplits(':', 1));
+    if (timed.size() != 2 || !absl::SimpleAtod(timed[1], &e.seconds) || !(e.seconds > 0) ||
+        e.seconds > 1e5) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " '", text, "': expected ISLAND@roundN:SECONDS, e.g. island1@round3:2.5"));
+    }
+    at = timed[0];
+  }
+  const std::vector<std::string> parts = absl::StrSplit(at, '@');
   uint64_t round = 0;
   if (parts.size() != 2 || parts[0].empty() || !absl::StartsWith(parts[1], "round") ||
       !absl::SimpleAtoi(parts[1].substr(5), &round)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, " '", text,
                                                    "': expected ISLAND@roundN, e.g. island1@round3"));
   }
-  LocalEvent e;
-  e.kind = kind;
   e.round = round;
   std::string who = parts[0];
   if (const auto dot = who.rfind('.'); dot != std::string::npos) {
-    if (!absl::SimpleAtoi(who.substr(dot + 1), &e.rank) || e.rank < 0 || kind == LocalEvent::kJoin) {
+    if (!absl::SimpleAtoi(who.substr(dot + 1), &e.rank) || e.rank < 0 ||
+        kind == LocalEvent::kJoin || kind == LocalEvent::kStop) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " '", text,
                                                      "': a rank is ISLAND.RANK, e.g. island1.0 "
                                                      "(--kill and --term only)"));
@@ -141,6 +155,8 @@ class LocalRun {
   std::map<std::string, uint64_t> committed_by_;  // by the coordinator or shard that committed
   // Events waiting for the next commit, which shows the run has recovered from them.
   std::vector<std::pair<std::string, double>> recovering_;
+  // --stop: islands to SIGCONT, and when.
+  std::vector<std::pair<std::string, double>> paused_;
   absl::Status failure_;
   bool stopping_ = false;
   Clock::time_point islands_done_{};
@@ -198,10 +214,8 @@ absl::StatusOr<LocalSummary> LocalRun::Run() {
     }
   }
   fired_.assign(options_.events.size(), false);
-  if (options_.chaos) {
-    chaos_.emplace(*options_.chaos, options_.islands);
-    chaos_target_ = std::make_unique<Target>(*this);
-  }
+  chaos_target_ = std::make_unique<Target>(*this);  // chaos' and --stop's hands on the islands
+  if (options_.chaos) chaos_.emplace(*options_.chaos, options_.islands);
   Supervise();
   // Pipes closed: every child has ended or is about to.
   WaitAll(stopping_ ? 10 : 30);
@@ -356,6 +370,13 @@ absl::Status LocalRun::FireEvents() {
 
 absl::Status LocalRun::Fire(const LocalEvent& ev) {
   const auto round = (unsigned long long)committed_;
+  if (ev.kind == LocalEvent::kStop) {
+    std::fprintf(options_.out, "atoll local: %.1fs: round %llu: SIGSTOP to %s for %.1f s\n",
+                 now_s(), round, ev.island.c_str(), ev.seconds);
+    chaos_target_->Signal(ev.island, SIGSTOP);
+    paused_.emplace_back(ev.island, now_s() + ev.seconds);
+    return absl::OkStatus();
+  }
   if (ev.kind == LocalEvent::kJoin) {
     std::fprintf(options_.out, "atoll local: %.1fs: round %llu: starting %s\n", now_s(), round,
                  ev.island.c_str());
@@ -455,6 +476,15 @@ void LocalRun::Supervise() {
         Child& c = *owners[i];
         Drain(c, [&](const std::string& line) { OnLine(c, line); });
       }
+    }
+    for (auto it = paused_.begin(); it != paused_.end();) {
+      if (it->second > now_s()) {
+        ++it;
+        continue;
+      }
+      std::fprintf(options_.out, "atoll local: %.1fs: SIGCONT to %s\n", now_s(), it->first.c_str());
+      chaos_target_->Signal(it->first, SIGCONT);
+      it = paused_.erase(it);
     }
     if (!stopping_) {
       if (auto s = FireEvents(); !s.ok()) Stop(s);

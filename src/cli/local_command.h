@@ -17,13 +17,16 @@ namespace atl {
 // A scheduled event of a rehearsal: at the commit of outer round `round` (counted over all
 // fragments, as the coordinator prints them), SIGKILL or SIGTERM an island, or start one.
 struct LocalEvent {
-  enum Kind { kKill, kTerm, kJoin } kind = kKill;
+  // kStop: SIGSTOP to every process of the island, SIGCONT `seconds` later (a paused island).
+  enum Kind { kKill, kTerm, kJoin, kStop } kind = kKill;
   std::string island;  // "island1"
   int rank = -1;       // >= 0: that rank of the island (its agent restarts the island)
   uint64_t round = 0;
+  double seconds = 0;  // kStop: how long it stays stopped
 };
 
-// "island1@round3" or "1@round3" (island1), "island1.0@round3" (rank 0 of island1) for `kind`.
+// "island1@round3" or "1@round3" (island1), "island1.0@round3" (rank 0 of island1) for `kind`;
+// kStop: "island1@round3:2.5" (seconds stopped).
 absl::StatusOr<LocalEvent> ParseLocalEvent(LocalEvent::Kind kind, const std::string& text);
 
 struct LocalOptions {

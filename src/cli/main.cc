@@ -305,7 +305,7 @@ CLI::App* AddIslandsCommand(CLI::App& app, CommandLine& cl, IslandsFlags& f, con
 
 struct LocalFlags {
   IslandsFlags islands;
-  std::vector<std::string> kills, terms, joins;
+  std::vector<std::string> kills, terms, joins, stops;
   std::string chaos;
   int nproc = 1, max_restarts = 0;
 };
@@ -318,6 +318,8 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
   c->add_option("--kill", f->kills, "SIGKILL an island at a round, e.g. island1@round3 (repeatable)");
   c->add_option("--term", f->terms, "SIGTERM an island at a round: it leaves gracefully");
   c->add_option("--join", f->joins, "start an island at a round, e.g. island2@round5 or 1@round5");
+  c->add_option("--stop", f->stops,
+                "SIGSTOP an island at a round for SECONDS (a paused island), e.g. island1@round3:4");
   c->add_option("--nproc", f->nproc, "ranks per island (each island its own agent)");
   c->add_option("--chaos", f->chaos,
                 "seed=N,every=S,kinds=kill+stop,down=S: from the first commit until an island "
@@ -354,7 +356,8 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
             options.throttle = *throttle;
             for (auto [kind, list] : {std::pair{atl::LocalEvent::kKill, &f->kills},
                                       std::pair{atl::LocalEvent::kTerm, &f->terms},
-                                      std::pair{atl::LocalEvent::kJoin, &f->joins}}) {
+                                      std::pair{atl::LocalEvent::kJoin, &f->joins},
+                                      std::pair{atl::LocalEvent::kStop, &f->stops}}) {
               for (const auto& text : *list) {
                 auto e = atl::ParseLocalEvent(kind, text);
                 if (!e.ok()) return Fail(e.status());

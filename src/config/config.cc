@@ -124,6 +124,11 @@ Field MakeField(std::string key, T* target, std::string doc) {
     };
   } else {
     f.from_toml = [key, target](const toml::node& node, const std::string& where) {
+      // A number is its text (outer.grace = 2.5 as "2.5"); the value's parser judges it.
+      if (node.is_integer()) return TypedFromText(key, absl::StrCat(*node.value<int64_t>()), target);
+      if (node.is_floating_point()) {
+        return TypedFromText(key, absl::StrCat(*node.value<double>()), target);
+      }
       if (!node.is_string()) return WrongType(key, where, "a string", node);
       return TypedFromText(key, *node.value<std::string>(), target);
     };

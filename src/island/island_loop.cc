@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <future>
 #include <optional>
+#include <random>
 #include <thread>
 #include <tuple>
 
@@ -90,6 +91,15 @@ absl::Status CheckRunMatches(const Config& config, const pb::JoinResponse& joine
         absl::StrCat("--throttle must be a factor >= 1, got ", options.throttle));
   }
   return absl::OkStatus();
+}
+
+// An island checkpoints every outer.checkpoint_rounds rounds and every train.checkpoint_every
+// steps: every the smaller of the two (0: never before the end).
+int64_t CheckpointEvery(const Config& config) {
+  const int64_t rounds = int64_t(config.outer.checkpoint_rounds) * config.outer.sync_every;
+  const int64_t steps = config.train.checkpoint_every;
+  if (rounds > 0 && steps > 0) return std::min(rounds, steps);
+  return std::max(rounds, steps);
 }
 
 // The island's own state (AdamW moments, data cursor, RNG) from its newest checkpoint; the global
@@ -208,6 +218,7 @@ class IslandRun : private inner::LoopPart {
   Clock::time_point step_start_;
   std::optional<StepReporter> reporter_;  // rank 0's: the island's steps
   double fetch_s_ = 0;
+  double typical_step_s_ = 0;  // --throttle: recent steps' compute time (an average)
   bool stopped_ = false;
   IslandSummary summary_;
 };
@@ -400,6 +411,11 @@ pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
   t.set_tokens_per_s(bounded(monitor_->tokens_per_s(), 1e12));
   t.set_utilization(bounded(summary_.compute_s / std::max(1e-9, Since(start_)), 1));
   t.set_tokens(uint64_t(trainer_->tokens()));
+  // What this process trained (its restarts' recomputed steps included), for the service's
+  // account of where the run's tokens went (outer/service/token_ledger.h).
+  static const uint64_t process = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ 1;
+  t.set_process(process);
+  t.set_tokens_trained(uint64_t(summary_.steps_trained) * uint64_t(trainer_->tokens_per_step()));
   t.set_bytes_sent(stats.bytes_sent);
   t.set_bytes_received(stats.bytes_received);
   t.set_elements_synced(stats.elements_synced);
@@ -420,9 +436,13 @@ absl::Status IslandRun::Evaluate(int64_t t) {
 
 absl::Status IslandRun::Queued(int64_t t) {
   if (options_.throttle > 1) {
-    // A slower island, honestly: the step takes `throttle` times as long in wall-clock time.
-    std::this_thread::sleep_for(
-        std::chrono::duration<double>(Since(step_start_) * (options_.throttle - 1)));
+    // A slower island, honestly: the step takes `throttle` times as long in wall-clock time. A
+    // step far longer than the recent ones was paused (SIGSTOP) or stalled, not computed: it is
+    // throttled as a typical one.
+    double step = Since(step_start_);
+    if (typical_step_s_ > 0 && step > 10 * typical_step_s_) step = typical_step_s_;
+    typical_step_s_ = typical_step_s_ > 0 ? 0.9 * typical_step_s_ + 0.1 * step : step;
+    std::this_thread::sleep_for(std::chrono::duration<double>(step * (options_.throttle - 1)));
   }
   summary_.compute_s += Since(step_start_);
   summary_.steps_trained += 1;
@@ -476,7 +496,7 @@ absl::Status IslandRun::Train() {
                            });
   inner::Evaluation evaluation({train_.eval_every, /*at_end=*/!async_},
                                [this](int64_t t) { return Evaluate(t); });
-  inner::Checkpoints checkpoints({config_.train.checkpoint_every}, [this](int64_t) {
+  inner::Checkpoints checkpoints({CheckpointEvery(config_)}, [this](int64_t) {
     return checkpoints_->Save(/*background=*/true, Since(start_));
   });
   inner::StopSignal stop([this] { return ranks_->Any(options_.stop != nullptr && options_.stop->load()); });
@@ -490,7 +510,9 @@ absl::Status IslandRun::Train() {
 absl::StatusOr<IslandSummary> IslandRun::Finish() {
   if (auto s = outer_->Finish(stopped_); !s.ok()) return Fail(s);
   if (auto s = model_->SyncReplicas(); !s.ok()) return Fail(s);
-  if (async_ && !stopped_) {
+  // Async islands, and sync ones whose global parameters moved on after their last step (another
+  // island trained on after a failure), evaluate the run's final parameters.
+  if (!stopped_ && (async_ || outer_->stats().caught_up_rounds > 0)) {
     if (auto s = Evaluate(trainer_->step()); !s.ok()) return Fail(s);
   }
   // The last checkpoint is written before the island says it is done.

@@ -165,6 +165,7 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"rounds", summary.rounds},
                       {"resyncs", summary.resyncs},
                       {"rejoins", summary.rejoins},
+                      {"late_pushes", summary.late_pushes},
                       {"spikes", summary.spikes},
                       {"checkpoints", summary.checkpoints},
                       {"checkpoint_stall_ms", 1e3 * summary.checkpoint_stall_max_s},

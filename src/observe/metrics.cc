@@ -149,4 +149,32 @@ void Progress::Finish() {
   std::fflush(out_);
 }
 
+nlohmann::json TokenAccountJson(const outer::TokenAccount& a) {
+  nlohmann::json j = {{"trained", a.trained},
+                      {"on_time", a.on_time},
+                      {"stale", a.stale},
+                      {"recomputed", a.recomputed}};
+  if (!a.refused.empty()) j["refused"] = a.refused;
+  return j;
+}
+
+outer::TokenAccount TokenAccountFromJson(const nlohmann::json& j) {
+  outer::TokenAccount a;
+  if (!j.is_object()) return a;
+  auto number = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_number_unsigned() ? it->get<uint64_t>() : uint64_t(0);
+  };
+  a.trained = number("trained");
+  a.on_time = number("on_time");
+  a.stale = number("stale");
+  a.recomputed = number("recomputed");
+  if (const auto it = j.find("refused"); it != j.end() && it->is_object()) {
+    for (const auto& [reason, tokens] : it->items()) {
+      if (tokens.is_number_unsigned()) a.refused[reason] += tokens.get<uint64_t>();
+    }
+  }
+  return a;
+}
+
 }  // namespace atl

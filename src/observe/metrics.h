@@ -17,6 +17,7 @@
 
 #include "inner/loop.h"
 #include "inner/loop_parts.h"
+#include "outer/service/token_ledger.h"
 
 namespace atl {
 
@@ -41,6 +42,11 @@ nlohmann::json StepRecord(const inner::StepStats& step, const inner::EvalStats* 
 void AddEvalFields(const inner::EvalStats& eval, nlohmann::json* record);
 // "val_loss 2.4767 | bpb 3.5731" and the like, for progress lines.
 std::string EvalText(const inner::EvalStats& eval);
+
+// A token account (outer/service/token_ledger.h) as JSON ({"trained", "on_time", "stale",
+// "recomputed", "refused": {reason: tokens}}), and back (keys missing: 0).
+nlohmann::json TokenAccountJson(const outer::TokenAccount& account);
+outer::TokenAccount TokenAccountFromJson(const nlohmann::json& j);
 // Bits per parameter and round: 8 x bytes over the parameters the rounds carried (0: none yet).
 inline double BitsPerParam(uint64_t bytes, uint64_t elements) {
   return elements > 0 ? 8.0 * double(bytes) / double(elements) : 0.0;

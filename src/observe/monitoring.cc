@@ -135,6 +135,17 @@ struct ServiceMonitor::State {
                                 .Help("Members dropped after a lease of silence")
                                 .Register(registry)
                                 .Add({});
+  // The token ledger's account of each island (outer/service/token_ledger.h), fragment 0.
+  Family<Counter>& island_tokens =
+      BuildCounter()
+          .Name("atoll_island_tokens_total")
+          .Help("An island's tokens by where they went: trained (recomputed ones included), "
+                "committed on_time, committed stale (late), recomputed after a restart")
+          .Register(registry);
+  Family<Counter>& island_refused = BuildCounter()
+                                        .Name("atoll_island_tokens_refused_total")
+                                        .Help("An island's tokens in refused contributions, by reason")
+                                        .Register(registry);
   Family<Counter>& bytes = BuildCounter()
                                .Name("atoll_service_bytes_total")
                                .Help("Outer-sync bytes the service moved, by island and direction")
@@ -229,6 +240,17 @@ void ServiceMonitor::Sample() {
     }
     State::Island& mine = it->second;
     const prometheus::Labels labels = {{"island", i.island_id}};
+    // The island's token account, as counters following the ledger's totals.
+    const outer::TokenAccount& a = i.tokens;
+    for (const auto& [kind, n] : {std::pair<const char*, uint64_t>{"trained", a.trained},
+                                  {"on_time", a.on_time},
+                                  {"stale", a.stale},
+                                  {"recomputed", a.recomputed}}) {
+      Follow(s.island_tokens.Add({{"island", i.island_id}, {"kind", kind}}), double(n));
+    }
+    for (const auto& [reason, n] : a.refused) {
+      Follow(s.island_refused.Add({{"island", i.island_id}, {"reason", reason}}), double(n));
+    }
     if (!i.member) {
       // A former member: its gauges go (its counters and curves stay).
       for (auto* f : {&s.island_loss, &s.island_val_loss, &s.island_tokens_per_s,
@@ -328,6 +350,7 @@ std::string ServiceMonitor::StatusJson() {
                           {"in_bps", mine.in_bps},
                           {"out_bps", mine.out_bps},
                           {"contributions", mine.contributions},
+                          {"token_account", TokenAccountJson(i.tokens)},
                           {"staleness", mine.last_staleness},
                           {"loss_curve", mine.loss.Json()},
                           {"val_loss_curve", mine.val_loss.Json()},

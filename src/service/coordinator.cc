@@ -139,6 +139,14 @@ class StateWriter {
   std::thread thread_;
 };
 
+// Where each island's tokens went since the previous commit of fragment 0 (the token ledger's
+// slice; outer/service/token_ledger.h): summed over a run, the run's account.
+nlohmann::json LedgerJson(const std::map<std::string, outer::TokenAccount>& ledger) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [island, a] : ledger) out[island] = TokenAccountJson(a);
+  return out;
+}
+
 // The rounds.jsonl record of a committed round.
 nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
   nlohmann::json record = {{"round", r.round},
@@ -150,6 +158,12 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
                            {"params_hash", absl::StrFormat("%016x", r.params_hash)},
                            {"wall_s", wall}};
   if (!r.dropped.empty()) record["dropped"] = r.dropped;
+  if (r.grace_s >= 0) record["grace_s"] = r.grace_s;
+  if (!r.stale_contributors.empty()) {
+    record["stale_contributors"] = r.stale_contributors;  // late: made for an earlier round
+    record["stale_tokens"] = r.stale_tokens;
+  }
+  if (!r.ledger.empty()) record["ledger"] = LedgerJson(r.ledger);
   if (!r.range_hashes.empty()) {
     nlohmann::json ranges = nlohmann::json::object();
     for (const auto& [range, hash] : r.range_hashes) {
@@ -352,7 +366,11 @@ std::string CommitLine(const Config& config, const outer::CommittedRound& r, uin
   return absl::StrFormat(
       "round %d/%d committed%s: %s, %d tokens, params %016x, %.1fs", n, total_rounds,
       fragments ? absl::StrFormat(" (fragment %d, its round %d)", r.fragment, r.round + 1) : "",
-      absl::StrJoin(r.contributors, "+"), r.tokens, r.params_hash, wall);
+      absl::StrCat(absl::StrJoin(r.contributors, "+"),
+                   r.stale_contributors.empty()
+                       ? ""
+                       : absl::StrCat(" (late: ", absl::StrJoin(r.stale_contributors, "+"), ")")),
+      r.tokens, r.params_hash, wall);
 }
 
 // Serves until stopped, or until the service's rounds are done and no island is left (a shard:

@@ -20,6 +20,7 @@
 #include "src/net/grpc_server.h"
 #include "src/net/grpc_transport.h"
 #include "src/cli/chaos.h"
+#include "tests/src/net/run_util.h"
 #include "tests/test_util.h"
 
 namespace atl {
@@ -479,44 +480,17 @@ TEST(GrpcStartTest, StartUpErrorsAreErrors) {
 }
 
 // (c) Coordinator + 2 islands as separate processes over TCP on loopback: plain DiLoCo, and
-// Streaming DiLoCo with 4 fragments, tau = 2 and FP4 payloads.
-testing::CommandResult RunTwoIslands(const testing::TempDir& dir, const std::string& outer_toml,
-                                     const std::string& extra_args = "") {
-  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
-  testing::WriteFile(dir.Join("run.toml"),
-                     "[model]\nn_layer = 4\nd_model = 32\nn_head = 2\ncontext = 32\n"
-                     "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
-                     "[train]\nsteps = 12\nbatch_size = 4\neval_every = 8\neval_batches = 2\n"
-                     "threads = 1\n[optim]\nwarmup_steps = 2\n[outer]\n" + outer_toml);
-  return testing::RunCommand(std::string(ATOLL_BIN) + " local --islands 2 --config " +
-                             dir.Join("run.toml") + " --run-dir " + dir.Join("run") + " " +
-                             extra_args);
-}
-
-// The service's hash after each round (version) of each fragment, in order (a sharded service:
-// each fragment's from its shard's log).
-std::map<int, std::vector<std::string>> ServiceHashes(const testing::TempDir& dir) {
-  std::map<int, std::vector<std::string>> service;
-  for (const char* server : {"coordinator", "shard-0", "shard-1"}) {
-    std::ifstream rounds(dir.Join(std::string("run/") + server + "/rounds.jsonl"));
-    for (std::string line; std::getline(rounds, line);) {
-      auto j = nlohmann::json::parse(line);
-      service[j["fragment"].get<int>()].push_back(j["params_hash"]);
-    }
-  }
-  return service;
-}
-
+// Streaming DiLoCo with 4 fragments, tau = 2 and FP4 payloads (tests/src/net/run_util.h).
 // Returns the service's hashes and the run's output.
 std::pair<std::map<int, std::vector<std::string>>, std::string> RunAndCheckBitIdentical(
     const std::string& outer_toml, int fragments, const std::string& extra_args = "") {
   testing::TempDir dir;
-  const auto run = RunTwoIslands(dir, outer_toml, extra_args);
+  const auto run = testing::RunTwoIslands(dir, outer_toml, extra_args);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   if (run.exit_code != 0) return {};
 
   // The service's hash after each round of each fragment...
-  const auto service = ServiceHashes(dir);
+  const auto service = testing::ServiceHashes(dir);
   EXPECT_EQ(service.size(), size_t(fragments));
   // ...equals each island's after the same round.
   for (const char* island : {"island0", "island1"}) {
@@ -574,14 +548,14 @@ TEST(MultiProcessTest, ALlamaModelStreamsFourFragmentsFp4BitIdentical) {
 // ends with every copy bit-identical.
 TEST(ChaosTest, AKilledShardServerResumesFromItsDurableState) {
   testing::TempDir dir;
-  const auto run = RunTwoIslands(
+  const auto run = testing::RunTwoIslands(
       dir, "sync_every = 4\nnum_fragments = 2\nshards = 2\nheartbeat_s = 0.2\n",
       "--throttle 4,4 --train.steps=32 --kill shard-1@round4");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to shard-1"));
   EXPECT_THAT(run.output, ::testing::HasSubstr("atoll local: restarting shard-1 with --resume"));
   EXPECT_THAT(run.output, ::testing::HasSubstr("(shard 1/2): resumed run"));
-  const auto service = ServiceHashes(dir);
+  const auto service = testing::ServiceHashes(dir);
   ASSERT_EQ(service.size(), 2u);
   std::ifstream log(dir.Join("run/shard-1/rounds.jsonl"));
   uint64_t expected = 0;
@@ -607,10 +581,10 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
   testing::TempDir dir;
   // 40 steps per island of budget: long enough for several pushes of the slow island after the
   // fast one has reported its throughput.
-  const auto run = RunTwoIslands(dir, "sync_every = 4\nmode = \"async\"\nmax_staleness = 64\n",
+  const auto run = testing::RunTwoIslands(dir, "sync_every = 4\nmode = \"async\"\nmax_staleness = 64\n",
                                  "--throttle 1,8 --train.steps=40");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  const auto service = ServiceHashes(dir);
+  const auto service = testing::ServiceHashes(dir);
   ASSERT_EQ(service.size(), 1u);
   const auto& versions = service.at(0);
   int64_t tokens = 0;
@@ -643,161 +617,6 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
   EXPECT_LT(min_h[1], 4);
   EXPECT_GE(tokens, 2 * 40 * 4 * 32);
   EXPECT_THAT(run.output, ::testing::HasSubstr("throttled 8.0x"));
-}
-
-// Chaos, CI-sized: 3 islands; island1 is SIGKILLed after round 2, island3 joins after round 3
-// (taking the dead island's data stream once its lease has run out), the coordinator is SIGKILLed
-// after round 6 and restarted from its durable state (the islands rejoin), island2 leaves with
-// SIGTERM after round 9. Training reaches its last step; every round commits exactly once and in
-// order; the islands alive at the end hold the service's final parameters bit for bit.
-TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
-  testing::TempDir dir;
-  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
-  testing::WriteFile(dir.Join("run.toml"),
-                     "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
-                     "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
-                     "[train]\nsteps = 80\nbatch_size = 4\neval_every = 0\neval_batches = 2\n"
-                     "threads = 1\n[optim]\nwarmup_steps = 2\n"
-                     "[outer]\nsync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.5\n"
-                     "join_warmup_steps = 4\n");
-  // Throttled, so that the run lasts a few seconds: long enough for a process to start and join.
-  const auto run = testing::RunCommand(
-      std::string(ATOLL_BIN) + " local --islands 3 --config " + dir.Join("run.toml") +
-      " --run-dir " + dir.Join("run") + " --throttle 4,4,4" +
-      " --kill island1@round2 --join island3@round3 --kill coordinator@round6" +
-      " --term island2@round9");
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
-  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island1' declared dead"));
-  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island3' joined at round"));
-  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island2' left at round"));
-  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll coordinator: resumed run 'atoll' at round"));
-  EXPECT_THAT(run.output, ::testing::HasSubstr("[island0] rejoined at round"));
-
-  std::vector<uint64_t> rounds;
-  std::vector<std::string> hashes;
-  std::ifstream log(dir.Join("run/coordinator/rounds.jsonl"));
-  for (std::string line; std::getline(log, line);) {
-    auto j = nlohmann::json::parse(line);
-    rounds.push_back(j["round"].get<uint64_t>());
-    hashes.push_back(j["params_hash"]);
-  }
-  std::vector<uint64_t> expected(20);
-  for (uint64_t r = 0; r < 20; ++r) expected[r] = r;
-  EXPECT_EQ(rounds, expected);  // none lost, none applied twice
-  for (const char* island : {"island0", "island3"}) {
-    auto summary =
-        nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
-    EXPECT_EQ(summary["step"], 80) << island;
-    EXPECT_EQ(summary["global_hash"], hashes.back()) << island;
-    const double loss = summary["val_loss"].get<double>();
-    EXPECT_TRUE(std::isfinite(loss));
-    EXPECT_LT(loss, std::log(256.0));  // below a uniform guess over bytes
-  }
-}
-
-// An island killed mid-run comes back from its own checkpoint (written in the background every
-// 4 steps): it rejoins under its name, restores its AdamW state and data cursor, fetches the
-// global parameters, and the run ends with every copy bit-identical.
-TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
-  testing::TempDir dir;
-  const auto run = RunTwoIslands(
-      dir,
-      "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\n",
-      // Island1's new process must rejoin before island0 ends the run alone: it starts at round
-      // 3 of 12, with about 3 s of island0's rounds still to go (a loaded CI machine once took
-      // over 1 s to start it, when 1.1 s were left).
-      "--throttle 8,8 --train.steps=48 --train.checkpoint_every=4 --kill island1@round2 "
-      "--join island1@round3");
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, ::testing::HasSubstr("[island1] resumed from its checkpoint of step"));
-  // First joiners build the seeded initial parameters themselves and check them against the
-  // service's hash: nothing downloaded. The restarted island's own parameters are not the
-  // service's (3 rounds later): it downloads them.
-  EXPECT_THAT(run.output, ::testing::ContainsRegex(
-                              "\\[island0\\] joined sync run 'atoll' at round 0: [^\n]*state: 0.0 "
-                              "MiB in [^\n]*1 of 1 fragment\\(s\\) its own seeded parameters"));
-  EXPECT_THAT(run.output, ::testing::ContainsRegex(
-                              "\\[island1\\] joined sync run 'atoll' at round [1-9][^\n]*state: "
-                              "0.[1-9] MiB in [0-9.]*s\\)"));
-  const auto service = ServiceHashes(dir);
-  ASSERT_EQ(service.at(0).size(), 12u);
-  for (const char* island : {"island0", "island1"}) {
-    auto summary =
-        nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
-    EXPECT_EQ(summary["global_hash"], service.at(0).back()) << island;
-    EXPECT_EQ(summary["step"], 48) << island;
-    EXPECT_GT(summary["checkpoints"].get<int>(), 0) << island;
-  }
-}
-
-// A fresh process joining a Streaming run late takes part at the step its fragments' rounds put it,
-// not fragment 0's alone (a fragment's round starts up to H steps after fragment 0's): each of its
-// pushes comes at the step the other island pushes the same round at, and both reach the last step.
-// Pushing at fragment 0's step, it ran H steps behind and waited on the other island at the end
-// until the round deadline.
-TEST(ChaosTest, ALateJoinerOfAStreamingRunPushesEachRoundAtTheRunsStep) {
-  testing::TempDir dir;
-  const auto run = RunTwoIslands(
-      dir,
-      "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
-      "lease_s = 1.0\nround_timeout_s = 20\n",
-      "--throttle 8,8 --train.steps=64 --kill island1@round6 --join island1@round10");
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
-  // (fragment, round) -> the step each island pushed it at.
-  std::map<std::pair<int, int>, int> pushed[2];
-  const char* islands[] = {"island0", "island1.2"};  // island1's second process
-  for (int i = 0; i < 2; ++i) {
-    std::ifstream metrics(dir.Join(std::string("run/") + islands[i] + "/metrics.jsonl"));
-    for (std::string line; std::getline(metrics, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (!j.contains("round")) continue;
-      pushed[i][{j["fragment"].get<int>(), j["round"].get<int>()}] = j["pushed_at"].get<int>();
-    }
-  }
-  int shared = 0;
-  for (const auto& [round, step] : pushed[1]) {
-    if (!pushed[0].count(round)) continue;
-    ++shared;
-    EXPECT_EQ(step, pushed[0].at(round)) << "fragment " << round.first << " round " << round.second;
-  }
-  EXPECT_GE(shared, 8) << run.output;  // the restarted island's rounds, at least two per fragment
-  for (const char* island : islands) {
-    auto summary = nlohmann::json::parse(
-        testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
-    EXPECT_EQ(summary["step"], 64) << island;
-  }
-}
-
-// --chaos, CI-sized: failures drawn from a seed (SIGKILL, then a restart from the checkpoint;
-// SIGSTOP past the lease) while 2 islands train. The run reaches its last round, the islands that
-// finish end on the same global parameters (one that comes back after the other has ended the run
-// alone finds no service), and the report counts the tokens that reached the global model.
-TEST(ChaosTest, RandomFailuresFromASeedAreSurvivedAndMeasured) {
-  testing::TempDir dir;
-  const std::string chaos = "seed=11,every=2,down=1.5";
-  ASSERT_LT(ChaosPlan(*ParseChaos(chaos), 2).Next().at_s, 2.0);  // the first comes early
-  // A victim that comes back after the other island has ended the run alone gives up within 5 s.
-  const auto run = RunTwoIslands(
-      dir, "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\nreconnect_timeout_s = 5\n",
-      "--throttle 8,8 --train.steps=48 --train.checkpoint_every=4 --chaos " + chaos);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll local: chaos: goodput "));
-  const auto report = nlohmann::json::parse(testing::ReadFile(dir.Join("run/chaos.json")));
-  EXPECT_GE(report["failures"].get<int>(), 1) << run.output;
-  EXPECT_TRUE(report["identical"].get<bool>()) << run.output;
-  EXPECT_GE(report["finished"].get<int>(), 1);
-  EXPECT_EQ(report["rounds"].get<int>(), 12);
-  EXPECT_EQ(report["tokens_expected"].get<uint64_t>(), 2u * 48 * 4 * 32);
-  const double goodput = report["goodput"].get<double>();
-  EXPECT_GT(goodput, 0);
-  EXPECT_LE(goodput, 1.0);
-  // What reached the global model is what the service's rounds record.
-  uint64_t tokens = 0;
-  std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
-  for (std::string line; std::getline(rounds, line);) tokens += nlohmann::json::parse(line)["tokens"].get<uint64_t>();
-  EXPECT_EQ(report["tokens_committed"].get<uint64_t>(), tokens);
 }
 
 }  // namespace

@@ -1,0 +1,150 @@
+#include "outer/service/token_ledger.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+
+namespace atl::outer {
+
+void TokenAccount::Add(const TokenAccount& o) {
+  trained += o.trained;
+  on_time += o.on_time;
+  stale += o.stale;
+  recomputed += o.recomputed;
+  for (const auto& [reason, tokens] : o.refused) refused[reason] += tokens;
+}
+
+std::string RefusalReason(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::StrContains(s.message(), "stale") || absl::StrContains(s.message(), "committed")
+                 ? "stale"
+                 : "failed precondition";
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      return "not a member";
+    case absl::StatusCode::kAlreadyExists:
+      return "duplicate";
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kDataLoss:
+      return "invalid";
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kDeadlineExceeded:
+      return "unavailable";
+    default:
+      return absl::StatusCodeToString(s.code());
+  }
+}
+
+TokenLedger::Island* TokenLedger::Find(const std::string& island) {
+  auto it = islands_.find(island);
+  if (it != islands_.end()) return &it->second;
+  if (islands_.size() >= kMaxIslands) return nullptr;
+  return &islands_[island];
+}
+
+void TokenLedger::Trained(const std::string& name, uint64_t process, uint64_t tokens_trained) {
+  Island* island = Find(name);
+  if (island == nullptr) return;
+  if (!island->seen.count(process)) {
+    if (island->processes.size() >= kMaxProcesses) {
+      // Fold the oldest process in: it is long gone.
+      auto oldest = std::min_element(island->seen.begin(), island->seen.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+      const Process& p = island->processes[oldest->first];
+      island->account.trained += p.trained;
+      island->account.recomputed += p.trained > p.pushed ? p.trained - p.pushed : 0;
+      island->processes.erase(oldest->first);
+      island->seen.erase(oldest);
+    }
+    island->seen[process] = ++island->order;
+  }
+  Process& p = island->processes[process];
+  p.trained = std::max(p.trained, tokens_trained);
+  island->latest = process;
+}
+
+void TokenLedger::Pushed(const std::string& name, uint64_t round, uint64_t tokens) {
+  Island* island = Find(name);
+  if (island == nullptr) return;
+  if (auto it = island->refused_rounds.find(round); it != island->refused_rounds.end()) {
+    // The refused contribution, pushed again (after a rejoin): its tokens were counted as pushed
+    // at the refusal; this one's replace them.
+    const uint64_t was = it->second.second;
+    uint64_t& refused = island->account.refused[it->second.first];
+    refused -= std::min(refused, was);
+    if (refused == 0) island->account.refused.erase(it->second.first);
+    island->refused_rounds.erase(it);
+    uint64_t& pushed = island->processes[island->latest].pushed;
+    pushed = pushed - std::min(pushed, was) + tokens;
+    return;
+  }
+  island->processes[island->latest].pushed += tokens;
+  if (!island->seen.count(island->latest)) island->seen[island->latest] = ++island->order;
+}
+
+void TokenLedger::Refused(const std::string& name, uint64_t round, const std::string& reason,
+                          uint64_t tokens) {
+  Island* island = Find(name);
+  if (island == nullptr) return;
+  if (island->refused_rounds.count(round)) return;  // the same contribution refused again
+  Pushed(name, round, tokens);
+  island->account.refused[reason] += tokens;
+  constexpr size_t kRefusedRounds = 16;
+  island->refused_rounds[round] = {reason, tokens};
+  if (island->refused_rounds.size() > kRefusedRounds) island->refused_rounds.erase(island->refused_rounds.begin());
+}
+
+void TokenLedger::Dropped(const std::string& name, const std::string& reason, uint64_t tokens) {
+  Island* island = Find(name);
+  if (island != nullptr) island->account.refused[reason] += tokens;
+}
+
+void TokenLedger::Committed(const std::string& name, uint64_t tokens, bool stale) {
+  Island* island = Find(name);
+  if (island == nullptr) return;
+  (stale ? island->account.stale : island->account.on_time) += tokens;
+}
+
+TokenAccount TokenLedger::AccountOf(const Island& island) const {
+  TokenAccount a = island.account;
+  for (const auto& [id, p] : island.processes) {
+    // Heartbeats lag the steps by up to a heartbeat: a process trained at least what it pushed.
+    const uint64_t trained = std::max(p.trained, p.pushed);
+    a.trained += trained;
+    // A process that is not the island's latest has died (or ended): what it trained past its
+    // contributions is trained again by the one after it.
+    if (id != island.latest) a.recomputed += trained - p.pushed;
+  }
+  return a;
+}
+
+std::map<std::string, TokenAccount> TokenLedger::Totals() const {
+  std::map<std::string, TokenAccount> out;
+  for (const auto& [name, island] : islands_) out[name] = AccountOf(island);
+  return out;
+}
+
+std::map<std::string, TokenAccount> TokenLedger::TakeSlice() {
+  std::map<std::string, TokenAccount> totals = Totals(), slice;
+  for (const auto& [name, now] : totals) {
+    const TokenAccount& before = taken_[name];
+    TokenAccount d;
+    d.trained = now.trained - std::min(now.trained, before.trained);
+    d.on_time = now.on_time - std::min(now.on_time, before.on_time);
+    d.stale = now.stale - std::min(now.stale, before.stale);
+    d.recomputed = now.recomputed - std::min(now.recomputed, before.recomputed);
+    for (const auto& [reason, tokens] : now.refused) {
+      auto it = before.refused.find(reason);
+      const uint64_t was = it == before.refused.end() ? 0 : it->second;
+      if (tokens > was) d.refused[reason] = tokens - was;
+    }
+    if (!d.empty()) slice[name] = std::move(d);
+  }
+  taken_ = std::move(totals);
+  return slice;
+}
+
+}  // namespace atl::outer

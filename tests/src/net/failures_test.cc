@@ -1,0 +1,304 @@
+// Islands that fail, pause, leave or come back while a run trains, as processes over TCP
+// (`atoll local`): every round commits once, every copy ends bit-identical, and the work the
+// islands trained reaches the global model (outer/island/rejoin.cc, outer/service/rounds.h).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/cli/chaos.h"
+#include "src/observe/metrics.h"
+#include "tests/src/net/run_util.h"
+#include "tests/test_util.h"
+
+namespace atl {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kTokensPerStep = 4 * 32;  // RunTwoIslands' batch x context
+
+// Tokens of fragment 0's committed contributions (each step's once), on time and late.
+uint64_t CommittedTokens(const testing::TempDir& dir) {
+  uint64_t tokens = 0;
+  for (const auto& r : testing::ServiceRounds(dir)) {
+    if (r["fragment"] == 0) tokens += r["tokens"].get<uint64_t>();
+  }
+  return tokens;
+}
+
+// Every island named reached `steps` and ends on the same global parameters as the others.
+void ExpectFinishedTogether(const testing::TempDir& dir, const std::vector<std::string>& islands,
+                            int steps) {
+  for (const auto& island : islands) {
+    const auto summary = testing::IslandSummary(dir, island);
+    EXPECT_EQ(summary["step"], steps) << island;
+    EXPECT_EQ(summary["global_hash"], testing::IslandSummary(dir, islands[0])["global_hash"])
+        << island;
+  }
+}
+
+// An island's token account, summed over the rounds' ledgers (outer/service/token_ledger.h).
+outer::TokenAccount Account(const testing::TempDir& dir, const std::string& island) {
+  outer::TokenAccount sum;
+  for (const auto& r : testing::ServiceRounds(dir)) {
+    if (r.contains("ledger") && r["ledger"].contains(island)) {
+      sum.Add(TokenAccountFromJson(r["ledger"][island]));
+    }
+  }
+  return sum;
+}
+
+// Chaos, CI-sized: 3 islands; island1 is SIGKILLed after round 2, island3 joins after round 3
+// (taking the dead island's data stream once its lease has run out), the coordinator is SIGKILLed
+// after round 6 and restarted from its durable state (the islands rejoin), island2 leaves with
+// SIGTERM after round 9. Training reaches its last step; every round commits exactly once and in
+// order; the islands alive at the end hold the service's final parameters bit for bit.
+TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
+  testing::TempDir dir;
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  testing::WriteFile(dir.Join("run.toml"),
+                     "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
+                     "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
+                     "[train]\nsteps = 80\nbatch_size = 4\neval_every = 0\neval_batches = 2\n"
+                     "threads = 1\n[optim]\nwarmup_steps = 2\n"
+                     "[outer]\nsync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.5\n"
+                     "join_warmup_steps = 4\n");
+  // Throttled, so that the run lasts a few seconds: long enough for a process to start and join.
+  const auto run = testing::RunCommand(
+      std::string(ATOLL_BIN) + " local --islands 3 --config " + dir.Join("run.toml") +
+      " --run-dir " + dir.Join("run") + " --throttle 4,4,4" +
+      " --kill island1@round2 --join island3@round3 --kill coordinator@round6" +
+      " --term island2@round9");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island1' declared dead"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island3' joined at round"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("island 'island2' left at round"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll coordinator: resumed run 'atoll' at round"));
+  EXPECT_THAT(run.output, ::testing::HasSubstr("[island0] rejoined at round"));
+
+  std::vector<uint64_t> rounds;
+  std::vector<std::string> hashes;
+  std::ifstream log(dir.Join("run/coordinator/rounds.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    auto j = nlohmann::json::parse(line);
+    rounds.push_back(j["round"].get<uint64_t>());
+    hashes.push_back(j["params_hash"]);
+  }
+  std::vector<uint64_t> expected(20);
+  for (uint64_t r = 0; r < 20; ++r) expected[r] = r;
+  EXPECT_EQ(rounds, expected);  // none lost, none applied twice
+  for (const char* island : {"island0", "island3"}) {
+    auto summary =
+        nlohmann::json::parse(testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
+    EXPECT_EQ(summary["step"], 80) << island;
+    EXPECT_EQ(summary["global_hash"], hashes.back()) << island;
+    const double loss = summary["val_loss"].get<double>();
+    EXPECT_TRUE(std::isfinite(loss));
+    EXPECT_LT(loss, std::log(256.0));  // below a uniform guess over bytes
+  }
+}
+
+// An island killed mid-run comes back from its own checkpoint (written in the background every
+// 4 steps): it rejoins under its name, restores its AdamW state and data cursor, fetches the
+// global parameters, and the run ends with every copy bit-identical.
+TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir,
+      "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\n",
+      // Island1's new process must rejoin before island0 ends the run alone: it starts at round
+      // 3 of 12, with about 3 s of island0's rounds still to go (a loaded CI machine once took
+      // over 1 s to start it, when 1.1 s were left).
+      "--throttle 8,8 --train.steps=48 --train.checkpoint_every=4 --kill island1@round2 "
+      "--join island1@round3");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("[island1] resumed from its checkpoint of step"));
+  // First joiners build the seeded initial parameters themselves and check them against the
+  // service's hash: nothing downloaded. The restarted island's own parameters are not the
+  // service's (3 rounds later): it downloads them.
+  EXPECT_THAT(run.output, ::testing::ContainsRegex(
+                              "\\[island0\\] joined sync run 'atoll' at round 0: [^\n]*state: 0.0 "
+                              "MiB in [^\n]*1 of 1 fragment\\(s\\) its own seeded parameters"));
+  EXPECT_THAT(run.output, ::testing::ContainsRegex(
+                              "\\[island1\\] joined sync run 'atoll' at round [1-9][^\n]*state: "
+                              "0.[1-9] MiB in [0-9.]*s\\)"));
+  // It owes the steps it was down for and trains them (the run takes longer): every step of both
+  // islands reaches the global model once, and the restart lost at most the steps since its last
+  // push (its checkpoint is written at every round).
+  const auto service = testing::ServiceHashes(dir);
+  ASSERT_GE(service.at(0).size(), 12u);
+  EXPECT_EQ(CommittedTokens(dir), 2u * 48 * kTokensPerStep);
+  EXPECT_LE(Account(dir, "island1").recomputed, 4 * kTokensPerStep) << run.output;
+  ExpectFinishedTogether(dir, {"island0", "island1"}, 48);
+  EXPECT_EQ(testing::IslandSummary(dir, "island0")["global_hash"], service.at(0).back());
+  EXPECT_GT(testing::IslandSummary(dir, "island1")["checkpoints"].get<int>(), 0);
+}
+
+// A restarted island of a Streaming run takes part at the position its fragments' rounds put it,
+// not fragment 0's alone (a fragment's round starts up to H steps after fragment 0's): each of its
+// pushes comes the same number of its own steps (the steps it owes) before the other island's push
+// of the same round, and both reach the last step with every token of fragment 0 committed.
+// Pushing at fragment 0's position, it would run H steps out of step and wait on the other island
+// at the end until the round deadline.
+TEST(ChaosTest, ARestartedIslandOfAStreamingRunPushesEachRoundAtTheRunsPosition) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir,
+      "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
+      "lease_s = 1.0\nround_timeout_s = 20\n",
+      "--throttle 8,8 --train.steps=64 --kill island1@round6 --join island1@round10");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
+  // The round its new process joined at: its pushes from there on.
+  const std::string joined = "[island1] joined sync run 'atoll' at round ";
+  const auto at = run.output.find(joined, run.output.find(joined) + 1);
+  ASSERT_NE(at, std::string::npos) << run.output;
+  const int rejoined = std::stoi(run.output.substr(at + joined.size()));
+  // (fragment, round) -> the step each island pushed it at.
+  std::map<std::pair<int, int>, int> pushed[2];
+  const char* islands[] = {"island0", "island1"};  // island1 resumed in its own directory
+  for (int i = 0; i < 2; ++i) {
+    std::ifstream metrics(dir.Join(std::string("run/") + islands[i] + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("round")) continue;
+      pushed[i][{j["fragment"].get<int>(), j["round"].get<int>()}] = j["pushed_at"].get<int>();
+    }
+  }
+  int shared = 0;
+  std::set<int> lags;  // the other island's step minus the restarted one's, for the same round
+  for (const auto& [round, step] : pushed[1]) {
+    // Not its last pushes: an island ends the run pushing every fragment after its last step.
+    if (!pushed[0].count(round) || round.second <= rejoined || step == 64 ||
+        pushed[0].at(round) == 64) {
+      continue;
+    }
+    ++shared;
+    lags.insert(pushed[0].at(round) - step);
+  }
+  EXPECT_GE(shared, 8) << run.output;  // the restarted island's rounds, at least two per fragment
+  EXPECT_EQ(lags.size(), 1u) << run.output;
+  EXPECT_GE(*lags.begin(), 0);
+  EXPECT_EQ(CommittedTokens(dir), 2u * 64 * kTokensPerStep);
+  ExpectFinishedTogether(dir, {"island0", "island1"}, 64);
+}
+
+// --chaos, CI-sized: failures drawn from a seed (SIGKILL, then a restart from the checkpoint;
+// SIGSTOP past the lease) while 2 islands train. The run reaches its last round, the islands that
+// finish end on the same global parameters (one that comes back after the other has ended the run
+// alone finds no service), and the report counts the tokens that reached the global model.
+TEST(ChaosTest, RandomFailuresFromASeedAreSurvivedAndMeasured) {
+  testing::TempDir dir;
+  const std::string chaos = "seed=11,every=2,down=1.5";
+  ASSERT_LT(ChaosPlan(*ParseChaos(chaos), 2).Next().at_s, 2.0);  // the first comes early
+  // A victim that comes back after the other island has ended the run alone gives up within 5 s.
+  const auto run = testing::RunTwoIslands(
+      dir, "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\nreconnect_timeout_s = 5\n",
+      "--throttle 8,8 --train.steps=48 --train.checkpoint_every=4 --chaos " + chaos);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, ::testing::HasSubstr("atoll local: chaos: goodput "));
+  const auto report = nlohmann::json::parse(testing::ReadFile(dir.Join("run/chaos.json")));
+  EXPECT_GE(report["failures"].get<int>(), 1) << run.output;
+  EXPECT_TRUE(report["identical"].get<bool>()) << run.output;
+  EXPECT_GE(report["finished"].get<int>(), 1);
+  EXPECT_GE(report["rounds"].get<int>(), 12);
+  EXPECT_EQ(report["tokens_expected"].get<uint64_t>(), 2u * 48 * 4 * 32);
+  const double goodput = report["goodput"].get<double>();
+  EXPECT_GT(goodput, 0);
+  EXPECT_LE(goodput, 1.0);
+  // What reached the global model is what the service's rounds record.
+  uint64_t tokens = 0;
+  std::ifstream rounds(dir.Join("run/coordinator/rounds.jsonl"));
+  for (std::string line; std::getline(rounds, line);) tokens += nlohmann::json::parse(line)["tokens"].get<uint64_t>();
+  EXPECT_EQ(report["tokens_committed"].get<uint64_t>(), tokens);
+  // The ledger's account: everything committed was trained; on time and stale make the goodput.
+  const auto& account = report["token_account"];
+  EXPECT_EQ(account["on_time"].get<uint64_t>() + account["stale"].get<uint64_t>(), tokens);
+  EXPECT_GE(account["trained"].get<uint64_t>(), tokens);
+}
+
+
+// An island paused (SIGSTOP) past its lease mid-round is dropped; the round goes on without it
+// after its grace window. When it comes back it rejoins keeping its progress: the steps it had
+// trained towards the round it missed are carried onto the new global parameters and reach the
+// model with its next push, and it trains the steps it owes. Nothing it trained is lost: fragment
+// 0's rounds commit every token of both islands, and every copy ends bit-identical.
+TEST(ChaosTest, APausedIslandKeepsItsProgress) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir, "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\n",
+      "--throttle 30,30 --train.steps=32 --stop island1@round2:2.5");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("SIGSTOP to island1 for 2.5 s"));
+  EXPECT_THAT(run.output, HasSubstr("island 'island1' declared dead"));
+  EXPECT_THAT(run.output, HasSubstr("[island1] rejoined at round"));
+  EXPECT_THAT(run.output, HasSubstr("keeping its progress"));
+  EXPECT_EQ(CommittedTokens(dir), 2u * 32 * kTokensPerStep);
+  ExpectFinishedTogether(dir, {"island0", "island1"}, 32);
+  EXPECT_EQ(testing::IslandSummary(dir, "island0")["global_hash"],
+            testing::ServiceHashes(dir).at(0).back());
+}
+
+// The same with 4 fragments and tau = 2 (Streaming): the paused island's work reaches each
+// fragment's open round (on time, or late into the next one), and its rounds after the rejoin
+// include it in every fragment.
+TEST(ChaosTest, APausedStreamingIslandReachesEachFragmentsOpenRound) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir,
+      "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
+      "lease_s = 1.0\n",
+      "--throttle 30,30 --train.steps=48 --stop island1@round6:2.5");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("keeping its progress"));
+  EXPECT_EQ(CommittedTokens(dir), 2u * 48 * kTokensPerStep);
+  // After its rejoin, each fragment commits rounds with island1's contributions.
+  std::map<int, int> with_it;
+  bool back = false;
+  for (const auto& r : testing::ServiceRounds(dir)) {
+    const auto& c = r["contributors"];
+    const bool has = std::find(c.begin(), c.end(), "island1") != c.end();
+    back |= !has;
+    if (back && has) with_it[r["fragment"].get<int>()] += 1;
+  }
+  for (int f = 0; f < 4; ++f) EXPECT_GE(with_it[f], 1) << "fragment " << f << "\n" << run.output;
+  ExpectFinishedTogether(dir, {"island0", "island1"}, 48);
+}
+
+// An island told to leave (SIGTERM) mid-round pushes what it trained since its last push, with
+// the tokens of exactly those steps, before it leaves: its steps all reach the global model, and
+// the other island ends the run alone.
+TEST(ChaosTest, ALeavingIslandPushesItsLastSteps) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      // tau = 3: the island trains on after its push, so that the SIGTERM finds it mid-round.
+      dir, "sync_every = 8\nfragment_sync_delay = 3\nheartbeat_s = 0.2\nlease_s = 1.0\n",
+      // No evaluation at the round's step: the SIGTERM finds the island training, not evaluating.
+      "--throttle 30,30 --train.steps=48 --train.eval_every=0 --term island1@round3");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("[island1] leaving: the last ")) << run.output;
+  const auto left = testing::IslandSummary(dir, "island1");
+  const uint64_t trained = left["step"].get<uint64_t>();
+  EXPECT_LT(trained, 48u);
+  // Island1's share of the committed tokens, from the rounds' token ledger: all it trained.
+  uint64_t island1 = 0;
+  for (const auto& r : testing::ServiceRounds(dir)) {
+    if (!r.contains("ledger") || !r["ledger"].contains("island1")) continue;
+    const auto& a = r["ledger"]["island1"];
+    island1 += a.value("on_time", uint64_t(0)) + a.value("stale", uint64_t(0));
+  }
+  EXPECT_EQ(island1, trained * kTokensPerStep) << run.output;
+  EXPECT_EQ(CommittedTokens(dir), (48 + trained) * kTokensPerStep);
+}
+
+}  // namespace
+}  // namespace atl
