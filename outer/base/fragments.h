@@ -75,6 +75,7 @@ class SyncSchedule {
   // The step round `round` of fragment f starts from (the island's step when it joins in it).
   int64_t RoundStart(int fragment, uint64_t round) const;
   int sync_every() const { return h_; }
+  int64_t early_end() const { return early_end_; }  // the step the warm start and early phases end at
   int num_fragments() const { return p_; }
   const SyncPhases& phases() const { return phases_; }
 

@@ -56,10 +56,8 @@ void ArrivalHistory::Add(double spread_s, double period_s) {
 std::optional<double> ArrivalHistory::Window(const GraceSpec& spec, double period_s,
                                              double floor_s) const {
   if (spec.mode == GraceSpec::Mode::kSeconds) return spec.seconds;
-  if (spec.mode == GraceSpec::Mode::kOff || ratios_.size() < kGraceMinRounds ||
-      !(period_s > 0)) {
-    return std::nullopt;
-  }
+  if (spec.mode == GraceSpec::Mode::kOff || !(period_s > 0)) return std::nullopt;
+  if (ratios_.size() < kGraceMinRounds) return std::max(floor_s, kGraceSlack * period_s);
   const std::vector<double> ratios(ratios_.begin(), ratios_.end());
   const double median = Median(ratios);
   std::vector<double> deviations;

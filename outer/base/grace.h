@@ -3,15 +3,18 @@
 // into the next round (outer.max_staleness, outer/service/rounds.h).
 //
 // "adaptive" follows the run's own arrival times, per fragment: the window is what the recent
-// rounds' last arrivals took after their quorum, relative to the round's period (the time between
-// two rounds' quorums, so that a run's one-step warm-start rounds teach the window for its H-step
-// rounds), at its median plus k = 3 median absolute deviations (the robust centre and spread: the
-// rule hivemind's and torchft's users ask for instead of hand-set timeouts), plus a quarter of the
-// period, and at least kGraceFloorSeconds. The quarter period is the slack for what the history
-// does not show: the phase an overlapped (tau > 0) or restarted island runs at. A straggler later
-// than that is cut; waiting less than a quarter round for it costs less than its weight. Until a
-// fragment has kGraceMinRounds complete rounds (and never for the first, which waits for the run's
-// islands to start), the round waits outer.round_timeout_s, as "off" always does. A number of
+// complete rounds' last arrivals took after their quorum, relative to the round's period (the time
+// between two rounds' quorums, so that a run's one-step warm-start rounds teach the window for its
+// H-step rounds), at its median plus k = 3 median absolute deviations (the robust centre and
+// spread: the rule hivemind's and torchft's users ask for instead of hand-set timeouts), plus a
+// quarter of the period, and at least kGraceFloorSeconds; while a fragment has fewer than
+// kGraceMinRounds complete rounds, the quarter period alone. The quarter period is the slack for
+// what the history does not show (the phase an overlapped, tau > 0, or restarted island runs at).
+// The window cuts what is unusual for the run: a transient straggler, a paused island. An island
+// that is consistently slower makes the spreads it learns from: it is waited for (its pushes
+// would otherwise be stale every round); such a run ends at its tokens with dynamic local steps
+// instead (outer.run_end, outer/island/round_policy.cc). The first round (no period yet; it waits
+// for the run's islands to start) waits outer.round_timeout_s, as "off" always does. A number of
 // seconds is a fixed window.
 //
 // Pure logic (absl only): the service keeps one ArrivalHistory per fragment.
@@ -49,7 +52,7 @@ class ArrivalHistory {
  public:
   void Add(double spread_s, double period_s);
   // The window for a round of period `period_s` under `spec`; nullopt: none (the round waits for
-  // outer.round_timeout_s): "off", or "adaptive" without enough history or period.
+  // outer.round_timeout_s): "off", or "adaptive" without a period.
   // At least `floor_s` (kGraceFloorSeconds unless a test asks for less).
   std::optional<double> Window(const GraceSpec& spec, double period_s,
                                double floor_s = kGraceFloorSeconds) const;

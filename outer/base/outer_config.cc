@@ -24,6 +24,12 @@ absl::Status ParseConfigValue(const std::string& text, OuterMode* value) {
 }
 std::string ConfigValueText(OuterMode value) { return EnumValueName(value, kModes); }
 
+constexpr EnumName<RunEnd> kRunEnds[] = {{RunEnd::kSteps, "steps"}, {RunEnd::kTokens, "tokens"}};
+absl::Status ParseConfigValue(const std::string& text, RunEnd* value) {
+  return ParseEnumValue(text, kRunEnds, value);
+}
+std::string ConfigValueText(RunEnd value) { return EnumValueName(value, kRunEnds); }
+
 absl::Status ParseConfigValue(const std::string& text, GlobalCopy* value) {
   return ParseEnumValue(text, kGlobalCopies, value);
 }

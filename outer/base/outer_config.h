@@ -18,6 +18,14 @@ enum class OuterMode { kSync, kAsync };
 absl::Status ParseConfigValue(const std::string& text, OuterMode* value);
 std::string ConfigValueText(OuterMode value);
 
+// What ends a sync run: every island's train.steps (an island that was away trains the steps it
+// owes: the run takes longer), or the run's tokens, islands x train.steps x tokens per step,
+// committed by whichever islands trained them (an island that is up or faster trains more; the
+// learning-rate schedule follows the run's tokens). Async runs always end at their tokens.
+enum class RunEnd { kSteps, kTokens };
+absl::Status ParseConfigValue(const std::string& text, RunEnd* value);
+std::string ConfigValueText(RunEnd value);
+
 // Where an island's rank keeps its copy of the global parameters for making pseudo-gradients:
 // "device" (beside the parameters: made, encoded and merged there), "host" (made and encoded on
 // the host from a copy of the parameters), "auto" (device when the rank trains on a GPU).
@@ -77,11 +85,12 @@ struct OuterConfig {
   bool eager_updates = false;
   // Async DiLoCo (arXiv 2401.09135).
   OuterMode mode = OuterMode::kSync;
+  RunEnd run_end = RunEnd::kSteps;
   // Rounds (sync) or versions (async) a contribution may be stale; -1: 1 round in sync mode (a
   // push after its round committed is folded into the next), 16 versions in async mode.
   int max_staleness = -1;
   bool staleness_scaling = true;          // async: scale a contribution by 1 / (1 + staleness)
-  bool dynamic_local_steps = true;        // async: each island's H follows its throughput (DyLU)
+  bool dynamic_local_steps = true;  // async, sync ending at its tokens: each island's H (DyLU)
   int momentum_delay = 0;                 // async: delayed Nesterov period N (0: outer.islands)
   // Hostile or broken islands (the service refuses or outvotes what no healthy island sends).
   AggregationRule aggregation = AggregationRule::kMean;
@@ -212,6 +221,10 @@ void StreamingKeys(OuterConfig& c, V&& v) {
 template <class V>
 void AsyncKeys(OuterConfig& c, V&& v) {
   v("mode", c.mode, "sync (rounds) or async (updates applied as they arrive)");
+  v("run_end", c.run_end,
+    "sync: \"steps\" (every island trains train.steps; one that was away trains what it owes) "
+    "or \"tokens\" (the run's tokens, whoever trains them: islands that are up or faster train "
+    "more); async runs end at their tokens");
   v("max_staleness", c.max_staleness,
     "sync: a push after its round committed, at most this many rounds late, is folded into the "
     "open round at weight 1 / (1 + staleness) (0: refused); async: versions; -1: 1 (sync), 16 "
@@ -219,7 +232,8 @@ void AsyncKeys(OuterConfig& c, V&& v) {
   v("staleness_scaling", c.staleness_scaling,
     "async: scale a contribution by 1 / (1 + staleness)");
   v("dynamic_local_steps", c.dynamic_local_steps,
-    "async: H of each island follows its inner throughput (DyLU)");
+    "async, and sync runs that end at their tokens: H of each island follows its inner "
+    "throughput (DyLU)");
   v("momentum_delay", c.momentum_delay, "async: delayed Nesterov period N (0: outer.islands)");
 }
 

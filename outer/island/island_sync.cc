@@ -271,18 +271,18 @@ absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, 
   if (!options_.async && pushed->late()) {
     out.late = true;
     out.staleness = pushed->staleness();
+    out.behind_s = pushed->behind_s();
   }
   // Sync: the round's update; after a late push, every round committed since (the island goes on
   // from the open one). Async: every version since the one this contribution started from, its
   // own included.
   const uint64_t until =
       options_.async || out.late ? std::max(pushed->version(), round_ + 1) : round_ + 1;
-  if (options_.async) {
-    out.staleness = pushed->staleness();
-    out.sync_every = pushed->sync_every();
-    out.tokens_committed = pushed->tokens_committed();
-    out.budget_reached = pushed->budget_reached();
-  }
+  // The run's tokens (async; sync runs that end at their tokens).
+  out.tokens_committed = pushed->tokens_committed();
+  out.budget_reached = pushed->budget_reached();
+  out.sync_every = pushed->sync_every();  // async; sync ending at its tokens (DyLU)
+  if (options_.async) out.staleness = pushed->staleness();
   while (round_ < until) {
     const uint64_t r = round_;
     if (auto s = ApplyRound(r, out); !s.ok()) {

@@ -58,6 +58,7 @@ struct RoundOutcome {
   // Sync: the push came after its round committed and was folded into round `version` (its
   // staleness in `staleness`); the island applied its own round's update as usual.
   bool late = false;
+  double behind_s = 0;  // late: seconds since its round committed (the island's phase lag)
 };
 
 // Who an island is to the service: its id and the session credential of its current membership,

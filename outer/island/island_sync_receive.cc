@@ -24,6 +24,7 @@ struct IslandSync::Received {
   absl::Status status;
   uint64_t bytes = 0, params_hash = 0;
   uint32_t contributors = 0;
+  uint64_t run_tokens = 0;
   struct Owned {
     uint64_t at = 0, count = 0;
     compression::CodecSpec spec;
@@ -90,6 +91,7 @@ absl::Status IslandSync::ReceiveOnce(const pb::UpdateRequest& request, const Spa
         *range_hash = c.range_hash();
         got.params_hash = c.params_hash();
         got.contributors = c.contributors();
+        got.run_tokens = c.run_tokens();
         if (c.has_recipe() != relay.has_value() && (relay.has_value() || encoded)) {
           return absl::InvalidArgumentError("an update mixes relayed and encoded chunks");
         }
@@ -180,6 +182,7 @@ absl::Status IslandSync::ApplyRound(uint64_t round, RoundOutcome& out) {
   ATL_RETURN_IF_ERROR(FirstError(statuses));
   if (split) ATL_RETURN_IF_ERROR(CheckSplitHash(received, round, next));
   if (!options_.async) out.contributors = received[0].contributors;
+  out.tokens_committed = std::max(out.tokens_committed, received[0].run_tokens);
   global_ = std::move(next);
   round_ = round + 1;
   if (device_) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -235,6 +236,7 @@ uint64_t OuterStepHook::global_hash() const {
 }
 
 absl::Status OuterStepHook::AfterStep(double steps_per_s) {
+  steps_per_s_ = steps_per_s;
   if (!pending_rejoin_) pending_rejoin_ = session_.TakeRefusal();
   // A rejoin changes what every rank does next: the island rejoins when any rank needs to.
   ATL_ASSIGN_OR_RETURN(auto rejoin, ranks_.Any(pending_rejoin_.has_value()));
@@ -275,6 +277,7 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   InFlight job;
   job.fragment = f;
   job.pushed_at = t;
+  job.position = policy_->Position(t);
   job.apply_at = apply_at;
   job.bytes = compression::EncodedBytes(options_.island.sync.codec, syncs_[f]->global().size());
   job.averaging = policy_->WarmStartAfter(t);
@@ -333,7 +336,8 @@ absl::Status OuterStepHook::Land(bool keep_local) {
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;
   const bool eager = job.eager;
-  ATL_RETURN_IF_ERROR(FollowFirstCarrier(job.fragment, outcome));
+  int64_t behind_steps = 0;
+  ATL_RETURN_IF_ERROR(FollowFirstCarrier(job.fragment, outcome, behind_steps));
   const absl::Status& s = outcome.status();
   if (absl::IsPermissionDenied(s) || absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
     // The service no longer counts this island as a member (declared dead while it was silent),
@@ -361,6 +365,7 @@ absl::Status OuterStepHook::Land(bool keep_local) {
     model_.Merge(job.fragment, global, keep_local ? options_.island.alpha : 0.0);
   }
   policy_->Landed(*outcome, model_, stats_);
+  if (behind_steps > 0) policy_->FellBehind(job.position, model_.step(), behind_steps);
   if (options_.island.auto_tune) {
     ATL_RETURN_IF_ERROR(AdoptTau(outcome->tau));
   }
@@ -388,17 +393,24 @@ absl::Status OuterStepHook::Land(bool keep_local) {
   return absl::OkStatus();
 }
 
-// The service's answers that change what the island does next (tau; async: the island's H, the
-// run's progress and its end) and the round's contributors are those of the first rank that
+// The service's answers that change what the island does next (tau; the island's H, the run's
+// progress and its end; a late push's lag, in the first rank's steps) and the round's
+// contributors are those of the first rank that
 // carries the fragment (rank 0, unless it is a pipeline stage holding none of it): every rank
 // takes them, whatever its own push got (a rank that carries nothing of the fragment got none).
 // Every rank lands the same fragments in the same order, so every rank calls this as often.
-absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome) {
+absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome,
+                                               int64_t& behind_steps) {
+  behind_steps = 0;
+  if (outcome.ok() && outcome->late && std::isfinite(outcome->behind_s * steps_per_s_)) {
+    behind_steps = std::llround(std::clamp(outcome->behind_s * steps_per_s_, 0.0, 1e12));
+  }
   if (ranks_.size() == 1) return absl::OkStatus();
   std::string mine = "!";
   if (outcome.ok()) {
     mine = absl::StrCat(outcome->tau, " ", outcome->sync_every, " ", outcome->tokens_committed,
-                        " ", outcome->budget_reached ? 1 : 0, " ", outcome->contributors);
+                        " ", outcome->budget_reached ? 1 : 0, " ", outcome->contributors, " ",
+                        behind_steps);
   }
   ATL_ASSIGN_OR_RETURN(auto first, ranks_.FromFirstWhere(syncs_[f]->carried(), mine));
   if (!outcome.ok()) return absl::OkStatus();
@@ -407,13 +419,15 @@ absl::Status OuterStepHook::FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundO
   o.sync_every = 0;
   o.tokens_committed = 0;
   o.budget_reached = false;
+  behind_steps = 0;
   if (first == "!") return absl::OkStatus();  // its push failed: the island rejoins
   const std::vector<std::string> parts = absl::StrSplit(first, ' ');
   int budget = 0;
-  if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &o.tau) ||
+  if (parts.size() != 6 || !absl::SimpleAtoi(parts[0], &o.tau) ||
       !absl::SimpleAtoi(parts[1], &o.sync_every) ||
       !absl::SimpleAtoi(parts[2], &o.tokens_committed) || !absl::SimpleAtoi(parts[3], &budget) ||
-      !absl::SimpleAtoi(parts[4], &o.contributors)) {
+      !absl::SimpleAtoi(parts[4], &o.contributors) ||
+      !absl::SimpleAtoi(parts[5], &behind_steps)) {
     return absl::DataLossError("the first carrying rank's answer of the service is garbled");
   }
   o.budget_reached = budget != 0;

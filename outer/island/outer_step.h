@@ -154,6 +154,11 @@ class RoundPolicy {
   virtual bool WarmStartAfter(int64_t) const { return false; }
   virtual uint32_t sync_every() const = 0;
   virtual void Pushed(uint32_t fragment, int64_t t) = 0;
+  // Where step t stands on the run's schedule (sync: the island's step plus the steps it owes).
+  virtual int64_t Position(int64_t t) const { return t; }
+  // Sync: a push made at schedule position `pushed_at` came `behind_steps` of the island's steps
+  // after its round committed (a late push); the island is now at step t.
+  virtual void FellBehind(int64_t /*pushed_at*/, int64_t /*t*/, double /*behind_steps*/) {}
   // A merged round's answer; may move the model's schedule.
   virtual void Landed(const RoundOutcome& outcome, IslandModel& model, OuterStepStats& stats) = 0;
   // After a (re)join, with the global parameters of each fragment's open round loaded: where the
@@ -234,6 +239,7 @@ class OuterStepHook {
   struct InFlight {
     uint32_t fragment = 0;
     int64_t pushed_at = 0, apply_at = 0;
+    int64_t position = 0;  // the schedule's position at the push (RoundPolicy::Position)
     uint64_t bytes = 0;  // encoded payload, counted while in flight
     bool averaging = false;  // a warm-start round: merged with alpha 0
     bool eager = false;      // the island trains on eager_[fragment]'s stand-in until it lands
@@ -275,8 +281,10 @@ class OuterStepHook {
   absl::Status LeaveWithProgress();
   // After each rank's fetch: every rank of the island at the same round of fragment f.
   absl::Status AgreeOnRound(uint32_t f);
-  // Every rank adopts the answer of the first rank that carries fragment f.
-  absl::Status FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome);
+  // Every rank adopts the answer of the first rank that carries fragment f; `behind_steps`: how
+  // many steps late its push was (0: on time).
+  absl::Status FollowFirstCarrier(uint32_t f, absl::StatusOr<RoundOutcome>& outcome,
+                                  int64_t& behind_steps);
   absl::Status AdoptTau(int tau);
 
   Transport& transport_;
@@ -290,6 +298,7 @@ class OuterStepHook {
   std::vector<EagerUpdate> eager_;  // per fragment, with eager updates (sync rounds)
   uint64_t bytes_in_flight_ = 0;
   std::vector<int64_t> last_push_;  // per fragment: step of its last push
+  double steps_per_s_ = 0;          // the island's inner throughput, as AfterStep was told
   bool done_ = false;
   std::optional<absl::Status> pending_rejoin_;
   OuterStepStats stats_;

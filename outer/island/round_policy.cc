@@ -2,6 +2,7 @@
 // run's schedule, async versions on the island's own H.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <thread>
 
@@ -39,33 +40,119 @@ absl::Status FinishWithTheRun(OuterStepHook& hook, bool stopped, double timeout_
   return hook.CatchUp({state.versions().begin(), state.versions().end()});
 }
 
-// Rounds: every island pushes fragment p after steps t = t_p (mod H) of the run's schedule and the
-// round commits when all have; the run ends after the run's steps.
+// A run that ends at its tokens (async; sync with outer.run_end = "tokens"): the learning-rate
+// schedule follows the run's tokens, not the island's steps. Whether the run's budget is spent.
+bool FollowTheRunsTokens(const RunSchedule& schedule, const RoundOutcome& o, IslandModel& model,
+                         OuterStepStats& stats) {
+  if (schedule.token_budget == 0) return false;
+  if (o.tokens_committed > stats.run_tokens) {
+    stats.run_tokens = o.tokens_committed;
+    model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(schedule.token_budget) *
+                                    double(schedule.total_steps)));
+  }
+  return o.budget_reached || o.tokens_committed >= schedule.token_budget;
+}
+
+// Where an island's steps stand on the run's schedule: position(t) = at + (t - from) x rate. An
+// island in step has position t. One that was away owes the steps it missed and stands `lag`
+// steps ahead of its own step (rate 1). One with dynamic local steps (a run that ends at its
+// tokens, outer.run_end) crosses H / H_i positions a step: its rounds have H_i of its steps.
+class SchedulePosition {
+ public:
+  int64_t At(int64_t t) const { return at_ + int64_t(std::floor(double(t - from_) * rate_)); }
+  void MoveTo(int64_t t, int64_t position) {
+    from_ = t;
+    at_ = position;
+  }
+  void MoveBy(int64_t t, int64_t positions) { MoveTo(t, At(t) + positions); }
+  void SetRate(int64_t t, double rate) {
+    MoveTo(t, At(t));
+    rate_ = rate;
+  }
+  double rate() const { return rate_; }
+
+ private:
+  int64_t from_ = 0, at_ = 0;
+  double rate_ = 1;
+};
+
+// Rounds: every island pushes fragment p after positions t = t_p (mod H) of the run's schedule and
+// the round commits when all have (or at its grace window); the run ends after the run's steps,
+// or (outer.run_end = "tokens") once the run's tokens are committed.
 //
 // An island that was away (down, paused, cut off) owes the steps it missed: it trains every one of
-// them (the run takes longer, nothing is skipped), `lag_` steps behind the others. Its pushes
-// follow the run's schedule at its position, its own step + lag_, so that each of its rounds has
-// the steps the others' have (a restarted island in the warm start does not push one-step rounds
-// into the run's H-step ones) and arrives when theirs do; its last push comes after its own last
-// step.
+// them (the run takes longer, nothing is skipped). Its pushes follow the run's schedule at its
+// position (SchedulePosition), so that each of its rounds has the steps the others' have (a
+// restarted island in the warm start does not push one-step rounds into the run's H-step ones)
+// and arrives when theirs do; its last push comes after its own last step.
 class SyncRounds : public RoundPolicy {
  public:
   SyncRounds(const OuterStepOptions& o, uint32_t fragments)
       : options_(o), schedule_(int(o.schedule.sync_every), int(fragments), o.schedule.phases) {}
-  int64_t max_steps() const override { return options_.schedule.total_steps; }
-  bool IsLast(int64_t t) const override { return t == options_.schedule.total_steps; }
-  std::vector<uint32_t> DueAfter(int64_t t) const override { return schedule_.DueAfter(t + lag_); }
+  // A run that ends at its tokens: bounded by the whole budget, as async.
+  int64_t max_steps() const override {
+    return options_.schedule.total_steps *
+           (by_tokens() ? int64_t(options_.schedule.num_data_streams) : 1);
+  }
+  bool IsLast(int64_t t) const override { return finishing_ || t == max_steps(); }
+  // The fragments due at the positions step t crossed (one, at rate 1).
+  std::vector<uint32_t> DueAfter(int64_t t) const override {
+    std::vector<uint32_t> due;
+    for (int64_t p = position_.At(t - 1) + 1; p <= position_.At(t); ++p) {
+      for (uint32_t f : schedule_.DueAfter(p)) {
+        if (std::find(due.begin(), due.end(), f) == due.end()) due.push_back(f);
+      }
+    }
+    std::sort(due.begin(), due.end());
+    return due;
+  }
   int64_t Delay() const override { return tau_; }
   void SetDelay(int64_t tau) override { tau_ = tau; }
+  // In the island's steps: a fragment lands before its next push.
   int64_t DelayAfter(uint32_t f, int64_t t) const override {
-    return std::min(tau_, schedule_.NextDue(int(f), t + lag_) - (t + lag_) - 1);
+    const int64_t p = position_.At(t);
+    const double steps = std::ceil(double(schedule_.NextDue(int(f), p) - p) / position_.rate());
+    return std::min(tau_, int64_t(steps) - 1);
   }
   bool WarmStartAfter(int64_t t) const override {
-    return t + lag_ <= schedule_.phases().warm_start_steps;
+    return position_.At(t) <= schedule_.phases().warm_start_steps;
   }
-  uint32_t sync_every() const override { return options_.schedule.sync_every; }
+  // The island's own H: the run's, or fewer steps where it trains slower (dynamic local steps).
+  uint32_t sync_every() const override {
+    return uint32_t(std::max<int64_t>(
+        1, std::llround(double(options_.schedule.sync_every) / position_.rate())));
+  }
   void Pushed(uint32_t, int64_t) override {}
-  void Landed(const RoundOutcome&, IslandModel&, OuterStepStats&) override {}
+  int64_t Position(int64_t t) const override { return position_.At(t); }
+  // A run that ends at its tokens: the service's H for this island (dynamic local steps, from
+  // the throughputs the islands report), once past the warm start and early phases.
+  void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
+    finishing_ |= FollowTheRunsTokens(options_.schedule, o, model, stats);
+    const int64_t t = model.step();
+    if (by_tokens() && o.sync_every > 0 && position_.At(t) >= schedule_.early_end()) {
+      const double rate = double(schedule_.sync_every()) / double(o.sync_every);
+      if (rate != position_.rate()) position_.SetRate(t, std::max(1.0, rate));
+    }
+  }
+  // A late push: the island is out of phase with the others, behind by the steps it could have
+  // trained since its round committed. Left so, it would be late in every round after (nobody
+  // waits for it); it moves its position up by that much (steps it then owes, trained at the
+  // end), so that its next push comes when the others' does. Only pushes made since the last move
+  // show its phase now; a move skips no fragment's due position, step t's own included (its
+  // pushes may not have been made yet).
+  void FellBehind(int64_t pushed_at, int64_t t, double behind_steps) override {
+    if (pushed_at < moved_at_ || !(behind_steps >= 1)) return;
+    const int64_t position = position_.At(t), before = position_.At(t - 1);
+    int64_t room = INT64_MAX;
+    for (int f = 0; f < schedule_.num_fragments(); ++f) {
+      room = std::min(room, schedule_.NextDue(f, before) - position - 1);
+    }
+    const double positions = std::min(behind_steps * position_.rate(), 1e12);
+    const int64_t move = std::min<int64_t>(room, std::llround(positions));
+    if (move <= 0) return;
+    position_.MoveBy(t, move);
+    moved_at_ = position + move;
+  }
   // Back on the run's rounds, at the start of the open ones (`run`):
   // - a new island (no step of its own, no contribution) joins at the run's step: it owes nothing;
   // - one behind (it was away, or restarted from a checkpoint) keeps its step and owes the rest:
@@ -78,30 +165,37 @@ class SyncRounds : public RoundPolicy {
     int64_t own = model.step();
     const int64_t done =
         at.done.empty() ? 0 : int64_t(std::min<uint64_t>(at.done[0], uint64_t(max_steps())));
-    if (own == 0 && lag_ == 0 && done == 0) {
+    if (own == 0 && position_.At(0) == 0 && done == 0) {
       model.JumpToStep(run);
+      position_.MoveTo(run, run);
       return;
     }
     if (done > own) {
       own = done;
       model.JumpToStep(own);
     }
-    const int64_t back = own + lag_ - run;
+    const int64_t back = position_.At(own) - run;
     if (at.ahead && back > 0) {
       own = std::max<int64_t>(0, own - back);
       model.JumpToStep(own);
+      position_.MoveTo(own, run);
+    } else {
+      position_.MoveTo(own, std::max(position_.At(own), run));
     }
-    lag_ = std::max<int64_t>(at.ahead ? 0 : lag_, run - own);
+    moved_at_ = position_.At(own);
   }
   absl::Status Finish(OuterStepHook& hook, bool stopped) override {
     return FinishWithTheRun(hook, stopped, options_.island.round_timeout_s);
   }
 
  private:
+  bool by_tokens() const { return options_.schedule.token_budget > 0; }
   const OuterStepOptions options_;
   const SyncSchedule schedule_;
   int64_t tau_ = options_.island.tau;
-  int64_t lag_ = 0;  // steps behind the run's schedule (an island that was away)
+  SchedulePosition position_;
+  int64_t moved_at_ = 0;    // the position FellBehind last moved the island to
+  bool finishing_ = false;  // a run that ends at its tokens: they are spent
 };
 
 // Versions: each contribution is applied as it arrives; the island's H follows its throughput
@@ -134,12 +228,7 @@ class AsyncVersions : public RoundPolicy {
   void Pushed(uint32_t f, int64_t t) override { next_due_[f] = t + h_now_; }
   void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
     if (o.sync_every > 0) h_now_ = o.sync_every;
-    finishing_ |= o.budget_reached;
-    if (o.tokens_committed > stats.run_tokens && options_.schedule.token_budget > 0) {
-      stats.run_tokens = o.tokens_committed;
-      model.FollowRunProgress(int64_t(double(stats.run_tokens) / double(options_.schedule.token_budget) *
-                                      double(options_.schedule.total_steps)));
-    }
+    finishing_ |= FollowTheRunsTokens(options_.schedule, o, model, stats);
     stats.staleness.push_back(o.staleness);
   }
   void Rejoined(const RejoinPoint&, IslandModel&) override {}

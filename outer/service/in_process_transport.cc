@@ -20,6 +20,7 @@ absl::Status StreamRelayed(const CommittedRound& r, const pb::UpdateRequest& req
     u.set_params_hash(r.params_hash);
     u.set_range_hash(range_hash);
     u.set_contributors(uint32_t(r.contributors.size()));
+    u.set_run_tokens(r.run_tokens);
     return u;
   };
   bool sent = false;
@@ -83,6 +84,7 @@ absl::Status StreamUpdate(SyncServer& server, const pb::UpdateRequest& request,
     u.set_params_hash(r.params_hash);
     u.set_range_hash(range_hash);
     u.set_contributors(uint32_t(r.contributors.size()));
+    u.set_run_tokens(r.run_tokens);
     if (!write(std::move(u))) return absl::CancelledError("the caller went away");
   }
   return absl::OkStatus();

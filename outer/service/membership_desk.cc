@@ -48,7 +48,6 @@ absl::StatusOr<pb::JoinResponse> MembershipDesk::Join(const pb::JoinRequest& req
   joined.data_parallel = data_parallel;
   joined.resume_floor = core_.ResumeFloorLocked();
   *core_.membership.FindMutable(joined.name) = joined;
-  rounds_.RealignLocked(joined.name);  // its first rounds wait for it, window or not
   const Member& m = joined;
   core_.complement_reached |= core_.membership.size() >= core_.options.num_data_streams;
   core_.membership_cv.notify_all();

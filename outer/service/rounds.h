@@ -99,11 +99,6 @@ class Rounds {
   bool AllArrivedLocked(const ServiceFragment& f) const;
   // Under mu: a round that just reached its quorum gets its grace window (outer.grace).
   void OpenGraceLocked(ServiceFragment& f, absl::Time now);
-  // Under mu: an island that (re)joined, or that a round of a fragment was committed without, is
-  // waited for in its next round of the fragment, window or not: once, so that it is back in step
-  // with the others (else an island a pause put out of phase stays late in every round after).
-  void RealignLocked(const std::string& island);
-  bool RealigningMissingLocked(const ServiceFragment& f) const;
   void RunCommits(std::vector<CommitJob> jobs);
   // Under mu: what the rounds kept for an island that left or died.
   void ForgetLocked(const std::string& island);
@@ -183,6 +178,8 @@ class Rounds {
   uint64_t OpenRoundLocked(const ServiceFragment& f) const;
   absl::Status CheckLateLocked(const ServiceFragment& frag, const PayloadId& id) const;
   pb::PushResponse RecordLateLocked(const PayloadId& id, Contribution c);
+  // The run's tokens so far and whether they reached its budget (async; sync ending at its tokens).
+  void SetRunTokensLocked(pb::PushResponse& response) const;
   absl::Status CheckAsyncLocked(const ServiceFragment& f, uint32_t fragment,
                                 const std::string& island, uint64_t base) const;
   // Refuses a contribution claiming more tokens than its round allows the island (see
@@ -253,8 +250,6 @@ class Rounds {
   // Under mu: DoneStepLocked's, by island name (at most kMaxDoneIslands names are kept).
   static constexpr size_t kMaxDoneIslands = 4096;
   std::map<std::string, std::vector<uint64_t>> done_steps_;
-  // Under mu: RealignLocked's, by island name and fragment (bounded as done_steps_).
-  std::map<std::string, std::vector<char>> realign_;
 };
 
 }  // namespace atl::outer

@@ -27,7 +27,10 @@ bool Rounds::AllArrivedLocked(const ServiceFragment& f) const {
   // A member that has finished (it waits for the others to end the run), or that pushed the
   // fragment after the run's last step, pushes no more rounds of it: an island that trains on
   // after it (it owes the steps it was away for) commits those alone.
-  const uint64_t last = core_.options.async ? UINT64_MAX : core_.options.total_inner_steps;
+  // (A run that ends at its tokens has no last step: islands train on until it does.)
+  const uint64_t last = core_.options.async || core_.options.token_budget > 0
+                            ? UINT64_MAX
+                            : core_.options.total_inner_steps;
   for (const auto& [id, m] : core_.membership.members()) {
     if (!m.finished && Membership::Required(m, fragment, f.round) &&
         (last == 0 || DoneStepLocked(id, fragment) < last)) {
@@ -44,26 +47,7 @@ bool Rounds::ReadyLocked(const ServiceFragment& f, absl::Time now) const {
   if (f.contributions.empty()) return !f.late.empty() && AllArrivedLocked(f);
   if (AllArrivedLocked(f)) return true;
   if (int(f.contributions.size()) < core_.options.min_islands) return false;
-  if (now >= f.deadline) return true;
-  return now >= f.grace_deadline && !RealigningMissingLocked(f);
-}
-
-bool Rounds::RealigningMissingLocked(const ServiceFragment& f) const {
-  const uint32_t fragment = uint32_t(&f - core_.fragments.data());
-  for (const auto& [id, m] : core_.membership.members()) {
-    if (f.contributions.count(id) || m.finished ||
-        !Membership::Required(m, fragment, f.round)) {
-      continue;
-    }
-    auto it = realign_.find(id);
-    if (it != realign_.end() && fragment < it->second.size() && it->second[fragment]) return true;
-  }
-  return false;
-}
-
-void Rounds::RealignLocked(const std::string& island) {
-  if (!realign_.count(island) && realign_.size() >= kMaxDoneIslands) return;
-  realign_[island].assign(core_.fragments.size(), 1);
+  return now >= f.deadline || now >= f.grace_deadline;
 }
 
 void Rounds::OpenGraceLocked(ServiceFragment& f, absl::Time now) {
@@ -95,14 +79,6 @@ std::vector<Rounds::CommitJob> Rounds::TakeReadyLocked(absl::Time now) {
     f.previous_quorum_at = f.quorum_at;
     f.quorum_at = absl::InfinitePast();
     f.grace_deadline = absl::InfiniteFuture();
-    // The members it is committed without are waited for in their next round of the fragment.
-    for (const auto& [id, m] : core_.membership.members()) {
-      if (f.contributions.count(id) || m.finished || !Membership::Required(m, i, f.round)) continue;
-      if (!realign_.count(id) && realign_.size() >= kMaxDoneIslands) continue;
-      auto& flags = realign_[id];
-      flags.resize(core_.fragments.size(), 0);
-      flags[i] = 1;
-    }
     CommitJob job;
     job.grace_s = f.grace_s;
     f.grace_s = -1;
@@ -312,6 +288,9 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
   committed->tokens = result.record.tokens;
   committed->staleness = result.record.staleness;
   committed->grace_s = result.record.grace_s;
+  // Sync: the run's tokens (async counts its own as each contribution is applied).
+  if (!core_.options.async && fragment == 0) core_.tokens_committed += result.record.tokens;
+  committed->run_tokens = core_.tokens_committed;
   committed->stale_contributors = std::move(result.record.stale_contributors);
   committed->stale_tokens = result.record.stale_tokens;
   committed->dropped = std::move(result.record.dropped);

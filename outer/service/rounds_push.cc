@@ -288,6 +288,13 @@ absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushS
     }
     response = RecordLocked(id, std::move(c), jobs);
     if (tuner_) TuneLocked(id.island_id, stream->figures_, *response);
+    if (core_.options.token_budget > 0) {
+      // A sync run that ends at its tokens: each island's H follows its throughput (DyLU).
+      if (stream->figures_.steps_per_s > 0) {
+        steps_per_s_[id.island_id] = stream->figures_.steps_per_s;
+      }
+      response->set_sync_every(SyncEveryLocked(id.island_id));
+    }
   }
   // The contribution that completed its round commits it (outside core_.mu).
   RunCommits(std::move(jobs));
@@ -318,6 +325,12 @@ void Rounds::TuneLocked(const std::string& island, const IslandFigures& figures,
     response.set_tau_set(true);
     response.set_tau(uint32_t(*tau));
   }
+}
+
+void Rounds::SetRunTokensLocked(pb::PushResponse& response) const {
+  response.set_tokens_committed(core_.tokens_committed);
+  response.set_budget_reached(core_.options.token_budget > 0 &&
+                              core_.tokens_committed >= core_.options.token_budget);
 }
 
 uint64_t Rounds::OpenRoundLocked(const ServiceFragment& f) const {
@@ -358,6 +371,13 @@ pb::PushResponse Rounds::RecordLateLocked(const PayloadId& id, Contribution c) {
   response.set_fragment(id.fragment);
   response.set_contributors(uint32_t(frag.contributions.size()));
   response.set_late(true);
+  SetRunTokensLocked(response);
+  for (const auto& committed : frag.committed) {
+    if (committed->round == id.round) {
+      response.set_behind_s(std::max(
+          0.0, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - committed->commit_unix_s));
+    }
+  }
   response.set_version(open);
   response.set_staleness(uint32_t(open - id.round));
   return response;
@@ -382,15 +402,12 @@ absl::StatusOr<pb::PushResponse> Rounds::RecordLocked(const PayloadId& id, Contr
     frag.opened = now;
   }
   frag.last_arrival = now;
-  if (auto it = realign_.find(id.island_id);
-      it != realign_.end() && id.fragment < it->second.size()) {
-    it->second[id.fragment] = 0;  // in step again
-  }
   if (int(frag.contributions.size()) == core_.options.min_islands) OpenGraceLocked(frag, now);
   pb::PushResponse response;
   response.set_round(id.round);
   response.set_fragment(id.fragment);
   response.set_contributors(uint32_t(frag.contributions.size()));
+  SetRunTokensLocked(response);
   jobs = TakeReadyLocked(now);
   return response;
 }
@@ -542,9 +559,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   response.set_version(frag.round);
   response.set_staleness(uint32_t(staleness));
   response.set_sync_every(SyncEveryLocked(id.island_id));
-  response.set_tokens_committed(core_.tokens_committed);
-  response.set_budget_reached(core_.options.token_budget > 0 &&
-                              core_.tokens_committed >= core_.options.token_budget);
+  SetRunTokensLocked(response);
   frag.applied[id.island_id] = {id.round, response};
   return response;
 }

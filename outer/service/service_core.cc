@@ -84,7 +84,10 @@ int64_t ServiceCore::ResumeFloorLocked() const {
 }
 
 bool ServiceCore::AllDoneLocked() const {
-  if (options.async) return options.token_budget > 0 && tokens_committed >= options.token_budget;
+  // Async runs, and sync ones that end at their tokens (outer.run_end).
+  if (options.async || options.token_budget > 0) {
+    return options.token_budget > 0 && tokens_committed >= options.token_budget;
+  }
   const uint64_t steps = options.total_inner_steps;
   const uint64_t rounds = fragments[0].round;
   return steps > 0 && rounds > 0 && uint64_t(Schedule().DueStep(0, rounds - 1)) >= steps;

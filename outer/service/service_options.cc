@@ -35,8 +35,10 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
     o.async = true;
     o.max_staleness = outer.max_staleness < 0 ? 16 : uint32_t(outer.max_staleness);
     o.staleness_scaling = outer.staleness_scaling;
-    o.dynamic_local_steps = outer.dynamic_local_steps;
     o.optimizer.momentum_delay = outer.momentum_delay > 0 ? outer.momentum_delay : outer.islands;
+  }
+  if (outer.async() || outer.run_end == RunEnd::kTokens) {
+    o.dynamic_local_steps = outer.dynamic_local_steps;
     // The token budget of the run: T inner steps on each of the M islands.
     o.token_budget = run.total_inner_steps * uint64_t(outer.islands) * run.tokens_per_step;
   }

@@ -124,6 +124,7 @@ struct CommittedRound {
   double commit_unix_s = 0;
   uint64_t staleness = 0;  // async: versions between the contribution's start and its arrival
   double grace_s = -1;     // sync: the grace window the round got after its quorum (-1: none)
+  uint64_t run_tokens = 0;  // the run's tokens committed with this round (fragment 0's)
   // Sync: late contributions folded into this round (each made for an earlier round), and their
   // tokens (counted in `tokens` too, whole; weighed at 1 / (1 + staleness) in the mean).
   std::vector<std::string> stale_contributors;

@@ -382,7 +382,8 @@ absl::Status ServeUntilDone(const Config& config, const CoordinatorOptions& opti
   uint64_t trimmed_at = sync.committed_rounds();
   for (int tick = 0; options.stop == nullptr || !options.stop->load(); ++tick) {
     const uint64_t committed = sync.committed_rounds();
-    const bool done = config.outer.async() ? sync.budget_reached() : committed >= total_rounds;
+    const bool by_tokens = config.outer.async() || config.outer.run_end == outer::RunEnd::kTokens;
+    const bool done = by_tokens ? sync.budget_reached() : committed >= total_rounds;
     // A round's pushes arrive on many threads in gRPC's small buffers, which glibc keeps in
     // per-thread heaps between the big blocks that stay: once a round has committed, the free
     // pages go back to the system.

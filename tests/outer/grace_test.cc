@@ -25,26 +25,31 @@ TEST(GraceTest, ParsesAdaptiveOffAndSeconds) {
   EXPECT_EQ(ConfigValueText(g), "adaptive");  // a refusal changes nothing
 }
 
-TEST(GraceTest, AdaptiveWaitsForHistoryThenFollowsTheSpreads) {
+TEST(GraceTest, AdaptiveStartsAtAQuarterPeriodThenFollowsTheSpreads) {
   const GraceSpec adaptive;
   ArrivalHistory h;
-  EXPECT_FALSE(h.Window(adaptive, 10).has_value());
+  EXPECT_FALSE(h.Window(adaptive, 0).has_value());  // no period: the first round
+  EXPECT_DOUBLE_EQ(*h.Window(adaptive, 10), 2.5);   // no history: a quarter period
   // Spreads of 1, 2 and 3 s over rounds of 10 s: ratios 0.1, 0.2, 0.3; median 0.2, MAD 0.1.
   h.Add(1, 10);
   h.Add(2, 10);
-  EXPECT_FALSE(h.Window(adaptive, 10).has_value());  // fewer than kGraceMinRounds
+  EXPECT_DOUBLE_EQ(*h.Window(adaptive, 10), 2.5);  // fewer than kGraceMinRounds
   h.Add(3, 10);
   ASSERT_TRUE(h.Window(adaptive, 10).has_value());
   EXPECT_DOUBLE_EQ(*h.Window(adaptive, 10), (0.2 + 3 * 0.1 + 0.25) * 10);
+  // Spreads of 0.2, 0.4, 0.6 s: median 0.04, MAD 0.02 of the period.
+  ArrivalHistory tight;
+  for (double spread : {0.2, 0.4, 0.6}) tight.Add(spread, 10);
+  EXPECT_NEAR(*tight.Window(adaptive, 10), (0.04 + 3 * 0.02 + 0.25) * 10, 1e-12);
   // Relative to the period: a round twice as long gets twice the window.
-  EXPECT_DOUBLE_EQ(*h.Window(adaptive, 20), (0.2 + 3 * 0.1 + 0.25) * 20);
+  EXPECT_NEAR(*tight.Window(adaptive, 20), (0.04 + 3 * 0.02 + 0.25) * 20, 1e-12);
   EXPECT_FALSE(h.Window(adaptive, 0).has_value());  // no period known
   // Identical spreads (MAD 0): the quarter period on top; never below the floor.
   ArrivalHistory same;
-  for (int i = 0; i < 5; ++i) same.Add(2, 10);
-  EXPECT_DOUBLE_EQ(*same.Window(adaptive, 10), 4.5);
+  for (int i = 0; i < 5; ++i) same.Add(1, 10);
+  EXPECT_DOUBLE_EQ(*same.Window(adaptive, 10), 3.5);
   EXPECT_DOUBLE_EQ(*same.Window(adaptive, 1), kGraceFloorSeconds);
-  EXPECT_DOUBLE_EQ(*same.Window(adaptive, 1, 0.1), 0.45);
+  EXPECT_DOUBLE_EQ(*same.Window(adaptive, 1, 0.1), 0.35);
 }
 
 TEST(GraceTest, OffAndFixedIgnoreTheHistory) {

@@ -619,5 +619,37 @@ TEST(MultiProcessTest, AsyncWithAThrottledIslandStaysBitIdentical) {
   EXPECT_THAT(run.output, ::testing::HasSubstr("throttled 8.0x"));
 }
 
+// Sync rounds that end at the run's tokens (outer.run_end = "tokens"), island1 eight times slower:
+// the service gives it fewer steps per round (dynamic local steps), the fast island trains on past
+// its own share of steps, every copy equals the service's after every round, and the run ends once
+// the committed tokens reach the budget of 2 islands x 40 steps x 4 x 32 tokens.
+TEST(MultiProcessTest, SyncEndingAtItsTokensGivesASlowIslandFewerSteps) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(dir, "sync_every = 4\nrun_end = \"tokens\"\n",
+                                          "--throttle 1,8 --train.steps=40");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::vector<std::string> rounds = testing::ServiceHashes(dir).at(0);
+  int64_t committed = 0;
+  for (const auto& j : testing::ServiceRounds(dir)) committed += j["tokens"].get<int64_t>();
+  const int64_t budget = 2 * 40 * 4 * 32;
+  EXPECT_GE(committed, budget);
+  int64_t min_h[2] = {4, 4};
+  for (int i = 0; i < 2; ++i) {
+    const std::string island = "island" + std::to_string(i);
+    std::ifstream metrics(dir.Join("run/" + island + "/metrics.jsonl"));
+    for (std::string line; std::getline(metrics, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("round")) continue;
+      const size_t r = j["round"].get<size_t>();
+      ASSERT_LT(r, rounds.size());
+      EXPECT_EQ(j["global_hash"], rounds[r]) << island << " at round " << r;
+      min_h[i] = std::min(min_h[i], j["sync_every"].get<int64_t>());
+    }
+  }
+  EXPECT_LT(min_h[1], 4);
+  EXPECT_GT(testing::IslandSummary(dir, "island0")["step"].get<int64_t>(), 40);
+  EXPECT_LT(testing::IslandSummary(dir, "island1")["step"].get<int64_t>(), 40);
+}
+
 }  // namespace
 }  // namespace atl

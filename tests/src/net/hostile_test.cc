@@ -510,9 +510,9 @@ TEST_F(HostileClientTest, ClaimsAboveTheReportedThroughputAreFlagged) {
     Prepare(&ctx);
     EXPECT_TRUE(coordinator_stub_->Heartbeat(&ctx, b, &r).ok());
   };
-  // Honest: 640 tokens (a round of H = 10 steps of 64) at 1e5 tokens/s takes 6.4 ms, less than
+  // Honest: 640 tokens (a round of H = 10 steps of 64) at 1e8 tokens/s takes 6.4 us, less than
   // the calls here do. Mallory: 16 x 640 tokens at the 100 tokens/s she reports would take 102 s.
-  beat(honest, 1e5);
+  beat(honest, 1e8);
   beat(mallory, 100);
   const uint64_t round = 10 * config_.tokens_per_rank_step();
   ASSERT_TRUE(Push(Contribution(honest, "honest", 1e-3f, round)).ok());
