@@ -57,7 +57,7 @@ std::optional<double> ArrivalHistory::Window(const GraceSpec& spec, double perio
                                              double floor_s) const {
   if (spec.mode == GraceSpec::Mode::kSeconds) return spec.seconds;
   if (spec.mode == GraceSpec::Mode::kOff || !(period_s > 0)) return std::nullopt;
-  if (ratios_.size() < kGraceMinRounds) return std::max(floor_s, kGraceSlack * period_s);
+  if (ratios_.size() < kGraceMinRounds) return std::nullopt;
   const std::vector<double> ratios(ratios_.begin(), ratios_.end());
   const double median = Median(ratios);
   std::vector<double> deviations;

@@ -7,9 +7,12 @@
 // between two rounds' quorums, so that a run's one-step warm-start rounds teach the window for its
 // H-step rounds), at its median plus k = 3 median absolute deviations (the robust centre and
 // spread: the rule hivemind's and torchft's users ask for instead of hand-set timeouts), plus a
-// quarter of the period, and at least kGraceFloorSeconds; while a fragment has fewer than
-// kGraceMinRounds complete rounds, the quarter period alone. The quarter period is the slack for
-// what the history does not show (the phase an overlapped, tau > 0, or restarted island runs at).
+// quarter of the period, and at least kGraceFloorSeconds. The history is of rounds of one length
+// (in steps): when the schedule's phase changes (the warm start's one-step rounds, then H steps)
+// the service starts it again, since a straggler's delay relative to the period is not the same
+// in rounds of another length; while it holds fewer than kGraceMinRounds complete rounds the
+// round waits for the fixed deadline. The quarter period is the slack for what the history does
+// not show (the phase an overlapped, tau > 0, or restarted island runs at).
 // The window cuts what is unusual for the run: a transient straggler, a paused island. An island
 // that is consistently slower makes the spreads it learns from: it is waited for (its pushes
 // would otherwise be stale every round); such a run ends at its tokens with dynamic local steps
@@ -52,11 +55,12 @@ class ArrivalHistory {
  public:
   void Add(double spread_s, double period_s);
   // The window for a round of period `period_s` under `spec`; nullopt: none (the round waits for
-  // outer.round_timeout_s): "off", or "adaptive" without a period.
+  // outer.round_timeout_s): "off", or "adaptive" without a period or kGraceMinRounds rounds.
   // At least `floor_s` (kGraceFloorSeconds unless a test asks for less).
   std::optional<double> Window(const GraceSpec& spec, double period_s,
                                double floor_s = kGraceFloorSeconds) const;
   size_t size() const { return ratios_.size(); }
+  void Clear() { ratios_.clear(); }
 
  private:
   std::deque<double> ratios_;  // newest last, at most kGraceHistory

@@ -254,6 +254,7 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   // Merge what is due (tau steps after its push), then push the fragments due now.
   ATL_RETURN_IF_ERROR(LandDue(t));
   if (!done_) {
+    policy_->Advance(t);
     for (uint32_t f : policy_->DueAfter(t)) Push(f, t, t + policy_->DelayAfter(f, t), steps_per_s);
     return LandDue(t);  // tau = 0: blocking
   }

@@ -159,6 +159,8 @@ class RoundPolicy {
   // Sync: a push made at schedule position `pushed_at` came `behind_steps` of the island's steps
   // after its round committed (a late push); the island is now at step t.
   virtual void FellBehind(int64_t /*pushed_at*/, int64_t /*t*/, double /*behind_steps*/) {}
+  // Before step t's pushes (after what was due landed): the island may move on the schedule.
+  virtual void Advance(int64_t /*t*/) {}
   // A merged round's answer; may move the model's schedule.
   virtual void Landed(const RoundOutcome& outcome, IslandModel& model, OuterStepStats& stats) = 0;
   // After a (re)join, with the global parameters of each fragment's open round loaded: where the

@@ -43,6 +43,8 @@ absl::Status OuterStepHook::Rejoin(const absl::Status& why) {
     for (uint32_t f = 0; f < syncs_.size() && f < service.size(); ++f) {
       ahead |= syncs_[f]->round() > service[f];
     }
+    // Every rank takes the same step back (or none) whatever rounds it held itself.
+    ATL_ASSIGN_OR_RETURN(ahead, ranks_.Any(ahead));
     PushRefusedAgain();
     ATL_RETURN_IF_ERROR(LoadGlobal());
   }

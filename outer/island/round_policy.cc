@@ -57,10 +57,16 @@ bool FollowTheRunsTokens(const RunSchedule& schedule, const RoundOutcome& o, Isl
 // island in step has position t. One that was away owes the steps it missed and stands `lag`
 // steps ahead of its own step (rate 1). One with dynamic local steps (a run that ends at its
 // tokens, outer.run_end) crosses H / H_i positions a step: its rounds have H_i of its steps.
+// A move at step t keeps where step t - 1 stood, so that step t crosses the positions after it
+// and no position is crossed twice.
 class SchedulePosition {
  public:
-  int64_t At(int64_t t) const { return at_ + int64_t(std::floor(double(t - from_) * rate_)); }
+  int64_t At(int64_t t) const {
+    if (t == from_ - 1) return before_;
+    return at_ + int64_t(std::floor(double(t - from_) * rate_));
+  }
   void MoveTo(int64_t t, int64_t position) {
+    before_ = At(t - 1);
     from_ = t;
     at_ = position;
   }
@@ -72,7 +78,7 @@ class SchedulePosition {
   double rate() const { return rate_; }
 
  private:
-  int64_t from_ = 0, at_ = 0;
+  int64_t from_ = 0, at_ = 0, before_ = -1;
   double rate_ = 1;
 };
 
@@ -138,16 +144,23 @@ class SyncRounds : public RoundPolicy {
   // trained since its round committed. Left so, it would be late in every round after (nobody
   // waits for it); it moves its position up by that much (steps it then owes, trained at the
   // end), so that its next push comes when the others' does. Only pushes made since the last move
-  // show its phase now; a move skips no fragment's due position, step t's own included (its
-  // pushes may not have been made yet).
-  void FellBehind(int64_t pushed_at, int64_t t, double behind_steps) override {
+  // show its phase now. The move is made before the next step's pushes (Advance).
+  void FellBehind(int64_t pushed_at, int64_t, double behind_steps) override {
     if (pushed_at < moved_at_ || !(behind_steps >= 1)) return;
+    behind_ = std::max(behind_, behind_steps);
+  }
+  // Before step t's pushes: a move skips no fragment's due position (those step t crosses
+  // included); what does not fit is left (the next late push tells again).
+  void Advance(int64_t t) override {
+    if (!(behind_ >= 1)) return;
+    const double behind = behind_;
+    behind_ = 0;
     const int64_t position = position_.At(t), before = position_.At(t - 1);
     int64_t room = INT64_MAX;
     for (int f = 0; f < schedule_.num_fragments(); ++f) {
       room = std::min(room, schedule_.NextDue(f, before) - position - 1);
     }
-    const double positions = std::min(behind_steps * position_.rate(), 1e12);
+    const double positions = std::min(behind * position_.rate(), 1e12);
     const int64_t move = std::min<int64_t>(room, std::llround(positions));
     if (move <= 0) return;
     position_.MoveBy(t, move);
@@ -194,7 +207,8 @@ class SyncRounds : public RoundPolicy {
   const SyncSchedule schedule_;
   int64_t tau_ = options_.island.tau;
   SchedulePosition position_;
-  int64_t moved_at_ = 0;    // the position FellBehind last moved the island to
+  int64_t moved_at_ = 0;    // the position Advance last moved the island to
+  double behind_ = 0;       // steps a late push said the island is behind, not yet moved
   bool finishing_ = false;  // a run that ends at its tokens: they are spent
 };
 

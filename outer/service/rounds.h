@@ -172,6 +172,8 @@ class Rounds {
                    const absl::Status& why);
   // The cheap checks of a push, at its start and again before it is recorded.
   absl::Status CheckPushLocked(const PayloadId& id) const;
+  // Sync: AlreadyExists for a round of the island's this service has recorded already.
+  absl::Status CheckNotRecordedLocked(const PayloadId& id) const;
   // Sync: the round a contribution arriving now joins (the open one; the next while one commits),
   // and the checks of one that comes after its own round: at most outer.max_staleness rounds, one
   // waiting per island and fragment.
@@ -221,6 +223,8 @@ class Rounds {
 
   // ---- commits (outer/service/rounds_commit.cc)
   bool ReadyLocked(const ServiceFragment& f, absl::Time now) const;
+  // The steps of round `round` of a fragment on the run's schedule (0: before the first).
+  int64_t RoundStepsLocked(uint32_t fragment, uint64_t round) const;
   // Aggregates the round's contributions and applies them (under the fragment's data lock);
   // contributions whose combination would make the parameters non-finite are left out one by one
   // (largest norm first).
@@ -247,9 +251,16 @@ class Rounds {
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)
   std::function<void(uint32_t)> commit_hook_;
-  // Under mu: DoneStepLocked's, by island name (at most kMaxDoneIslands names are kept).
+  // Under mu: by island name and fragment, the newest inner step and the round after the newest
+  // round of the island's recorded contributions (at most kMaxDoneIslands names are kept): a
+  // push of a round at or before it is one the service has (its answer was lost), never a
+  // contribution to fold again.
+  struct Done {
+    uint64_t step = 0;
+    uint64_t rounds = 0;  // the newest recorded round + 1
+  };
   static constexpr size_t kMaxDoneIslands = 4096;
-  std::map<std::string, std::vector<uint64_t>> done_steps_;
+  std::map<std::string, std::vector<Done>> done_;
 };
 
 }  // namespace atl::outer

@@ -40,6 +40,12 @@ bool Rounds::AllArrivedLocked(const ServiceFragment& f) const {
   return all;
 }
 
+int64_t Rounds::RoundStepsLocked(uint32_t fragment, uint64_t round) const {
+  if (round == UINT64_MAX) return 0;  // before the first round
+  const SyncSchedule schedule = core_.Schedule();
+  return schedule.DueStep(int(fragment), round) - schedule.RoundStart(int(fragment), round);
+}
+
 bool Rounds::ReadyLocked(const ServiceFragment& f, absl::Time now) const {
   if (f.committing) return false;
   // Late contributions alone commit a round only when no member is to push to it (the run's last
@@ -69,10 +75,13 @@ std::vector<Rounds::CommitJob> Rounds::TakeReadyLocked(absl::Time now) {
     ServiceFragment& f = core_.fragments[i];
     if (!ReadyLocked(f, now)) continue;
     // A round every member reached teaches the grace window how long the last ones take (not the
-    // first round: it waits for the run's islands to start).
+    // first round: it waits for the run's islands to start), among rounds of its length: the
+    // first round of a new length (a phase of the schedule) starts the history again.
     const uint64_t first = i < core_.first_rounds.size() ? core_.first_rounds[i] : 0;
-    if (f.round > first && AllArrivedLocked(f) && f.quorum_at != absl::InfinitePast() &&
-        f.previous_quorum_at != absl::InfinitePast()) {
+    if (RoundStepsLocked(i, f.round) != RoundStepsLocked(i, f.round - 1)) {
+      f.arrivals.Clear();
+    } else if (f.round > first && AllArrivedLocked(f) && f.quorum_at != absl::InfinitePast() &&
+               f.previous_quorum_at != absl::InfinitePast()) {
       f.arrivals.Add(absl::ToDoubleSeconds(f.last_arrival - f.quorum_at),
                      absl::ToDoubleSeconds(f.quorum_at - f.previous_quorum_at));
     }

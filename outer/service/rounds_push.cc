@@ -65,6 +65,7 @@ absl::Status Rounds::CheckPushLocked(const PayloadId& id) const {
   const ServiceFragment& frag = core_.fragments[id.fragment];
   if (core_.options.async) return CheckAsyncLocked(frag, id.fragment, id.island_id, id.round);
   ATL_RETURN_IF_ERROR(core_.membership.CheckMember(id.island_id));
+  ATL_RETURN_IF_ERROR(CheckNotRecordedLocked(id));
   if (id.round > frag.round) {
     return absl::FailedPreconditionError(
         absl::StrCat("round ", id.round, " of fragment ", id.fragment, " is unknown; the current round is ",
@@ -85,7 +86,11 @@ void Rounds::NoteRefused(const PayloadId& id, uint64_t first_offset, uint64_t to
                          const absl::Status& why) {
   if (id.fragment != 0 || first_offset != 0 || tokens == 0) return;
   const std::string reason = RefusalReason(why);
-  if (reason == "unavailable" || absl::IsUnauthenticated(why) || absl::IsNotFound(why)) return;
+  // (AlreadyExists: the service has the contribution; a push again after its answer was lost.)
+  if (reason == "unavailable" || absl::IsUnauthenticated(why) || absl::IsNotFound(why) ||
+      absl::IsAlreadyExists(why)) {
+    return;
+  }
   std::lock_guard<std::mutex> lock(core_.mu);
   if (core_.membership.Find(id.island_id) == nullptr && !absl::IsPermissionDenied(why) &&
       !absl::IsFailedPrecondition(why)) {
@@ -339,13 +344,20 @@ uint64_t Rounds::OpenRoundLocked(const ServiceFragment& f) const {
 
 absl::Status Rounds::CheckLateLocked(const ServiceFragment& frag, const PayloadId& id) const {
   const uint64_t stale = OpenRoundLocked(frag) - id.round;
-  if (stale > core_.options.sync_max_staleness) {
+  // A per-coordinate rule counts islands, not tokens: an island's late and on-time contributions
+  // would be two votes. Late contributions fold only into the mean rules.
+  const AggregationRule rule = core_.options.aggregation.rule;
+  const bool per_coordinate =
+      rule == AggregationRule::kTrimmedMean || rule == AggregationRule::kMedian;
+  if (per_coordinate || stale > core_.options.sync_max_staleness) {
     return absl::FailedPreconditionError(absl::StrCat(
         "round ", id.round, " of fragment ", id.fragment,
         id.round == frag.round ? " is being committed without this contribution"
                                : " has already committed",
         ", and it would be ", stale, " round", stale == 1 ? "" : "s", " stale (outer.max_staleness = ",
-        core_.options.sync_max_staleness, "); the current round is ", frag.round,
+        core_.options.sync_max_staleness,
+        per_coordinate ? "; late contributions fold only into the mean rules" : "",
+        "); the current round is ", frag.round,
         ": fetch the global state and continue"));
   }
   if (frag.late.count(id.island_id)) {
@@ -461,16 +473,28 @@ absl::Status Rounds::CheckClaimLocked(const PayloadId& id, uint64_t tokens) cons
 }
 
 uint64_t Rounds::DoneStepLocked(const std::string& island, uint32_t fragment) const {
-  auto it = done_steps_.find(island);
-  return it != done_steps_.end() && fragment < it->second.size() ? it->second[fragment] : 0;
+  auto it = done_.find(island);
+  return it != done_.end() && fragment < it->second.size() ? it->second[fragment].step : 0;
+}
+
+absl::Status Rounds::CheckNotRecordedLocked(const PayloadId& id) const {
+  auto it = done_.find(id.island_id);
+  if (it == done_.end() || id.fragment >= it->second.size() ||
+      id.round >= it->second[id.fragment].rounds) {
+    return absl::OkStatus();
+  }
+  return absl::AlreadyExistsError(absl::StrCat("island '", id.island_id,
+                                               "' has already contributed to round ", id.round,
+                                               " of fragment ", id.fragment));
 }
 
 void Rounds::NoteContributedLocked(const PayloadId& id, uint64_t tokens, uint64_t step) {
   if (id.fragment == 0) core_.ledger.Pushed(id.island_id, id.round, tokens);
-  if (done_steps_.count(id.island_id) || done_steps_.size() < kMaxDoneIslands) {
-    auto& done = done_steps_[id.island_id];
-    if (done.size() < core_.fragments.size()) done.resize(core_.fragments.size(), 0);
-    done[id.fragment] = std::max(done[id.fragment], step);
+  if (done_.count(id.island_id) || done_.size() < kMaxDoneIslands) {
+    auto& done = done_[id.island_id];
+    if (done.size() < core_.fragments.size()) done.resize(core_.fragments.size());
+    done[id.fragment].step = std::max(done[id.fragment].step, step);
+    done[id.fragment].rounds = std::max(done[id.fragment].rounds, id.round + 1);
   }
   Member* m = core_.membership.FindMutable(id.island_id);
   if (m == nullptr) return;

@@ -38,6 +38,13 @@ std::string RefusalReason(const absl::Status& s) {
   }
 }
 
+namespace {
+
+// Claims are a caller's word: sums of them saturate instead of wrapping.
+uint64_t AddSaturating(uint64_t a, uint64_t b) { return b > UINT64_MAX - a ? UINT64_MAX : a + b; }
+
+}  // namespace
+
 TokenLedger::Island* TokenLedger::Find(const std::string& island) {
   auto it = islands_.find(island);
   if (it != islands_.end()) return &it->second;
@@ -78,20 +85,25 @@ void TokenLedger::Pushed(const std::string& name, uint64_t round, uint64_t token
     if (refused == 0) island->account.refused.erase(it->second.first);
     island->refused_rounds.erase(it);
     uint64_t& pushed = island->processes[island->latest].pushed;
-    pushed = pushed - std::min(pushed, was) + tokens;
+    pushed = AddSaturating(pushed - std::min(pushed, was), tokens);
     return;
   }
-  island->processes[island->latest].pushed += tokens;
+  uint64_t& pushed = island->processes[island->latest].pushed;
+  pushed = AddSaturating(pushed, tokens);
   if (!island->seen.count(island->latest)) island->seen[island->latest] = ++island->order;
 }
 
 void TokenLedger::Refused(const std::string& name, uint64_t round, const std::string& reason,
                           uint64_t tokens) {
-  Island* island = Find(name);
-  if (island == nullptr) return;
+  // Only islands the ledger knows (a member's heartbeats made them): a refused caller's name and
+  // claim are not taken on trust.
+  auto it = islands_.find(name);
+  if (it == islands_.end()) return;
+  Island* island = &it->second;
   if (island->refused_rounds.count(round)) return;  // the same contribution refused again
   Pushed(name, round, tokens);
-  island->account.refused[reason] += tokens;
+  uint64_t& refused = island->account.refused[reason];
+  refused = AddSaturating(refused, tokens);
   constexpr size_t kRefusedRounds = 16;
   island->refused_rounds[round] = {reason, tokens};
   if (island->refused_rounds.size() > kRefusedRounds) island->refused_rounds.erase(island->refused_rounds.begin());
@@ -105,7 +117,8 @@ void TokenLedger::Dropped(const std::string& name, const std::string& reason, ui
 void TokenLedger::Committed(const std::string& name, uint64_t tokens, bool stale) {
   Island* island = Find(name);
   if (island == nullptr) return;
-  (stale ? island->account.stale : island->account.on_time) += tokens;
+  uint64_t& committed = stale ? island->account.stale : island->account.on_time;
+  committed = AddSaturating(committed, tokens);
 }
 
 TokenAccount TokenLedger::AccountOf(const Island& island) const {
@@ -113,10 +126,10 @@ TokenAccount TokenLedger::AccountOf(const Island& island) const {
   for (const auto& [id, p] : island.processes) {
     // Heartbeats lag the steps by up to a heartbeat: a process trained at least what it pushed.
     const uint64_t trained = std::max(p.trained, p.pushed);
-    a.trained += trained;
+    a.trained = AddSaturating(a.trained, trained);
     // A process that is not the island's latest has died (or ended): what it trained past its
     // contributions is trained again by the one after it.
-    if (id != island.latest) a.recomputed += trained - p.pushed;
+    if (id != island.latest) a.recomputed = AddSaturating(a.recomputed, trained - p.pushed);
   }
   return a;
 }

@@ -25,15 +25,15 @@ TEST(GraceTest, ParsesAdaptiveOffAndSeconds) {
   EXPECT_EQ(ConfigValueText(g), "adaptive");  // a refusal changes nothing
 }
 
-TEST(GraceTest, AdaptiveStartsAtAQuarterPeriodThenFollowsTheSpreads) {
+TEST(GraceTest, AdaptiveWaitsForTheDeadlineThenFollowsTheSpreads) {
   const GraceSpec adaptive;
   ArrivalHistory h;
-  EXPECT_FALSE(h.Window(adaptive, 0).has_value());  // no period: the first round
-  EXPECT_DOUBLE_EQ(*h.Window(adaptive, 10), 2.5);   // no history: a quarter period
+  EXPECT_FALSE(h.Window(adaptive, 0).has_value());   // no period: the first round
+  EXPECT_FALSE(h.Window(adaptive, 10).has_value());  // no history: the fixed deadline
   // Spreads of 1, 2 and 3 s over rounds of 10 s: ratios 0.1, 0.2, 0.3; median 0.2, MAD 0.1.
   h.Add(1, 10);
   h.Add(2, 10);
-  EXPECT_DOUBLE_EQ(*h.Window(adaptive, 10), 2.5);  // fewer than kGraceMinRounds
+  EXPECT_FALSE(h.Window(adaptive, 10).has_value());  // fewer than kGraceMinRounds
   h.Add(3, 10);
   ASSERT_TRUE(h.Window(adaptive, 10).has_value());
   EXPECT_DOUBLE_EQ(*h.Window(adaptive, 10), (0.2 + 3 * 0.1 + 0.25) * 10);
@@ -50,6 +50,8 @@ TEST(GraceTest, AdaptiveStartsAtAQuarterPeriodThenFollowsTheSpreads) {
   EXPECT_DOUBLE_EQ(*same.Window(adaptive, 10), 3.5);
   EXPECT_DOUBLE_EQ(*same.Window(adaptive, 1), kGraceFloorSeconds);
   EXPECT_DOUBLE_EQ(*same.Window(adaptive, 1, 0.1), 0.35);
+  same.Clear();  // a new phase of the schedule
+  EXPECT_FALSE(same.Window(adaptive, 10).has_value());
 }
 
 TEST(GraceTest, OffAndFixedIgnoreTheHistory) {

@@ -68,6 +68,12 @@ TEST(TokenLedgerTest, IsBounded) {
   for (uint64_t p = 1; p <= TokenLedger::kMaxProcesses + 10; ++p) ledger.Trained("island0", p, 5);
   // The oldest processes are folded into the island's account: nothing of theirs is lost.
   EXPECT_EQ(ledger.Totals().at("island0").trained, 5u * (TokenLedger::kMaxProcesses + 10));
+  // A refused caller the ledger has not heard from is not taken on trust; claims saturate.
+  ledger.Refused("stranger", 0, "not a member", 100);
+  EXPECT_EQ(ledger.Totals().count("stranger"), 0u);
+  ledger.Refused("island0", 0, "invalid", UINT64_MAX);
+  ledger.Refused("island0", 1, "invalid", UINT64_MAX);
+  EXPECT_EQ(ledger.Totals().at("island0").refused.at("invalid"), UINT64_MAX);
 }
 
 }  // namespace

@@ -182,7 +182,7 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
     EXPECT_EQ(sync_->params(), before);
     EXPECT_EQ(sync_->params_hash(), hash);
   }
-  // A good contribution, then its duplicate, then a stale one after the round commits.
+  // A good contribution, then its duplicate, then the same again after the round commits.
   ASSERT_TRUE(testing::PushAll(*client_, Payload("a", 0, {1, 1, 1, 1, 1, 1})).ok());
   EXPECT_EQ(testing::PushAll(*client_, Payload("a", 0, {1, 1, 1, 1, 1, 1})).status().code(),
             absl::StatusCode::kAlreadyExists);
@@ -190,9 +190,9 @@ TEST_F(GrpcServiceTest, BadInputIsRefusedWithACanonicalStatusAndStateUntouched) 
   ASSERT_TRUE(testing::PushAll(*client_, Payload("b", 0, {0, 0, 0, 0, 0, 0})).ok());
   EXPECT_EQ(sync_->round(), 1u);
   const auto after = sync_->params();
-  auto stale = testing::PushAll(*client_, Payload("b", 0, {1, 1, 1, 1, 1, 1}));
-  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(stale.status().message()), HasSubstr("already committed"));
+  auto again = testing::PushAll(*client_, Payload("b", 0, {1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("has already contributed to round 0"));
   EXPECT_EQ(sync_->params(), after);
   // Fetching the state returns exactly the service's parameters, resumable from an offset.
   pb::FetchStateRequest f;

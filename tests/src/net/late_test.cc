@@ -159,6 +159,19 @@ TEST_F(GrpcLateTest, APushTwoRoundsStaleIsRefusedByName) {
   EXPECT_EQ(sync_->params(), before);  // folded at the next commit, not before
 }
 
+// A push pushed again after its round committed with it (its answer was lost: a cut link, a
+// rejoin) is the service's already: ALREADY_EXISTS, never a late contribution folded twice.
+TEST_F(GrpcLateTest, APushAgainOfARecordedRoundIsNotFoldedTwice) {
+  for (const char* island : {"a", "b", "c"}) ASSERT_TRUE(Push(island, 0, {1, 1, 1, 1}, 100).ok());
+  AwaitRound(1);
+  const absl::Status again = Push("c", 0, {1, 1, 1, 1}, 100);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("has already contributed to round 0"));
+  for (const char* island : {"a", "b", "c"}) ASSERT_TRUE(Push(island, 1, {1, 1, 1, 1}, 100).ok());
+  AwaitRound(2);
+  EXPECT_TRUE(Committed()[1].stale_contributors.empty());
+  EXPECT_EQ(Committed()[1].tokens, 300u);
+}
 
 // A partial contribution (an island leaving with the steps it trained since its last push:
 // IslandSync::Contribute) is recorded without waiting for the round, with its own token claim;
@@ -281,6 +294,34 @@ TEST_F(GrpcGraceTest, ALatePushLearnsHowFarBehindItIs) {
   EXPECT_LT(late->behind_s, 60);
   EXPECT_EQ(c->round(), 5u);
   EXPECT_EQ(c->global_hash(), sync_->params_hash());
+}
+
+// The window learns from rounds of one length: after the warm start's one-step rounds the
+// history starts again, and the first rounds of H steps wait for every member (the fixed
+// deadline) instead of cutting a straggler by what one-step rounds taught.
+class GrpcGracePhaseTest : public GrpcGraceTest {
+ protected:
+  outer::SyncServerOptions Options() const override {
+    outer::SyncServerOptions o = GrpcGraceTest::Options();
+    o.sync_every = 8;
+    o.phases.warm_start_steps = 4;
+    return o;
+  }
+};
+
+TEST_F(GrpcGracePhaseTest, ANewPhaseOfTheScheduleWaitsUntilItHasAHistory) {
+  for (uint64_t r = 0; r < 5; ++r) {  // 4 warm-start rounds, then the first of H steps
+    std::this_thread::sleep_for(std::chrono::duration<double>(kPeriodS));
+    Round(r, {"a", "b", "c"});
+    AwaitRound(r + 1);
+  }
+  Round(5, {"a", "b"});
+  std::this_thread::sleep_for(std::chrono::duration<double>(6 * kPeriodS));
+  EXPECT_EQ(sync_->round(), 5u);  // no window yet: c is waited for
+  Round(5, {"c"});
+  AwaitRound(6);
+  EXPECT_EQ(Committed()[5].contributors, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_LT(Committed()[5].grace_s, 0);  // no window was opened
 }
 
 // "off" waits for every member until the fixed deadline, as before.

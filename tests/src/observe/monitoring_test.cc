@@ -507,6 +507,9 @@ void ExpectStatusPageShowsTheRun(const testing::TempDir& dir, const std::string&
   EXPECT_THAT(dom.output, HasSubstr("id=\"island-island1\""));
   EXPECT_THAT(dom.output, HasSubstr("class=\"state-active\""));
   EXPECT_THAT(dom.output, HasSubstr("rounds committed"));
+  // Each island's token account: on time / stale / refused / recomputed of trained.
+  EXPECT_THAT(dom.output,
+              ::testing::ContainsRegex("<td><span>[0-9]+ / [0-9]+ / [0-9]+ / [0-9]+ of [0-9]+"));
   EXPECT_THAT(dom.output, HasSubstr("data-islands=\"2\""));
   EXPECT_THAT(dom.output, HasSubstr("<div id=\"error\"></div>"));  // its fetch succeeded
   const char* keep = std::getenv("ATOLL_SCREENSHOT");
