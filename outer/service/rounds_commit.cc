@@ -59,6 +59,11 @@ bool Rounds::ReadyLocked(const ServiceFragment& f, absl::Time now) const {
 void Rounds::OpenGraceLocked(ServiceFragment& f, absl::Time now) {
   f.quorum_at = now;
   if (core_.options.async) return;
+  // The first round of a new length has no history of its own (TakeReadyLocked keeps it).
+  const uint32_t fragment = uint32_t(&f - core_.fragments.data());
+  if (RoundStepsLocked(fragment, f.round) != RoundStepsLocked(fragment, f.round - 1)) {
+    f.arrivals.Clear();
+  }
   const double period = f.previous_quorum_at == absl::InfinitePast()
                             ? 0
                             : absl::ToDoubleSeconds(now - f.previous_quorum_at);
