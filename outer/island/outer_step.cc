@@ -366,7 +366,7 @@ absl::Status OuterStepHook::Land(bool keep_local) {
     model_.Merge(job.fragment, global, keep_local ? options_.island.alpha : 0.0);
   }
   policy_->Landed(*outcome, model_, stats_);
-  if (behind_steps > 0) policy_->FellBehind(job.position, model_.step(), behind_steps);
+  if (behind_steps > 0) policy_->FellBehind(job.position, double(behind_steps));
   if (options_.island.auto_tune) {
     ATL_RETURN_IF_ERROR(AdoptTau(outcome->tau));
   }

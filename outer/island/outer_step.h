@@ -157,8 +157,8 @@ class RoundPolicy {
   // Where step t stands on the run's schedule (sync: the island's step plus the steps it owes).
   virtual int64_t Position(int64_t t) const { return t; }
   // Sync: a push made at schedule position `pushed_at` came `behind_steps` of the island's steps
-  // after its round committed (a late push); the island is now at step t.
-  virtual void FellBehind(int64_t /*pushed_at*/, int64_t /*t*/, double /*behind_steps*/) {}
+  // after its round committed (a late push).
+  virtual void FellBehind(int64_t /*pushed_at*/, double /*behind_steps*/) {}
   // Before step t's pushes (after what was due landed): the island may move on the schedule.
   virtual void Advance(int64_t /*t*/) {}
   // A merged round's answer; may move the model's schedule.

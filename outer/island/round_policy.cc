@@ -145,7 +145,7 @@ class SyncRounds : public RoundPolicy {
   // waits for it); it moves its position up by that much (steps it then owes, trained at the
   // end), so that its next push comes when the others' does. Only pushes made since the last move
   // show its phase now. The move is made before the next step's pushes (Advance).
-  void FellBehind(int64_t pushed_at, int64_t, double behind_steps) override {
+  void FellBehind(int64_t pushed_at, double behind_steps) override {
     if (pushed_at < moved_at_ || !(behind_steps >= 1)) return;
     behind_ = std::max(behind_, behind_steps);
   }

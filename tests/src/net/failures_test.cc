@@ -24,6 +24,10 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr uint64_t kTokensPerStep = 4 * 32;  // RunTwoIslands' batch x context
+// Streaming DiLoCo of the tests below: 4 fragments, tau = 2, a lease of 1 s.
+constexpr const char* kStreamingOuter =
+    "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
+    "lease_s = 1.0\n";
 
 // Tokens of fragment 0's committed contributions (each step's once), on time and late.
 uint64_t CommittedTokens(const testing::TempDir& dir) {
@@ -153,8 +157,7 @@ TEST(ChaosTest, ARestartedIslandOfAStreamingRunPushesEachRoundAtTheRunsPosition)
   testing::TempDir dir;
   const auto run = testing::RunTwoIslands(
       dir,
-      "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
-      "lease_s = 1.0\nround_timeout_s = 20\n",
+      std::string(kStreamingOuter) + "round_timeout_s = 20\n",
       "--throttle 8,8 --train.steps=64 --kill island1@round6 --join island1@round10");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, ::testing::HasSubstr("sending SIGKILL to island1"));
@@ -255,8 +258,7 @@ TEST(ChaosTest, APausedStreamingIslandReachesEachFragmentsOpenRound) {
   testing::TempDir dir;
   const auto run = testing::RunTwoIslands(
       dir,
-      "sync_every = 8\nnum_fragments = 4\nfragment_sync_delay = 2\nheartbeat_s = 0.2\n"
-      "lease_s = 1.0\n",
+      kStreamingOuter,
       "--throttle 30,30 --train.steps=48 --stop island1@round6:2.5");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("keeping its progress"));

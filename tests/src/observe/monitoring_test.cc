@@ -532,6 +532,40 @@ void WaitForHealthyTargets(const std::string& api, const std::set<std::string>& 
   std::this_thread::sleep_for(std::chrono::seconds(2));
 }
 
+// Each metric's largest value Prometheus stored over the last minute (every one must be there).
+std::map<std::string, double> MaxOverTheLastMinute(const std::string& api) {
+  std::map<std::string, double> max_of;
+  for (const char* name :
+       {"atoll_rounds_committed_total", "atoll_round_duration_seconds_bucket",
+        "atoll_commit_duration_seconds_count", "atoll_round_contributors_sum", "atoll_islands",
+        "atoll_lease_expiries_total", "atoll_service_bytes_total", "atoll_contribution_staleness_count",
+        "atoll_island_inner_loss", "atoll_island_validation_loss", "atoll_island_tokens_per_second",
+        "atoll_island_compute_utilization", "atoll_tokens_committed_total",
+        "atoll_island_tokens_total", "atoll_inner_loss",
+        "atoll_validation_loss", "atoll_tokens_per_second", "atoll_compute_utilization",
+        "atoll_idle_seconds_total", "atoll_outer_bytes_total", "atoll_outer_goodput_bytes_per_second",
+        "atoll_quantization_error", "atoll_outer_push_seconds_count", "atoll_outer_wait_seconds_count",
+        "atoll_checkpoint_stall_seconds_count", "atoll_checkpoint_write_seconds_count",
+        "atoll_outer_staleness_count", "atoll_inner_steps_total"}) {
+    const auto result = Query(api, absl::StrCat("max(max_over_time(", name, "[1m]))"));
+    EXPECT_EQ(result.size(), 1u) << name << " was never scraped";
+    if (result.size() == 1) max_of[name] = result[0].second;
+  }
+  return max_of;
+}
+
+// A Prometheus scraping the coordinator and both islands every second.
+void WritePrometheusConfig(const testing::TempDir& dir,
+                           const std::map<std::string, std::string>& at) {
+  testing::WriteFile(dir.Join("prometheus.yml"),
+                     "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+                     "scrape_configs:\n"
+                     "  - job_name: atoll-coordinator\n    static_configs:\n      - targets: ['" +
+                         at.at("coordinator") + "']\n"
+                     "  - job_name: atoll-islands\n    static_configs:\n      - targets: ['" +
+                         at.at("island0") + "', '" + at.at("island1") + "']\n");
+}
+
 TEST(MonitoringEndToEndTest, PrometheusScrapesAndChromiumShowsALiveLocalRun) {
   for (const char* tool : {"prometheus", "promtool", "chromium"}) {
     if (!Have(tool)) GTEST_SKIP() << tool << " is not installed (deploy/setup.sh installs it)";
@@ -569,13 +603,7 @@ TEST(MonitoringEndToEndTest, PrometheusScrapesAndChromiumShowsALiveLocalRun) {
   const auto config = testing::RunCommand(std::string("promtool check config ") + ATOLL_SOURCE_DIR +
                                           "/deploy/monitoring/prometheus.yml 2>&1");
   EXPECT_EQ(config.exit_code, 0) << config.output;
-  testing::WriteFile(dir.Join("prometheus.yml"),
-                     "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
-                     "scrape_configs:\n"
-                     "  - job_name: atoll-coordinator\n    static_configs:\n      - targets: ['" +
-                         at["coordinator"] + "']\n"
-                     "  - job_name: atoll-islands\n    static_configs:\n      - targets: ['" +
-                         at["island0"] + "', '" + at["island1"] + "']\n");
+  WritePrometheusConfig(dir, at);
   ChildProcess prometheus({Which("prometheus"), "--config.file=" + dir.Join("prometheus.yml"),
                            "--storage.tsdb.path=" + dir.Join("tsdb"),
                            "--web.listen-address=127.0.0.1:0"},
@@ -591,22 +619,7 @@ TEST(MonitoringEndToEndTest, PrometheusScrapesAndChromiumShowsALiveLocalRun) {
   const std::string api = m[1];
   WaitForHealthyTargets(api, {at["coordinator"], at["island0"], at["island1"]},
                         dir.Join("prometheus.log"));
-  std::map<std::string, double> max_of;
-  for (const char* name :
-       {"atoll_rounds_committed_total", "atoll_round_duration_seconds_bucket",
-        "atoll_commit_duration_seconds_count", "atoll_round_contributors_sum", "atoll_islands",
-        "atoll_lease_expiries_total", "atoll_service_bytes_total", "atoll_contribution_staleness_count",
-        "atoll_island_inner_loss", "atoll_island_validation_loss", "atoll_island_tokens_per_second",
-        "atoll_island_compute_utilization", "atoll_tokens_committed_total", "atoll_inner_loss",
-        "atoll_validation_loss", "atoll_tokens_per_second", "atoll_compute_utilization",
-        "atoll_idle_seconds_total", "atoll_outer_bytes_total", "atoll_outer_goodput_bytes_per_second",
-        "atoll_quantization_error", "atoll_outer_push_seconds_count", "atoll_outer_wait_seconds_count",
-        "atoll_checkpoint_stall_seconds_count", "atoll_checkpoint_write_seconds_count",
-        "atoll_outer_staleness_count", "atoll_inner_steps_total"}) {
-    const auto result = Query(api, absl::StrCat("max(max_over_time(", name, "[1m]))"));
-    EXPECT_EQ(result.size(), 1u) << name << " was never scraped";
-    if (result.size() == 1) max_of[name] = result[0].second;
-  }
+  std::map<std::string, double> max_of = MaxOverTheLastMinute(api);
   // Stopped by the user (SIGTERM): atoll local stops its children and ends (not by a signal).
   EXPECT_NE(run.Terminate(30), -1) << testing::ReadFile(dir.Join("local.log"));
   EXPECT_EQ(prometheus.Terminate(30), 0) << testing::ReadFile(dir.Join("prometheus.log"));
