@@ -129,10 +129,11 @@ absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size
   return DecodeSlice(spec, in, bytes, n, 0, n, out);
 }
 
-absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
-                         size_t first, size_t count, float* out) {
-  const CodecTraits* row = FindCodec(spec.codec);
-  if (row == nullptr) return Unsupported(spec);
+namespace {
+
+// The checks of a read of elements [first, first + count) of a payload of n elements.
+absl::Status CheckSlice(const CodecSpec& spec, size_t bytes, size_t n, size_t first,
+                        size_t count) {
   if (bytes != EncodedBytes(spec, n)) {
     return absl::InvalidArgumentError(absl::StrCat(CodecName(spec.codec), " payload of ", n,
                                                    " elements must be ", EncodedBytes(spec, n),
@@ -142,6 +143,16 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes,
     return absl::OutOfRangeError(absl::StrCat("elements [", first, ", ", first + count,
                                               ") are outside the payload's ", n));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                         size_t first, size_t count, float* out) {
+  const CodecTraits* row = FindCodec(spec.codec);
+  if (row == nullptr) return Unsupported(spec);
+  ATL_RETURN_IF_ERROR(CheckSlice(spec, bytes, n, first, count));
   if (count == 0) return absl::OkStatus();
   if (spec.sparse()) {
     ATL_RETURN_IF_ERROR(sparse::DecodeSlice(spec, in, n, first, first + count, out));
@@ -151,6 +162,58 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes,
   if (const size_t bad = FirstNonFinite(out, count); bad < count) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload decodes to a non-finite value at element ", first + bad));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckSparse(const CodecSpec& spec, const char* what) {
+  if (FindCodec(spec.codec) == nullptr) return Unsupported(spec);
+  if (!spec.sparse()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " takes a sparse codec, got ", SpecText(spec)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeKept(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                        size_t first, size_t count, std::vector<uint32_t>* index,
+                        std::vector<float>* value) {
+  return VisitKept(spec, in, bytes, n, first, count,
+                   [&](size_t base, const uint32_t* idx, const float* v, size_t m) {
+                     for (size_t i = 0; i < m; ++i) index->push_back(uint32_t(base + idx[i]));
+                     value->insert(value->end(), v, v + m);
+                   });
+}
+
+absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                       size_t first, size_t count, const KeptVisitor& visit) {
+  ATL_RETURN_IF_ERROR(CheckSparse(spec, "VisitKept"));
+  ATL_RETURN_IF_ERROR(CheckSlice(spec, bytes, n, first, count));
+  if (count == 0) return absl::OkStatus();
+  return sparse::VisitKept(spec, in, n, first, first + count, visit);
+}
+
+absl::Status EncodeSparseInput(const CodecSpec& spec, size_t n, const uint32_t* index,
+                               const float* value, size_t m, uint8_t* out,
+                               const Rounding& rounding, const KeptVisitor* decoded) {
+  ATL_RETURN_IF_ERROR(CheckSparse(spec, "EncodeSparseInput"));
+  for (size_t i = 0; i < m; ++i) {
+    if (index[i] >= n || (i > 0 && index[i] <= index[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "index ", index[i], " at ", i, " is not ascending inside the ", n, " elements"));
+    }
+  }
+  if (sparse::EncodeNonzeros(spec, n, index, value, m, out, rounding, decoded) >= 0x7F800000u) {
+    for (size_t i = 0; i < m; ++i) {
+      if (!std::isfinite(value[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("cannot encode the non-finite value at element ", index[i]));
+      }
+    }
   }
   return absl::OkStatus();
 }

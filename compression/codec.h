@@ -37,7 +37,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -77,6 +79,26 @@ absl::Status Decode(const CodecSpec& spec, const uint8_t* in, size_t bytes, size
 // EncodedBytes(spec, n)) into out[count]: a bounded window of a large payload, with the same checks.
 absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
                          size_t first, size_t count, float* out);
+
+// Sparse specs only (spec.sparse(); INVALID_ARGUMENT otherwise), in time proportional to the
+// values kept, not to n:
+// The kept elements of [first, first + count) of a payload of n elements, handed to `visit` a
+// chunk of the codec at a time: elements base + index[i] (ascending) hold value[i], i < m. The
+// checks of DecodeSlice; an error stops the visits.
+using KeptVisitor =
+    std::function<void(size_t base, const uint32_t* index, const float* value, size_t m)>;
+absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                       size_t first, size_t count, const KeptVisitor& visit);
+// The same gathered: indices (payload offsets) appended to index, values to value.
+absl::Status DecodeKept(const CodecSpec& spec, const uint8_t* in, size_t bytes, size_t n,
+                        size_t first, size_t count, std::vector<uint32_t>* index,
+                        std::vector<float>* value);
+// Encode's very bytes for n values that are zero but at index[0, m) (ascending), value[m].
+// `decoded`, when given, is handed what VisitKept would read of them, as they are written.
+absl::Status EncodeSparseInput(const CodecSpec& spec, size_t n, const uint32_t* index,
+                               const float* value, size_t m, uint8_t* out,
+                               const Rounding& rounding = {},
+                               const KeptVisitor* decoded = nullptr);
 
 }  // namespace atl::compression
 

@@ -11,6 +11,7 @@
 #include "compression/codec_math.h"
 #include "compression/codec_simd.h"
 #include "compression/sparse_shape.h"
+#include "compression/status_macros.h"
 
 namespace atl::compression::sparse {
 namespace {
@@ -26,36 +27,6 @@ Shape ShapeOf(const CodecSpec& spec, size_t len) {
   return sparse::ShapeOf(spec.topk, len, ValueLayoutOf(Values(spec)));
 }
 
-// Bit strings, least significant bit first; `out` starts zeroed.
-void PutBits(uint8_t* out, size_t pos, uint32_t value, uint32_t nbits) {
-  for (uint32_t done = 0; done < nbits;) {
-    const uint32_t off = uint32_t(pos & 7), take = std::min(8 - off, nbits - done);
-    out[pos >> 3] = uint8_t(out[pos >> 3] | (((value >> done) & ((1u << take) - 1)) << off));
-    pos += take;
-    done += take;
-  }
-}
-
-uint32_t GetBits(const uint8_t* in, size_t pos, uint32_t nbits) {
-  uint32_t value = 0;
-  for (uint32_t done = 0; done < nbits;) {
-    const uint32_t off = uint32_t(pos & 7), take = std::min(8 - off, nbits - done);
-    value |= ((uint32_t(in[pos >> 3]) >> off) & ((1u << take) - 1)) << done;
-    pos += take;
-    done += take;
-  }
-  return value;
-}
-
-// The first set bit of bits [pos, end) of `in`, or end.
-size_t NextSetBit(const uint8_t* in, size_t pos, size_t end) {
-  while (pos < end) {
-    const uint32_t byte = uint32_t(in[pos >> 3]) >> (pos & 7);
-    if (byte != 0) return std::min(end, pos + size_t(__builtin_ctz(byte)));
-    pos = (pos | 7) + 1;
-  }
-  return end;
-}
 
 struct Scratch {
   std::vector<uint32_t> idx;
@@ -69,9 +40,33 @@ Scratch& ThreadScratch() {
   return s;
 }
 
+// A chunk of `len` elements whose kept elements are idx[s.k] (ascending) with values[s.k].
+void EncodeSelected(const CodecSpec& spec, uint32_t len, const uint32_t* idx, const float* values,
+                    uint8_t* out, const Rounding& rounding) {
+  const CodecTraits& t = Values(spec);
+  const Shape s = ShapeOf(spec, len);
+  t.encode(ValueBlock(t, s.k), values, s.k, out, rounding);
+  uint8_t* bits = out + s.value_bytes;
+  std::memset(bits, 0, s.index_bytes);
+  // The low bits, LSB first from bit 0: gathered in a word and stored a byte at a time.
+  const uint32_t low_mask = (1u << s.l) - 1;
+  uint64_t acc = 0;
+  uint32_t held = 0;
+  uint8_t* at = bits;
+  for (uint32_t i = 0; i < s.k; ++i) {
+    acc |= uint64_t(idx[i] & low_mask) << held;
+    for (held += s.l; held >= 8; held -= 8, acc >>= 8) *at++ = uint8_t(acc);
+  }
+  if (held > 0) *at = uint8_t(acc);  // the upper part starts in this byte: OR'd into below
+  const size_t upper = size_t(s.k) * s.l;
+  for (uint32_t i = 0; i < s.k; ++i) {
+    const size_t p = upper + (idx[i] >> s.l) + i;
+    bits[p >> 3] = uint8_t(bits[p >> 3] | (1u << (p & 7)));
+  }
+}
+
 uint32_t EncodeChunk(const CodecSpec& spec, const float* x, uint32_t len, uint8_t* out,
                      const Rounding& rounding) {
-  const CodecTraits& t = Values(spec);
   const Shape s = ShapeOf(spec, len);
   Scratch& scratch = ThreadScratch();
   scratch.idx.resize(len);
@@ -80,20 +75,73 @@ uint32_t EncodeChunk(const CodecSpec& spec, const float* x, uint32_t len, uint8_
   const uint32_t amax = SelectTopK(x, len, s.k, idx);
   if (amax >= 0x7F800000u) return amax;
   for (uint32_t i = 0; i < s.k; ++i) scratch.values[i] = x[idx[i]];
-  t.encode(ValueBlock(t, s.k), scratch.values.data(), s.k, out, rounding);
-  uint8_t* bits = out + s.value_bytes;
-  std::memset(bits, 0, s.index_bytes);
-  const uint32_t low_mask = (1u << s.l) - 1;
-  for (uint32_t i = 0; i < s.k; ++i) PutBits(bits, size_t(i) * s.l, idx[i] & low_mask, s.l);
-  const size_t upper = size_t(s.k) * s.l;
-  for (uint32_t i = 0; i < s.k; ++i) {
-    const size_t p = upper + (idx[i] >> s.l) + i;
-    bits[p >> 3] = uint8_t(bits[p >> 3] | (1u << (p & 7)));
-  }
+  EncodeSelected(spec, len, idx, scratch.values.data(), out, rounding);
   return amax;
 }
 
+// The same chunk when x is zero but at at[m] - base (ascending) with values v[m]: top-k keeps every
+// nonzero and, ties to the lower index, the first zeros (an entry of either sign's zero is one,
+// kept with its sign). Returns false when more than k are nonzero.
+bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t* at, uint32_t base,
+                            const float* v, uint32_t m, uint8_t* out, const Rounding& rounding) {
+  const Shape s = ShapeOf(spec, len);
+  uint32_t nonzero = 0;
+  for (uint32_t i = 0; i < m; ++i) nonzero += uint32_t(v[i] != 0.0f);
+  if (nonzero > s.k) return false;
+  Scratch& scratch = ThreadScratch();
+  scratch.idx.resize(s.k);
+  scratch.values.resize(s.k);
+  // The zeros kept: the k - nonzero lowest indices that hold no nonzero (a short walk).
+  thread_local std::vector<uint32_t> zeros;
+  thread_local std::vector<float> zero_values;
+  zeros.clear();
+  zero_values.clear();
+  for (uint32_t j = 0, i = 0; zeros.size() < s.k - nonzero; ++j) {
+    while (i < m && at[i] - base < j) ++i;
+    const bool entry = i < m && at[i] - base == j;
+    if (entry && v[i] != 0.0f) continue;
+    zeros.push_back(j);
+    zero_values.push_back(entry ? v[i] : 0.0f);
+  }
+  // Both merged in index order.
+  uint32_t* idx = scratch.idx.data();
+  float* values = scratch.values.data();
+  uint32_t kept = 0, i = 0;
+  auto nonzeros_before = [&](uint32_t end) {
+    for (; i < m && at[i] - base < end; ++i) {
+      if (v[i] == 0.0f) continue;
+      idx[kept] = at[i] - base;
+      values[kept++] = v[i];
+    }
+  };
+  for (size_t z = 0; z < zeros.size(); ++z) {
+    nonzeros_before(zeros[z]);
+    idx[kept] = zeros[z];
+    values[kept++] = zero_values[z];
+  }
+  nonzeros_before(len);
+  EncodeSelected(spec, len, idx, values, out, rounding);
+  return true;
+}
+
+// Bits [pos, pos + 64) of the bit string bits[bytes] (LSB first; beyond its end: zeros), as one
+// little-endian word: a 64-bit load where it fits.
+inline uint64_t Word(const uint8_t* bits, size_t bytes, size_t pos) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the bit strings are read as words");
+  const size_t byte = pos >> 3;
+  uint64_t w = 0;
+  if (byte + 8 <= bytes) {
+    std::memcpy(&w, bits + byte, 8);
+  } else if (byte < bytes) {
+    std::memcpy(&w, bits + byte, bytes - byte);
+  }
+  w >>= (pos & 7);
+  if ((pos & 7) != 0 && byte + 8 < bytes) w |= uint64_t(bits[byte + 8]) << (64 - (pos & 7));
+  return w;
+}
+
 // The chunk's indices into idx[s.k], checked: ascending, distinct, inside the chunk, exactly k.
+// The high parts' set bits are found a word at a time.
 absl::Status ReadIndices(const uint8_t* bits, const Shape& s, size_t len, size_t chunk,
                          uint32_t* idx) {
   auto refuse = [&](const std::string& what) {
@@ -101,21 +149,32 @@ absl::Status ReadIndices(const uint8_t* bits, const Shape& s, size_t len, size_t
                                                    " elements, ", s.k, " kept): ", what));
   };
   const size_t upper = size_t(s.k) * s.l, end = upper + s.upper_bits;
-  size_t pos = upper;
-  for (uint32_t i = 0; i < s.k; ++i) {
-    const size_t p = NextSetBit(bits, pos, end);
-    if (p == end) return refuse(absl::StrCat("the index list ends after ", i, " indices"));
-    const uint64_t high = p - upper - i;
-    const uint64_t index = (high << s.l) | GetBits(bits, size_t(i) * s.l, s.l);
-    if (index >= len) return refuse(absl::StrCat("index ", index, " is outside the chunk"));
-    if (i > 0 && index <= idx[i - 1]) {
-      return refuse(absl::StrCat("index ", index, " follows ", idx[i - 1],
-                                 " (indices must be ascending and distinct)"));
+  const uint64_t low_mask = (uint64_t(1) << s.l) - 1;
+  // The low bits stream from bit 0 (k x l bits, before the upper part): a byte at a time.
+  uint64_t acc = 0;
+  uint32_t held = 0;
+  const uint8_t* next = bits;
+  uint32_t i = 0;
+  for (size_t pos = upper; pos < end; pos += 64) {
+    uint64_t w = Word(bits, s.index_bytes, pos);
+    if (end - pos < 64) w &= (uint64_t(1) << (end - pos)) - 1;
+    for (; w != 0; w &= w - 1) {
+      if (i == s.k) return refuse("the index list holds more indices than kept");
+      const uint64_t high = pos + size_t(__builtin_ctzll(w)) - upper - i;
+      for (; held < s.l; held += 8) acc |= uint64_t(*next++) << held;
+      const uint64_t low = acc & low_mask;
+      acc >>= s.l;
+      held -= s.l;
+      const uint64_t index = (high << s.l) | low;
+      if (index >= len) return refuse(absl::StrCat("index ", index, " is outside the chunk"));
+      if (i > 0 && index <= idx[i - 1]) {
+        return refuse(absl::StrCat("index ", index, " follows ", idx[i - 1],
+                                   " (indices must be ascending and distinct)"));
+      }
+      idx[i++] = uint32_t(index);
     }
-    idx[i] = uint32_t(index);
-    pos = p + 1;
   }
-  if (NextSetBit(bits, pos, end) != end) return refuse("the index list holds more indices than kept");
+  if (i < s.k) return refuse(absl::StrCat("the index list ends after ", i, " indices"));
   return absl::OkStatus();
 }
 
@@ -267,6 +326,72 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, siz
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t n, size_t first,
+                       size_t last, const KeptVisitor& visit) {
+  const CodecTraits& t = Values(spec);
+  const size_t c = spec.block_size, full_bytes = ChunkBytes(spec, c);
+  Scratch& scratch = ThreadScratch();
+  scratch.idx.resize(c);
+  scratch.values.resize(c);
+  const uint32_t* idx = scratch.idx.data();
+  const float* values = scratch.values.data();
+  for (size_t j = first / c; j * c < last; ++j) {
+    const size_t start = j * c, len = std::min(c, n - start);
+    const Shape s = ShapeOf(spec, len);
+    const uint8_t* p = in + j * full_bytes;
+    ATL_RETURN_IF_ERROR(ReadIndices(p + s.value_bytes, s, len, j, scratch.idx.data()));
+    t.decode(ValueBlock(t, s.k), p, s.k, 0, s.k, scratch.values.data());
+    // The kept elements inside [first, last): all of them but in a chunk the range cuts.
+    size_t lo = 0, hi = s.k;
+    if (start < first) lo = size_t(std::lower_bound(idx, idx + s.k, uint32_t(first - start)) - idx);
+    if (start + len > last) hi = size_t(std::lower_bound(idx, idx + s.k, uint32_t(last - start)) - idx);
+    for (size_t i = lo; i < hi; ++i) {
+      if (!std::isfinite(values[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("payload decodes to a non-finite value at element ", start + idx[i]));
+      }
+    }
+    if (hi > lo) visit(start, idx + lo, values + lo, hi - lo);
+  }
+  return absl::OkStatus();
+}
+
+uint32_t EncodeNonzeros(const CodecSpec& spec, size_t n, const uint32_t* index, const float* value,
+                        size_t m, uint8_t* out, const Rounding& rounding,
+                        const KeptVisitor* decoded) {
+  const CodecTraits& t = Values(spec);
+  const size_t c = spec.block_size;
+  uint32_t amax = 0;
+  std::vector<float> dense;
+  size_t i = 0;
+  for (size_t first = 0; first < n; first += c) {
+    const uint32_t len = uint32_t(std::min(c, n - first));
+    Rounding r = rounding;
+    r.first_index = rounding.first_index + first;
+    const size_t begin = i;
+    for (; i < m && index[i] < first + len; ++i) amax = std::max(amax, AbsBits(value[i]));
+    if (amax >= 0x7F800000u) return amax;
+    const uint32_t* at = index + begin;
+    const float* held = value + begin;
+    const size_t count = i - begin;
+    const uint32_t base = uint32_t(first);
+    if (!EncodeChunkFromEntries(spec, len, at, base, held, uint32_t(count), out, r)) {
+      dense.assign(len, 0.0f);  // more nonzeros than kept: the selection decides
+      for (size_t j = 0; j < count; ++j) dense[at[j] - base] = held[j];
+      amax = std::max(amax, EncodeChunk(spec, dense.data(), len, out, r));
+    }
+    if (decoded != nullptr && amax < 0x7F800000u) {
+      // The chunk's kept indices are in the scratch still; their values as decoding reads them.
+      const Shape s = ShapeOf(spec, len);
+      Scratch& scratch = ThreadScratch();
+      t.decode(ValueBlock(t, s.k), out, s.k, 0, s.k, scratch.values.data());
+      (*decoded)(first, scratch.idx.data(), scratch.values.data(), s.k);
+    }
+    out += ChunkBytes(spec, len);
+  }
+  return amax;
 }
 
 ValueLayout ValueLayoutOf(const CodecTraits& t) {

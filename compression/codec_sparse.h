@@ -23,6 +23,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "compression/codec_traits.h"
@@ -40,6 +42,18 @@ uint32_t Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
 // Decodes elements [first, last) of an n-element payload of EncodedBytes(spec, n) bytes.
 absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, size_t first,
                          size_t last, float* out);
+// The kept elements in [first, last) of an n-element payload, a chunk at a time (codec.h's
+// VisitKept, whose visitor this is), with the checks of DecodeSlice, finite values included.
+using KeptVisitor =
+    std::function<void(size_t base, const uint32_t* index, const float* value, size_t m)>;
+absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t n, size_t first,
+                       size_t last, const KeptVisitor& visit);
+// Encode's bytes for n elements that are zero but at index[m] (ascending) with values value[m]:
+// per chunk, time in the values it holds and its kept count. Returns as Encode.
+// `decoded`, when given, is handed each chunk's kept elements as decoding reads them.
+uint32_t EncodeNonzeros(const CodecSpec& spec, size_t n, const uint32_t* index, const float* value,
+                        size_t m, uint8_t* out, const Rounding& rounding,
+                        const KeptVisitor* decoded);
 // The bytes of elements [first, last) on the chunk grid: whole chunks (as blocks, no elements).
 SliceLayout SliceOf(const CodecSpec& spec, size_t n, size_t first, size_t last);
 

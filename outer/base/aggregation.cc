@@ -13,6 +13,7 @@ namespace {
 
 constexpr uint64_t kWindow = 4096;     // elements decoded per contribution at a time
 constexpr uint64_t kSpan = 64 * kWindow;  // elements per task of the worker pool
+constexpr uint64_t kSparseSpan = uint64_t(1) << 16;  // elements per task of a sparse fold
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -28,15 +29,16 @@ absl::Status ReadContribution(const ContributionRef& c, uint64_t a, uint64_t len
   return absl::OkStatus();
 }
 
-// Runs span(first, count, task) over [0, n) in spans of kSpan on the pool (or here); the first
-// failure in span order is returned.
+// Runs span(first, count, task) over [0, n) in spans of `size` (kSpan unless given) on the pool
+// (or here); the first failure in span order is returned.
 absl::Status ForEachSpan(uint64_t n, WorkerPool* pool,
-                         const std::function<absl::Status(uint64_t, uint64_t, size_t)>& span) {
-  const size_t spans = NumSpans(n, kSpan);
+                         const std::function<absl::Status(uint64_t, uint64_t, size_t)>& span,
+                         uint64_t size = kSpan) {
+  const size_t spans = NumSpans(n, size);
   std::vector<absl::Status> status(spans);
   auto task = [&](size_t t) {
-    const uint64_t first = t * kSpan;
-    status[t] = span(first, std::min(kSpan, n - first), t);
+    const uint64_t first = t * size;
+    status[t] = span(first, std::min(size, n - first), t);
   };
   if (pool != nullptr) {
     pool->ParallelFor(spans, task);
@@ -70,6 +72,53 @@ absl::Status WeightedMean(const std::vector<ContributionRef>& in, const std::vec
     }
     return absl::OkStatus();
   });
+}
+
+// WeightedMean's fold over the kept values alone: per span, each contribution's kept values are
+// folded (in the given order) into the span's sums, and the touched coordinates read out in order.
+absl::Status SparseWeightedMean(const std::vector<ContributionRef>& in,
+                                const std::vector<double>& scale, uint64_t n, SparseGradient* out,
+                                WorkerPool* pool) {
+  double total = 0;
+  for (const auto& c : in) total += double(c.tokens);
+  out->Reset(NumSpans(n, kSparseSpan));
+  auto span = [&](uint64_t first, uint64_t count, size_t t) -> absl::Status {
+    // The sums stay zero between tasks: only the touched ones are reset.
+    thread_local std::vector<double> sum_buffer(kSparseSpan, 0.0);
+    thread_local std::vector<uint64_t> touched_buffer;
+    double* const sum = sum_buffer.data();  // one lookup of each thread-local
+    std::vector<uint64_t>& touched = touched_buffer;
+    touched.assign(kSparseSpan / 64, 0);
+    uint64_t* const bits = touched.data();
+    for (size_t i = 0; i < in.size(); ++i) {
+      const double weight = double(in[i].tokens), s = scale[i];
+      const absl::Status read = in[i].payload->VisitKept(
+          first, count, [&](uint64_t base, const uint32_t* index, const float* value, size_t m) {
+            const uint64_t at = base - first;
+            for (size_t j = 0; j < m; ++j) {
+              const uint64_t k = at + index[j];
+              sum[k] += weight * (double(value[j]) * s);  // as compression::FoldWeighted
+              bits[k >> 6] |= uint64_t(1) << (k & 63);
+            }
+          });
+      if (!read.ok()) {
+        std::fill(sum_buffer.begin(), sum_buffer.end(), 0.0);
+        return absl::Status(read.code(), absl::StrCat("contribution of island '", in[i].island,
+                                                      "': ", read.message()));
+      }
+    }
+    SparseGradient::Piece& piece = out->pieces[t];
+    for (uint64_t w = 0; w < touched.size(); ++w) {
+      for (uint64_t b = bits[w]; b != 0; b &= b - 1) {
+        const uint64_t k = (w << 6) + uint64_t(__builtin_ctzll(b));
+        piece.index.push_back(first + k);
+        piece.value.push_back(float(sum[k] / total));  // as compression::StoreQuotient
+        sum[k] = 0.0;
+      }
+    }
+    return absl::OkStatus();
+  };
+  return ForEachSpan(n, pool, span, kSparseSpan);
 }
 
 // Per coordinate: sorts the M values (ties by island order), drops k at each end, averages the rest.
@@ -191,11 +240,10 @@ absl::Status CombineMean(const std::vector<ContributionRef>& contributions,
   return WeightedMean(contributions, scale, first, n, out, pool);
 }
 
-absl::Status Aggregate(const AggregationOptions& options,
-                       const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
-                       AggregationReport* report, WorkerPool* pool) {
-  const size_t m = contributions.size();
-  if (m == 0) return absl::FailedPreconditionError("no contributions to aggregate");
+namespace {
+
+absl::Status CheckCovered(const std::vector<ContributionRef>& contributions, uint64_t n) {
+  if (contributions.empty()) return absl::FailedPreconditionError("no contributions to aggregate");
   for (const auto& c : contributions) {
     if (c.payload == nullptr || !c.payload->Covers(n)) {
       return absl::InvalidArgumentError(absl::StrCat("the contribution of island '", c.island,
@@ -203,27 +251,82 @@ absl::Status Aggregate(const AggregationOptions& options,
                                                      " elements"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The mean rules' scale of each contribution: 1, or clipped_mean's clip factor.
+std::vector<double> MeanScales(const AggregationOptions& options,
+                               const std::vector<ContributionRef>& contributions,
+                               AggregationReport* report) {
+  const size_t m = contributions.size();
   std::vector<double> scale(m, 1.0);
-  if (report != nullptr) report->scales = scale;
-  switch (options.rule) {
-    case AggregationRule::kMean:
-      return WeightedMean(contributions, scale, 0, n, out, pool);
-    case AggregationRule::kClippedMean: {
-      std::vector<double> norms;
-      for (const auto& c : contributions) norms.push_back(c.norm);
-      const double bound = options.clip_multiple * Median(norms);
-      for (size_t i = 0; i < m; ++i) {
-        if (contributions[i].norm > bound) {
-          scale[i] = bound / contributions[i].norm;
-          if (report != nullptr) {
-            report->clipped.push_back(contributions[i].island);
-            report->outliers.push_back(contributions[i].island);
-          }
+  if (options.rule == AggregationRule::kClippedMean) {
+    std::vector<double> norms;
+    for (const auto& c : contributions) norms.push_back(c.norm);
+    const double bound = options.clip_multiple * Median(norms);
+    for (size_t i = 0; i < m; ++i) {
+      if (contributions[i].norm > bound) {
+        scale[i] = bound / contributions[i].norm;
+        if (report != nullptr) {
+          report->clipped.push_back(contributions[i].island);
+          report->outliers.push_back(contributions[i].island);
         }
       }
-      if (report != nullptr) report->scales = scale;
-      return WeightedMean(contributions, scale, 0, n, out, pool);
     }
+  }
+  if (report != nullptr) report->scales = scale;
+  return scale;
+}
+
+}  // namespace
+
+bool AggregatesSparsely(const AggregationOptions& options,
+                        const std::vector<ContributionRef>& contributions) {
+  if (options.rule != AggregationRule::kMean && options.rule != AggregationRule::kClippedMean) {
+    return false;
+  }
+  for (const auto& c : contributions) {
+    if (c.payload == nullptr || !c.payload->codec.sparse()) return false;
+  }
+  return !contributions.empty();
+}
+
+void SparseGradient::Reset(size_t n) {
+  pieces.resize(n);
+  for (auto& p : pieces) {
+    p.index.clear();
+    p.value.clear();
+  }
+}
+
+size_t SparseGradient::size() const {
+  size_t n = 0;
+  for (const auto& p : pieces) n += p.index.size();
+  return n;
+}
+
+absl::Status AggregateSparse(const AggregationOptions& options,
+                             const std::vector<ContributionRef>& contributions, uint64_t n,
+                             AggregationReport* report, SparseGradient* out, WorkerPool* pool) {
+  ATL_RETURN_IF_ERROR(CheckCovered(contributions, n));
+  if (!AggregatesSparsely(options, contributions)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AggregationRuleName(options.rule), " over these contributions is not sparse"));
+  }
+  return SparseWeightedMean(contributions, MeanScales(options, contributions, report), n, out,
+                            pool);
+}
+
+absl::Status Aggregate(const AggregationOptions& options,
+                       const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
+                       AggregationReport* report, WorkerPool* pool) {
+  ATL_RETURN_IF_ERROR(CheckCovered(contributions, n));
+  const size_t m = contributions.size();
+  switch (options.rule) {
+    case AggregationRule::kMean:
+    case AggregationRule::kClippedMean:
+      return WeightedMean(contributions, MeanScales(options, contributions, report), 0, n, out,
+                          pool);
     case AggregationRule::kTrimmedMean: {
       const size_t k = std::min(size_t(std::floor(options.trim_fraction * double(m))), (m - 1) / 2);
       return TrimmedMean(contributions, k, n, out, report, pool);

@@ -79,6 +79,32 @@ absl::Status Aggregate(const AggregationOptions& options,
                        const std::vector<ContributionRef>& contributions, uint64_t n, float* out,
                        AggregationReport* report, WorkerPool* pool = nullptr);
 
+// A sparse vector (an outer gradient, an update): the coordinates it holds, ascending, and its
+// values there; every other coordinate is +0. In pieces of disjoint index ranges, in order, each
+// made on its own (a task of a fold, a chunk of an update); their storage is reused from round
+// to round.
+struct SparseGradient {
+  struct Piece {
+    std::vector<uint64_t> index;
+    std::vector<float> value;
+  };
+  std::vector<Piece> pieces;
+  // Empties every piece (keeping its storage) and makes `n` of them.
+  void Reset(size_t n);
+  size_t size() const;
+};
+// Whether the round aggregates sparsely: a mean rule (a fold of whole contributions) over sparse
+// contributions (the median and the trimmed mean look at every coordinate's zeros too).
+bool AggregatesSparsely(const AggregationOptions& options,
+                        const std::vector<ContributionRef>& contributions);
+// Aggregate for such a round into *out, in time proportional to the values kept, not to n: at
+// every index the bits Aggregate writes there (the same fold in the same order: the zeros it adds
+// elsewhere change no sum), and the same report.
+absl::Status AggregateSparse(const AggregationOptions& options,
+                             const std::vector<ContributionRef>& contributions, uint64_t n,
+                             AggregationReport* report, SparseGradient* out,
+                             WorkerPool* pool = nullptr);
+
 }  // namespace atl::outer
 
 #endif  // ATOLL_OUTER_BASE_AGGREGATION_H_

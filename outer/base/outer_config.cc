@@ -203,9 +203,10 @@ absl::Status ValidateDefences(const OuterConfig& c) {
 
 // The service's resources: threads, connections, shards, call limits.
 absl::Status ValidateService(const OuterConfig& c) {
-  if (c.service_threads < 1 || c.service_threads > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("outer.service_threads must be in 1..256, got ", c.service_threads));
+  if (c.service_threads < 0 || c.service_threads > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.service_threads must be in 0..256 (0: the cores the service may use), got ",
+        c.service_threads));
   }
   if (c.connections < 1 || c.connections > 64) {
     return absl::InvalidArgumentError(

@@ -105,7 +105,9 @@ struct OuterConfig {
   double stream_first_message_s = 10;    // ... or without its first message this long
   int max_pending_calls = 64;             // calls not (yet) tied to a member, at once
   int max_calls_per_island = 32;          // calls running at once for one island
-  int service_threads = 1;                // threads for a commit's data work (1..256)
+  // Threads for a commit's data work (1..256; 0: the cores the service may use, CPU affinity and
+  // cgroup quota counted: outer/service/service_options.h).
+  int service_threads = 0;
   // TCP connections of each island rank to the service (1..64): payloads are striped over them,
   // for links whose bandwidth-delay product one TCP stream cannot fill.
   int connections = 1;
@@ -264,7 +266,8 @@ void ServiceKeys(OuterConfig& c, V&& v) {
   v("max_calls_per_island", c.max_calls_per_island,
     "coordinator: calls running at once for one island");
   v("service_threads", c.service_threads,
-    "coordinator: threads for a commit's aggregation, outer step, encoding and hashing");
+    "coordinator: threads for a commit's aggregation, outer step, encoding and hashing (0: the "
+    "cores it may use)");
   v("connections", c.connections,
     "island: TCP connections of each rank to the service; pushes, updates and state transfers "
     "are striped over them");

@@ -74,6 +74,22 @@ compression::CodecSpec Encoding::Choose(const float* u, size_t n) const {
   return SmallerUpdate(spec, kept, n);
 }
 
+compression::CodecSpec Encoding::ChooseSparse(const uint32_t* idx, const float* u, size_t m,
+                                              size_t n) const {
+  if (!update) return spec;
+  uint32_t kept = 1, nonzero = 0;
+  uint64_t block_end = spec.block_size;
+  for (size_t i = 0; i < m; ++i) {
+    if (idx[i] >= block_end) {  // a later block: counted afresh
+      block_end = (idx[i] / spec.block_size + 1) * uint64_t(spec.block_size);
+      nonzero = 0;
+    }
+    nonzero += uint32_t(u[i] != 0.0f);
+    kept = std::max(kept, nonzero);
+  }
+  return SmallerUpdate(spec, kept, n);
+}
+
 absl::StatusOr<compression::CodecSpec> SpecOf(const pb::ChunkHeader& h) {
   return compression::MakeSpec(int(h.codec()), h.block_size(), h.topk());
 }
@@ -271,7 +287,13 @@ std::vector<std::pair<uint64_t, uint64_t>> EncodedPayload::Ranges() const {
   return out;
 }
 
-absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) const {
+namespace {
+
+// Calls part(chunk, within, take) for the pieces of elements [first, first + count) the chunks
+// hold, in order: `take` elements from `within` of the chunk. DATA_LOSS where a gap is crossed.
+template <typename Part>
+absl::Status ForEachPart(const std::vector<EncodedChunk>& chunks, uint64_t first, uint64_t count,
+                         Part&& part) {
   // The first chunk that ends after `first`.
   auto it = std::upper_bound(chunks.begin(), chunks.end(), first,
                              [](uint64_t x, const EncodedChunk& c) { return x < c.offset + c.count; });
@@ -281,15 +303,40 @@ absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) co
     }
     const uint64_t within = first - it->offset;
     const uint64_t take = std::min(count, it->count - within);
-    ATL_RETURN_IF_ERROR(compression::DecodeSlice(codec,
-                                                 reinterpret_cast<const uint8_t*>(it->data.data()),
-                                                 it->data.size(), it->count, within, take, out));
+    ATL_RETURN_IF_ERROR(part(*it, within, take));
     first += take;
     count -= take;
-    out += take;
     ++it;
   }
   return absl::OkStatus();
+}
+
+const uint8_t* BytesOf(const EncodedChunk& c) {
+  return reinterpret_cast<const uint8_t*>(c.data.data());
+}
+
+}  // namespace
+
+absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) const {
+  return ForEachPart(chunks, first, count, [&](const EncodedChunk& c, uint64_t within,
+                                               uint64_t take) {
+    const absl::Status s =
+        compression::DecodeSlice(codec, BytesOf(c), c.data.size(), c.count, within, take, out);
+    out += take;
+    return s;
+  });
+}
+
+absl::Status EncodedPayload::VisitKept(uint64_t first, uint64_t count,
+                                       const KeptVisitor& visit) const {
+  return ForEachPart(chunks, first, count, [&](const EncodedChunk& c, uint64_t within,
+                                               uint64_t take) {
+    return compression::VisitKept(
+        codec, BytesOf(c), c.data.size(), c.count, within, take,
+        [&](size_t base, const uint32_t* index, const float* value, size_t m) {
+          visit(c.offset + base, index, value, m);
+        });
+  });
 }
 
 absl::Status EncodedPayload::Merge(EncodedPayload&& other) {
@@ -328,6 +375,15 @@ absl::StatusOr<PayloadStats> Measure(const EncodedPayload& payload) {
   PayloadStats stats;
   float max_abs = 0;
   for (const auto& [begin, end] : payload.Ranges()) {
+    if (payload.codec.sparse()) {
+      // Its zeros add nothing: the kept values alone, in time proportional to them.
+      ATL_RETURN_IF_ERROR(payload.VisitKept(
+          begin, end - begin, [&](uint64_t, const uint32_t*, const float* v, size_t m) {
+            stats.sum_squares += compression::SumSquares(v, m);
+            max_abs = std::max(max_abs, compression::MaxAbs(v, m));
+          }));
+      continue;
+    }
     for (uint64_t a = begin; a < end; a += kWindow) {
       const uint64_t len = std::min(kWindow, end - a);
       ATL_RETURN_IF_ERROR(payload.Read(a, len, window.data()));

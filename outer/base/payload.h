@@ -44,6 +44,9 @@ struct Encoding {
   compression::CodecSpec PlanSpec() const;
   // The encoding of n values u[0, n) (a chunk of an update) the service sends.
   compression::CodecSpec Choose(const float* u, size_t n) const;
+  // The same for n values that are zero but at idx[m] (ascending) with u[m].
+  compression::CodecSpec ChooseSparse(const uint32_t* idx, const float* u, size_t m,
+                                      size_t n) const;
 };
 Encoding UpdateEncoding(const compression::CodecSpec& contributions);
 // The most bytes the outer update of n elements takes when `contributors` sent `contributions`
@@ -151,6 +154,12 @@ struct EncodedPayload {
   std::vector<std::pair<uint64_t, uint64_t>> Ranges() const;
   // Decodes elements [first, first + count) (fragment offsets); DATA_LOSS if a gap is crossed.
   absl::Status Read(uint64_t first, uint64_t count, float* out) const;
+  // A sparse payload's kept elements in [first, first + count), a codec chunk at a time
+  // (compression::VisitKept; `base` a fragment offset); time in the values kept. DATA_LOSS as
+  // Read.
+  using KeptVisitor = std::function<void(uint64_t base, const uint32_t* index, const float* value,
+                                         size_t m)>;
+  absl::Status VisitKept(uint64_t first, uint64_t count, const KeptVisitor& visit) const;
   // Adds the chunks of `other` (same codec); INVALID_ARGUMENT if they overlap chunks held (and
   // then nothing changes).
   absl::Status Merge(EncodedPayload&& other);

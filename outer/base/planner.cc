@@ -34,6 +34,10 @@ double StarRate(const PlanInput& in) {
 double CommitSeconds(const PlanInput& in, uint64_t elements) {
   const double p = in.commit_parallel_fraction;
   const double share = (1 - p) + p / double(std::max(1, in.service_threads));
+  if (in.codec.sparse() && in.linear_outer_step) {  // in the values kept, not the parameters
+    const double kept = double(elements) / double(in.codec.block_size) * double(in.codec.topk);
+    return in.sparse_commit_s_per_value * kept * in.islands * share;
+  }
   return in.commit_s_per_param * double(elements) * in.islands * share;
 }
 

@@ -71,6 +71,10 @@ struct PlanInput {
   double backward_fraction = 2.0 / 3.0;  // of the step (kRing, data parallel)
   // The service's commit (kStar): seconds per parameter per contributing island (one thread).
   double commit_s_per_param = 2.1e-9;
+  // A sparse commit (sparse contributions, a linear outer step): seconds per value kept, summed
+  // over the contributing islands (one thread): it decodes and folds the kept values, and encodes
+  // and applies their union (measured by atoll loadtest, README's load-test table).
+  double sparse_commit_s_per_value = 30e-9;
   // The service as configured (outer.service_threads, outer.shards): a commit's data work on
   // `service_threads` threads takes (1 - p + p / threads) of one thread's time (Amdahl, with the
   // parallel fraction p measured by commit_bench: 1.61x on 2 threads is p = 0.76); fragment f

@@ -1,6 +1,6 @@
 // A second copy of the global parameters a rank owns of one fragment, kept where the model trains
 // (its GPU), bit for bit equal to IslandSync's own copy, which stays the reference: the service's
-// hashes check that one (XXH64 runs on the host), and a fetch or resync fills it first.
+// hashes check that one (the hash runs on the host), and a fetch or resync fills it first.
 //
 // With a device copy, a push's pseudo-gradient (global - local, plus the error-feedback residual)
 // is made and encoded on the device, and only the encoded bytes cross to the host; each committed

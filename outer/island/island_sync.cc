@@ -63,7 +63,7 @@ absl::Status IslandSync::RestoreResidual(std::vector<float> residual) {
 }
 
 uint64_t IslandSync::global_hash() const {
-  return compression::Checksum(global_.data(), global_.size() * sizeof(float));
+  return compression::ParamsHash(global_.data(), 0, global_.size());
 }
 
 // What the pieces of one state transfer agree on, shared by its lanes.
@@ -114,7 +114,7 @@ absl::Status IslandSync::FetchPiece(uint64_t offset, uint64_t count, float* out,
     }
     if (s.ok() && !assembler) s = absl::DataLossError("the service sent no state");
     if (s.ok()) s = assembler->CheckComplete();
-    if (s.ok() && compression::Checksum(out, count * sizeof(float)) != range_hash) {
+    if (s.ok() && compression::ParamsHash(out, offset, count) != range_hash) {
       s = absl::DataLossError("fetched state does not match its hash");
     }
     if (s.ok()) {
@@ -136,7 +136,7 @@ absl::Status IslandSync::FetchPiece(uint64_t offset, uint64_t count, float* out,
 
 absl::Status IslandSync::Adopt(std::vector<float> values, uint64_t round, uint64_t hash) {
   if (!carried() || !whole() || values.size() != n_ || hash == 0 ||
-      compression::Checksum(values.data(), n_ * sizeof(float)) != hash) {
+      compression::ParamsHash(values.data(), 0, n_) != hash) {
     return absl::FailedPreconditionError("the island's parameters are not the service's");
   }
   global_ = std::move(values);
@@ -175,7 +175,7 @@ absl::Status IslandSync::FetchGlobal() {
     });
     ATL_RETURN_IF_ERROR(FirstError(statuses));
     if (progress.changed) continue;
-    if (whole() && compression::Checksum(values.data(), n_ * sizeof(float)) != progress.hash) {
+    if (whole() && compression::ParamsHash(values.data(), 0, n_) != progress.hash) {
       last = absl::DataLossError("fetched state does not match its hash");
       continue;
     }

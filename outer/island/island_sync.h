@@ -127,7 +127,7 @@ class IslandSync {
   // starts over if the state changed in between. All or nothing.
   absl::Status FetchGlobal();
   // Takes `values` (the whole fragment) as the global copy at `round` instead of fetching it, when
-  // their XXH64 is `hash`, the service's: a first joiner's own seeded initial parameters. Else
+  // their ParamsHash is `hash`, the service's: a first joiner's own seeded initial parameters. Else
   // FAILED_PRECONDITION and nothing changes (the caller fetches).
   absl::Status Adopt(std::vector<float> values, uint64_t round, uint64_t hash);
   // After H inner steps: pushes global - local (weighted by `tokens`, the whole island's), waits

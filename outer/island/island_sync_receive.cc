@@ -141,8 +141,7 @@ void IslandSync::ReceivePart(const Span& p, uint64_t round, bool split, int lane
   if (range_hash == 0) {
     got.status = absl::FailedPreconditionError(absl::StrCat(
         "the service did not know the range [", p.begin, ", ", p.end, ") at round ", round));
-  } else if (compression::Checksum(next.data() + p.at, (p.end - p.begin) * sizeof(float)) !=
-             range_hash) {
+  } else if (compression::ParamsHash(next.data() + p.at, p.begin, p.end - p.begin) != range_hash) {
     got.status = absl::DataLossError(absl::StrCat("global parameters [", p.begin, ", ", p.end,
                                                   ") after round ", round,
                                                   " do not match the service's hash"));
@@ -156,7 +155,7 @@ absl::Status IslandSync::CheckSplitHash(const std::vector<Received>& received, u
       return absl::DataLossError("the parts of an update disagree on the parameters' hash");
     }
   }
-  if (compression::Checksum(next.data(), n_ * sizeof(float)) != received[0].params_hash) {
+  if (compression::ParamsHash(next.data(), 0, n_) != received[0].params_hash) {
     return absl::DataLossError(absl::StrCat("global parameters after round ", round,
                                             " do not match the service's hash"));
   }

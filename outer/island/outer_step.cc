@@ -223,7 +223,7 @@ std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> OuterStepHook::RangeHashes
   uint64_t at = 0;
   for (const auto& [begin, end] : sync.ranges()) {
     out.emplace_back(begin, end,
-                     compression::Checksum(sync.global().data() + at, (end - begin) * sizeof(float)));
+                     compression::ParamsHash(sync.global().data() + at, begin, end - begin));
     at += end - begin;
   }
   return out;
@@ -232,7 +232,7 @@ std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> OuterStepHook::RangeHashes
 uint64_t OuterStepHook::global_hash() const {
   std::vector<float> all;
   for (const auto& s : syncs_) all.insert(all.end(), s->global().begin(), s->global().end());
-  return compression::Checksum(all.data(), all.size() * sizeof(float));
+  return compression::ParamsHash(all.data(), 0, all.size());  // one fragment: the service's
 }
 
 absl::Status OuterStepHook::AfterStep(double steps_per_s) {

@@ -107,7 +107,7 @@ struct LandedRound {
   double idle_s = 0;      // the training thread waited this long for it
   uint32_t sync_every = 0;  // the island's H from now on
   uint64_t global_hash = 0;  // of the fragment's global parameters (this rank's) after the merge
-  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> range_hashes;  // begin, end, XXH64
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> range_hashes;  // begin, end, ParamsHash
   RoundOutcome outcome;
 };
 
@@ -211,7 +211,8 @@ class OuterStepHook {
   // "H = 50, 2 fragment(s), tau = 2, alpha = 0.50, fp4_e2m1": the island's outer settings.
   std::string Describe() const;
   uint64_t fetched_bytes() const;
-  // XXH64 of the global parameters this rank holds, fragments concatenated.
+  // ParamsHash of the global parameters this rank holds, fragments concatenated (with one
+  // fragment: the service's hash of it).
   uint64_t global_hash() const;
   // The ranges of fragment f this rank holds and their hashes (for the round records).
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> RangeHashes(uint32_t f) const;

@@ -229,16 +229,26 @@ class Rounds {
   // contributions whose combination would make the parameters non-finite are left out one by one
   // (largest norm first).
   void RunCommit(CommitJob job);
+  // Under the data lock: sets the fragment's outer step for round `round` (a warm start's average
+  // or the scheduled learning rate), a function of the round alone.
+  void SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round) const;
+  // The round's outer gradient: dense (the fragment's n values) or sparse (a linear step over
+  // sparse contributions: the commit then costs what the round changed).
+  struct Gradient {
+    const float* dense = nullptr;
+    const SparseGradient* sparse = nullptr;
+  };
   // Under the data lock: the update of the outer gradient g, applied (INVALID_ARGUMENT and nothing
   // changed when it would make a parameter non-finite), with the hashes and norm after it. The
   // update is relayed when the step is linear and relaying is smaller (RelayIsSmaller).
   absl::StatusOr<CommitResult> StepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
-                                          const float* g,
+                                          Gradient g,
                                           const std::set<std::pair<uint64_t, uint64_t>>& ranges,
                                           Relayable relayable);
-  // The hashes and norm of the parameters (under the data lock).
-  void MeasureLocked(const ServiceFragment& f,
-                     const std::set<std::pair<uint64_t, uint64_t>>& ranges, CommitResult& result);
+  // The hashes and norm of the parameters (under the data lock; the ranges' hashes are tracked
+  // from now on).
+  void MeasureLocked(ServiceFragment& f, const std::set<std::pair<uint64_t, uint64_t>>& ranges,
+                     CommitResult& result);
   // Under mu: logs the round and releases it to the islands.
   void PublishLocked(uint32_t fragment, CommitResult result, absl::Time now);
   size_t kept_versions() const;

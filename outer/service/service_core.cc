@@ -19,7 +19,7 @@ ServiceFragment::ServiceFragment(FragmentLayout l, std::vector<float> p,
       data_mu(std::make_unique<std::mutex>()),
       data(std::move(p), o),
       params_hash(data.Hash()),
-      params_norm(data.Norm(nullptr)) {}
+      params_norm(data.Norm()) {}
 
 ServiceCore::ServiceCore(SyncServerOptions o, std::vector<FragmentLayout> layouts,
                          std::vector<std::vector<float>> initial)

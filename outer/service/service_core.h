@@ -59,6 +59,8 @@ struct ServiceFragment {
   std::unique_ptr<std::mutex> data_mu;
   FragmentData data;         // under data_mu
   std::unique_ptr<float[]> accumulator;  // under data_mu: the commits' aggregate, reused
+  SparseGradient sparse_sums;            // under data_mu: a sparse round's, reused
+  FragmentData::SparseUpdate sparse_update;  // under data_mu: its update, decoded, reused
   uint64_t params_hash = 0;  // of `data`'s parameters as published by the last commit
   double params_norm = 0;    // L2, for the relative bound on contributions
   bool committing = false;   // sync: the round's contributions are being committed

@@ -1,6 +1,52 @@
 #include "outer/service/service_options.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
 namespace atl::outer {
+namespace {
+
+std::string ReadSmallFile(const char* path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in ? text.str() : std::string();
+}
+
+}  // namespace
+
+int CoresFromCpuMax(const std::string& cpu_max, int cores) {
+  std::istringstream in(cpu_max);
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || !(period > 0)) return cores;
+  char* end = nullptr;
+  const double q = std::strtod(quota.c_str(), &end);
+  if (end == quota.c_str() || *end != '\0' || !(q > 0)) return cores;
+  return std::clamp(int(std::ceil(q / period)), 1, cores);
+}
+
+int UsableCores() {
+  int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  const std::string v2 = ReadSmallFile("/sys/fs/cgroup/cpu.max");
+  if (!v2.empty()) {
+    cores = CoresFromCpuMax(v2, cores);
+  } else {  // cgroup v1: the quota and period in two files (-1: none)
+    const std::string quota = ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+    const std::string period = ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+    if (!quota.empty() && !period.empty() && quota.rfind("-1", 0) != 0) {
+      cores = CoresFromCpuMax(quota + " " + period, cores);
+    }
+  }
+  return std::clamp(cores, 1, 256);
+}
 
 SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run, int shard) {
   SyncServerOptions o;
@@ -21,7 +67,7 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.aggregation.trim_fraction = outer.trim_fraction;
   o.max_update_norm = outer.max_update_norm;
   o.max_update_value = outer.max_update_value;
-  o.service_threads = outer.service_threads;
+  o.service_threads = outer.service_threads > 0 ? outer.service_threads : UsableCores();
   o.num_shards = uint32_t(outer.shards);
   o.shard = shard;
   if (outer.auto_tune) {

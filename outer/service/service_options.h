@@ -5,6 +5,7 @@
 #define ATOLL_OUTER_SERVICE_SERVICE_OPTIONS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "outer/base/outer_config.h"
 #include "outer/service/sync_server.h"
@@ -22,6 +23,13 @@ struct RunBudget {
 // service when outer.shards = 1), or shard server K.
 SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
                                  int shard = SyncServerOptions::kControlPlane);
+
+// The cores this process may use: those of its CPU affinity, at most its cgroup's CPU quota
+// (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us / cpu.cfs_period_us), rounded up; 1 to 256.
+int UsableCores();
+// The quota's cores from a cgroup v2 cpu.max text ("max 100000", "150000 100000": 2), at most
+// `cores`; `cores` when there is no quota or the text is not one.
+int CoresFromCpuMax(const std::string& cpu_max, int cores);
 
 }  // namespace atl::outer
 

@@ -9,7 +9,7 @@
 
 namespace atl::outer {
 
-using internal::HashParams;
+using internal::TensorChecksum;
 
 absl::StatusOr<pb::ServiceState> StateStore::Snapshot(const StateWrite& write) const {
   pb::ServiceState s;
@@ -37,7 +37,7 @@ absl::StatusOr<pb::ServiceState> StateStore::Snapshot(const StateWrite& write) c
       auto* d = fs->add_optimizer_tensors();
       d->set_name(t.name);
       d->set_num_elements(t.values->size());
-      d->set_hash(HashParams(*t.values));
+      d->set_hash(TensorChecksum(*t.values));
       ATL_RETURN_IF_ERROR(write(i, t.name, t.values->data(), t.values->size()));
     }
     for (const auto& [name, value] : opt.StateCounters()) {
@@ -68,7 +68,10 @@ StateStore::ReadFragmentState(const pb::FragmentState& fs, uint32_t i, uint32_t 
     }
     std::vector<float> values(n);
     ATL_RETURN_IF_ERROR(read(index, name, values.data(), n));
-    if (HashParams(values) != hash) {
+    // The parameters carry the hash copies are compared by; the optimizer's tensors a checksum.
+    const bool match = name == kParamsTensor ? compression::StoredParamsMatch(values.data(), n, hash)
+                                             : TensorChecksum(values) == hash;
+    if (!match) {
       return absl::DataLossError(absl::StrCat("service state: fragment ", i, " ", Printable(name),
                                               " does not match its hash"));
     }
@@ -142,9 +145,9 @@ absl::Status StateStore::Restore(const pb::ServiceState& state, const StateRead&
     ServiceFragment& f = core_.fragments[owned[j]];
     std::lock_guard<std::mutex> data(*f.data_mu);
     f.data.Reset(std::move(params[j]), std::move(optimizers[j]));
-    const double norm = f.data.Norm(core_.pool.get());
+    const double norm = f.data.Norm();
     std::lock_guard<std::mutex> lock(core_.mu);
-    f.params_hash = state.fragments(int(j)).params_hash();
+    f.params_hash = f.data.Hash();  // (a file written before ParamsHash stored another hash)
     f.params_norm = norm;
     f.round = state.fragments(int(j)).round();
     f.durable_round = f.round;
@@ -196,7 +199,7 @@ absl::Status StateStore::FetchState(const pb::FetchStateRequest& request,
     n = request.num_elements() == 0 ? total - request.offset() : request.num_elements();
     round = f.round;
     hash = f.params_hash;
-    range_hash = HashParams(f.data.params().data() + request.offset(), n);
+    range_hash = f.data.RangeHash(request.offset(), request.offset() + n);
   }
   const ChunkPlan plan = PlanChunks(fp32, n, core_.options.chunk_bytes);
   for (uint32_t c = 0; c < plan.num_chunks; ++c) {

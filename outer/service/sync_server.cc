@@ -42,6 +42,14 @@ std::vector<float> SyncServer::params(uint32_t fragment) const {
   return f.data.params();
 }
 
+std::vector<std::vector<float>> SyncServer::optimizer_state(uint32_t fragment) const {
+  const ServiceFragment& f = core_.fragments.at(fragment);
+  std::lock_guard<std::mutex> lock(*f.data_mu);
+  std::vector<std::vector<float>> out;
+  for (const auto& t : f.data.optimizer().StateTensors()) out.push_back(*t.values);
+  return out;
+}
+
 bool SyncServer::budget_reached() const {
   std::lock_guard<std::mutex> lock(core_.mu);
   return core_.options.token_budget > 0 && core_.tokens_committed >= core_.options.token_budget;

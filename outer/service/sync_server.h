@@ -156,6 +156,8 @@ class SyncServer {
   uint64_t round(uint32_t fragment = 0) const;
   uint64_t params_hash(uint32_t fragment = 0) const;
   std::vector<float> params(uint32_t fragment = 0) const;  // a copy (tests, tools)
+  // The outer optimizer's state tensors, in order (a copy, for tests).
+  std::vector<std::vector<float>> optimizer_state(uint32_t fragment = 0) const;
   uint32_t num_fragments() const { return uint32_t(core_.fragments.size()); }
   const FragmentLayout& layout(uint32_t fragment = 0) const {
     return core_.fragments[fragment].layout;

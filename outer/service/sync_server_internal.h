@@ -20,15 +20,10 @@ inline constexpr size_t kCommittedKept = 8;
 inline constexpr size_t kMinCommittedKept = 1;
 inline constexpr uint64_t kCommittedKeptBytes = uint64_t(64) << 20;
 
-inline uint64_t HashParams(const float* p, size_t n) {
-  return compression::Checksum(p, n * sizeof(float));
-}
-inline uint64_t HashParams(const std::vector<float>& p) { return HashParams(p.data(), p.size()); }
-
-inline double Norm(const std::vector<float>& p) {
-  double sum = 0;
-  for (float v : p) sum += double(v) * double(v);
-  return std::sqrt(sum);
+// A tensor of the durable state, as written: XXH64 of its bytes (a file's integrity, not the
+// parameters' hash that copies are compared by: compression::ParamsHash).
+inline uint64_t TensorChecksum(const std::vector<float>& p) {
+  return compression::Checksum(p.data(), p.size() * sizeof(float));
 }
 
 }  // namespace atl::outer::internal

@@ -58,6 +58,10 @@ struct SyncServerOptions {
   // Threads for a commit's data work (aggregation, the outer step, encoding, hashing); commits run
   // outside the lock that membership, heartbeats and pushes take.
   int service_threads = 1;
+  // Sync: a round of sparse contributions under a linear step (outer SGD, a warm start's average)
+  // commits in time proportional to what it changed (outer/base/fragment_data.h); false commits it
+  // as a dense round, the reference the sparse commit equals bit for bit.
+  bool sparse_commits = true;
   AggregationOptions aggregation;   // how a round's contributions are combined
   // Bounds on a contribution, refused with INVALID_ARGUMENT beyond them (0: no bound): its L2 norm
   // relative to the fragment's parameter norm and the magnitude of any of its values.

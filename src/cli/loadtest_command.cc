@@ -18,6 +18,7 @@
 #include "compression/status_macros.h"
 #include "inner/model.h"
 #include "outer/service/credentials.h"
+#include "outer/service/service_options.h"
 #include "outer/base/outer_config.h"
 #include "outer/base/payload.h"
 #include "src/store/atomic_file.h"
@@ -296,14 +297,15 @@ LoadtestReport StartReport(const LoadtestOptions& o, const Config& config) {
   report.islands = o.islands;
   report.rounds = o.rounds;
   report.shards = o.shards;
-  report.service_threads = config.outer.service_threads;
+  report.service_threads =
+      config.outer.service_threads > 0 ? config.outer.service_threads : outer::UsableCores();
   report.model_bytes = 4.0 * double(report.params);
   std::fprintf(o.out,
                "atoll loadtest: %lld parameters (n_layer %d, d_model %d, %d fragment%s), %s, %d "
                "islands, %d rounds, %d service threads%s\n",
                (long long)report.params, config.model.n_layer, config.model.d_model,
                config.outer.num_fragments, config.outer.num_fragments == 1 ? "" : "s",
-               report.codec.c_str(), o.islands, o.rounds, config.outer.service_threads,
+               report.codec.c_str(), o.islands, o.rounds, report.service_threads,
                o.shards > 1 ? absl::StrFormat(", %d shard servers", o.shards).c_str() : "");
   std::fflush(o.out);
   return report;

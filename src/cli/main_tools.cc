@@ -87,7 +87,8 @@ Command AddPlan(CLI::App& app, CommandLine& cl) {
   c->add_option("--commit-ns-per-param", o->commit_ns_per_param,
                 "the service's commit time per parameter per island (measured: atoll loadtest)");
   c->add_option("--service-threads", o->service_threads,
-                "the service's threads for a commit (default: the config's outer.service_threads, or 1)");
+                "the service's threads for a commit (default: the config's outer.service_threads; "
+                "1 when that is 0, the service machine's cores, or without a config)");
   c->add_option("--shards", o->shards,
                 "the service's shards: fragment f commits on shard f mod shards (default: the "
                 "config's outer.shards, or 1)");

@@ -148,7 +148,7 @@ absl::StatusOr<Setting> ResolveSetting(const PlanOptions& o) {
     s.connections = c.outer.connections;
     s.phases = c.outer.phases;
     s.pattern = c.outer.fragment_pattern;
-    s.service_threads = c.outer.service_threads;
+    s.service_threads = std::max(1, c.outer.service_threads);  // auto (0): planned as 1
     s.shards = c.outer.shards;
     s.linear_step = outer::TraitsOf(c.outer.optimizer).linear(c.outer.optimizer);
   }
@@ -229,10 +229,11 @@ void PrintHeader(const PlanOptions& o, const Setting& s, const PlanInput& base) 
                      : "steady state",
       base.topology == outer::PlanTopology::kStar
           ? absl::StrFormat("the service commits in %.2f ns per parameter per island on one "
-                            "thread (measured by atoll loadtest), on %d service thread(s) "
+                            "thread (sparse rounds with a linear step: %.0f ns per value kept; "
+                            "measured by atoll loadtest), on %d service thread(s) "
                             "(parallel fraction %.2f) and %d shard(s)",
-                            1e9 * base.commit_s_per_param, base.service_threads,
-                            base.commit_parallel_fraction, base.shards)
+                            1e9 * base.commit_s_per_param, 1e9 * base.sparse_commit_s_per_value,
+                            base.service_threads, base.commit_parallel_fraction, base.shards)
           : "no service");
 }
 

@@ -53,7 +53,7 @@ struct IslandSummary : outer::OuterStepStats {
   double checkpoint_stall_max_s = 0;  // longest pause of training to snapshot a checkpoint
   double wall_s = 0;
   double compute_s = 0;   // inner steps
-  uint64_t global_hash = 0;  // XXH64 of the final global parameters this rank holds
+  uint64_t global_hash = 0;  // ParamsHash of the final global parameters this rank holds
   std::string global_copy = "host";  // where its pseudo-gradients were made (outer.global_copy)
   std::optional<inner::EvalStats> last_eval;
 };

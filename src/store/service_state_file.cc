@@ -263,7 +263,9 @@ absl::StatusOr<pb::ServiceState> ReadServiceState(const std::string& path) {
     std::vector<float> values(n);
     ATL_RETURN_IF_ERROR(file.Read(uint32_t(i), name, values.data(), n));
     std::string bytes(reinterpret_cast<const char*>(values.data()), n * 4);
-    if (compression::Checksum(bytes.data(), bytes.size()) != hash) {
+    const bool match = name == kParams ? compression::StoredParamsMatch(values.data(), n, hash)
+                                       : compression::Checksum(bytes.data(), bytes.size()) == hash;
+    if (!match) {
       return absl::DataLossError(
           absl::StrCat(path, ": fragment ", i, " ", name, " does not match its hash"));
     }

@@ -3,14 +3,17 @@
 // last push runs the commit: aggregation, the outer step, encoding, hashing) is measured with
 // 1 and 2 service threads, median of the rounds. Also the aggregation alone, as the rate at which
 // contributions are decoded and folded in (fp32 bytes per second, against memcpy on one core).
+// With a density (top-k per chunk of 4096, as outer.topk_density) the contributions are sparse;
+// with the optimizer sgd the outer step is linear (the sparse commit).
 //
 //   build/tests/bench/commit_bench [elements=50000000] [islands=8] [codec=fp4_e2m1] [rounds=3]
+//       [density=0: dense] [optimizer=nesterov]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,20 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// Pseudo-gradients: the sum of two uniforms in [-1e-3, 1e-3) (a cheap bell), from splitmix64.
+void Fill(std::vector<float>& g, uint64_t seed) {
+  auto next = [&seed] {
+    uint64_t z = (seed += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  for (auto& v : g) {
+    const uint64_t r = next();
+    v = (float(uint32_t(r) >> 8) + float(uint32_t(r >> 32) >> 8)) * (1e-3f / 16777216.0f) - 1e-3f;
+  }
 }
 
 double Median(std::vector<double> v) {
@@ -47,11 +64,12 @@ std::vector<pb::PushRequest> Requests(const std::vector<pb::Chunk>& chunks, cons
 
 // Median seconds of the commit with `threads` service threads.
 double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec, int rounds,
-                   int threads) {
+                   int threads, const std::string& optimizer) {
   outer::SyncServerOptions o;
   o.run_id = "bench";
   o.num_data_streams = uint32_t(islands);
   o.codec = codec;
+  o.optimizer.name = optimizer;
   o.service_threads = threads;
   std::vector<float> init(n, 0.01f);
   outer::SyncServer sync(o, {{"w"}, {n}}, std::move(init));
@@ -62,14 +80,12 @@ double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec,
     j.set_name("island" + std::to_string(i));
     sessions.push_back(sync.Join(j)->session());
   }
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 1e-3f);
   std::vector<float> g(n);
   std::vector<double> times;
   for (int r = 0; r < rounds; ++r) {
     Clock::time_point last;
     for (int i = 0; i < islands; ++i) {
-      for (auto& v : g) v = normal(rng);
+      Fill(g, uint64_t(r * islands + i));
       const std::string name = "island" + std::to_string(i);
       auto chunks = outer::EncodeChunks({"bench", name, uint64_t(r), 0}, codec, g.data(), 0, n, n);
       auto requests = Requests(*chunks, sessions[size_t(i)]);
@@ -92,19 +108,22 @@ double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec,
 int main(int argc, char** argv) {
   const uint64_t n = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 50000000;
   const int islands = argc > 2 ? std::atoi(argv[2]) : 8;
-  const auto codec = *compression::ParseCodec(argc > 3 ? argv[3] : "fp4_e2m1");
+  auto codec = *compression::ParseCodec(argc > 3 ? argv[3] : "fp4_e2m1");
   const int rounds = argc > 4 ? std::atoi(argv[4]) : 3;
-  std::printf("%llu elements, %d islands, %s, median of %d rounds\n", (unsigned long long)n,
-              islands, compression::CodecName(codec.codec).c_str(), rounds);
+  const double density = argc > 5 ? std::atof(argv[5]) : 0;
+  const std::string optimizer = argc > 6 ? argv[6] : "nesterov";
+  if (density > 0) {
+    codec = {codec.codec, 4096, uint32_t(std::max(1.0, std::round(density * 4096)))};
+  }
+  std::printf("%llu elements, %d islands, %s, %s, median of %d rounds\n", (unsigned long long)n,
+              islands, compression::SpecText(codec).c_str(), optimizer.c_str(), rounds);
   // The aggregation alone: decode-and-fold of every contribution, one thread.
   {
     std::vector<float> g(n), out(n), copy(n);
-    std::mt19937 rng(2);
-    std::normal_distribution<float> normal(0.0f, 1e-3f);
-    for (auto& v : g) v = normal(rng);
     std::vector<outer::EncodedPayload> payloads{size_t(islands)};
     std::vector<outer::ContributionRef> refs;
     for (int i = 0; i < islands; ++i) {
+      Fill(g, uint64_t(1000 + i));
       auto chunks = *outer::EncodeChunks({"bench", "", 0, 0}, codec, g.data(), 0, n, n);
       payloads[size_t(i)].codec = codec;
       for (auto& c : chunks) {
@@ -124,9 +143,23 @@ int main(int argc, char** argv) {
     std::printf("aggregation (decode and fold, one thread): %.2f GB/s of fp32 contributions = "
                 "%.0f%% of memcpy (%.2f GB/s)\n",
                 rate, 100 * rate / (double(n) * 4 / memcpy_s / 1e9), double(n) * 4 / memcpy_s / 1e9);
+    if (codec.sparse()) {
+      double sparse_s = 1e9;
+      outer::SparseGradient sparse;
+      for (int r = 0; r < 3; ++r) {  // the fastest of three
+        t0 = Clock::now();
+        if (!outer::AggregateSparse({}, refs, n, nullptr, &sparse).ok()) std::abort();
+        sparse_s = std::min(sparse_s, Seconds(t0));
+      }
+      std::printf("sparse aggregation (kept values only, one thread): %.3f s = %.1f ns per kept "
+                  "value, %zu coordinates touched (%.1f%%), %.1fx faster than the dense fold\n",
+                  sparse_s, 1e9 * sparse_s / (double(codec.topk) * double(n) / codec.block_size * islands),
+                  sparse.size(), 100.0 * double(sparse.size()) / double(n),
+                  agg_s / sparse_s);
+    }
   }
-  const double one = TimeCommits(n, islands, codec, rounds, 1);
-  const double two = TimeCommits(n, islands, codec, rounds, 2);
+  const double one = TimeCommits(n, islands, codec, rounds, 1, optimizer);
+  const double two = TimeCommits(n, islands, codec, rounds, 2, optimizer);
   std::printf("commit, 1 service thread:  %.3f s\n", one);
   std::printf("commit, 2 service threads: %.3f s (%.2fx faster)\n", two, one / two);
   return 0;

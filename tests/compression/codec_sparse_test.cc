@@ -257,5 +257,75 @@ TEST(SparseCodecTest, NonFiniteInputIsRefusedNamingTheElement) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("at element 130"));
 }
 
+// A sparse input encodes to Encode's very bytes in time proportional to its values: fewer nonzeros
+// than kept (zeros of both signs among them, which count as zeros), more than kept (the selection
+// decides), a short last chunk; what it hands over as written is what VisitKept reads back, and
+// VisitKept over any range is DecodeSlice's nonzeros there plus the kept zeros.
+TEST(SparseCodecTest, SparseInputEncodesAsDenseAndKeptValuesReadBack) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  for (const CodecSpec spec : {CodecSpec{Codec::kFp4E2M1, 256, 20}, CodecSpec{Codec::kInt2, 256, 3},
+                               CodecSpec{Codec::kFp32, 64, 64}}) {
+    SCOPED_TRACE(SpecText(spec));
+    const size_t n = 1000;  // 3 whole chunks and a short one
+    std::vector<float> dense(n, 0.0f);
+    std::vector<uint32_t> index;
+    std::vector<float> values;
+    for (uint32_t i = 0; i < n; ++i) {
+      // Chunk 1 holds more nonzeros than kept; -0 and +0 entries appear elsewhere.
+      const bool held = (i / 256 == 1) ? i % 3 == 0 : i % 29 == 0 || i % 31 == 0;
+      if (!held) continue;
+      const float v = i % 58 == 0 ? -0.0f : i % 62 == 0 ? 0.0f : value(rng);
+      dense[i] = v;
+      index.push_back(i);
+      values.push_back(v);
+    }
+    std::vector<uint8_t> want(EncodedBytes(spec, n)), got(want.size());
+    ASSERT_TRUE(Encode(spec, dense.data(), n, want.data()).ok());
+    std::vector<uint32_t> written_index;
+    std::vector<float> written;
+    const KeptVisitor collect = [&](size_t base, const uint32_t* at, const float* v, size_t m) {
+      for (size_t j = 0; j < m; ++j) written_index.push_back(uint32_t(base + at[j]));
+      written.insert(written.end(), v, v + m);
+    };
+    ASSERT_TRUE(EncodeSparseInput(spec, n, index.data(), values.data(), index.size(), got.data(),
+                                  {}, &collect)
+                    .ok());
+    EXPECT_EQ(got, want);
+    std::vector<uint32_t> read_index;
+    std::vector<float> read;
+    ASSERT_TRUE(DecodeKept(spec, got.data(), got.size(), n, 0, n, &read_index, &read).ok());
+    EXPECT_EQ(written_index, read_index);
+    EXPECT_EQ(written, read);
+    for (const auto& [first, count] :
+         std::vector<std::pair<size_t, size_t>>{{0, n}, {100, 300}, {255, 2}, {999, 1}}) {
+      std::vector<float> slice(count);
+      ASSERT_TRUE(DecodeSlice(spec, got.data(), got.size(), n, first, count, slice.data()).ok());
+      std::vector<float> rebuilt(count, 0.0f);
+      ASSERT_TRUE(VisitKept(spec, got.data(), got.size(), n, first, count,
+                            [&](size_t base, const uint32_t* at, const float* v, size_t m) {
+                              for (size_t j = 0; j < m; ++j) {
+                                ASSERT_GE(base + at[j], first);
+                                ASSERT_LT(base + at[j], first + count);
+                                rebuilt[base + at[j] - first] = v[j];
+                              }
+                            })
+                      .ok());
+      EXPECT_EQ(0, std::memcmp(rebuilt.data(), slice.data(), count * sizeof(float)))
+          << "[" << first << ", " << first + count << ")";
+    }
+  }
+  // Dense specs and unordered indices are refused by name.
+  const uint32_t unordered[] = {5, 3};
+  const float two[] = {1.0f, 2.0f};
+  std::vector<uint8_t> out(EncodedBytes({Codec::kInt2, 256, 3}, 10));
+  EXPECT_THAT(std::string(EncodeSparseInput({Codec::kInt2, 256, 3}, 10, unordered, two, 2,
+                                            out.data())
+                              .message()),
+              ::testing::HasSubstr("not ascending"));
+  EXPECT_THAT(std::string(VisitKept({Codec::kFp4E2M1, 32}, out.data(), 0, 0, 0, 0, nullptr).message()),
+              ::testing::HasSubstr("sparse codec"));
+}
+
 }  // namespace
 }  // namespace atl::compression

@@ -133,6 +133,22 @@ TEST(PlannerTest, BlockingDiLoCoThroughTheServiceWaitsForThePushAndTheUpdate) {
   EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 2.0 + 0.5), 1e-9);
 }
 
+// A sparse round under a linear outer step commits in the values kept (4096 / 4096 x 41 = 10,010
+// per island here), not in the parameters; under a momentum step it is a dense commit.
+TEST(PlannerTest, ASparseCommitCostsItsKeptValues) {
+  PlanInput in = OneFourMegabyteRound();
+  in.codec = {compression::Codec::kInt2, 4096, 41};
+  in.link.bandwidth_bps = 1e15;  // transfers take no time
+  in.islands = 5;
+  in.commit_s_per_param = 1e-7;  // dense: 0.5 s
+  in.sparse_commit_s_per_value = 4e-6;
+  const double kept = 1'000'000.0 / 4096 * 41 * 5;
+  in.linear_outer_step = true;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + kept * 4e-6), 1e-6);
+  in.linear_outer_step = false;
+  EXPECT_NEAR(Simulate(in).utilization, 1.0 / (1.0 + 0.5), 1e-6);
+}
+
 TEST(PlannerTest, TheServicesThreadsAndShardsShortenItsCommits) {
   // A commit of 0.5 s on one thread (1M parameters x 5 islands x 1e-7 s).
   PlanInput in = OneFourMegabyteRound();

@@ -58,7 +58,7 @@ uint64_t ServiceHash(const outer::SyncServer& server) {
     const auto p = server.params(f);
     all.insert(all.end(), p.begin(), p.end());
   }
-  return compression::Checksum(all.data(), all.size() * sizeof(float));
+  return compression::ParamsHash(all.data(), 0, all.size());
 }
 
 Config DiLoCoConfig(const std::string& text_path) {

@@ -1,0 +1,203 @@
+// Sparse commits (outer/base/fragment_data.h): a round of sparse contributions under a linear step
+// commits in time proportional to what it changed, and equals the dense commit bit for bit —
+// parameters, optimizer state, hashes, the update every copy applies — over several rounds, relayed
+// or as a union, with a sharded island's ranks and error feedback; and a FragmentData whose update
+// could leave the floats takes the checked path, and refuses what is not finite.
+#include <cstring>
+
+#include "outer/service/service_options.h"
+#include "tests/outer/sync_server_fixture.h"
+
+namespace atl::outer {
+namespace {
+
+// 4 of each 256 in int2: 2 islands relay (cheaper than their union), 8 send a union update.
+const compression::CodecSpec kSparse = {compression::Codec::kInt2, 256, 4};
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class SparseCommitTest : public SyncServerTest {
+ protected:
+  // A service and its islands: `whole` islands of one rank and island "z" of two ranks
+  // (kRank0Ranges, kRank1Ranges), in process, with error feedback.
+  struct Run {
+    std::unique_ptr<SyncServer> service;
+    std::vector<std::unique_ptr<InProcessTransport>> transports;
+    std::vector<std::unique_ptr<IslandSync>> ranks;
+    std::vector<uint64_t> tokens;
+  };
+  Run Start(bool sparse_commits, int whole) {
+    options_.sparse_commits = sparse_commits;
+    options_.num_data_streams = uint32_t(whole + 1);
+    options_.codec = kSparse;
+    options_.chunk_bytes = 512;  // several chunks per payload and update
+    layout_.numels = {1000};
+    Run run;
+    run.service = Make(Sines(1000));
+    IslandSyncOptions so;
+    so.codec = kSparse;
+    so.error_feedback = true;
+    so.error_feedback_decay = 0.8;
+    auto add = [&](const std::string& name, std::vector<std::pair<uint64_t, uint64_t>> ranges,
+                   uint64_t tokens) {
+      so.ranges = std::move(ranges);
+      run.transports.push_back(std::make_unique<InProcessTransport>(run.service.get()));
+      run.ranks.push_back(
+          std::make_unique<IslandSync>(run.transports.back().get(), "run", Id(name), 1000, so));
+      run.tokens.push_back(tokens);
+      EXPECT_TRUE(run.ranks.back()->FetchGlobal().ok());
+    };
+    for (int k = 0; k < whole; ++k) {
+      const std::string name = absl::StrCat("i", k);
+      Join(*run.service, name);
+      add(name, {}, 100 + 37 * uint64_t(k));
+    }
+    Join(*run.service, "z");
+    add("z", kRank0Ranges, 90);
+    add("z", kRank1Ranges, 90);
+    return run;
+  }
+  // One round: every rank moved by its own made-up local training, all pushing at once.
+  static void Round(Run& run, int round) {
+    std::vector<absl::StatusOr<RoundOutcome>> out(run.ranks.size());
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < run.ranks.size(); ++k) {
+      threads.emplace_back([&, k] {
+        std::vector<float> local = run.ranks[k]->global();
+        for (size_t i = 0; i < local.size(); ++i) {
+          local[i] -= 0.02f * std::cos(float(i * (round + 1) + 13 * k)) * float(k % 3 + 1);
+        }
+        out[k] = run.ranks[k]->SyncRound(local, run.tokens[k]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& o : out) ASSERT_TRUE(o.ok()) << o.status();
+  }
+};
+
+TEST_F(SparseCommitTest, EqualsTheDenseCommitBitForBit) {
+  struct Case {
+    int whole;
+    const char* optimizer;  // sgd: every round sparse; nesterov: the warm start's rounds
+    bool relayed;
+  };
+  for (const Case c : {Case{1, "sgd", true}, Case{7, "sgd", false}, Case{1, "nesterov", true},
+                       Case{7, "nesterov", false}}) {
+    SCOPED_TRACE(absl::StrCat(c.whole + 1, " islands, ", c.optimizer));
+    options_.optimizer = {0.7, std::string(c.optimizer) == "sgd" ? 0.0 : 0.9, true};
+    options_.optimizer.name = c.optimizer;
+    options_.phases.warm_start_steps = 2;  // rounds 0 and 1 average (linear for any optimizer)
+    options_.sync_every = 1;
+    Run dense = Start(false, c.whole);
+    Run sparse = Start(true, c.whole);
+    for (int round = 0; round < 5; ++round) {
+      SCOPED_TRACE(absl::StrCat("round ", round));
+      Round(dense, round);
+      Round(sparse, round);
+      auto d = dense.service->AwaitRound(uint64_t(round), absl::Now() + absl::Seconds(5), 0);
+      auto s = sparse.service->AwaitRound(uint64_t(round), absl::Now() + absl::Seconds(5), 0);
+      ASSERT_TRUE(d.ok() && s.ok());
+      const bool linear = std::string(c.optimizer) == "sgd" || round < 2;
+      if (linear) {
+        EXPECT_EQ((*s)->recipe.terms.empty(), !c.relayed);
+      }
+      ASSERT_TRUE(SameBits(dense.service->params(), sparse.service->params()));
+      EXPECT_EQ((*s)->params_hash, (*d)->params_hash);
+      EXPECT_EQ((*s)->range_hashes, (*d)->range_hashes);
+      EXPECT_EQ((*s)->range_hashes.size(), 5u);  // the whole and the four ranges of "z"'s ranks
+      ASSERT_EQ((*s)->update_chunks.size(), (*d)->update_chunks.size());
+      for (size_t k = 0; k < (*s)->update_chunks.size(); ++k) {
+        EXPECT_EQ((*s)->update_chunks[k].SerializeAsString(),
+                  (*d)->update_chunks[k].SerializeAsString());
+      }
+      EXPECT_EQ((*s)->recipe.terms.size(), (*d)->recipe.terms.size());
+      // The hashes kept up to date by the sparse steps are those of the parameters as they are.
+      const std::vector<float> p = sparse.service->params();
+      EXPECT_EQ((*s)->params_hash, compression::ParamsHash(p.data(), 0, p.size()));
+      for (const auto& [range, hash] : (*s)->range_hashes) {
+        EXPECT_EQ(hash, compression::ParamsHash(p.data() + range.first, range.first,
+                                                range.second - range.first));
+      }
+      // The norm is a running sum there (within rounding of a fresh one): the islands' shares.
+      for (const auto& [island, share] : (*d)->relative_norms) {
+        EXPECT_NEAR((*s)->relative_norms.at(island), share, 1e-9 * share) << island;
+      }
+      for (const auto& rank : sparse.ranks) {
+        if (rank->ranges().size() == 1) {
+          EXPECT_TRUE(SameBits(rank->global(), p));
+        }
+      }
+    }
+    // The optimizer's state (the momentum of rounds after the warm start) is the same too.
+    const auto ds = dense.service->optimizer_state(0), ss = sparse.service->optimizer_state(0);
+    ASSERT_EQ(ds.size(), ss.size());
+    for (size_t k = 0; k < ds.size(); ++k) EXPECT_TRUE(SameBits(ds[k], ss[k]));
+  }
+}
+
+// Parameters near the largest float: the one-pass step cannot vouch for the result, so the update
+// is checked element by element first; one that would overflow is refused with nothing changed.
+TEST(FragmentDataTest, SparseStepsNearTheLargestFloatAreCheckedFirst) {
+  OuterOptimizerConfig sgd{1.0, 0.0, false};
+  sgd.name = "sgd";
+  std::vector<float> init(4096, 1.0f);
+  init[7] = 3.0e38f;
+  FragmentData dense(init, sgd), sparse(init, sgd);
+  SparseGradient g;
+  g.Reset(2);
+  g.pieces[0] = {{3, 7}, {0.5f, 1.0e37f}};
+  g.pieces[1] = {{4000}, {-2.0f}};
+  std::vector<float> flat(4096, 0.0f);
+  flat[3] = 0.5f;
+  flat[7] = 1.0e37f;
+  flat[4000] = -2.0f;
+  const compression::CodecSpec codec{compression::Codec::kInt2, 256, 4};
+  const PayloadId id{"run", "", 0, 0};
+  auto update = dense.PrepareUpdate(flat.data(), id, codec, 512, nullptr);
+  ASSERT_TRUE(update.ok()) << update.status();
+  dense.Apply(flat.data(), *update, nullptr);
+  FragmentData::SparseUpdate scratch;
+  auto chunks = sparse.StepSparse(g, id, codec, 512, nullptr, &scratch);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_TRUE(SameBits(dense.params(), sparse.params()));
+  EXPECT_EQ(dense.Hash(), sparse.Hash());
+  ASSERT_EQ(chunks->size(), update->size());
+  for (size_t k = 0; k < chunks->size(); ++k) {
+    EXPECT_EQ((*chunks)[k].SerializeAsString(), (*update)[k].SerializeAsString());
+  }
+  // -3e38 more would overflow element 7: refused, nothing changed.
+  const std::vector<float> before = sparse.params();
+  const uint64_t hash = sparse.Hash();
+  g.pieces[0].value[1] = -3.0e38f;
+  auto refused = sparse.StepSparse(g, id, codec, 512, nullptr, &scratch);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("non-finite"));
+  EXPECT_TRUE(SameBits(sparse.params(), before));
+  EXPECT_EQ(sparse.Hash(), hash);
+  EXPECT_EQ(sparse.StepLinearSparse(g, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(SameBits(sparse.params(), before));
+}
+
+// outer.service_threads = 0 (the default) gives the service the cores it may use: the CPU affinity
+// and, under a cgroup quota, the quota's cores rounded up.
+TEST(ServiceThreadsTest, AutoUsesTheCoresTheServiceMayUse) {
+  EXPECT_EQ(CoresFromCpuMax("max 100000\n", 16), 16);
+  EXPECT_EQ(CoresFromCpuMax("150000 100000\n", 16), 2);
+  EXPECT_EQ(CoresFromCpuMax("50000 100000", 16), 1);
+  EXPECT_EQ(CoresFromCpuMax("6400000 100000", 16), 16);  // at most the affinity's
+  EXPECT_EQ(CoresFromCpuMax("", 8), 8);
+  EXPECT_EQ(CoresFromCpuMax("lots 100000", 8), 8);
+  const int cores = UsableCores();
+  EXPECT_GE(cores, 1);
+  EXPECT_LE(cores, int(std::max(1u, std::thread::hardware_concurrency())));
+  OuterConfig outer;
+  EXPECT_EQ(outer.service_threads, 0);
+  EXPECT_EQ(ServiceOptions(outer, {}).service_threads, cores);
+  outer.service_threads = 3;
+  EXPECT_EQ(ServiceOptions(outer, {}).service_threads, 3);
+}
+
+}  // namespace
+}  // namespace atl::outer
