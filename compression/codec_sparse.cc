@@ -33,6 +33,8 @@ struct Scratch {
   std::vector<float> values;
   std::vector<uint32_t> passing;  // indices at or above the floor
   std::vector<uint64_t> keys;     // their magnitudes' bits, then ~index
+  std::vector<uint32_t> zeros;    // a sparse input's zeros kept, and their values
+  std::vector<float> zero_values;
 };
 
 Scratch& ThreadScratch() {
@@ -92,8 +94,8 @@ bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t*
   scratch.idx.resize(s.k);
   scratch.values.resize(s.k);
   // The zeros kept: the k - nonzero lowest indices that hold no nonzero (a short walk).
-  thread_local std::vector<uint32_t> zeros;
-  thread_local std::vector<float> zero_values;
+  std::vector<uint32_t>& zeros = scratch.zeros;
+  std::vector<float>& zero_values = scratch.zero_values;
   zeros.clear();
   zero_values.clear();
   for (uint32_t j = 0, i = 0; zeros.size() < s.k - nonzero; ++j) {

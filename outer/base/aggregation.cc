@@ -282,9 +282,7 @@ std::vector<double> MeanScales(const AggregationOptions& options,
 
 bool AggregatesSparsely(const AggregationOptions& options,
                         const std::vector<ContributionRef>& contributions) {
-  if (options.rule != AggregationRule::kMean && options.rule != AggregationRule::kClippedMean) {
-    return false;
-  }
+  if (!FoldsWholeContributions(options.rule)) return false;
   for (const auto& c : contributions) {
     if (c.payload == nullptr || !c.payload->codec.sparse()) return false;
   }

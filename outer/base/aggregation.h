@@ -93,6 +93,11 @@ struct SparseGradient {
   void Reset(size_t n);
   size_t size() const;
 };
+// Whether the rule folds whole contributions (mean, clipped_mean), so that its result is a
+// weighted sum of them (relayed updates, sparse folds); the per-coordinate rules are not.
+inline bool FoldsWholeContributions(AggregationRule rule) {
+  return rule == AggregationRule::kMean || rule == AggregationRule::kClippedMean;
+}
 // Whether the round aggregates sparsely: a mean rule (a fold of whole contributions) over sparse
 // contributions (the median and the trimmed mean look at every coordinate's zeros too).
 bool AggregatesSparsely(const AggregationOptions& options,

@@ -43,20 +43,16 @@ class FragmentData {
   // nothing changed, when u would make a parameter non-finite.
   absl::Status StepLinear(const float* g, WorkerPool* pool);
 
-  // The same three for a sparse g (zero but at its indices) and a linear step, in time
-  // proportional to g's values and the update's (what a sparse round changed), with the very
-  // bits the dense forms make of the dense g.
+  // PrepareUpdate and Apply (or StepLinear) for a sparse g (zero but at its indices) and a
+  // linear step, in time proportional to g's values and the update's (what a sparse round
+  // changed), with the very bits the dense forms make of the dense g. StepSparse returns the
+  // update: made in one pass (each chunk subtracted as it is encoded) when it cannot make a
+  // parameter non-finite, which its bound and the parameters' show at once; else prepared,
+  // checked and applied in turn, with `scratch` holding it decoded.
   struct SparseUpdate {
     std::vector<pb::Chunk> chunks;  // what every copy applies
     SparseGradient decoded;         // a piece per chunk: what it subtracts (its kept elements)
   };
-  absl::Status PrepareSparseUpdate(const SparseGradient& g, const PayloadId& id,
-                                   const compression::CodecSpec& codec, size_t chunk_bytes,
-                                   WorkerPool* pool, SparseUpdate* update) const;
-  void ApplySparse(const SparseUpdate& update, WorkerPool* pool);
-  // Both, with the update returned: in one pass (each chunk subtracted as it is encoded) when the
-  // update cannot make a parameter non-finite, which its bound and the parameters' show at once;
-  // else in turn, with `scratch` holding the decoded update.
   absl::StatusOr<std::vector<pb::Chunk>> StepSparse(const SparseGradient& g, const PayloadId& id,
                                                     const compression::CodecSpec& codec,
                                                     size_t chunk_bytes, WorkerPool* pool,
@@ -87,6 +83,12 @@ class FragmentData {
   // Whether subtracting values of magnitude at most `max_abs` keeps every parameter finite for
   // certain (|p - d| <= bound + max_abs < FLT_MAX); else each element is checked.
   bool SurelyFinite(float max_abs) const;
+  // StepSparse's checked path: the update made and checked without changing anything, then
+  // subtracted.
+  absl::Status PrepareSparseUpdate(const SparseGradient& g, const PayloadId& id,
+                                   const compression::CodecSpec& codec, size_t chunk_bytes,
+                                   WorkerPool* pool, SparseUpdate* update) const;
+  void ApplySparse(const SparseUpdate& update, WorkerPool* pool);
   // Hashes every segment and sums the squares again (the bounds kept if they fit).
   void Remeasure();
   size_t SegmentOf(uint64_t i) const;

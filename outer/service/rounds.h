@@ -238,9 +238,10 @@ class Rounds {
     const float* dense = nullptr;
     const SparseGradient* sparse = nullptr;
   };
-  // Under the data lock: the update of the outer gradient g, applied (INVALID_ARGUMENT and nothing
-  // changed when it would make a parameter non-finite), with the hashes and norm after it. The
-  // update is relayed when the step is linear and relaying is smaller (RelayIsSmaller).
+  // Under the data lock, after SetStepLocked: the update of the outer gradient g, applied
+  // (INVALID_ARGUMENT and nothing changed when it would make a parameter non-finite), with the
+  // hashes and norm after it. The update is relayed when the step is linear and relaying is
+  // smaller (RelayIsSmaller).
   absl::StatusOr<CommitResult> StepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
                                           Gradient g,
                                           const std::set<std::pair<uint64_t, uint64_t>>& ranges,

@@ -266,11 +266,9 @@ absl::StatusOr<Rounds::CommitResult> Rounds::StepLocked(
   // the islands subtract exactly the same numbers. Nothing changes until the whole update is known
   // to keep every parameter finite.
   const PayloadId id{core_.options.run_id, "", round, fragment};
-  SetStepLocked(f, fragment, round);
   CommitResult result;
   // Mean rules only: a per-coordinate rule's result is no fold of whole contributions.
-  const bool mean = core_.options.aggregation.rule == AggregationRule::kMean ||
-                    core_.options.aggregation.rule == AggregationRule::kClippedMean;
+  const bool mean = FoldsWholeContributions(core_.options.aggregation.rule);
   if (!core_.options.async && mean && relayable.allowed && f.data.optimizer().linear() &&
       RelayIsSmaller(core_.options.codec, uint32_t(relayable.terms.size()), f.data.size())) {
     ATL_RETURN_IF_ERROR(g.sparse ? f.data.StepLinearSparse(*g.sparse, core_.pool.get())

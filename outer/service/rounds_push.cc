@@ -556,6 +556,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
+  SetStepLocked(frag, id.fragment, id.round + staleness);
   auto result = StepLocked(frag, id.fragment, id.round + staleness, {g.data(), nullptr}, ranges, {});
   if (!result.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,

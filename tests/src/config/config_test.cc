@@ -57,14 +57,28 @@ TEST(ConfigTest, ResolvedTomlRoundTrips) {
   EXPECT_EQ(again->data.seed, 77u);
 }
 
+// A config refused: its TOML and overrides, the status, a text the message holds.
+struct ErrorCase {
+  std::string toml;
+  std::vector<Override> overrides;
+  absl::StatusCode code;
+  std::string message;
+};
+
+void ExpectErrors(const std::vector<ErrorCase>& cases) {
+  for (const auto& c : cases) {
+    auto s = LoadText(c.toml, c.overrides);
+    EXPECT_EQ(s.code(), c.code) << c.toml << " -> " << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.toml;
+  }
+}
+
+const char kBase[] = "[data]\npath = \"x\"\n";
+
+// Keys, types, ranges and syntax in the file.
 TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
-  const std::string base = "[data]\npath = \"x\"\n";
-  struct Case {
-    std::string toml;
-    std::vector<Override> overrides;
-    absl::StatusCode code;
-    std::string message;
-  } cases[] = {
+  const std::string base = kBase;
+  ExpectErrors({
       {base + "[train]\nstepz = 3\n", {}, absl::StatusCode::kInvalidArgument,
        "unknown config key 'train.stepz'"},
       {base + "[train]\nsteps = \"many\"\n", {}, absl::StatusCode::kInvalidArgument,
@@ -84,13 +98,23 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
       {base + "[train]\ndevice = \"tpu\"\n", {}, absl::StatusCode::kInvalidArgument,
        "train.device"},
       {"[model\nn_layer = 2\n", {}, absl::StatusCode::kInvalidArgument, "c.toml:1:"},
+      {"[train]\nsteps = 3\n", {}, absl::StatusCode::kInvalidArgument, "data.path is required"},
+  });
+  auto missing = LoadConfig("/nonexistent/c.toml", {});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/c.toml"));
+}
+
+// Command-line overrides and the [outer] section's rules.
+TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
+  const std::string base = kBase;
+  ExpectErrors({
       {base, {{"train.stepz", "3"}}, absl::StatusCode::kInvalidArgument,
        "unknown config key 'train.stepz' (command line)"},
       {base, {{"train.steps", "ten"}}, absl::StatusCode::kInvalidArgument,
        "--train.steps: expected an integer"},
       {base, {{"model.n_layer", "3000000000"}}, absl::StatusCode::kInvalidArgument,
        "--model.n_layer"},
-      {"[train]\nsteps = 3\n", {}, absl::StatusCode::kInvalidArgument, "data.path is required"},
       {base, {{"outer.aggregation", "mode"}}, absl::StatusCode::kInvalidArgument,
        "unknown aggregation 'mode'"},
       {base, {{"outer.trim_fraction", "0.5"}}, absl::StatusCode::kInvalidArgument,
@@ -114,6 +138,26 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        "outer.lr_decay must be \"constant\" or \"cosine\", got \"linear\""},
       {base, {{"outer.mode", "async"}, {"outer.lr_decay", "cosine"}},
        absl::StatusCode::kInvalidArgument, "async mode (versions, not rounds)"},
+      {base, {{"outer.warm_start_steps", "-5"}}, absl::StatusCode::kInvalidArgument,
+       "outer.warm_start_steps must be >= 0, got -5"},
+      {base, {{"outer.mode", "async"}, {"outer.warm_start_steps", "10"}},
+       absl::StatusCode::kInvalidArgument, "async islands choose their own H"},
+      {base, {{"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "12"}},
+       absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
+
+  });
+  // Each robust rule loads from the smallest island count it acts on (outer/base/aggregation.h).
+  for (const auto& [rule, islands] : std::vector<std::pair<std::string, std::string>>{
+           {"trimmed_mean", "4"}, {"median", "3"}, {"clipped_mean", "3"}, {"mean", "1"}}) {
+    EXPECT_TRUE(LoadText(base, {{"outer.aggregation", rule}, {"outer.islands", islands}}).ok())
+        << rule << " with " << islands << " islands";
+  }
+}
+
+// Parallelism and precision: what each degree needs of the model and the batch.
+TEST(ConfigTest, ParallelismErrorsNameWhatTheyNeed) {
+  const std::string base = kBase;
+  ExpectErrors({
       {base + "[model]\nd_model = 96\nn_head = 6\n", {{"parallelism.tensor_parallel_degree", "4"}},
        absl::StatusCode::kInvalidArgument,
        "parallelism.tensor_parallel_degree = 4 must divide model.n_head (6)"},
@@ -133,27 +177,7 @@ TEST(ConfigTest, ErrorsNameTheKeyOrFile) {
        "pipeline_parallel_schedule must be \"GPipe\" or \"1F1B\", got \"interleaved\""},
       {base, {{"train.mixed_precision", "fp16"}}, absl::StatusCode::kInvalidArgument,
        "train.mixed_precision must be \"none\" or \"bf16\", got \"fp16\""},
-      {base, {{"outer.warm_start_steps", "-5"}}, absl::StatusCode::kInvalidArgument,
-       "outer.warm_start_steps must be >= 0, got -5"},
-      {base, {{"outer.mode", "async"}, {"outer.warm_start_steps", "10"}},
-       absl::StatusCode::kInvalidArgument, "async islands choose their own H"},
-      {base, {{"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "12"}},
-       absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
-  };
-  for (const auto& c : cases) {
-    auto s = LoadText(c.toml, c.overrides);
-    EXPECT_EQ(s.code(), c.code) << c.toml << " -> " << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.toml;
-  }
-  // Each robust rule loads from the smallest island count it acts on (outer/base/aggregation.h).
-  for (const auto& [rule, islands] : std::vector<std::pair<std::string, std::string>>{
-           {"trimmed_mean", "4"}, {"median", "3"}, {"clipped_mean", "3"}, {"mean", "1"}}) {
-    EXPECT_TRUE(LoadText(base, {{"outer.aggregation", rule}, {"outer.islands", islands}}).ok())
-        << rule << " with " << islands << " islands";
-  }
-  auto missing = LoadConfig("/nonexistent/c.toml", {});
-  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/c.toml"));
+  });
 }
 
 // Each case's overrides of `base` are refused as INVALID_ARGUMENT with a message holding its text.
