@@ -6,6 +6,7 @@
 #include "compression/codec_math.h"
 #include "compression/codec_sparse.h"
 #include "compression/codec_traits.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 
 namespace atl::compression {
@@ -41,8 +42,17 @@ std::string CodecName(Codec codec) {
 
 absl::StatusOr<CodecSpec> ParseCodec(const std::string& name) {
   if (const CodecTraits* t = FindCodec(name)) return CodecSpec{t->id, t->default_block};
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown codec '", name, "' (one of ", CodecsHelp(/*on_the_wire=*/false), ")"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown codec '", name, "'",
+                                                 DidYouMean(name, CodecNames()), " (one of ",
+                                                 CodecsHelp(/*on_the_wire=*/false), ")"));
+}
+
+std::vector<std::string> CodecNames() {
+  size_t count = 0;
+  const CodecTraits* const* codecs = Codecs(&count);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < count; ++i) out.push_back(codecs[i]->name);
+  return out;
 }
 
 std::string CodecsHelp(bool on_the_wire) {

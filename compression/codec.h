@@ -53,6 +53,9 @@ absl::StatusOr<CodecSpec> ParseCodec(const std::string& name);
 // "fp32, bf16, int8, fp4_e2m1, fp4_e3m0 or fp8_e4m3 on the wire" (or the plain list): the codecs
 // of this build (compression/codec_traits.h), for documentation and errors.
 std::string CodecsHelp(bool on_the_wire = true);
+
+// Every codec's name, in CodecsHelp's order.
+std::vector<std::string> CodecNames();
 // A config key's codec (compression/config_value.h): by name, with the codec's default block.
 absl::Status ParseConfigValue(const std::string& text, CodecSpec* value);
 std::string ConfigValueText(const CodecSpec& value);

@@ -124,6 +124,20 @@ absl::Status AppendText(const std::string& path, std::vector<uint16_t>* out) {
 
 }  // namespace
 
+std::string RelativePathNote(const std::string& path, const std::string& key) {
+  if (path.empty() || fs::path(path).is_absolute()) return "";
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  return absl::StrCat(", relative to the working directory ", cwd.string(),
+                      " (relative paths in a config are read from the working directory: run "
+                      "where they point, e.g. the repository root for deploy/configs/, or give ",
+                      key.empty() ? "the path" : key, " as an absolute path)");
+}
+
+std::string NotFoundNote(const absl::Status& status, const std::string& path, const std::string& key) {
+  return absl::IsNotFound(status) ? RelativePathNote(path, key) : "";
+}
+
 absl::StatusOr<std::vector<std::string>> ResolveFiles(const std::string& spec) {
   std::vector<std::string> files;
   std::error_code ec;
@@ -363,13 +377,15 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& c, 
   ATL_RETURN_IF_ERROR(Validate(c));
   auto train = TokenCorpus::Load(c.path, vocab);
   if (!train.ok()) {
-    return absl::Status(train.status().code(), absl::StrCat("data.path: ", train.status().message()));
+    return absl::Status(train.status().code(), absl::StrCat("data.path: ", train.status().message(),
+                                                            NotFoundNote(train.status(), c.path, "data.path")));
   }
   std::shared_ptr<const TokenCorpus> val;
   if (!c.val_path.empty()) {
     auto v = TokenCorpus::Load(c.val_path, vocab);
     if (!v.ok()) {
-      return absl::Status(v.status().code(), absl::StrCat("data.val_path: ", v.status().message()));
+      return absl::Status(v.status().code(), absl::StrCat("data.val_path: ", v.status().message(),
+                                                          NotFoundNote(v.status(), c.val_path, "data.val_path")));
     }
     val = *v;
   }

@@ -58,6 +58,14 @@ absl::Status WriteShard32(const std::string& path, const std::vector<uint32_t>& 
 // manifest), or a glob's matches; sorted by name.
 absl::StatusOr<std::vector<std::string>> ResolveFiles(const std::string& spec);
 
+// For a relative path that names nothing: ", relative to the working directory /w (paths in a
+// config are read from the working directory: run where they point, e.g. the repository root for
+// deploy/configs/, or give KEY an absolute path)"; "" for an absolute one. `key` is e.g.
+// "data.path"; empty: the hint names none.
+std::string RelativePathNote(const std::string& path, const std::string& key = "");
+// The same when `status` is NOT_FOUND, else "".
+std::string NotFoundNote(const absl::Status& status, const std::string& path, const std::string& key);
+
 // A read-only run of tokens: an mmapped shard or a buffer of text bytes, 2 or 4 bytes a token.
 class TokenSegment {
  public:

@@ -49,7 +49,8 @@ void VisitKeys(TrainConfig& c, V&& v) {
   v("mixed_precision", c.mixed_precision,
     "\"none\" (fp32) or \"bf16\" (bf16 autocast; fp32 weights, gradients and AdamW)");
   v("device", c.device,
-    "\"auto\" (the rank's GPU if there is one), \"cpu\", \"cuda\" (cuda:LOCAL_RANK) or \"cuda:N\"");
+    "\"cpu\" (the default), \"auto\" (the rank's GPU if there is one), \"cuda\" (cuda:LOCAL_RANK) "
+    "or \"cuda:N\"");
   v("log_every", c.log_every, "steps between progress lines");
   v("checkpoint_every", c.checkpoint_every, "steps between checkpoints (0: at end)");
   v("checkpoint_keep", c.checkpoint_keep, "newest checkpoints kept");

@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 #include "inner/parallel/communicator.h"
 #include "inner/parallel/fsdp.h"
@@ -31,7 +32,8 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_r
                                          absl::SimpleAtoi(device.substr(5), &index) && index >= 0);
   if (device != "cpu" && device != "auto" && !cuda) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\""));
+        "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\"",
+        DidYouMean(device, {"auto", "cpu", "cuda"})));
   }
   if (device == "cpu" || (device == "auto" && !cuda_available)) return std::string("cpu");
   if (!cuda_available) {

@@ -2,6 +2,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 #include "inner/model/family.h"
 #include "inner/model/gpt/gpt_family.h"
@@ -23,6 +24,12 @@ struct Registered {
 Registered& registered() {
   static Registered* r = new Registered();
   return *r;
+}
+
+std::vector<std::string> FamilyNames() {
+  std::vector<std::string> out;
+  for (const ModelFamily* f : Families()) out.push_back(f->name);
+  return out;
 }
 
 std::string NamesText() {
@@ -74,7 +81,8 @@ absl::Status ValidateFamily(const ModelConfig& config) {
   const ModelFamily* family = FindFamily(config.arch);
   if (family == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.arch must be ", NamesText(), ", got \"", config.arch, "\""));
+        absl::StrCat("model.arch must be ", NamesText(), ", got \"", config.arch, "\"",
+                     DidYouMean(config.arch, FamilyNames())));
   }
   // Another family's own keys are refused rather than ignored.
   const ModelConfig defaults;

@@ -40,6 +40,8 @@ class Transport {
   virtual void Route(const pb::JoinResponse& joined) { (void)joined; }
   // Connections to the service: lanes 0 .. connections() - 1 are distinct.
   virtual int connections() const { return 1; }
+  // The service's address, for messages ("" when it has none, e.g. in-process).
+  virtual std::string address() const { return ""; }
   virtual absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) = 0;
   virtual absl::Status AwaitUpdate(const pb::UpdateRequest& request,
                                    const ChunkSink<pb::UpdateChunk>& sink, int lane) = 0;

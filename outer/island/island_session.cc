@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "compression/status_macros.h"
 
 namespace atl::outer {
@@ -42,6 +43,23 @@ void EndOldMembership(Transport& transport, const SessionOptions& options) {
   transport.Leave(leave).IgnoreError();
 }
 
+std::string CoordinatorAt(const Transport& transport) {
+  return transport.address().empty() ? "the coordinator" : "the coordinator at " + transport.address();
+}
+
+// The session's retries, saying what they wait for ("joining", "rejoining") every few seconds.
+RetryPolicy Saying(const SessionOptions& options, const Transport& transport, const std::string& what) {
+  RetryPolicy retry = options.retry;
+  if (!options.say) return retry;
+  retry.say = [say = options.say, run = options.run_id, where = CoordinatorAt(transport), what,
+               limit = retry.timeout_s](const absl::Status& last, double elapsed_s, double next_s) {
+    say(absl::StrFormat("still %s run '%s': no answer from %s for %.0f s of %g "
+                        "(outer.reconnect_timeout_s): %s; next try in %.1f s",
+                        what, run, where, elapsed_s, limit, last.message(), next_s));
+  };
+  return retry;
+}
+
 }  // namespace
 
 void IslandSession::KeepCredential() const {
@@ -63,10 +81,22 @@ absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::Join(Transport& tr
   join.set_name(options.name);
   join.set_config_hash(options.config_hash);
   join.set_data_parallel(options.data_parallel);
-  auto joined = Retry(options.retry, [&] { return transport.Join(join); });
+  if (options.say) {
+    options.say(absl::StrCat("joining run '", options.run_id, "' at ", CoordinatorAt(transport)));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto joined = Retry(Saying(options, transport, "joining"), [&] { return transport.Join(join); });
   if (!joined.ok()) {
-    return absl::Status(joined.status().code(), absl::StrCat("joining run '", options.run_id,
-                                                             "': ", joined.status().message()));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return absl::Status(
+        joined.status().code(),
+        absl::StrFormat("joining run '%s': not joined with %s after %.1f s (%s): %s",
+                        options.run_id, CoordinatorAt(transport), waited,
+                        IsTransient(joined.status())
+                            ? absl::StrFormat("outer.reconnect_timeout_s = %g", options.retry.timeout_s)
+                            : "not a passing failure, not retried",
+                        joined.status().message()));
   }
   std::unique_ptr<IslandSession> session(
       new IslandSession(transport, std::move(options), *std::move(joined)));
@@ -204,7 +234,7 @@ absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
     join.set_config_hash(options_.config_hash);
     join.set_data_parallel(options_.data_parallel);
     join.set_preferred_data_stream(data_stream_ + 1);
-    auto again = Retry(options_.retry, [&] { return transport_.Join(join); });
+    auto again = Retry(Saying(options_, transport_, "rejoining"), [&] { return transport_.Join(join); });
     if (absl::IsAlreadyExists(again.status())) {
       shared = joined_.SerializeAsString();  // still a member: the session holds
     } else if (!again.ok()) {

@@ -7,10 +7,12 @@
 #ifndef ATOLL_OUTER_ISLAND_ISLAND_SESSION_H_
 #define ATOLL_OUTER_ISLAND_ISLAND_SESSION_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,6 +36,10 @@ struct RetryPolicy {
   double first_backoff_s = 0.2;
   double max_backoff_s = 5;
   double jitter = 0.5;
+  // Told what it waits for, at least every `say_every_s` while it retries: the last failure, the
+  // seconds spent and the wait before the next try (empty: nothing said).
+  std::function<void(const absl::Status& last, double elapsed_s, double next_s)> say;
+  double say_every_s = 3;
 };
 
 bool IsTransient(const absl::Status& status);
@@ -43,9 +49,13 @@ bool IsTransient(const absl::Status& status);
 template <typename F>
 auto Retry(const RetryPolicy& policy, F&& f) -> decltype(f()) {
   using Clock = std::chrono::steady_clock;
-  const auto until = Clock::now() + std::chrono::duration<double>(policy.timeout_s);
+  const auto start = Clock::now();
+  const auto elapsed = [&start] {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
   std::mt19937_64 rng(std::random_device{}());
   double backoff = policy.first_backoff_s;
+  double said_at = 0;
   while (true) {
     auto r = f();
     const absl::Status s = [&] {
@@ -55,9 +65,14 @@ auto Retry(const RetryPolicy& policy, F&& f) -> decltype(f()) {
         return r.status();
       }
     }();
-    if (s.ok() || !IsTransient(s) || Clock::now() > until) return r;
-    const double wait =
-        backoff * (1.0 + policy.jitter * std::uniform_real_distribution<double>()(rng));
+    if (s.ok() || !IsTransient(s) || elapsed() > policy.timeout_s) return r;
+    const double wait = std::min(
+        backoff * (1.0 + policy.jitter * std::uniform_real_distribution<double>()(rng)),
+        std::max(0.0, policy.timeout_s - elapsed()) + 0.01);  // the last try at the limit
+    if (policy.say && elapsed() - said_at >= policy.say_every_s) {
+      said_at = elapsed();
+      policy.say(s, said_at, wait);
+    }
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     backoff = std::min(backoff * 2, policy.max_backoff_s);
   }
@@ -74,6 +89,9 @@ struct SessionOptions {
   // restarts after a crash uses it to end its old membership first, instead of waiting for the
   // service to declare it dead. Empty: not kept.
   std::string credential_file;
+  // Where the island's words go while it joins (e.g. "waiting for the coordinator ..."); empty:
+  // nowhere.
+  std::function<void(const std::string&)> say;
 };
 
 // The session's options from the island's [outer] section.

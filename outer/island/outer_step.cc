@@ -470,7 +470,8 @@ absl::Status OuterStepHook::CatchUp(const std::vector<uint64_t>& versions) {
     model_.Merge(f, syncs_[f]->global(), 0.0);
   }
   if (on_message) {
-    on_message(absl::StrCat("finished: caught up with version ", versions[0], " of the run"));
+    on_message(absl::StrCat("finished: caught up with the run (", versions[0],
+                            " commits of fragment 0)"));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,7 @@ class ShardRouter : public Transport {
   }
   void Route(const pb::JoinResponse& joined) override;
   int connections() const override { return coordinator_->connections(); }
+  std::string address() const override { return coordinator_->address(); }
   absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) override;
   absl::Status AwaitUpdate(const pb::UpdateRequest& r, const ChunkSink<pb::UpdateChunk>& sink,
                            int lane) override;

@@ -33,6 +33,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,9 +67,14 @@ struct Member {
   std::vector<bool> contributed;
   // For flagging claims above its throughput (SyncServer::FlagClaimLocked): when it joined, the
   // tokens its contributions have claimed since (summed over the fragments), the highest
-  // throughput its heartbeats reported, and how many of its contributions were flagged.
+  // throughput its heartbeats reported (per second of compute), and how many of its contributions
+  // were flagged. Each
+  // fragment's first contribution may hold work from before the join (a rejoin after a lost link
+  // or a coordinator restart): the flag counts from the first contribution, without those.
   absl::Time joined_at;
   uint64_t tokens_claimed = 0;
+  uint64_t tokens_first = 0;                   // of the first contribution of each fragment
+  std::optional<absl::Time> first_contribution_at;
   double peak_tokens_per_s = 0;
   uint32_t flagged_claims = 0;
   uint64_t inner_step = 0;             // as of its latest heartbeat

@@ -122,8 +122,13 @@ absl::StatusOr<pb::HeartbeatResponse> MembershipDesk::Heartbeat(
     core_.ledger.Trained(request.island_id(), request.telemetry().process(),
                          request.telemetry().tokens_trained());
   }
-  member->peak_tokens_per_s =
-      std::max(member->peak_tokens_per_s, request.telemetry().tokens_per_s());
+  // Its speed while it computes: the wall-clock rate (a window of some seconds) over the share of
+  // wall time it computes. Right after a join or a coordinator restart the window holds the wait,
+  // which made honest islands look slow and their claims false.
+  const double utilization = request.telemetry().utilization();
+  const double computing = utilization > 0 ? request.telemetry().tokens_per_s() / utilization
+                                           : request.telemetry().tokens_per_s();
+  member->peak_tokens_per_s = std::max(member->peak_tokens_per_s, computing);
   pb::HeartbeatResponse r;
   r.set_round(core_.fragments[0].round);
   r.set_membership_epoch(core_.membership.epoch());

@@ -499,6 +499,8 @@ void Rounds::NoteContributedLocked(const PayloadId& id, uint64_t tokens, uint64_
   Member* m = core_.membership.FindMutable(id.island_id);
   if (m == nullptr) return;
   if (m->contributed.size() < core_.fragments.size()) m->contributed.resize(core_.fragments.size());
+  if (!m->contributed[id.fragment]) m->tokens_first += tokens;
+  if (!m->first_contribution_at) m->first_contribution_at = absl::Now();
   m->contributed[id.fragment] = true;
   m->tokens_claimed += tokens;
   FlagClaimLocked(*m, absl::Now());
@@ -510,14 +512,15 @@ void Rounds::FlagClaimLocked(Member& m, absl::Time now) {
   uint32_t owned = 0;
   for (uint32_t f = 0; f < core_.fragments.size(); ++f)
     owned += ShardOwns(core_.options, f) ? 1 : 0;
-  const double trained = double(m.tokens_claimed) / std::max<uint32_t>(1, owned);
-  const double elapsed_s = absl::ToDoubleSeconds(now - m.joined_at);
+  const double trained = double(m.tokens_claimed - m.tokens_first) / std::max<uint32_t>(1, owned);
+  if (trained <= 0 || !m.first_contribution_at) return;
+  const double elapsed_s = absl::ToDoubleSeconds(now - *m.first_contribution_at);
   const double possible = m.peak_tokens_per_s * elapsed_s;
   if (trained <= kClaimFlagFactor * possible) return;
   ++m.flagged_claims;
   core_.EventLocked(
       absl::StrCat("island '", m.name, "' claims more tokens than its throughput allows"),
-      absl::StrFormat(": %.0f tokens in %.1f s since it joined, %.1fx what %.0f tokens/s (the most "
+      absl::StrFormat(": %.0f tokens in %.1f s since its first contribution, %.1fx what %.0f tokens/s (the most "
                       "its heartbeats reported) train; its declared data-parallel ranks (%u) may "
                       "be false",
                       trained, elapsed_s, possible > 0 ? trained / possible : 0.0,

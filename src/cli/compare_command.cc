@@ -448,7 +448,8 @@ absl::StatusOr<std::vector<MethodResult>> RunCompare(const CompareOptions& o) {
   ATL_ASSIGN_OR_RETURN(auto sweeps, ParseSweeps(o, overrides));
   ATL_ASSIGN_OR_RETURN(auto methods, ParseMethods(config.compare.methods));
   ATL_RETURN_IF_ERROR(CheckRuns(o, overrides, methods, sweeps, config));
-  if (o.dry_run) {
+  if (o.dry_run) {  // the plan and its cost, then stop
+    PlanRuns(o, config, methods, sweeps);
     std::fprintf(stderr, "atoll compare: every run's config is valid (dry run: nothing started)\n");
     return std::vector<MethodResult>();
   }

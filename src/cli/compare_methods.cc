@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "compression/codec.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 
 namespace atl {
@@ -54,8 +55,17 @@ absl::StatusOr<Method> ParseMethod(const std::string& text) {
       return Method{row.kind, codec, text};
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", text,
-                                                 "': the methods are ", MethodList()));
+  std::vector<std::string> names;  // every spelling, for the nearest
+  for (const auto& row : kMethods) {
+    if (row.bare) names.push_back(row.name);
+    if (!row.codec) continue;
+    for (const std::string& codec : compression::CodecNames()) {
+      names.push_back(absl::StrCat(row.name, "_", codec));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat("compare.methods: unknown method '", text, "'",
+                                                 DidYouMean(text, names), ": the methods are ",
+                                                 MethodList()));
 }
 
 absl::StatusOr<std::vector<Method>> ParseMethods(const std::string& list) {

@@ -441,11 +441,16 @@ void LocalRun::OnLine(Child& c, const std::string& line) {
   }
   if (chaos_ && c.is_island) chaos_->OnIslandLine(c.name, line);
   if (chaos_ && !c.is_island) chaos_->OnCoordinatorLine(line, now_s(), *chaos_target_);
-  // "round K/N committed ..." (sync) or "version K applied ..." (async)
+  // "[fragment F ]round R committed (K/N): ..." (sync) or "version K applied ..." (async)
   uint64_t k = 0;
-  const auto space = line.find_first_of(" /", line.find(' ') + 1);
-  if (!c.is_island && (absl::StartsWith(line, "round ") || absl::StartsWith(line, "version ")) &&
-      absl::SimpleAtoi(line.substr(line.find(' ') + 1, space - line.find(' ') - 1), &k)) {
+  std::string count;
+  if (const auto at = line.find(" committed (");
+      absl::StartsWith(line, "round ") || absl::StartsWith(line, "fragment ")) {
+    if (at != std::string::npos) count = line.substr(at + 12, line.find('/', at) - at - 12);
+  } else if (absl::StartsWith(line, "version ")) {
+    count = line.substr(8, line.find(' ', 8) - 8);
+  }
+  if (!c.is_island && !count.empty() && absl::SimpleAtoi(count, &k)) {
     // Each shard of a sharded run counts its own rounds (a restarted process goes on counting).
     committed_by_[c.name] = std::max(committed_by_[c.name], k);
     committed_ = 0;

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -14,6 +15,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 #include "outer/island/shard_router.h"
 #include "src/cli/compare_command.h"
@@ -420,6 +423,57 @@ Command AddCompare(CLI::App& app, CommandLine& cl) {
           }};
 }
 
+// "unknown command 'trian' (did you mean 'train'?)": CLI11 itself only says that one is required.
+// Checks each level: `atoll tokenizer trian` too.
+absl::Status CheckCommandNames(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* level = &app;
+  std::string path = "atoll";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.empty() || arg[0] == '-') return absl::OkStatus();
+    const auto subs = level->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty()) return absl::OkStatus();
+    std::vector<std::string> names;
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : subs) {
+      names.push_back(sub->get_name());
+      if (sub->get_name() == arg) next = sub;
+    }
+    if (next == nullptr) {
+      const std::string near = NearestName(arg, names);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown command '", path, " ", arg, "'",
+          near.empty() ? "" : absl::StrCat(" (did you mean '", path, " ", near, "'?)"),
+          "; the commands are ", absl::StrJoin(names, ", "), " (", path, " --help)"));
+    }
+    level = next;
+    path = absl::StrCat(path, " ", arg);
+  }
+  return absl::OkStatus();
+}
+
+// An unknown --name: the nearest of the command's own flags and every config key.
+absl::Status CheckOverrideNames(const CLI::App& command, const std::vector<atl::Override>& overrides) {
+  std::vector<std::string> keys, names;
+  for (const auto& [key, doc] : atl::DescribeKeys()) keys.push_back(key);
+  for (const CLI::Option* o : command.get_options()) {
+    for (const std::string& l : o->get_lnames()) names.push_back(l);
+  }
+  names.insert(names.end(), keys.begin(), keys.end());
+  for (const auto& [key, value] : overrides) {
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    const std::string near = NearestName(key, names);
+    const std::string hint = near.empty() ? "" : absl::StrCat(" (did you mean '--", near, "'?)");
+    if (key.find('.') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown config key '", key, "' (command line)", hint));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("unknown option '--", key, "' of 'atoll ",
+                                                   command.get_name(), "'", hint, "; see atoll ",
+                                                   command.get_name(), " --help"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -437,6 +491,7 @@ int Main(int argc, char** argv) {
   for (auto& command : commands) command.app->footer(KeysHelp());
   for (auto* add : {AddExport, AddImport, AddGenerate, AddTokenizer, AddTokenize, AddReport}) commands.push_back(add(app, cl));
   for (auto& command : commands) command.app->allow_extras();
+  if (absl::Status s = CheckCommandNames(app, argc, argv); !s.ok()) return Fail(s);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -448,6 +503,7 @@ int Main(int argc, char** argv) {
     if (!command.app->parsed()) continue;
     auto overrides = atl::ParseOverrides(command.app->remaining());
     if (!overrides.ok()) return Fail(overrides.status());
+    if (absl::Status s = CheckOverrideNames(*command.app, *overrides); !s.ok()) return Fail(s);
     return command.run(*overrides);
   }
   return 0;

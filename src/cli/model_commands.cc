@@ -275,6 +275,7 @@ absl::Status RunGenerate(const GenerateOptions& o) {
     std::fflush(o.out_stream);
   }
   std::fputc('\n', o.out_stream);
+  std::fflush(o.out_stream);  // the text's end before the stats line on stderr (both may be a pipe)
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const size_t n = generated;

@@ -55,10 +55,15 @@ std::string ReportCsv(const std::vector<MethodResult>& runs) {
     const bool is_best = std::any_of(best.begin(), best.end(), [&](const MethodResult& b) {
       return b.method == r.method && b.setting == r.setting;
     });
-    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%.6f,%d,%d,%d,%d,%.4f,%.4f,%.2f,%d\n",
-                                          r.method, r.setting, r.val_loss, r.val_bpb, r.tokens,
-                                          r.wan_bytes, r.bytes_up, r.bytes_down, r.bits_up,
-                                          r.bits_down, r.wall_s, is_best));
+    // Not measured (the baseline's bits per parameter, bits per byte of token shards): empty.
+    const auto field = [](double v, const char* format) {
+      return std::isfinite(v) && v >= 0 ? absl::StrFormat(format, v) : std::string();
+    };
+    absl::StrAppend(&out, absl::StrFormat("%s,%s,%.6f,%s,%d,%d,%d,%d,%s,%s,%.2f,%d\n", r.method,
+                                          r.setting, r.val_loss, field(r.val_bpb, "%.6f"), r.tokens,
+                                          r.wan_bytes, r.bytes_up, r.bytes_down,
+                                          field(r.bits_up, "%.4f"), field(r.bits_down, "%.4f"),
+                                          r.wall_s, is_best));
   }
   return out;
 }

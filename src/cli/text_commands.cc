@@ -30,7 +30,8 @@ absl::Status RunTokenize(const text::TokenizeOptions& o, FILE* out) {
                "atoll tokenize: %zu file(s), %.1f MB -> %lld tokens (%.2f bytes/token) in %zu "
                "shard(s) of uint%d in %s\n"
                "  %.2f MB/s on %d thread(s), %.1f s; peak RSS %.1f MiB\n"
-               "  train on them: data.path = \"%s\", data.tokenizer = \"%s\", model.vocab = %lld\n",
+               "  train on them: data.path = \"%s\" (or data.val_path, for a validation set), "
+               "data.tokenizer = \"%s\", model.vocab = %lld\n",
                m.inputs.size(), m.input_bytes / 1e6, (long long)tokens,
                tokens > 0 ? double(m.input_bytes) / double(tokens) : 0.0, m.shards.size(),
                8 * m.token_width, o.out.c_str(), r.seconds > 0 ? m.input_bytes / 1e6 / r.seconds : 0.0,

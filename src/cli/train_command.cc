@@ -119,7 +119,9 @@ absl::StatusOr<TrainSummary> Train(const Config& config, const TrainOptions& opt
       config.model.n_layer, inner::FamilyOf(config.model).title,
       double(inner::ParameterCount(config.model)) / 1e6,
       trainer->tokens_per_step(), config.data.path, options.run_dir,
-      options.resume ? absl::StrCat(" (resumed at step ", start_step, ")") : ""));
+      options.resume ? absl::StrCat(" (resumed at step ", start_step, ")")
+      : config.train.init_from.empty() ? ""
+                                       : absl::StrCat("; weights from train.init_from = ", config.train.init_from)));
   TrainLoop run(config, options, *trainer, *metrics, progress, wall_before);
   const int64_t until = options.stop_after_step > 0
                             ? std::min(options.stop_after_step, config.train.steps)

@@ -3,6 +3,9 @@
 #include <toml++/toml.h>
 
 #include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -11,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "compression/config_value.h"
 #include "compression/status_macros.h"
 
 namespace atl {
@@ -181,8 +185,14 @@ Field* Find(std::vector<Field>& schema, const std::string& key) {
   return nullptr;
 }
 
-absl::Status Unknown(const std::string& key, const std::string& where) {
-  return absl::InvalidArgumentError(absl::StrCat("unknown config key '", key, "'", where));
+// "unknown config key 'train.sync_every' in run.toml (did you mean 'outer.sync_every'?)".
+absl::Status Unknown(const std::string& key, const std::string& where,
+                     const std::vector<Field>& schema) {
+  std::vector<std::string> keys;
+  for (const auto& f : schema) keys.push_back(f.key);
+  const std::string near = NearestName(key, keys);
+  return absl::InvalidArgumentError(absl::StrCat("unknown config key '", key, "'", where,
+                                                 near.empty() ? "" : " (did you mean '" + near + "'?)"));
 }
 
 absl::Status Walk(const toml::table& table, const std::string& prefix, std::vector<Field>& schema,
@@ -195,7 +205,7 @@ absl::Status Walk(const toml::table& table, const std::string& prefix, std::vect
       continue;
     }
     Field* f = Find(schema, key);
-    if (f == nullptr) return Unknown(key, where);
+    if (f == nullptr) return Unknown(key, where, schema);
     ATL_RETURN_IF_ERROR(f->from_toml(node, where));
   }
   return absl::OkStatus();
@@ -246,7 +256,7 @@ absl::StatusOr<Config> Resolve(const toml::table& table, const std::string& wher
   ATL_RETURN_IF_ERROR(Walk(table, "", schema, where));
   for (const auto& [key, value] : overrides) {
     Field* f = Find(schema, key);
-    if (f == nullptr) return Unknown(key, " (command line)");
+    if (f == nullptr) return Unknown(key, " (command line)", schema);
     ATL_RETURN_IF_ERROR(f->from_text(value));
   }
   if (checks == ConfigChecks::kAll) ATL_RETURN_IF_ERROR(Validate(config));
@@ -289,6 +299,24 @@ absl::StatusOr<Config> ParseConfig(const std::string& toml_text, const std::stri
   return Resolve(table, absl::StrCat(" in ", source), overrides);
 }
 
+namespace {
+
+// The shortest decimal that reads back as `v`, as a TOML float ("0.9", "1e-05", "10000.0").
+std::string ShortestFloat(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char text[40];
+  for (int digits = 15; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof(text), "%.*g", digits, v);
+    if (std::strtod(text, nullptr) == v) break;
+  }
+  std::string out = text;
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
+}
+
+}  // namespace
+
 std::string ToToml(const Config& config) {
   Config copy = config;
   toml::table root;
@@ -298,8 +326,24 @@ std::string ToToml(const Config& config) {
     if (!root.contains(section)) root.insert(section, toml::table{});
     f.to_toml(*root[section].as_table(), name);
   }
+  // toml++ prints floats with 17 digits (0.90000000000000002): each key is written here, a float
+  // as the shortest text that reads back as the same double (0.9), anything else by toml++.
   std::ostringstream out;
-  out << root << "\n";
+  for (const auto& [section, node] : root) {
+    if (out.tellp() > 0) out << "\n";
+    out << "[" << section.str() << "]\n";
+    for (const auto& [name, value] : *node.as_table()) {
+      out << name.str() << " = ";
+      value.visit([&out](const auto& v) {
+        if constexpr (toml::is_floating_point<decltype(v)>) {
+          out << ShortestFloat(*v);
+        } else {
+          out << v;
+        }
+      });
+      out << "\n";
+    }
+  }
   return out.str();
 }
 

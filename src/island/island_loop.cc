@@ -188,6 +188,7 @@ class IslandRun : private inner::LoopPart {
   absl::Status OnSpike(int64_t step, const std::string& why, bool finite);
   // What the heartbeats tell the service of this island's training (clamped to what it accepts).
   pb::IslandTelemetry Telemetry(double loss) const;
+  double last_loss_ = 0;  // the training loss of the last stats report
   absl::Status Fail(absl::Status s) {
     session_->Leave();
     return s;
@@ -210,6 +211,7 @@ class IslandRun : private inner::LoopPart {
   std::unique_ptr<MetricsLog> metrics_;
   FILE* quiet_ = nullptr;  // progress of ranks other than 0
   std::unique_ptr<Progress> progress_;
+  RoundLines round_lines_{10.0};  // the warm start's rounds: a line every 10 s (the coordinator says more)
   std::string label_;
   std::unique_ptr<IslandMonitor> monitor_;
   std::unique_ptr<HttpServer> metrics_server_;
@@ -282,6 +284,12 @@ absl::Status IslandRun::JoinAndBuild() {
       config_.outer, options_.name, ModelConfigHash(config_.model),
       (fs::path(options_.run_dir) / "session.credential").string());
   so.data_parallel = uint32_t(mesh_->shape().dp());
+  if (lead()) {
+    so.say = [this](const std::string& line) {
+      std::fprintf(options_.progress, "[%s] %s\n", options_.name.c_str(), line.c_str());
+      std::fflush(options_.progress);
+    };
+  }
   ATL_ASSIGN_OR_RETURN(auto session, outer::IslandSession::JoinAsIsland(transport_, so, *ranks_));
   session_ = std::move(session);
   joined_ = session_->joined();
@@ -395,7 +403,9 @@ absl::Status IslandRun::OpenOutputs() {
   summary_.island_id = island_id;
   outer_->set_observer([this](const outer::LandedRound& r) {
     monitor_->OnRound(r.fragment, r.outcome, r.idle_s);
-    ReportRound(r, async_, trainer_->tokens(), Since(start_), *metrics_, *progress_, label_);
+    const bool quick = !async_ && int64_t(r.outcome.round) + 1 < config_.outer.phases.warm_start_steps;
+    ReportRound(r, async_, trainer_->tokens(), Since(start_), *metrics_, *progress_, label_,
+                round_lines_.Take(quick, Since(start_)));
   });
   outer_->on_message = [this](const std::string& line) { progress_->Message(label_ + line); };
   return absl::OkStatus();
@@ -426,6 +436,8 @@ absl::Status IslandRun::Evaluate(int64_t t) {
   ATL_ASSIGN_OR_RETURN(auto eval, trainer_->Evaluate());
   summary_.last_eval = eval;
   monitor_->OnEval(eval.loss);
+  // The service's status page and metrics have it with the next heartbeat, not the next stats.
+  if (lead()) session_->set_telemetry(Telemetry(last_loss_));
   nlohmann::json record = {{"step", t}, {"tokens", trainer_->tokens()}, {"wall_s", Since(start_)}};
   AddEvalFields(eval, &record);
   if (async_) record["run_tokens"] = outer_->stats().run_tokens;
@@ -456,6 +468,7 @@ absl::Status IslandRun::OnStats(const std::vector<inner::StepStats>& steps) {
   const inner::StepStats& last = steps.back();
   monitor_->OnSteps(int64_t(steps.size()), last.loss, last.tokens, summary_.compute_s,
                     Since(start_));
+  last_loss_ = last.loss;
   if (lead()) session_->set_telemetry(Telemetry(last.loss));
   return absl::OkStatus();
 }
@@ -520,6 +533,9 @@ absl::StatusOr<IslandSummary> IslandRun::Finish() {
     progress_->Message(absl::StrCat(label_, "warning: final checkpoint not written: ", s.message()));
   }
   progress_->Finish();
+  // The last evaluation reaches the service before the island leaves (the heartbeats may not
+  // have carried it yet).
+  if (lead() && summary_.last_eval) session_->Heartbeat(false).IgnoreError();
   session_->Leave();
   static_cast<outer::OuterStepStats&>(summary_) = outer_->stats();
   summary_.step = trainer_->step();

@@ -118,7 +118,8 @@ nlohmann::json RangeHashesJson(const std::vector<std::tuple<uint64_t, uint64_t, 
 
 // The metrics record and the progress line of a merged round.
 void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double wall_s,
-                 MetricsLog& metrics, Progress& progress, const std::string& label) {
+                 MetricsLog& metrics, Progress& progress, const std::string& label,
+                 const std::optional<std::string>& shown) {
   const auto& o = r.outcome;
   metrics.Write({{"round", o.round},
                  {"fragment", r.fragment},
@@ -151,10 +152,10 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
             : absl::StrFormat(
                   "%sfragment %d round %d merged at step %d (pushed at %d): idle %.2fs, sent %d "
                   "KiB, %d contributors",
-                  label, r.fragment, o.round + 1, r.step, r.pushed_at, r.idle_s,
+                  label, r.fragment, o.round, r.step, r.pushed_at, r.idle_s,
                   o.bytes_sent / 1024, o.contributors);
   if (o.resynced) line += " (resynced: " + o.resync_reason + ")";
-  progress.Message(line);
+  if (shown || o.resynced) progress.Message(line + shown.value_or(""));
 }
 
 void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async,

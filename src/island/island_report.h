@@ -63,9 +63,11 @@ void AppendResiduals(const std::vector<outer::OuterStepHook::Residual>& residual
                      inner::TrainerState& state);
 std::vector<outer::OuterStepHook::Residual> ResidualsOf(const inner::TrainerState& state);
 
-// The metrics record and the progress line of a merged round.
+// The metrics record and the progress line of a merged round; `shown`: the line's suffix (RoundLines),
+// nullopt: no line.
 void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double wall_s,
-                 MetricsLog& metrics, Progress& progress, const std::string& label);
+                 MetricsLog& metrics, Progress& progress, const std::string& label,
+                 const std::optional<std::string>& shown);
 
 // RUN_DIR/summary.json of the island (rank 0's).
 void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async,

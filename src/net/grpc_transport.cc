@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "atoll/v1/outer.grpc.pb.h"
 #include "compression/status_macros.h"
@@ -27,9 +29,46 @@ absl::Status ReadInto(grpc::ClientContext& context, Reader& reader,
   return FromGrpc(reader->Finish());
 }
 
+// A failed membership call's status with its likely cause, in words a person can act on, before
+// gRPC's own text.
+absl::Status Explained(const grpc::Status& s, const std::string& target) {
+  if (s.ok()) return absl::OkStatus();
+  const std::string m = absl::AsciiStrToLower(s.error_message());
+  const auto has = [&m](std::initializer_list<const char*> words) {
+    for (const char* w : words) {
+      if (absl::StrContains(m, w)) return true;
+    }
+    return false;
+  };
+  std::string cause;
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    if (has({"connection refused"})) {
+      cause = absl::StrCat("connection refused: nothing listens on ", target,
+                           " (is the coordinator running, and is this its address and port?)");
+    } else if (has({"ssl", "tls", "certificate", "handshake failed"})) {
+      cause = absl::StrCat("the TLS handshake with ", target, " failed (do both sides use TLS, and "
+                           "does --tls-ca hold the root of the coordinator's certificate?)");
+    } else if (has({"dns", "resolve", "resolution", "name or service"})) {
+      cause = absl::StrCat("the host of ", target, " does not resolve (a typo in --coordinator?)");
+    } else if (has({"unreachable", "no route", "timed out", "timeout", "deadline"})) {
+      cause = absl::StrCat(target, " is unreachable (a wrong host, a firewall, or no route)");
+    } else {
+      cause = absl::StrCat("no connection to ", target);
+    }
+  } else if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    cause = "the coordinator refused the run token (does --token-file or $ATOLL_TOKEN hold its token?)";
+  } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    cause = absl::StrCat("no answer from ", target, " within outer.rpc_timeout_s");
+  }
+  if (cause.empty()) return FromGrpc(s);
+  return absl::Status(absl::StatusCode(int(s.error_code())),
+                      absl::StrCat(cause, " [", s.error_message(), "]"));
+}
+
 }  // namespace
 
 struct GrpcTransport::Stubs {
+  std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Coordinator::Stub> coordinator;
   std::unique_ptr<pb::OuterSync::Stub> outer_sync;
 };
@@ -50,8 +89,14 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     args.SetMaxReceiveMessageSize(16 << 20);
     // Each channel its own subchannel pool: its own TCP connection, shared with no other channel.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // A coordinator that comes (back) up is found within seconds: gRPC's own reconnect backoff
+    // would grow to 2 minutes, longer than an island retries its join. (Not
+    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also each connection attempt's deadline, and 20 s
+    // is right for a loaded host.)
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     auto channel = grpc::CreateCustomChannel(options.target, creds, args);
     auto stubs = std::make_unique<Stubs>();
+    stubs->channel = channel;
     stubs->coordinator = pb::Coordinator::NewStub(channel);
     stubs->outer_sync = pb::OuterSync::NewStub(channel);
     return stubs;
@@ -74,12 +119,19 @@ void GrpcTransport::Prepare(grpc::ClientContext* context, double timeout_s) cons
 }
 
 absl::StatusOr<pb::JoinResponse> GrpcTransport::Join(const pb::JoinRequest& request) {
+  // A coordinator that is starting or restarting: the connection is waited for a little (which
+  // drives gRPC's attempts); not there by then, the call fails at once with the connection's error
+  // (UNAVAILABLE, with its cause), and the island's retries say so and try again.
+  constexpr double kConnectWaitS = 2;
+  const bool connected =
+      control_->channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY ||
+      control_->channel->WaitForConnected(std::chrono::system_clock::now() +
+                                          std::chrono::milliseconds(int64_t(kConnectWaitS * 1000)));
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
-  // Wait for a coordinator that is still starting, within the deadline.
-  ctx.set_wait_for_ready(true);
+  ctx.set_wait_for_ready(connected);  // a connection that drops now is waited for, as before
   pb::JoinResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->Join(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(Explained(control_->coordinator->Join(&ctx, request, &response), options_.target));
   return response;
 }
 
@@ -94,7 +146,7 @@ absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::Heartbe
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::HeartbeatResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->Heartbeat(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(Explained(control_->coordinator->Heartbeat(&ctx, request, &response), options_.target));
   return response;
 }
 

@@ -38,6 +38,7 @@ class GrpcTransport : public outer::Transport {
   // A shard server's call to its coordinator (answered within about a second: a long poll).
   absl::StatusOr<pb::ShardSyncResponse> ShardSync(const pb::ShardSyncRequest& request);
   int connections() const override { return int(stubs_.size()); }
+  std::string address() const override { return options_.target; }
   absl::StatusOr<pb::PushResponse> Push(const outer::PushSource& source, int lane) override;
   absl::Status AwaitUpdate(const pb::UpdateRequest& request,
                            const outer::ChunkSink<pb::UpdateChunk>& sink, int lane) override;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,7 +69,9 @@ StepReporter::StepReporter(MetricsLog& metrics, Progress& progress, double wall_
     : metrics_(metrics),
       progress_(progress),
       wall_before_(wall_before),
-      start_(std::chrono::steady_clock::now()) {}
+      start_(std::chrono::steady_clock::now()) {
+  progress_.StartAt(wall_before);
+}
 
 void StepReporter::Report(const inner::StepStats& step, const inner::EvalStats* eval) {
   const double wall = wall_s();
@@ -107,18 +110,32 @@ std::string FormatDuration(double seconds) {
 Progress::Progress(FILE* out, bool tty, int64_t total_steps, int64_t log_every, std::string label)
     : out_(out), tty_(tty), total_(total_steps), log_every_(log_every), label_(std::move(label)) {}
 
+std::optional<std::string> RoundLines::Take(bool quick, double now_s) {
+  if (quick && now_s - last_shown_s_ < interval_s_) {
+    ++left_out_;
+    return std::nullopt;
+  }
+  last_shown_s_ = now_s;
+  const int64_t n = std::exchange(left_out_, 0);
+  return n == 0 ? std::string() : absl::StrFormat(" (+%d warm-start rounds since the last line)", n);
+}
+
 void Progress::OnStep(const inner::StepStats& s, const inner::EvalStats* eval, double wall_s) {
   // The rate is taken between log steps: the steps between arrive together (their stats come
   // over from the device in one copy at each log step), the log steps a compute interval apart.
+  const double tokens_per_step = s.step > 0 ? double(s.tokens) / double(s.step) : 0;
+  if (last_tokens_ < 0) {  // the first step seen: the rate counts from the tokens before it
+    last_tokens_ = s.tokens - int64_t(tokens_per_step);
+    last_wall_ = start_wall_;
+  }
   if (s.step % log_every_ == 0) {
-    if (last_tokens_ >= 0 && wall_s > last_wall_) {
+    if (wall_s > last_wall_) {
       const double inst = double(s.tokens - last_tokens_) / (wall_s - last_wall_);
       rate_ = rate_ == 0 ? inst : 0.9 * rate_ + 0.1 * inst;
     }
     last_tokens_ = s.tokens;
     last_wall_ = wall_s;
   }
-  const double tokens_per_step = s.step > 0 ? double(s.tokens) / double(s.step) : 0;
   const double eta = rate_ > 0 ? double(total_ - s.step) * tokens_per_step / rate_ : NAN;
   const std::string line =
       absl::StrFormat("%sstep %d/%d | loss %.4f | lr %.2e | %.1fk tok/s | ETA %s", label_, s.step,

@@ -58,6 +58,9 @@ class Progress {
   void OnStep(const inner::StepStats& step, const inner::EvalStats* eval, double wall_s);
   void Message(const std::string& line);  // a persistent line (clears the updating one first)
   void Finish();
+  // When the steps began (the run's wall time, after a resume its time before): the first line's
+  // rate counts from here, so it is a measured one, not 0.
+  void StartAt(double wall_s) { start_wall_ = wall_s; }
 
  private:
   FILE* out_;
@@ -67,7 +70,24 @@ class Progress {
   double rate_ = 0;  // smoothed tokens/s
   int64_t last_tokens_ = -1;
   double last_wall_ = 0;
+  double start_wall_ = 0;
   bool line_open_ = false;
+};
+
+// Lines a person can read when rounds come faster than they can (the warm start's one-step rounds,
+// every fragment each step): such a round's line is shown at most once per `interval_s`, and the
+// shown one says how many it stands for. Other rounds' lines are always shown.
+class RoundLines {
+ public:
+  explicit RoundLines(double interval_s = 1.0) : interval_s_(interval_s) {}
+  // nullopt: leave this round's line out; else the text to append to it ("" or
+  // " (+12 warm-start rounds since the last line)"). `quick`: the round may be left out.
+  std::optional<std::string> Take(bool quick, double now_s);
+
+ private:
+  double interval_s_;
+  double last_shown_s_ = -1e300;
+  int64_t left_out_ = 0;
 };
 
 // The per-step report of every training loop: a metrics record and a progress update. Wall time

@@ -402,7 +402,11 @@ struct IslandMonitor::State {
   Counter& steps = MakeCounter("atoll_inner_steps_total", "Inner steps this process trained");
   Gauge& tokens = Make("atoll_tokens", "Tokens the island has trained on (its step counter's)");
   Gauge& loss = Make("atoll_inner_loss", "Inner loss of the latest step");
-  Gauge& val_loss = Make("atoll_validation_loss", "Validation loss of the latest evaluation");
+  // Absent until the first evaluation (a 0 would read as a loss).
+  Family<Gauge>& val_loss = BuildGauge()
+                                .Name("atoll_validation_loss")
+                                .Help("Validation loss of the latest evaluation")
+                                .Register(registry);
   Gauge& tokens_per_s = Make("atoll_tokens_per_second",
                              "Tokens per second of wall time, over the last 10 s or so");
   Counter& compute = MakeCounter("atoll_compute_seconds_total", "Time spent in inner steps");
@@ -466,7 +470,7 @@ void IslandMonitor::OnSteps(int64_t steps, double loss, int64_t tokens, double c
   if (wall_s > w0) s.tokens_per_s.Set(double(tokens - t0) / (wall_s - w0));
 }
 
-void IslandMonitor::OnEval(double val_loss) { state_->val_loss.Set(val_loss); }
+void IslandMonitor::OnEval(double val_loss) { state_->val_loss.Add(state_->labels).Set(val_loss); }
 
 void IslandMonitor::OnRound(uint32_t fragment, const outer::RoundOutcome& o, double idle_s) {
   State& s = *state_;

@@ -353,7 +353,9 @@ absl::Status CheckOptions(const Config& config, const CoordinatorOptions& option
   return absl::OkStatus();
 }
 
-// The line printed for the n-th round (version) this service committed.
+// The line printed for the n-th round (version) this service committed. A sync round is named by
+// its id, as rounds.jsonl, the islands and the status page name it ("round 0" is the first);
+// "(n/N)" counts the commits.
 std::string CommitLine(const Config& config, const outer::CommittedRound& r, uint64_t n,
                        uint64_t total_rounds, double wall) {
   const bool fragments = config.outer.num_fragments > 1;
@@ -364,8 +366,8 @@ std::string CommitLine(const Config& config, const outer::CommittedRound& r, uin
         absl::StrJoin(r.contributors, "+"), r.staleness, r.tokens, r.params_hash, wall);
   }
   return absl::StrFormat(
-      "round %d/%d committed%s: %s, %d tokens, params %016x, %.1fs", n, total_rounds,
-      fragments ? absl::StrFormat(" (fragment %d, its round %d)", r.fragment, r.round + 1) : "",
+      "%sround %d committed (%d/%d): %s, %d tokens, params %016x, %.1fs",
+      fragments ? absl::StrFormat("fragment %d ", r.fragment) : "", r.round, n, total_rounds,
       absl::StrCat(absl::StrJoin(r.contributors, "+"),
                    r.stale_contributors.empty()
                        ? ""
@@ -466,6 +468,31 @@ void SayStopped(const outer::SyncServer& sync, const std::string& who, FILE* out
 
 }  // namespace
 
+// "atoll coordinator: run 'atoll' listening on ADDRESS (...)", and what a newcomer would wonder
+// about: where the parameters came from, why the first rounds come so fast.
+void SayListening(FILE* out, const std::string& who, const Config& config,
+                  const std::string& address, uint64_t total_rounds, uint64_t token_budget,
+                  bool fresh) {
+  const std::string plan =
+      config.outer.async()
+          ? absl::StrFormat("async, %d tokens", token_budget)
+          : absl::StrFormat("%d rounds", total_rounds) + PhasesText(config.outer.phases);
+  std::fprintf(
+      out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)%s\n", who.c_str(),
+      config.outer.run_id.c_str(), address.c_str(), config.outer.islands,
+      config.outer.sync_every, plan.c_str(),
+      config.outer.shards > 1 ? absl::StrFormat(", %d shards", config.outer.shards).c_str() : "",
+      config.train.init_from.empty()
+          ? ""
+          : absl::StrCat("; global parameters from train.init_from = ", config.train.init_from).c_str());
+  if (!config.outer.async() && config.outer.phases.warm_start_steps > 0 && fresh) {
+    std::fprintf(out,
+                 "%s: the warm start's first %d steps are rounds of one step each (plain averages, "
+                 "outer.warm_start_steps); their lines come every 2 s\n",
+                 who.c_str(), int(config.outer.phases.warm_start_steps));
+  }
+}
+
 absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& options) {
   // Pushes arrive as many 1 MiB chunks on many threads. With glibc's adaptive threshold those land
   // in per-thread heaps that keep what they free (measured: a 494M-parameter service grew by 2.3
@@ -493,12 +520,21 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                          RunFacts{config.outer.run_id, config.outer.async(), config.outer.islands,
                                   config.outer.sync_every, config.outer.num_fragments, total_rounds,
                                   config.train.steps});
+  RoundLines round_lines{2.0};
+  std::mutex round_lines_mu;
   sync->SetCommitListener([&](const outer::CommittedRound& r) {
     monitor.OnCommit(r);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(options.out, "%s\n",
-                 CommitLine(config, r, sync_rounds.fetch_add(1) + 1, total_rounds, wall).c_str());
-    std::fflush(options.out);
+    const uint64_t n = sync_rounds.fetch_add(1) + 1;
+    // The warm start's one-step rounds (but its last) print a line every 2 s.
+    const bool quick = !config.outer.async() &&
+                       int64_t(r.round) + 1 < config.outer.phases.warm_start_steps && n < total_rounds;
+    std::lock_guard<std::mutex> lock(round_lines_mu);  // fragments commit on several threads
+    if (const auto more = round_lines.Take(quick, wall)) {
+      std::fprintf(options.out, "%s%s\n", CommitLine(config, r, n, total_rounds, wall).c_str(),
+                   more->c_str());
+      std::fflush(options.out);
+    }
     if (durable.writer) durable.writer->Committed();
     if (durable.rounds_log) durable.rounds_log->Write(RoundRecord(r, wall));
   });
@@ -514,15 +550,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   server_options.traffic = &traffic;
   ATL_ASSIGN_OR_RETURN(auto server, GrpcServer::Start(sync.get(), server_options));
   ATL_ASSIGN_OR_RETURN(auto link, LinkToCoordinator(options, *sync, server->address(), who));
-  const std::string plan =
-      config.outer.async()
-          ? absl::StrFormat("async, %d tokens", sync->options().token_budget)
-          : absl::StrFormat("%d rounds", total_rounds) + PhasesText(config.outer.phases);
-  std::fprintf(
-      options.out, "%s: run '%s' listening on %s (%d islands, H = %d, %s%s)\n", who.c_str(),
-      config.outer.run_id.c_str(), server->address().c_str(), config.outer.islands,
-      config.outer.sync_every, plan.c_str(),
-      config.outer.shards > 1 ? absl::StrFormat(", %d shards", config.outer.shards).c_str() : "");
+  SayListening(options.out, who, config, server->address(), total_rounds,
+               sync->options().token_budget, /*fresh=*/sync->committed_rounds() == 0);
   std::fflush(options.out);
   ATL_ASSIGN_OR_RETURN(auto http, StartHttp(options, monitor));
   const absl::Status ended = ServeUntilDone(config, options, total_rounds, *sync, link.get(), monitor);

@@ -16,6 +16,7 @@
 #include "src/store/checkpoint.h"
 #include "src/store/flat_params.h"
 #include "src/store/hf_format.h"
+#include "inner/data.h"
 #include "inner/model/hf_mapping.h"
 #include "src/store/safetensors.h"
 #include "src/store/service_state_file.h"
@@ -477,7 +478,11 @@ absl::Status WriteSafetensors(const ModelWeights& weights, const std::string& pa
 absl::StatusOr<ModelWeights> InitialWeights(const Config& config) {
   const std::string what = absl::StrCat("train.init_from (", config.train.init_from, ")");
   auto w = LoadWeights(config.train.init_from, &config);
-  if (!w.ok()) return absl::Status(w.status().code(), absl::StrCat(what, ": ", w.status().message()));
+  if (!w.ok()) {
+    return absl::Status(w.status().code(),
+                        absl::StrCat(what, ": ", w.status().message(),
+                                     inner::NotFoundNote(w.status(), config.train.init_from, "train.init_from")));
+  }
   ATL_RETURN_IF_ERROR(CheckSameArchitecture(config.model, w->model, what));
   return w;
 }

@@ -115,7 +115,9 @@ absl::Status CheckSpec(const char* key, const std::string& spec, const Tokenizer
   }
   auto manifest = ManifestOf(spec);
   if (!manifest.ok()) {
-    return absl::Status(manifest.status().code(), absl::StrCat(key, ": ", manifest.status().message()));
+    return absl::Status(manifest.status().code(),
+                        absl::StrCat(key, ": ", manifest.status().message(),
+                                     inner::NotFoundNote(manifest.status(), spec, key)));
   }
   if (!*manifest) return absl::OkStatus();  // shards made elsewhere (llm.c): nothing to check
   const ShardManifest& m = **manifest;
@@ -145,7 +147,14 @@ absl::StatusOr<std::unique_ptr<const Tokenizer>> CheckedTokenizer(const inner::D
   if (!data.tokenizer.empty()) {
     auto loaded = Tokenizer::Load(data.tokenizer);
     if (!loaded.ok()) {
-      return absl::Status(loaded.status().code(), absl::StrCat("data.tokenizer: ", loaded.status().message()));
+      std::string fix;
+      if (absl::IsNotFound(loaded.status())) {
+        fix = absl::StrCat(inner::RelativePathNote(data.tokenizer, "data.tokenizer"),
+                           "; to train one: atoll tokenizer train --input TEXT_FILES --vocab-size ",
+                           model.vocab, " --out ", data.tokenizer);
+      }
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("data.tokenizer: ", loaded.status().message(), fix));
     }
     tokenizer = std::move(*loaded);
     if (tokenizer->vocab_size() != model.vocab) {

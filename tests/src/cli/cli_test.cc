@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "inner/data.h"
 #include "src/cli/chaos.h"
+#include "tests/src/cli/cli_fixture.h"
 #include "tests/test_util.h"
 
 namespace atl {
@@ -21,25 +22,8 @@ using ::testing::HasSubstr;
 
 using Result = testing::CommandResult;
 
-Result Atoll(const std::string& args) { return testing::RunCommand(std::string(ATOLL_BIN) + " " + args); }
-
-class CliTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    testing::WriteFile(dir_.Join("text.txt"), testing::GeneratedText(30000, 5));
-    testing::WriteFile(dir_.Join("tiny.toml"),
-                       "[model]\nn_layer = 1\nd_model = 32\nn_head = 2\ncontext = 32\n"
-                       "[data]\npath = \"" + dir_.Join("text.txt") + "\"\nval_fraction = 0.1\n"
-                       "[train]\nsteps = 6\nbatch_size = 2\neval_every = 3\neval_batches = 1\n"
-                       "threads = 1\nlog_every = 2\n[optim]\nwarmup_steps = 2\n");
-  }
-  std::string Train(const std::string& extra) {
-    return "train --config " + dir_.Join("tiny.toml") + " --run-dir " + dir_.Join("run") + " " +
-           extra;
-  }
-  bool RunDirExists() { return std::filesystem::exists(dir_.Join("run")); }
-  TempDir dir_;
-};
+using testing::Atoll;
+using testing::CliTest;
 
 TEST_F(CliTest, TrainsWritesMetricsAndResumes) {
   auto r = Atoll(Train("--train.steps=4"));
@@ -233,7 +217,11 @@ TEST_F(CliTest, CompareWritesTheReport) {
   EXPECT_EQ(header,
             "method,setting,val_loss,val_bpb,tokens,wan_bytes,bytes_up,bytes_down,bits_up,"
             "bits_down,wall_s,best");
+  // The README quotes the header as written (a documentation check).
+  EXPECT_THAT(testing::ReadFile(ATOLL_SOURCE_DIR "/src/README.md"), HasSubstr("(`" + header + "`;"));
   EXPECT_THAT(baseline, ::testing::StartsWith("baseline,,"));
+  EXPECT_THAT(baseline, HasSubstr(",,,")) << "the baseline's bits per parameter are not measured";
+  EXPECT_THAT(baseline, ::testing::Not(HasSubstr("nan")));
   EXPECT_THAT(diloco, ::testing::StartsWith("diloco,,"));
   EXPECT_THAT(diloco, ::testing::EndsWith(",1"));  // one run per method: each its best
   // Equal tokens: 4 steps x 2 sequences x 32 tokens x 2 islands.
@@ -272,6 +260,9 @@ TEST_F(CliTest, CompareChecksEveryRunBeforeTheFirstStarts) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("async runs with outer.warm_start_steps = 0"));
   EXPECT_THAT(r.output, HasSubstr("dry run: nothing started"));
+  // The plan and its cost, as a real run prints them first.
+  EXPECT_THAT(r.output, HasSubstr("atoll compare: diloco x 1, async x 1 = 2 runs of 300 inner steps on 2 "
+                                  "islands (1200 island-steps); 0 finished runs reused"));
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("cmp")));
   // Streaming's 4 fragments do not fit H = 2: refused before diloco has run.
   r = Atoll(base + "--compare.methods=diloco,streaming_fp4_e2m1 --outer.sync_every=2 "

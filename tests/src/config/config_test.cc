@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "compression/config_value.h"
 #include "tests/test_util.h"
 
 namespace atl {
@@ -55,6 +56,51 @@ TEST(ConfigTest, ResolvedTomlRoundTrips) {
   EXPECT_EQ(again->data.path, "a b.txt");
   EXPECT_EQ(again->model.dropout, 0.25);
   EXPECT_EQ(again->data.seed, 77u);
+}
+
+// Written configs (run directories, `atoll import`) hold numbers as a person writes them, and
+// every double still reads back exactly.
+TEST(ConfigTest, WrittenNumbersAreTheShortestThatReadBack) {
+  auto c = LoadConfig("", {{"data.path", "x.txt"}, {"optim.lr", "0.1"}, {"optim.weight_decay", "1e-300"},
+                           {"model.dropout", "0.30000000000000004"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string text = ToToml(*c);
+  EXPECT_THAT(text, HasSubstr("\nbeta1 = 0.9\n"));
+  EXPECT_THAT(text, HasSubstr("\nlr = 0.1\n"));
+  EXPECT_THAT(text, HasSubstr("\nweight_decay = 1e-300\n"));
+  EXPECT_THAT(text, HasSubstr("\ndropout = 0.30000000000000004\n"));  // 17 digits where needed
+  EXPECT_THAT(text, HasSubstr("\nrope_theta = 10000.0\n"));           // still a TOML float
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("0000000000000002")));
+  auto again = ParseConfig(text, "written");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->optim.adamw.beta1, 0.9);
+  EXPECT_EQ(again->model.dropout, 0.30000000000000004);
+  EXPECT_EQ(again->optim.adamw.weight_decay, 1e-300);
+  EXPECT_EQ(ToToml(*again), text);
+}
+
+// A misspelt key or value names what was probably meant.
+TEST(ConfigTest, TyposNameTheNearestKeyOrValue) {
+  struct Case {
+    std::vector<Override> overrides;
+    std::string message;
+  } cases[] = {
+      {{{"train.stepz", "3"}}, "unknown config key 'train.stepz' (command line) (did you mean 'train.steps'?)"},
+      {{{"train.sync_every", "3"}}, "(did you mean 'outer.sync_every'?)"},  // across sections
+      {{{"outer.mode", "aync"}}, "outer.mode must be \"sync\" or \"async\", got \"aync\" (did you mean \"async\"?)"},
+      {{{"outer.codec", "fp4"}}, "unknown codec 'fp4' (did you mean \"fp4_e2m1\"?)"},
+      {{{"model.arch", "lama"}}, "(did you mean \"llama\"?)"},
+  };
+  for (const auto& c : cases) {
+    auto s = LoadConfig("", c.overrides).status();
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.overrides[0].first;
+  }
+  // Nothing near: no guess.
+  auto s = LoadConfig("", {{"train.zzzzzzzz", "3"}}).status();
+  EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("did you mean")));
+  EXPECT_EQ(NearestName("trian", {"train", "tokenize"}), "train");
+  EXPECT_EQ(NearestName("steps", {"islands", "train.steps"}), "train.steps");
+  EXPECT_EQ(NearestName("xyz", {"train", "tokenize"}), "");
 }
 
 // A config refused: its TOML and overrides, the status, a text the message holds.

@@ -35,6 +35,7 @@ namespace {
 namespace pb = ::atollpb::v1;
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // ---------------------------------------------------------------------------------------------
 // The Prometheus text format (version 0.0.4), as its documentation states it: what a scrape of ours
@@ -421,6 +422,15 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
                                {{"island", a.island_id()}})));
 }
 
+// Before the first evaluation there is no validation loss to show: the series is absent, not 0.
+TEST(IslandMonitorTest, ValidationLossIsAbsentUntilTheFirstEvaluation) {
+  IslandMonitor monitor("a", 0, /*async=*/false);
+  monitor.OnSteps(1, 3.0, 512, 0.1, 0.125);
+  EXPECT_THAT(monitor.PrometheusText(), Not(HasSubstr("atoll_validation_loss{")));
+  monitor.OnEval(2.5);
+  EXPECT_THAT(monitor.PrometheusText(), HasSubstr("atoll_validation_loss{island=\"a\",rank=\"0\"} 2.5"));
+}
+
 TEST(IslandMonitorTest, ExpositionFollowsTheFormat) {
   testing::TempDir dir;
   IslandMonitor monitor("a", 0, /*async=*/true);
@@ -583,7 +593,7 @@ TEST(MonitoringEndToEndTest, PrometheusScrapesAndChromiumShowsALiveLocalRun) {
                     "--run-dir", dir.Join("run"), "--throttle", "6,6", "--metrics-listen",
                     "127.0.0.1:0", "--http-listen", "127.0.0.1:0"},
                    dir.Join("local.log"));
-  std::string log = run.WaitForOutput("round 3/", 120);
+  std::string log = run.WaitForOutput("committed (3/", 120);
   auto at = Addresses(log);
   ASSERT_EQ(at.size(), 4u) << log;
 

@@ -425,6 +425,9 @@ TEST(ModelCommandsTest, GenerateWritesTheTokenizersTextAndStopsAtItsEndOfText) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "A dog" + piece + piece + piece + "\n");
   EXPECT_THAT(generate("word.safetensors", ">/dev/null").output, HasSubstr("3 tokens in"));
+  // Both into one pipe: the text ends its line before the stats line starts.
+  EXPECT_THAT(generate("word.safetensors", "2>&1").output,
+              ::testing::StartsWith("A dog" + piece + piece + piece + "\natoll generate: 3 tokens in"));
   r = generate("eos.safetensors");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "A dog\n");
