@@ -235,6 +235,12 @@ uint64_t OuterStepHook::global_hash() const {
   return compression::ParamsHash(all.data(), 0, all.size());  // one fragment: the service's
 }
 
+std::vector<uint64_t> OuterStepHook::fragment_hashes() const {
+  std::vector<uint64_t> out;
+  for (const auto& s : syncs_) out.push_back(s->global_hash());
+  return out;
+}
+
 absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   steps_per_s_ = steps_per_s;
   if (!pending_rejoin_) pending_rejoin_ = session_.TakeRefusal();

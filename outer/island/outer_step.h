@@ -214,6 +214,7 @@ class OuterStepHook {
   // ParamsHash of the global parameters this rank holds, fragments concatenated (with one
   // fragment: the service's hash of it).
   uint64_t global_hash() const;
+  std::vector<uint64_t> fragment_hashes() const;  // each fragment's global copy (this rank's part)
   // The ranges of fragment f this rank holds and their hashes (for the round records).
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> RangeHashes(uint32_t f) const;
   uint64_t round() const { return syncs_[0]->round(); }

@@ -173,7 +173,7 @@ void Chaos::OnIslandLine(const std::string& island, const std::string& line) {
   // "... done at step N after R rounds: ..., global params HASH"
   if (line.find("done at step") != std::string::npos) finishing_ = true;
   if (const auto at = line.find("global params "); at != std::string::npos) {
-    final_hashes_[island] = line.substr(at + 14, 16);
+    final_hashes_[island] = line.substr(at + 14);  // one per fragment
   }
 }
 

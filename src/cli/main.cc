@@ -240,14 +240,18 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
   options.metrics_listen = cl.metrics_listen;
   auto summary = atl::RunIsland(config, router, options);
   if (!summary.ok()) return Fail(summary.status());
+  // The global parameters' hash as the coordinator prints it: one per fragment.
+  std::string hashes;
+  for (uint64_t h : summary->fragment_hashes) absl::StrAppend(&hashes, hashes.empty() ? "" : " ", absl::StrFormat("%016x", h));
+  if (!summary->whole_fragments) absl::StrAppend(&hashes, " (rank 0's ranges)");
   std::printf("[%s] done at step %lld after %llu rounds: %s, compute %.1fs, sync %.1fs, "
-              "sent %.1f MiB, received %.1f MiB, global params %016llx\n",
+              "sent %.1f MiB, received %.1f MiB, global params %s\n",
               summary->island_id.c_str(), (long long)summary->step,
               (unsigned long long)summary->rounds,
               summary->last_eval ? absl::StrFormat("val_loss %.4f", summary->last_eval->loss).c_str()
                                  : "no evaluation",
               summary->compute_s, summary->idle_s, summary->bytes_sent / 1048576.0,
-              summary->bytes_received / 1048576.0, (unsigned long long)summary->global_hash);
+              summary->bytes_received / 1048576.0, hashes.c_str());
   return 0;
 }
 

@@ -544,6 +544,8 @@ absl::StatusOr<IslandSummary> IslandRun::Finish() {
   summary_.checkpoints = checkpoints_->saved();
   summary_.checkpoint_stall_max_s = checkpoints_->stall_max_s();
   summary_.global_hash = outer_->global_hash();
+  summary_.fragment_hashes = outer_->fragment_hashes();
+  summary_.whole_fragments = mesh_->shape().size() == 1;
   if (lead()) WriteSummary(options_, summary_, async_, mesh_->shape().size());
   if (quiet_ != nullptr) std::fclose(quiet_);
   return summary_;

@@ -54,6 +54,10 @@ struct IslandSummary : outer::OuterStepStats {
   double wall_s = 0;
   double compute_s = 0;   // inner steps
   uint64_t global_hash = 0;  // ParamsHash of the final global parameters this rank holds
+  // Each fragment's (this rank's ranges of it): with one rank, the coordinator's per-fragment
+  // hashes ("stopped after N rounds, global params ...").
+  std::vector<uint64_t> fragment_hashes;
+  bool whole_fragments = true;  // one rank: fragment_hashes cover whole fragments
   std::string global_copy = "host";  // where its pseudo-gradients were made (outer.global_copy)
   std::optional<inner::EvalStats> last_eval;
 };

@@ -462,7 +462,7 @@ void SayStopped(const outer::SyncServer& sync, const std::string& who, FILE* out
   }
   std::fprintf(out, "%s: stopped after %llu rounds%s\n", who.c_str(),
                (unsigned long long)sync.committed_rounds(),
-               hashes.empty() ? "" : absl::StrCat(", params ", hashes).c_str());
+               hashes.empty() ? "" : absl::StrCat(", global params ", hashes).c_str());
   std::fflush(out);
 }
 

@@ -89,6 +89,70 @@ TEST_F(NewcomerTest, AMissingRelativePathSaysWhereItWasLookedFor) {
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("run")));
 }
 
+// A run's console: the warm start says why its rounds come fast, rounds are named by the ids
+// rounds.jsonl and the islands use, no progress line reads 0.0k tok/s, and the islands print the
+// global hash as the coordinator does (one per fragment).
+TEST_F(NewcomerTest, ALocalRunsLinesAgreeWithEachOtherAndTheFiles) {
+  auto r = Atoll("local --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " + dir_.Join("run") +
+                 " --model.n_layer=2 --train.steps=8 --train.eval_every=0 --outer.sync_every=4"
+                 " --outer.num_fragments=2"
+                 " --outer.warm_start_steps=3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("the warm start's first 3 steps are rounds of one step each"));
+  EXPECT_THAT(r.output, HasSubstr(" round 0 committed (1/10): island0+island1"));
+  EXPECT_THAT(r.output, HasSubstr("] fragment 0 round 0 merged at step 1"));
+  EXPECT_THAT(r.output, Not(HasSubstr("0.0k tok/s")));
+  EXPECT_THAT(r.output, Not(HasSubstr("ETA ?")));
+  const auto at = r.output.find("stopped after ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const auto hashes_at = r.output.find("global params ", at);
+  ASSERT_NE(hashes_at, std::string::npos) << r.output;
+  const std::string hashes = r.output.substr(hashes_at, r.output.find('\n', hashes_at) - hashes_at);
+  EXPECT_EQ(hashes.size(), std::string("global params ").size() + 2 * 16 + 1) << hashes;  // two fragments
+  EXPECT_THAT(r.output, HasSubstr("[island0] done at step 8 after"));
+  for (const char* island : {"[island0] done", "[island1] done"}) {
+    const auto line_at = r.output.find(island);
+    ASSERT_NE(line_at, std::string::npos) << r.output;
+    const std::string line = r.output.substr(line_at, r.output.find('\n', line_at) - line_at);
+    EXPECT_THAT(line, ::testing::EndsWith(hashes)) << island;
+  }
+  // rounds.jsonl names the last round as the console did.
+  const std::string rounds = testing::ReadFile(dir_.Join("run/coordinator/rounds.jsonl"));
+  EXPECT_THAT(rounds, HasSubstr("\"round\":4"));
+  EXPECT_THAT(r.output, HasSubstr("round 4 committed ("));
+}
+
+// "What the binary prints" quoted in the READMEs is what it prints: the planner's figures through
+// atoll's star for a 1B model (outer/README.md, "Planning a run").
+TEST(DocumentationTest, ThePlannersQuotedFiguresAreWhatItPrints) {
+  const std::string readme = testing::ReadFile(ATOLL_SOURCE_DIR "/outer/README.md");
+  const std::string plan = "plan --params 1e9 --step-time 0.1 --target-utilization 0.95 --latency 25ms "
+                           "--connections 16";
+  // The figure "X% at most" of a method's line.
+  const auto reach = [](const std::string& output, const std::string& method) {
+    const auto at = output.find(method + ": ");
+    if (at == std::string::npos) return std::string("(no line for " + method + ")");
+    const auto reaches = output.find("reaches ", at);
+    return output.substr(reaches + 8, output.find(" at most", reaches) - reaches - 8);
+  };
+  auto one = Atoll(plan);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_THAT(readme, HasSubstr("four latencies cap it at " +
+                                reach(one.output, "Streaming, H = 100, P = 8, tau = 1, fp4_e2m1")));
+  auto eight = Atoll(plan + " --service-threads 8");
+  ASSERT_EQ(eight.exit_code, 0) << eight.output;
+  EXPECT_THAT(readme, HasSubstr("DiLoCo then reaches " + reach(eight.output, "DiLoCo, H = 100, bf16") +
+                                " at most, Streaming FP4 with tau = 1 " +
+                                reach(eight.output, "Streaming, H = 100, P = 8, tau = 1, fp4_e2m1")));
+}
+
+// `train --help` and the README agree on the device's default.
+TEST(DocumentationTest, TheDeviceDefaultIsTheOneDocumented) {
+  auto help = Atoll("train --help");
+  EXPECT_THAT(help.output, HasSubstr("\"cpu\" (the default)"));
+  EXPECT_THAT(testing::ReadFile(ATOLL_SOURCE_DIR "/inner/README.md"), HasSubstr("`cpu` (default)"));
+}
+
 // The first progress line's rate is measured (it read "0.0k tok/s | ETA ?"): from when the
 // steps began to the first log step.
 TEST(ProgressTest, TheFirstLineHasARateAndAnEta) {
