@@ -159,6 +159,10 @@ class IslandSession {
   absl::Status Rejoin(IslandRanks& ranks);
   // Stops the heartbeats and says goodbye (best effort: the service also drops silent islands).
   void Leave();
+  // Tells the island's console (SessionOptions::say; nothing on other ranks).
+  void Say(const std::string& line) const {
+    if (options_.say) options_.say(line);
+  }
 
  private:
   IslandSession(Transport& transport, SessionOptions options, pb::JoinResponse joined);

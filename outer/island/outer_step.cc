@@ -339,6 +339,15 @@ absl::Status OuterStepHook::Land(bool keep_local) {
   InFlight job = std::move(in_flight_.front());
   in_flight_.pop_front();
   const auto t0 = std::chrono::steady_clock::now();
+  // A wait of more than a few seconds (a slower or stalled island) says what it waits for.
+  const auto every = std::chrono::duration<double>(options_.island.retry.say_every_s);
+  while (job.result.wait_for(every) != std::future_status::ready) {
+    session_.Say(absl::StrFormat(
+        "waiting %.0f s for fragment %d's update from %s (pushed at step %d; a sync round "
+        "commits once every member's push has arrived)",
+        Since(t0), job.fragment, transport_.address().empty() ? "the service" : transport_.address(),
+        job.pushed_at));
+  }
   auto outcome = job.result.get();
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;

@@ -153,6 +153,20 @@ TEST(DocumentationTest, TheDeviceDefaultIsTheOneDocumented) {
   EXPECT_THAT(testing::ReadFile(ATOLL_SOURCE_DIR "/inner/README.md"), HasSubstr("`cpu` (default)"));
 }
 
+// An island that waits for a round (here for a stalled peer, within its lease) says so every few
+// seconds instead of going silent.
+TEST_F(NewcomerTest, AnIslandWaitingForARoundSaysWhatItWaitsFor) {
+  auto r = Atoll("local --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " + dir_.Join("run") +
+                 " --train.steps=16 --train.eval_every=0 --outer.sync_every=4 --outer.heartbeat_s=0.2"
+                 " --outer.lease_s=20 --throttle 10,10 --stop island1@round2:5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("SIGSTOP to island1 for 5.0 s"));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex(
+                            "\\[island0\\] waiting [0-9]+ s for fragment 0's update from 127.0.0.1:[0-9]+ "
+                            "\\(pushed at step [0-9]+; a sync round commits once every member's push has "
+                            "arrived\\)"));
+}
+
 // The first progress line's rate is measured (it read "0.0k tok/s | ETA ?"): from when the
 // steps began to the first log step.
 TEST(ProgressTest, TheFirstLineHasARateAndAnEta) {
