@@ -289,10 +289,12 @@ TEST(ChaosTest, ALeavingIslandPushesItsLastSteps) {
       // No evaluation at the round's step: the SIGTERM finds the island training, not evaluating.
       "--throttle 30,30 --train.steps=48 --train.eval_every=0 --term island1@round3");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("[island1] leaving: the last ")) << run.output;
   const auto left = testing::IslandSummary(dir, "island1");
   const uint64_t trained = left["step"].get<uint64_t>();
   EXPECT_LT(trained, 48u);
+  // Mid-round (the usual case) it pushes the steps since its last push; on a loaded host the
+  // SIGTERM can land exactly on a push, with nothing left to send.
+  if (trained % 8 != 0) EXPECT_THAT(run.output, HasSubstr("[island1] leaving: the last ")) << run.output;
   // Island1's share of the committed tokens, from the rounds' token ledger: all it trained.
   uint64_t island1 = 0;
   for (const auto& r : testing::ServiceRounds(dir)) {
