@@ -77,10 +77,14 @@ inline std::string NearestName(const std::string& got, const std::vector<std::st
   return best;
 }
 
-// " (did you mean "x"?)" for the nearest candidate, or "".
-inline std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates) {
+// " (did you mean "x"?)" for the nearest candidate, or "". `quote` the value's quotes (config
+// keys and commands are named in '...'), `prefix` what the name is written with ("--").
+inline std::string DidYouMean(const std::string& got, const std::vector<std::string>& candidates,
+                              char quote = '"', const std::string& prefix = "") {
   const std::string near = NearestName(got, candidates);
-  return near.empty() ? "" : absl::StrCat(" (did you mean \"", near, "\"?)");
+  if (near.empty()) return "";
+  const std::string q(1, quote);
+  return absl::StrCat(" (did you mean ", q, prefix, near, q, "?)");
 }
 
 template <class E>

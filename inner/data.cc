@@ -131,7 +131,7 @@ std::string RelativePathNote(const std::string& path, const std::string& key) {
   return absl::StrCat(", relative to the working directory ", cwd.string(),
                       " (relative paths in a config are read from the working directory: run "
                       "where they point, e.g. the repository root for deploy/configs/, or give ",
-                      key.empty() ? "the path" : key, " as an absolute path)");
+                      key, " as an absolute path)");
 }
 
 std::string NotFoundNote(const absl::Status& status, const std::string& path, const std::string& key) {

@@ -60,9 +60,8 @@ absl::StatusOr<std::vector<std::string>> ResolveFiles(const std::string& spec);
 
 // For a relative path that names nothing: ", relative to the working directory /w (paths in a
 // config are read from the working directory: run where they point, e.g. the repository root for
-// deploy/configs/, or give KEY an absolute path)"; "" for an absolute one. `key` is e.g.
-// "data.path"; empty: the hint names none.
-std::string RelativePathNote(const std::string& path, const std::string& key = "");
+// deploy/configs/, or give KEY an absolute path)"; "" for an absolute one. `key`: e.g. "data.path".
+std::string RelativePathNote(const std::string& path, const std::string& key);
 // The same when `status` is NOT_FOUND, else "".
 std::string NotFoundNote(const absl::Status& status, const std::string& path, const std::string& key);
 

@@ -46,6 +46,9 @@ struct SyncPhases {
   int64_t warm_start_steps = 0;
   int early_sync_every = 0;      // 0: no early phase (early_sync_steps ignored)
   int64_t early_sync_steps = 0;  // a multiple of early_sync_every
+  // A warm-start round other than the last: one of the quick rounds whose console lines are
+  // summarised (the coordinator's and the islands').
+  bool QuickRound(uint64_t round) const { return int64_t(round) + 1 < warm_start_steps; }
 };
 
 // Fragment p syncs after inner steps t > 0 with t = t_p (mod H), t_p = floor(p * H / P): the

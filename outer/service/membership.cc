@@ -168,7 +168,6 @@ absl::StatusOr<Member> Membership::Join(const std::string& name, int preferred_s
   m.name = name;
   m.data_stream = uint32_t(stream);
   m.last_seen = now;
-  m.joined_at = now;
   m.session = NewCredential();
   m.required_from = RequiredFrom(rounds, first_rounds);
   members_[name] = m;

@@ -65,13 +65,11 @@ struct Member {
   // since; a first contribution may reach back to that step, later ones cover their round only.
   int64_t resume_floor = -1;
   std::vector<bool> contributed;
-  // For flagging claims above its throughput (SyncServer::FlagClaimLocked): when it joined, the
-  // tokens its contributions have claimed since (summed over the fragments), the highest
-  // throughput its heartbeats reported (per second of compute), and how many of its contributions
-  // were flagged. Each
+  // For flagging claims above its throughput (SyncServer::FlagClaimLocked): the tokens its
+  // contributions have claimed (summed over the fragments), the highest throughput its heartbeats
+  // reported (per second of compute), and how many of its contributions were flagged. Each
   // fragment's first contribution may hold work from before the join (a rejoin after a lost link
   // or a coordinator restart): the flag counts from the first contribution, without those.
-  absl::Time joined_at;
   uint64_t tokens_claimed = 0;
   uint64_t tokens_first = 0;                   // of the first contribution of each fragment
   std::optional<absl::Time> first_contribution_at;

@@ -444,10 +444,8 @@ absl::Status CheckCommandNames(const CLI::App& app, int argc, char** argv) {
       if (sub->get_name() == arg) next = sub;
     }
     if (next == nullptr) {
-      const std::string near = NearestName(arg, names);
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown command '", path, " ", arg, "'",
-          near.empty() ? "" : absl::StrCat(" (did you mean '", path, " ", near, "'?)"),
+          "unknown command '", path, " ", arg, "'", DidYouMean(arg, names, '\'', path + " "),
           "; the commands are ", absl::StrJoin(names, ", "), " (", path, " --help)"));
     }
     level = next;
@@ -466,8 +464,7 @@ absl::Status CheckOverrideNames(const CLI::App& command, const std::vector<atl::
   names.insert(names.end(), keys.begin(), keys.end());
   for (const auto& [key, value] : overrides) {
     if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
-    const std::string near = NearestName(key, names);
-    const std::string hint = near.empty() ? "" : absl::StrCat(" (did you mean '--", near, "'?)");
+    const std::string hint = DidYouMean(key, names, '\'', "--");
     if (key.find('.') != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("unknown config key '", key, "' (command line)", hint));
     }

@@ -2,10 +2,9 @@
 
 #include <toml++/toml.h>
 
+#include <charconv>
 #include <cinttypes>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -190,9 +189,8 @@ absl::Status Unknown(const std::string& key, const std::string& where,
                      const std::vector<Field>& schema) {
   std::vector<std::string> keys;
   for (const auto& f : schema) keys.push_back(f.key);
-  const std::string near = NearestName(key, keys);
-  return absl::InvalidArgumentError(absl::StrCat("unknown config key '", key, "'", where,
-                                                 near.empty() ? "" : " (did you mean '" + near + "'?)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown config key '", key, "'", where, DidYouMean(key, keys, '\'')));
 }
 
 absl::Status Walk(const toml::table& table, const std::string& prefix, std::vector<Field>& schema,
@@ -306,11 +304,7 @@ std::string ShortestFloat(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char text[40];
-  for (int digits = 15; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof(text), "%.*g", digits, v);
-    if (std::strtod(text, nullptr) == v) break;
-  }
-  std::string out = text;
+  std::string out(text, std::to_chars(text, text + sizeof(text), v).ptr);
   if (out.find_first_of(".e") == std::string::npos) out += ".0";
   return out;
 }

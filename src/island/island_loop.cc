@@ -403,7 +403,8 @@ absl::Status IslandRun::OpenOutputs() {
   summary_.island_id = island_id;
   outer_->set_observer([this](const outer::LandedRound& r) {
     monitor_->OnRound(r.fragment, r.outcome, r.idle_s);
-    const bool quick = !async_ && int64_t(r.outcome.round) + 1 < config_.outer.phases.warm_start_steps;
+    const bool quick =
+        !async_ && config_.outer.phases.QuickRound(r.outcome.round) && !r.outcome.resynced;
     ReportRound(r, async_, trainer_->tokens(), Since(start_), *metrics_, *progress_, label_,
                 round_lines_.Take(quick, Since(start_)));
   });

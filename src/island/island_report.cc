@@ -155,7 +155,7 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
                   label, r.fragment, o.round, r.step, r.pushed_at, r.idle_s,
                   o.bytes_sent / 1024, o.contributors);
   if (o.resynced) line += " (resynced: " + o.resync_reason + ")";
-  if (shown || o.resynced) progress.Message(line + shown.value_or(""));
+  if (shown) progress.Message(line + *shown);
 }
 
 void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bool async,

@@ -527,8 +527,8 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const uint64_t n = sync_rounds.fetch_add(1) + 1;
     // The warm start's one-step rounds (but its last) print a line every 2 s.
-    const bool quick = !config.outer.async() &&
-                       int64_t(r.round) + 1 < config.outer.phases.warm_start_steps && n < total_rounds;
+    const bool quick =
+        !config.outer.async() && config.outer.phases.QuickRound(r.round) && n < total_rounds;
     std::lock_guard<std::mutex> lock(round_lines_mu);  // fragments commit on several threads
     if (const auto more = round_lines.Take(quick, wall)) {
       std::fprintf(options.out, "%s%s\n", CommitLine(config, r, n, total_rounds, wall).c_str(),

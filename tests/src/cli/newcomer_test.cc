@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "inner/train_config.h"
 #include "src/observe/metrics.h"
 #include "tests/rank_util.h"
 #include "tests/src/cli/cli_fixture.h"
@@ -148,9 +149,10 @@ TEST(DocumentationTest, ThePlannersQuotedFiguresAreWhatItPrints) {
 
 // `train --help` and the README agree on the device's default.
 TEST(DocumentationTest, TheDeviceDefaultIsTheOneDocumented) {
+  const std::string device = inner::TrainConfig().device;
   auto help = Atoll("train --help");
-  EXPECT_THAT(help.output, HasSubstr("\"cpu\" (the default)"));
-  EXPECT_THAT(testing::ReadFile(ATOLL_SOURCE_DIR "/inner/README.md"), HasSubstr("`cpu` (default)"));
+  EXPECT_THAT(help.output, HasSubstr("\"" + device + "\" (the default)"));
+  EXPECT_THAT(testing::ReadFile(ATOLL_SOURCE_DIR "/inner/README.md"), HasSubstr("`" + device + "` (default)"));
 }
 
 // An island that waits for a round (here for a stalled peer, within its lease) says so every few

@@ -281,6 +281,52 @@ std::vector<std::string> RoundHashes(const std::string& run) {
   return out;
 }
 
+// The baseline (`atoll train`) starts from an exported file or from a run's state alike: the same
+// losses.
+void ExpectTheBaselineStartsFromTheExportOrTheState(const TempDir& dir, const std::string& file,
+                                                    const std::string& state) {
+  for (const char* name : {"tb", "tc"}) {
+    const std::string from = std::string(name) == "tb" ? file : state;
+    auto r = Atoll("train --config " + dir.Join("run.toml") + " --run-dir " + dir.Join(name) +
+                   " --train.steps=2 --train.init_from=" + from);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  auto losses = [&](const char* name) {
+    std::vector<double> out;
+    std::ifstream in(dir.Join(name) + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"]);
+    return out;
+  };
+  EXPECT_EQ(losses("tb").size(), 2u);
+  EXPECT_EQ(losses("tb"), losses("tc"));
+}
+
+// Generation from a run: the prompt and 24 sampled bytes; the same seed, the same text, with or
+// without the key/value cache; bad sampling flags refused.
+void ExpectGenerateSamplesTheSameTextForTheSameSeed(const std::string& run) {
+  // (stdout only: the tokens per second go to stderr.)
+  const std::string generate = "generate --checkpoint " + run + " --prompt 'The ' --tokens 24 ";
+  auto r = AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.size(), 4u + 24u + 1u);
+  EXPECT_EQ(r.output.substr(0, 4), "The ");
+  EXPECT_EQ(AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9").output,
+            r.output);
+  // The key/value cache samples what the whole window's forward samples (28 bytes fit the
+  // context): the same seed, the same text.
+  EXPECT_EQ(AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9 --no-cache").output,
+            r.output);
+  EXPECT_THAT(Atoll(generate + "--seed 5").output, ::testing::ContainsRegex(
+                                                       "atoll generate: 24 tokens in [0-9.]+ s \\([0-9.]+ "
+                                                       "tokens/s, key/value cache\\)"));
+  r = Atoll(generate + "--temperature -1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--temperature must be in [0, 100]"));
+  r = Atoll(generate + "--top-p 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--top-p must be in (0, 1]"));
+}
+
 TEST(ModelCommandsTest, ExportImportThenOneMoreRoundIsBitExact) {
   TempDir dir;
   testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
@@ -323,21 +369,8 @@ TEST(ModelCommandsTest, ExportImportThenOneMoreRoundIsBitExact) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(testing::ReadFile(dir.Join("a.safetensors")), testing::ReadFile(dir.Join("again.safetensors")));
 
-  // The baseline starts from it too: from the file or from the state, the same run.
-  for (const char* name : {"tb", "tc"}) {
-    const std::string from = std::string(name) == "tb" ? dir.Join("a.safetensors") : dir.Join("a");
-    r = Atoll("train --config " + dir.Join("run.toml") + " --run-dir " + dir.Join(name) +
-              " --train.steps=2 --train.init_from=" + from);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  auto losses = [&](const char* name) {
-    std::vector<double> out;
-    std::ifstream in(dir.Join(name) + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"]);
-    return out;
-  };
-  EXPECT_EQ(losses("tb").size(), 2u);
-  EXPECT_EQ(losses("tb"), losses("tc"));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectTheBaselineStartsFromTheExportOrTheState(dir, dir.Join("a.safetensors"), dir.Join("a")));
 
   // An island's checkpoint exports too; a model that does not fit the run is refused by field.
   r = Atoll("export " + dir.Join("a/island0") + " --names atoll --out " + dir.Join("i.safetensors"));
@@ -348,28 +381,7 @@ TEST(ModelCommandsTest, ExportImportThenOneMoreRoundIsBitExact) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, HasSubstr("has model.d_model = 32, the config 64"));
 
-  // Generation: the prompt and 24 sampled bytes; the same seed, the same text.
-  // (stdout only: the tokens per second go to stderr.)
-  const std::string generate = "generate --checkpoint " + dir.Join("a") + " --prompt 'The ' --tokens 24 ";
-  r = AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output.size(), 4u + 24u + 1u);
-  EXPECT_EQ(r.output.substr(0, 4), "The ");
-  EXPECT_EQ(AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9").output,
-            r.output);
-  // The key/value cache samples what the whole window's forward samples (28 bytes fit the
-  // context): the same seed, the same text.
-  EXPECT_EQ(AtollStdout(generate + "--seed 5 --temperature 0.9 --top-k 20 --top-p 0.9 --no-cache").output,
-            r.output);
-  EXPECT_THAT(Atoll(generate + "--seed 5").output, ::testing::ContainsRegex(
-                                                       "atoll generate: 24 tokens in [0-9.]+ s \\([0-9.]+ "
-                                                       "tokens/s, key/value cache\\)"));
-  r = Atoll(generate + "--temperature -1");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--temperature must be in [0, 100]"));
-  r = Atoll(generate + "--top-p 0");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--top-p must be in (0, 1]"));
+  ASSERT_NO_FATAL_FAILURE(ExpectGenerateSamplesTheSameTextForTheSameSeed(dir.Join("a")));
 }
 
 inner::ModelConfig SmallLlama(bool tied = false) {
