@@ -13,7 +13,8 @@
 namespace atl::outer {
 namespace {
 
-// Says this island has finished, waits until every other one has too (or the round timeout),
+// Says this island has finished, waits until every other one has too (or the round timeout; a
+// restarting coordinator is waited for within it),
 // then applies the rounds (versions) committed since, checking every hash: every island ends on
 // the run's last global parameters, also when another trained on after it (one that came back
 // from a failure trains every step it owes, its rounds after the others'). Rank 0 speaks for the
@@ -26,9 +27,11 @@ absl::Status FinishWithTheRun(OuterStepHook& hook, bool stopped, double timeout_
     absl::StatusOr<pb::HeartbeatResponse> state;
     while (true) {
       state = hook.session().Heartbeat(/*finished=*/true);
-      if (!state.ok()) break;
-      if (state->training_members() == 0 || std::chrono::steady_clock::now() > until) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const bool late = std::chrono::steady_clock::now() > until;
+      // A coordinator that is restarting (UNAVAILABLE) is waited for, as long as the others are.
+      if (!state.ok() && (!IsTransient(state.status()) || late)) break;
+      if (state.ok() && (state->training_members() == 0 || late)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(state.ok() ? 50 : 200));
     }
     versions = state.ok() ? state->SerializeAsString()
                           : std::string("!") + std::string(state.status().message());

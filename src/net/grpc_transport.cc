@@ -11,6 +11,17 @@
 namespace atl {
 namespace {
 
+// A call's status. The transport returns its own status for the calls it cancels itself, so a
+// CANCELLED call is the coordinator's doing: it shut down or restarted during the call (gRPC's
+// Server::Shutdown cancels what is pending), a passing failure like a lost connection.
+absl::Status CallStatus(const grpc::Status& s) {
+  if (s.error_code() == grpc::StatusCode::CANCELLED) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator ended the call (it is shutting down or restarting): ", s.error_message()));
+  }
+  return FromGrpc(s);
+}
+
 // Hands each message of a server stream to `sink`; a sink's error cancels the call and is returned.
 template <typename Response, typename Reader>
 absl::Status ReadInto(grpc::ClientContext& context, Reader& reader,
@@ -26,7 +37,7 @@ absl::Status ReadInto(grpc::ClientContext& context, Reader& reader,
     reader->Finish().ok();  // ends the call; its status is the cancellation
     return taken;
   }
-  return FromGrpc(reader->Finish());
+  return CallStatus(reader->Finish());
 }
 
 // A failed membership call's status with its likely cause, in words a person can act on, before
@@ -60,7 +71,7 @@ absl::Status Explained(const grpc::Status& s, const std::string& target) {
   } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     cause = absl::StrCat("no answer from ", target, " within outer.rpc_timeout_s");
   }
-  if (cause.empty()) return FromGrpc(s);
+  if (cause.empty()) return CallStatus(s);
   return absl::Status(absl::StatusCode(int(s.error_code())),
                       absl::StrCat(cause, " [", s.error_message(), "]"));
 }
@@ -139,7 +150,7 @@ absl::Status GrpcTransport::Leave(const pb::LeaveRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::LeaveResponse response;
-  return FromGrpc(control_->coordinator->Leave(&ctx, request, &response));
+  return CallStatus(control_->coordinator->Leave(&ctx, request, &response));
 }
 
 absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::HeartbeatRequest& request) {
@@ -156,7 +167,7 @@ absl::StatusOr<pb::ShardSyncResponse> GrpcTransport::ShardSync(
   Prepare(&ctx, options_.rpc_timeout_s + 1);
   ctx.set_wait_for_ready(true);  // a coordinator that is (re)starting
   pb::ShardSyncResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->ShardSync(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(CallStatus(control_->coordinator->ShardSync(&ctx, request, &response)));
   return response;
 }
 
@@ -164,7 +175,7 @@ absl::StatusOr<pb::GetStateResponse> GrpcTransport::GetState(const pb::GetStateR
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout_s);
   pb::GetStateResponse response;
-  ATL_RETURN_IF_ERROR(FromGrpc(control_->coordinator->GetState(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(CallStatus(control_->coordinator->GetState(&ctx, request, &response)));
   return response;
 }
 
@@ -185,7 +196,7 @@ absl::StatusOr<pb::PushResponse> GrpcTransport::Push(const outer::PushSource& so
     if (!*more || !writer->Write(r)) break;  // a failed write: the server ended the call
   }
   writer->WritesDone();
-  ATL_RETURN_IF_ERROR(FromGrpc(writer->Finish()));
+  ATL_RETURN_IF_ERROR(CallStatus(writer->Finish()));
   return response;
 }
 
