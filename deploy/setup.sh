@@ -14,6 +14,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
   prometheus-cpp-dev libcpp-httplib-dev libsentencepiece-dev
+  pybind11-dev python3-dev python3-torch python3-pytest
 )
 
 # The test suite also drives a real Prometheus and a headless Chromium (tests/src/observe/monitoring_test.cc),

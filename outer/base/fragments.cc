@@ -52,6 +52,27 @@ absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<int>& groups, int n
   return plan;
 }
 
+std::vector<int> ContiguousGroups(const std::vector<uint64_t>& numels, int num_fragments) {
+  const int p = std::max(1, num_fragments);
+  long double total = 0;
+  for (uint64_t n : numels) total += (long double)n;
+  std::vector<int> groups;
+  long double before = 0;
+  int last = -1;
+  int next = -1;  // consecutive group numbers: runs that meet no parameter's midpoint are skipped
+  for (uint64_t n : numels) {
+    const long double mid = before + (long double)n / 2;
+    const int run = total > 0 ? std::min(p - 1, int(mid * p / total)) : 0;
+    if (run != last) {
+      last = run;
+      ++next;
+    }
+    groups.push_back(next);
+    before += (long double)n;
+  }
+  return groups;
+}
+
 SyncSchedule::SyncSchedule(int sync_every, int num_fragments, SyncPhases phases)
     : h_(std::max(1, sync_every)), p_(std::max(1, num_fragments)), phases_(phases) {
   phases_.warm_start_steps = std::max<int64_t>(0, phases_.warm_start_steps);

@@ -35,6 +35,10 @@ struct FragmentPlan {
 // final norm and the head with the last block). Refuses P < 1 or more fragments than groups.
 absl::StatusOr<FragmentPlan> PlanFragments(const std::vector<int>& groups, int num_fragments,
                                            FragmentPattern pattern);
+// The groups of a model without blocks (a module atoll does not build, e.g. from Python): the
+// parameters (their sizes, in order) in contiguous runs of about equal elements, at most
+// `num_fragments` of them, so that the sequential pattern makes fragments of about equal size.
+std::vector<int> ContiguousGroups(const std::vector<uint64_t>& numels, int num_fragments);
 
 // How often the islands sync before the run settles on its H (both off by default):
 //   warm start: the first `warm_start_steps` steps are rounds of one step each, every fragment,

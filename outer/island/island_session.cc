@@ -60,6 +60,20 @@ RetryPolicy Saying(const SessionOptions& options, const Transport& transport, co
   return retry;
 }
 
+pb::JoinRequest JoinRequestOf(const SessionOptions& options) {
+  pb::JoinRequest join;
+  join.set_run_id(options.run_id);
+  join.set_name(options.name);
+  join.set_config_hash(options.config_hash);
+  join.set_data_parallel(options.data_parallel);
+  for (const auto& [name, numel] : options.parameters) {
+    auto* p = join.add_parameters();
+    p->set_name(name);
+    p->set_numel(numel);
+  }
+  return join;
+}
+
 }  // namespace
 
 void IslandSession::KeepCredential() const {
@@ -76,11 +90,7 @@ void IslandSession::KeepCredential() const {
 absl::StatusOr<std::unique_ptr<IslandSession>> IslandSession::Join(Transport& transport,
                                                                    SessionOptions options) {
   EndOldMembership(transport, options);
-  pb::JoinRequest join;
-  join.set_run_id(options.run_id);
-  join.set_name(options.name);
-  join.set_config_hash(options.config_hash);
-  join.set_data_parallel(options.data_parallel);
+  const pb::JoinRequest join = JoinRequestOf(options);
   if (options.say) {
     options.say(absl::StrCat("joining run '", options.run_id, "' at ", CoordinatorAt(transport)));
   }
@@ -228,11 +238,7 @@ std::optional<absl::Status> IslandSession::TakeRefusal() {
 absl::Status IslandSession::Rejoin(IslandRanks& ranks) {
   std::string shared;
   if (!follower_) {
-    pb::JoinRequest join;
-    join.set_run_id(options_.run_id);
-    join.set_name(options_.name);
-    join.set_config_hash(options_.config_hash);
-    join.set_data_parallel(options_.data_parallel);
+    pb::JoinRequest join = JoinRequestOf(options_);
     join.set_preferred_data_stream(data_stream_ + 1);
     auto again = Retry(Saying(options_, transport_, "rejoining"), [&] { return transport_.Join(join); });
     if (absl::IsAlreadyExists(again.status())) {

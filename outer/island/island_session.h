@@ -19,6 +19,8 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "outer/island/island_sync.h"
@@ -82,6 +84,9 @@ struct SessionOptions {
   std::string run_id;
   std::string name;
   uint64_t config_hash = 0;  // of the island's [model]
+  // The island's parameters (names and sizes, in order), sent with its joins so that a refusal
+  // for a different model names the first parameter that differs; empty: not sent.
+  std::vector<std::pair<std::string, uint64_t>> parameters;
   uint32_t data_parallel = 1;  // the island's data-parallel ranks (its weight per step)
   double heartbeat_s = 1;
   RetryPolicy retry;

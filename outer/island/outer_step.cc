@@ -280,6 +280,11 @@ bool OuterStepHook::PushesAfter(int64_t t) const {
   return policy_->IsLast(t) || !policy_->DueAfter(t).empty();
 }
 
+uint64_t OuterStepHook::TokensSincePush(uint32_t f, int64_t t) const {
+  if (auto counted = model_.TokensBetween(last_push_[f], t)) return *counted;
+  return uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
+}
+
 void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_per_s) {
   InFlight job;
   job.fragment = f;
@@ -288,7 +293,7 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   job.apply_at = apply_at;
   job.bytes = compression::EncodedBytes(options_.island.sync.codec, syncs_[f]->global().size());
   job.averaging = policy_->WarmStartAfter(t);
-  const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
+  const uint64_t tokens = TokensSincePush(f, t);
   last_push_[f] = t;
   policy_->Pushed(f, t);
   if (DeviceCopy* copy = model_.device_copy(f)) {

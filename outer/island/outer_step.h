@@ -48,6 +48,12 @@ class IslandModel {
   virtual void JumpToStep(int64_t step) = 0;
   // Async: the learning-rate schedule follows the run's progress, not this island's steps.
   virtual void FollowRunProgress(int64_t position) = 0;
+  // The tokens the island trained in steps (from, to]: by default the steps times the island's
+  // fixed tokens per step (OuterStepOptions); a model whose steps differ (a Python loop's
+  // batches) counts its own.
+  virtual std::optional<uint64_t> TokensBetween(int64_t /*from*/, int64_t /*to*/) const {
+    return std::nullopt;
+  }
 };
 
 // What a rank carries of a fragment: the ranges [begin, end) of its `elements` it owns (empty: the
@@ -218,6 +224,8 @@ class OuterStepHook {
   // The ranges of fragment f this rank holds and their hashes (for the round records).
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t>> RangeHashes(uint32_t f) const;
   uint64_t round() const { return syncs_[0]->round(); }
+  // The open round of each fragment, as the island holds them.
+  std::vector<uint64_t> Rounds() const;
   IslandSession& session() { return session_; }
   IslandRanks& ranks() { return ranks_; }
 
@@ -238,8 +246,6 @@ class OuterStepHook {
   absl::Status CatchUp(const std::vector<uint64_t>& versions);
 
  private:
-  // The open round of each fragment, as the island holds them.
-  std::vector<uint64_t> Rounds() const;
   struct InFlight {
     uint32_t fragment = 0;
     int64_t pushed_at = 0, apply_at = 0;
@@ -257,6 +263,8 @@ class OuterStepHook {
   // Pushes that did not reach the service (dropped island, lost connection), kept for the rejoin.
   std::vector<InFlight> refused_;
   void Push(uint32_t fragment, int64_t t, int64_t apply_at, double steps_per_s);
+  // The tokens of fragment f's next push: those of the steps since its last push.
+  uint64_t TokensSincePush(uint32_t f, int64_t t) const;
   // Waits for the oldest round in flight and merges it: keep_local, with the island's progress
   // since the push (the alpha merge, or eager updates); else the island takes the global
   // parameters (a rejoin, the run's end, a reload).

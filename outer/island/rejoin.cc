@@ -167,13 +167,12 @@ absl::Status OuterStepHook::LeaveWithProgress() {
   for (uint32_t f = 0; f < syncs_.size(); ++f) {
     IslandSync& sync = *syncs_[f];
     if (t <= last_push_[f] || !sync.carried() || model_.device_copy(f) != nullptr) continue;
-    const uint64_t tokens = uint64_t(t - last_push_[f]) * uint64_t(options_.tokens_per_step);
-    auto pushed = sync.Contribute(model_.Snapshot(f), tokens, uint64_t(t));
+    auto pushed = sync.Contribute(model_.Snapshot(f), TokensSincePush(f, t), uint64_t(t));
     if (on_message && ranks_.rank() == 0) {
       on_message(pushed.ok()
                      ? absl::StrFormat("leaving: the last %d step(s) of fragment %d pushed to its "
                                        "round %d%s",
-                                       t - last_push_[f], f, sync.round() + 1,
+                                       t - last_push_[f], f, sync.round(),
                                        pushed->late() ? " (late)" : "")
                      : absl::StrCat("leaving: the last steps of fragment ", f,
                                     " were not taken: ", pushed.status().message()));

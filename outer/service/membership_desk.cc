@@ -16,14 +16,39 @@ absl::Status MembershipDesk::CheckMembershipCall() const {
                    "': joins, heartbeats and leaves go to the run's coordinator"));
 }
 
+// Where an island's parameters (JoinRequest.parameters) first differ from the run's: "; the
+// run's parameter 3 is 'h.0.w' of 4096 elements, the island's 'h.0.w' of 2048" (empty: none sent).
+std::string MembershipDesk::LayoutDifference(const pb::JoinRequest& request) const {
+  if (request.parameters_size() == 0) return "";
+  std::vector<std::pair<const std::string*, uint64_t>> run;
+  for (const auto& fragment : core_.fragments) {
+    for (size_t i = 0; i < fragment.layout.names.size(); ++i) {
+      run.emplace_back(&fragment.layout.names[i], fragment.layout.numels[i]);
+    }
+  }
+  const auto& mine = request.parameters();
+  const size_t n = std::min(run.size(), size_t(mine.size()));
+  for (size_t i = 0; i < n; ++i) {
+    const auto& p = mine[int(i)];
+    if (*run[i].first == p.name() && run[i].second == p.numel()) continue;
+    return absl::StrFormat("; the run's parameter %d is %s of %d elements, the island's %s of %d",
+                           i, outer::Printable(*run[i].first, 256), run[i].second,
+                           outer::Printable(p.name(), 256), p.numel());
+  }
+  if (run.size() != size_t(mine.size())) {
+    return absl::StrFormat("; the run has %d parameters, the island %d", run.size(), mine.size());
+  }
+  return "; the parameters' names and sizes agree: a shape or another setting differs";
+}
+
 absl::StatusOr<pb::JoinResponse> MembershipDesk::Join(const pb::JoinRequest& request) {
   ATL_RETURN_IF_ERROR(core_.CheckRun(request.run_id()));
   ATL_RETURN_IF_ERROR(CheckMembershipCall());
   if (request.config_hash() != core_.options.config_hash) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "the island's [model] config differs from the run's (hash %016x, the run's %016x): both "
-        "must build the same model",
-        request.config_hash(), core_.options.config_hash));
+        "must build the same model%s",
+        request.config_hash(), core_.options.config_hash, LayoutDifference(request)));
   }
   const uint32_t data_parallel = std::max<uint32_t>(1, request.data_parallel());
   if (data_parallel > kMaxDataParallel) {

@@ -39,6 +39,8 @@ class MembershipDesk {
  private:
   // A shard server refuses joins, heartbeats and leaves (the coordinator takes them).
   absl::Status CheckMembershipCall() const;
+  // Where a refused joiner's parameters first differ from the run's (a sentence, or empty).
+  std::string LayoutDifference(const pb::JoinRequest& request) const;
   // A member must present its session; a non-member passes (the caller refuses it its own way).
   absl::Status AuthenticateMemberLocked(const std::string& island, const std::string& session) const;
   // The answer to a join.

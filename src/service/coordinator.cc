@@ -34,43 +34,6 @@
 
 namespace atl {
 
-absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config, int shard) {
-  const outer::SyncServerOptions o = outer::ServiceOptions(
-      config.outer,
-      {uint64_t(config.train.steps), config.tokens_per_rank_step(), ModelConfigHash(config.model)},
-      shard);
-  std::vector<outer::FragmentLayout> layouts;
-  std::vector<std::vector<float>> initial;
-  {
-    // The model lives only while its parameters are copied out: the service's memory never holds
-    // them twice once it runs.
-    const inner::CausalLm model = inner::BuildModel(config.model);
-    const NamedParams params = inner::NamedParameters(*model);
-    if (!config.train.init_from.empty()) {
-      ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
-      ATL_RETURN_IF_ERROR(CopyInto(weights, params));
-    }
-    const auto layout = LayoutOf(params);
-    ATL_ASSIGN_OR_RETURN(
-        auto plan,
-        outer::PlanFragments(inner::FragmentGroups(inner::PlanOf(config.model), layout.names),
-                             config.outer.num_fragments,
-                             config.outer.fragment_pattern));
-    for (const auto& indices : plan.parameters) {
-      outer::FragmentLayout l;
-      for (size_t i : indices) {
-        l.names.push_back(layout.names[i]);
-        l.numels.push_back(layout.numels[i]);
-      }
-      // A sharded service: the coordinator and each shard keep only the fragments they hold.
-      initial.push_back(outer::ShardOwns(o, uint32_t(layouts.size())) ? Flatten(inner::PlanOf(config.model), params, indices)
-                                                                     : std::vector<float>());
-      layouts.push_back(std::move(l));
-    }
-  }
-  return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
-}
-
 namespace {
 
 constexpr const char* kStateFile = "service-state.pb";
@@ -466,6 +429,48 @@ void SayStopped(const outer::SyncServer& sync, const std::string& who, FILE* out
   std::fflush(out);
 }
 
+// What each commit tells: the monitor, the console (the warm start's one-step rounds, but its
+// last, a line every 2 s), the state writer, rounds.jsonl and the embedding caller. Fragments
+// commit on several threads.
+class CommitReports {
+ public:
+  CommitReports(const Config& config, const CoordinatorOptions& options, uint64_t total_rounds,
+                uint64_t committed, ServiceMonitor& monitor, Durability& durable)
+      : config_(config), options_(options), total_rounds_(total_rounds), committed_(committed),
+        monitor_(monitor), durable_(durable) {}
+
+  void OnCommit(const outer::CommittedRound& r) {
+    monitor_.OnCommit(r);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const uint64_t n = committed_.fetch_add(1) + 1;
+    const bool quick =
+        !config_.outer.async() && config_.outer.phases.QuickRound(r.round) && n < total_rounds_;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (const auto more = round_lines_.Take(quick, wall)) {
+      std::fprintf(options_.out, "%s%s\n", CommitLine(config_, r, n, total_rounds_, wall).c_str(),
+                   more->c_str());
+      std::fflush(options_.out);
+    }
+    if (durable_.writer) durable_.writer->Committed();
+    if (durable_.rounds_log || options_.on_round) {
+      const nlohmann::json record = RoundRecord(r, wall);
+      if (durable_.rounds_log) durable_.rounds_log->Write(record);
+      if (options_.on_round) options_.on_round(record.dump());
+    }
+  }
+
+ private:
+  const Config& config_;
+  const CoordinatorOptions& options_;
+  const uint64_t total_rounds_;
+  std::atomic<uint64_t> committed_;  // > 0 after a resume
+  ServiceMonitor& monitor_;
+  Durability& durable_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::mutex mu_;
+  RoundLines round_lines_{2.0};
+};
+
 }  // namespace
 
 // "atoll coordinator: run 'atoll' listening on ADDRESS (...)", and what a newcomer would wonder
@@ -509,35 +514,18 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   if (options.resume) initial.train.init_from.clear();  // the state file holds the parameters
   ATL_ASSIGN_OR_RETURN(
       auto made,
-      MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane));
+      MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane,
+                     options.module));
   auto sync = std::move(made);
   ATL_ASSIGN_OR_RETURN(Durability durable, OpenDurability(config, options, who, *sync));
   const uint64_t total_rounds = TotalRounds(config, sync->options());
-  const auto start = std::chrono::steady_clock::now();
-  std::atomic<uint64_t> sync_rounds{sync->committed_rounds()};  // > 0 after a resume
   TrafficCounters traffic;
   ServiceMonitor monitor(*sync, &traffic,
                          RunFacts{config.outer.run_id, config.outer.async(), config.outer.islands,
                                   config.outer.sync_every, config.outer.num_fragments, total_rounds,
                                   config.train.steps});
-  RoundLines round_lines{2.0};
-  std::mutex round_lines_mu;
-  sync->SetCommitListener([&](const outer::CommittedRound& r) {
-    monitor.OnCommit(r);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const uint64_t n = sync_rounds.fetch_add(1) + 1;
-    // The warm start's one-step rounds (but its last) print a line every 2 s.
-    const bool quick =
-        !config.outer.async() && config.outer.phases.QuickRound(r.round) && n < total_rounds;
-    std::lock_guard<std::mutex> lock(round_lines_mu);  // fragments commit on several threads
-    if (const auto more = round_lines.Take(quick, wall)) {
-      std::fprintf(options.out, "%s%s\n", CommitLine(config, r, n, total_rounds, wall).c_str(),
-                   more->c_str());
-      std::fflush(options.out);
-    }
-    if (durable.writer) durable.writer->Committed();
-    if (durable.rounds_log) durable.rounds_log->Write(RoundRecord(r, wall));
-  });
+  CommitReports reports(config, options, total_rounds, sync->committed_rounds(), monitor, durable);
+  sync->SetCommitListener([&](const outer::CommittedRound& r) { reports.OnCommit(r); });
   sync->SetEventListener([&](const std::string& line) {
     std::fprintf(options.out, "%s\n", line.c_str());
     std::fflush(options.out);
@@ -554,10 +542,12 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                sync->options().token_budget, /*fresh=*/sync->committed_rounds() == 0);
   std::fflush(options.out);
   ATL_ASSIGN_OR_RETURN(auto http, StartHttp(options, monitor));
+  if (options.on_serving) options.on_serving(server->address(), *sync);
   const absl::Status ended = ServeUntilDone(config, options, total_rounds, *sync, link.get(), monitor);
   link.reset();
   http.clear();
   server->Shutdown();
+  if (options.on_stopped) options.on_stopped(*sync);
   if (durable.writer) {
     const int writes = durable.writer->writes();
     const double slowest = durable.writer->max_write_s();

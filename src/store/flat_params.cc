@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "compression/checksum.h"
 
 namespace atl {
@@ -89,6 +90,14 @@ uint64_t ModelConfigHash(const inner::ModelConfig& m) {
         absl::StrAppend(&s, "/", int64_t(v));
       }
     }
+  }
+  return compression::Checksum(s.data(), s.size());
+}
+
+uint64_t LayoutHash(const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+  std::string s = "module layout 1";
+  for (const auto& [name, shape] : shapes) {
+    absl::StrAppend(&s, "/", name, ":", absl::StrJoin(shape, "x"));
   }
   return compression::Checksum(s.data(), s.size());
 }

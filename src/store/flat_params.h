@@ -32,6 +32,9 @@ void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
 
 // XXH64 of the resolved [model] config: islands and service must build the same model.
 uint64_t ModelConfigHash(const inner::ModelConfig& model);
+// The same for a model atoll does not build (a Python module): XXH64 of its parameters' names and
+// shapes, in order.
+uint64_t LayoutHash(const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes);
 
 }  // namespace atl
 

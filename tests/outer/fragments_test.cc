@@ -181,5 +181,21 @@ TEST(SyncScheduleTest, ResumeStepLetsEveryFragmentPushItsOpenRoundNext) {
   EXPECT_EQ(two.ResumeStep({2, 1}), 5);
 }
 
+// A module atoll does not build (from Python): contiguous runs of its parameters, balanced by
+// elements, one group per fragment where the sizes allow it.
+TEST(FragmentsTest, ContiguousGroupsBalanceElements) {
+  EXPECT_EQ(ContiguousGroups({100, 1, 1, 100}, 2), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(ContiguousGroups({10, 10, 10, 10, 10, 10}, 3), (std::vector<int>{0, 0, 1, 1, 2, 2}));
+  EXPECT_EQ(ContiguousGroups({5, 5}, 1), (std::vector<int>{0, 0}));
+  auto plan = PlanFragments(ContiguousGroups({100, 1, 1, 100}, 2), 2, FragmentPattern::kStrided);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->parameters, (std::vector<std::vector<size_t>>{{0, 1}, {2, 3}}));
+  // One parameter holds nearly everything: fewer runs than fragments, refused by name.
+  const auto groups = ContiguousGroups({1000, 1, 1}, 3);
+  EXPECT_EQ(groups, (std::vector<int>{0, 1, 1}));
+  EXPECT_THAT(PlanFragments(groups, 3, FragmentPattern::kSequential).status().message(),
+              ::testing::HasSubstr("outer.num_fragments must be in [1, 2]"));
+}
+
 }  // namespace
 }  // namespace atl::outer

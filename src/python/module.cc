@@ -1,0 +1,394 @@
+// The `atoll._core` extension: the island around a user's parameters (src/python/tensor_island.h),
+// the embedded coordinator (src/python/embedded_coordinator.h) and the codecs, for the Python
+// package `atoll` (src/python/atoll/__init__.py wraps them for users). Tensors cross as the same
+// objects (python3-torch and libtorch are one build); errors cross as atoll.Error subclasses
+// carrying atoll's message and canonical status code; calls that wait on the network release the
+// GIL.
+#include <torch/extension.h>
+
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "compression/codec.h"
+#include "compression/checksum.h"
+#include "inner/model_config.h"
+#include "inner/train_config.h"
+#include "outer/base/outer_config.h"
+#include "src/config/config.h"
+#include "src/python/embedded_coordinator.h"
+#include "src/python/tensor_island.h"
+#include "src/store/flat_params.h"
+
+namespace py = pybind11;
+
+namespace atl::python {
+namespace {
+
+// ---- errors
+
+struct StatusError {
+  absl::Status status;
+};
+
+// atoll.Error, and a subclass per canonical code that Python users catch by kind (also a
+// ValueError, LookupError, PermissionError, ConnectionError or TimeoutError where the code
+// is one).
+std::map<absl::StatusCode, py::object>& ErrorClasses() {
+  static auto* classes = new std::map<absl::StatusCode, py::object>();
+  return *classes;
+}
+
+void RegisterErrors(py::module_& m) {
+  py::object base = py::reinterpret_steal<py::object>(
+      PyErr_NewExceptionWithDoc("atoll.Error",
+                                "An atoll call failed: str() is atoll's message, .code its "
+                                "canonical status (e.g. 'INVALID_ARGUMENT').",
+                                PyExc_RuntimeError, nullptr));
+  m.attr("Error") = base;
+  struct Kind {
+    absl::StatusCode code;
+    const char* name;
+    PyObject* also;
+  };
+  const Kind kinds[] = {
+      {absl::StatusCode::kInvalidArgument, "InvalidArgumentError", PyExc_ValueError},
+      {absl::StatusCode::kFailedPrecondition, "FailedPreconditionError", nullptr},
+      {absl::StatusCode::kNotFound, "NotFoundError", PyExc_LookupError},
+      {absl::StatusCode::kAlreadyExists, "AlreadyExistsError", nullptr},
+      {absl::StatusCode::kPermissionDenied, "PermissionDeniedError", PyExc_PermissionError},
+      {absl::StatusCode::kUnauthenticated, "UnauthenticatedError", PyExc_PermissionError},
+      {absl::StatusCode::kUnavailable, "UnavailableError", PyExc_ConnectionError},
+      {absl::StatusCode::kDeadlineExceeded, "DeadlineExceededError", PyExc_TimeoutError},
+      {absl::StatusCode::kResourceExhausted, "ResourceExhaustedError", nullptr},
+      {absl::StatusCode::kDataLoss, "DataLossError", nullptr},
+      {absl::StatusCode::kAborted, "AbortedError", nullptr},
+  };
+  for (const Kind& k : kinds) {
+    py::tuple bases = k.also != nullptr ? py::make_tuple(base, py::handle(k.also)) : py::make_tuple(base);
+    py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
+        absl::StrCat("atoll.", k.name).c_str(), bases.ptr(), nullptr));
+    m.attr(k.name) = cls;
+    ErrorClasses()[k.code] = cls;
+  }
+  ErrorClasses()[absl::StatusCode::kUnknown] = base;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      auto& classes = ErrorClasses();
+      auto it = classes.find(e.status.code());
+      const py::object& cls = it != classes.end() ? it->second : classes[absl::StatusCode::kUnknown];
+      py::object error = cls(std::string(e.status.message()));
+      error.attr("code") = absl::StatusCodeToString(e.status.code());
+      PyErr_SetObject(cls.ptr(), error.ptr());
+    }
+  });
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw StatusError{s};
+}
+template <typename T>
+T Check(absl::StatusOr<T> s) {
+  if (!s.ok()) throw StatusError{s.status()};
+  return *std::move(s);
+}
+
+// ---- values across
+
+using Overrides = std::vector<std::pair<std::string, std::string>>;
+
+// The defaults, then the TOML file (when given), then the overrides ("outer.codec", "fp4_e2m1"),
+// every key checked as `atoll` checks its flags, and the sections a Python island or coordinator
+// uses checked whole: [outer] and [train] (the user's loop has its own data and optimizer), and
+// [model] where it is atoll's model.
+Config ConfigOf(const std::string& path, const Overrides& overrides, bool atoll_model) {
+  Config c = Check(LoadConfig(path, overrides, ConfigChecks::kKeys));
+  if (atoll_model) Check(inner::Validate(c.model));
+  Check(inner::Validate(c.train));
+  Check(outer::Validate(c.outer));
+  return c;
+}
+
+NamedParams ParamsOf(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  return NamedParams(params.begin(), params.end());
+}
+
+py::dict StateDict(const IslandState& s) {
+  py::list residuals;
+  for (const auto& r : s.residuals) {
+    py::dict d;
+    d["fragment"] = r.fragment;
+    d["elements"] = r.fragment_elements;
+    d["ranges"] = r.ranges;
+    d["values"] = torch::from_blob(const_cast<float*>(r.values.data()),
+                                   {int64_t(r.values.size())}, torch::kFloat)
+                      .clone();
+    residuals.append(d);
+  }
+  py::dict d;
+  d["format"] = 1;
+  d["step"] = s.step;
+  d["tokens"] = s.tokens;
+  d["rounds"] = s.rounds;
+  d["global_hashes"] = s.global_hashes;
+  d["residuals"] = residuals;
+  return d;
+}
+
+IslandState StateOf(const py::dict& d) {
+  if (!d.contains("format") || d["format"].cast<int>() != 1) {
+    throw StatusError{absl::InvalidArgumentError(
+        "the island state is not one atoll.Island.state_dict() wrote (format 1)")};
+  }
+  IslandState s;
+  try {
+    s.step = d["step"].cast<int64_t>();
+    s.tokens = d["tokens"].cast<uint64_t>();
+    s.rounds = d["rounds"].cast<std::vector<uint64_t>>();
+    s.global_hashes = d["global_hashes"].cast<std::vector<uint64_t>>();
+    for (const auto& item : d["residuals"].cast<py::list>()) {
+      const auto r = item.cast<py::dict>();
+      outer::OuterStepHook::Residual residual;
+      residual.fragment = r["fragment"].cast<uint32_t>();
+      residual.fragment_elements = r["elements"].cast<uint64_t>();
+      residual.ranges = r["ranges"].cast<std::vector<std::pair<uint64_t, uint64_t>>>();
+      const at::Tensor v = r["values"].cast<at::Tensor>().to(torch::kCPU, torch::kFloat).contiguous();
+      residual.values.assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      s.residuals.push_back(std::move(residual));
+    }
+  } catch (const py::cast_error& e) {
+    throw StatusError{absl::InvalidArgumentError(
+        absl::StrCat("the island state is malformed: ", e.what()))};
+  }
+  if (s.step < 0) throw StatusError{absl::InvalidArgumentError("the island state's step is negative")};
+  return s;
+}
+
+// ---- codecs
+
+compression::CodecSpec SpecOf(const std::string& codec, double topk_density, int topk_chunk) {
+  // As the config keys say them (and checked as they are); error feedback is the caller's own
+  // affair here, not the run rule that sparse pushes need it.
+  Overrides o = {{"outer.codec", codec},
+                 {"outer.topk_density", absl::StrCat(topk_density)},
+                 {"outer.topk_chunk", absl::StrCat(topk_chunk)},
+                 {"outer.error_feedback", "true"}};
+  return ConfigOf("", o, /*atoll_model=*/false).outer.wire_codec();
+}
+
+py::bytes Encode(const at::Tensor& t, const std::string& codec, double topk_density,
+                 int topk_chunk, bool stochastic, uint64_t seed) {
+  const compression::CodecSpec spec = SpecOf(codec, topk_density, topk_chunk);
+  const at::Tensor flat = t.detach().to(torch::kCPU, torch::kFloat).contiguous().view({-1});
+  const size_t n = size_t(flat.numel());
+  std::string out(compression::EncodedBytes(spec, n), '\0');
+  {
+    py::gil_scoped_release release;
+    Check(compression::Encode(spec, flat.data_ptr<float>(), n,
+                              reinterpret_cast<uint8_t*>(out.data()), {stochastic, seed, 0}));
+  }
+  return py::bytes(out);
+}
+
+at::Tensor Decode(const py::bytes& payload, const std::string& codec, int64_t n,
+                  double topk_density, int topk_chunk) {
+  const compression::CodecSpec spec = SpecOf(codec, topk_density, topk_chunk);
+  if (n < 0) throw StatusError{absl::InvalidArgumentError("the element count is negative")};
+  const std::string bytes = payload;
+  const size_t expected = compression::EncodedBytes(spec, size_t(n));
+  if (bytes.size() != expected) {
+    throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+        "a ", compression::SpecText(spec), " payload of ", n, " elements is ", expected,
+        " bytes, got ", bytes.size()))};
+  }
+  at::Tensor out = torch::empty({n}, torch::kFloat);
+  {
+    py::gil_scoped_release release;
+    Check(compression::Decode(spec, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
+                              size_t(n), out.data_ptr<float>()));
+  }
+  return out;
+}
+
+// ---- the island and the coordinator
+
+std::unique_ptr<TensorIsland> JoinIsland(
+    const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& coordinator,
+    const std::string& name, const std::string& token, const std::string& config_path,
+    const Overrides& overrides, bool atoll_model, const std::string& credential_file,
+    const std::optional<py::dict>& state, const std::vector<std::string>& tls, bool quiet) {
+  TensorIslandOptions o;
+  o.config = ConfigOf(config_path, overrides, atoll_model);
+  o.atoll_model = atoll_model;
+  o.coordinator = coordinator;
+  o.token = token;
+  o.name = name;
+  o.credential_file = credential_file;
+  if (tls.size() == 3) {  // ca, cert, key
+    o.tls.ca = tls[0];
+    o.tls.cert = tls[1];
+    o.tls.key = tls[2];
+  }
+  if (state) o.resume = StateOf(*state);
+  o.out = quiet ? nullptr : stderr;
+  NamedParams named = ParamsOf(params);
+  py::gil_scoped_release release;
+  return Check(TensorIsland::Join(std::move(o), std::move(named)));
+}
+
+std::unique_ptr<EmbeddedCoordinator> StartCoordinator(
+    const std::string& config_path, const Overrides& overrides, const std::string& listen,
+    const std::string& token, const std::string& run_dir, bool resume,
+    const std::string& http_listen,
+    const std::optional<std::vector<std::pair<std::string, at::Tensor>>>& module,
+    uint64_t tokens_per_step, bool quiet) {
+  EmbeddedCoordinatorOptions o;
+  o.config = ConfigOf(config_path, overrides, /*atoll_model=*/!module.has_value());
+  o.listen = listen;
+  o.token = token;
+  o.run_dir = run_dir;
+  o.resume = resume;
+  o.http_listen = http_listen;
+  o.out = quiet ? nullptr : stderr;
+  if (module) {
+    ModuleParams m;
+    for (const auto& [name, t] : *module) {
+      if (!t.is_floating_point()) {
+        throw StatusError{absl::InvalidArgumentError(
+            absl::StrCat("parameter '", name, "' is not a floating-point tensor"))};
+      }
+      const at::Tensor flat = t.detach().to(torch::kCPU, torch::kFloat).contiguous().view({-1});
+      m.layout.names.push_back(name);
+      m.layout.numels.push_back(uint64_t(flat.numel()));
+      m.shapes.push_back(t.sizes().vec());
+      m.values.insert(m.values.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+    }
+    if (m.layout.names.empty()) {
+      throw StatusError{absl::InvalidArgumentError("the module has no parameters to serve")};
+    }
+    m.tokens_per_step = tokens_per_step;
+    o.module = std::move(m);
+  }
+  py::gil_scoped_release release;
+  return Check(EmbeddedCoordinator::Start(std::move(o)));
+}
+
+py::list LandedRounds(const TensorIsland& island) {
+  py::list out;
+  for (const auto& r : island.landed()) {
+    py::dict d;
+    d["fragment"] = r.fragment;
+    d["round"] = r.round;
+    d["version"] = r.version;
+    d["pushed_at"] = r.pushed_at;
+    d["step"] = r.step;
+    d["global_hash"] = r.global_hash;
+    d["contributors"] = r.contributors;
+    d["resynced"] = r.resynced;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict Stats(const TensorIsland& island) {
+  const auto& s = island.stats();
+  py::dict d;
+  d["rounds"] = s.rounds;
+  d["resyncs"] = s.resyncs;
+  d["rejoins"] = s.rejoins;
+  d["late_pushes"] = s.late_pushes;
+  d["idle_s"] = s.idle_s;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_received"] = s.bytes_received;
+  d["elements_synced"] = s.elements_synced;
+  d["seeded_fragments"] = s.seeded_fragments;
+  d["tau"] = s.tau;
+  return d;
+}
+
+}  // namespace
+}  // namespace atl::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace atl::python;
+  m.doc() = "atoll's C++ core for the `atoll` Python package (use `import atoll`).";
+  RegisterErrors(m);
+
+  m.def("encode", &Encode, py::arg("tensor"), py::arg("codec"), py::arg("topk_density") = 1.0,
+        py::arg("topk_chunk") = 4096, py::arg("stochastic") = false, py::arg("seed") = 0);
+  m.def("decode", &Decode, py::arg("payload"), py::arg("codec"), py::arg("numel"),
+        py::arg("topk_density") = 1.0, py::arg("topk_chunk") = 4096);
+  m.def("encoded_bytes", [](const std::string& codec, int64_t n, double density, int chunk) {
+    return atl::compression::EncodedBytes(SpecOf(codec, density, chunk), size_t(std::max<int64_t>(0, n)));
+  }, py::arg("codec"), py::arg("numel"), py::arg("topk_density") = 1.0, py::arg("topk_chunk") = 4096);
+  m.def("params_hash", [](const at::Tensor& t) {
+    const at::Tensor flat = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    return atl::compression::ParamsHash(flat.data_ptr<float>(), 0, size_t(flat.numel()));
+  }, py::arg("flat"), "atoll's hash of fp32 parameters (a fragment's, flat), as islands and the "
+     "service print it");
+  m.def("resolved_config", [](const std::string& path, const Overrides& overrides) {
+    return atl::ToToml(ConfigOf(path, overrides, false));
+  }, py::arg("path"), py::arg("overrides"));
+
+  py::class_<atl::python::TensorIsland>(m, "_Island")
+      .def(py::init(&JoinIsland), py::arg("params"), py::arg("coordinator"), py::arg("name"),
+           py::arg("token"), py::arg("config_path"), py::arg("overrides"), py::arg("atoll_model"),
+           py::arg("credential_file"), py::arg("state"), py::arg("tls"), py::arg("quiet"))
+      .def("step", [](TensorIsland& i, uint64_t tokens, std::optional<double> loss, bool stop) {
+        py::gil_scoped_release release;
+        return Check(i.Step(tokens, loss, stop));
+      }, py::arg("tokens"), py::arg("loss"), py::arg("stop"))
+      .def("close", [](TensorIsland& i) {
+        py::gil_scoped_release release;
+        Check(i.Close());
+      })
+      .def("state", [](const TensorIsland& i) { return StateDict(i.State()); })
+      .def_property_readonly("step_count", &TensorIsland::step)
+      .def_property_readonly("tokens", &TensorIsland::tokens)
+      .def_property_readonly("done", &TensorIsland::done)
+      .def_property_readonly("is_async", &TensorIsland::async)
+      .def_property_readonly("max_steps", &TensorIsland::max_steps)
+      .def_property_readonly("run_progress", &TensorIsland::run_progress)
+      .def_property_readonly("num_fragments", &TensorIsland::num_fragments)
+      .def_property_readonly("fragment_parameters", &TensorIsland::fragment_parameters)
+      .def_property_readonly("fragment_hashes", &TensorIsland::fragment_hashes)
+      .def_property_readonly("rounds", &TensorIsland::rounds)
+      .def_property_readonly("island_id", &TensorIsland::island_id)
+      .def_property_readonly("landed", &LandedRounds)
+      .def_property_readonly("stats", &Stats)
+      .def("describe", &TensorIsland::Describe);
+
+  py::class_<EmbeddedCoordinator>(m, "_Coordinator")
+      .def(py::init(&StartCoordinator), py::arg("config_path"), py::arg("overrides"),
+           py::arg("listen"), py::arg("token"), py::arg("run_dir"), py::arg("resume"),
+           py::arg("http_listen"), py::arg("module"), py::arg("tokens_per_step"), py::arg("quiet"))
+      .def_property_readonly("address", &EmbeddedCoordinator::address)
+      .def("wait", [](EmbeddedCoordinator& c, double timeout_s) {
+        py::gil_scoped_release release;
+        return Check(c.Wait(timeout_s));
+      }, py::arg("timeout_s"))
+      .def("stop", [](EmbeddedCoordinator& c) {
+        py::gil_scoped_release release;
+        Check(c.Stop());
+      })
+      .def_property_readonly("rounds", &EmbeddedCoordinator::rounds)
+      .def_property_readonly("committed_rounds", &EmbeddedCoordinator::committed_rounds)
+      .def_property_readonly("params_hashes", &EmbeddedCoordinator::params_hashes)
+      .def_property_readonly("fragment_parameters", &EmbeddedCoordinator::fragment_parameters)
+      .def("params", [](const EmbeddedCoordinator& c) {
+        std::vector<at::Tensor> out;
+        for (const auto& flat : c.params()) {
+          out.push_back(torch::from_blob(const_cast<float*>(flat.data()), {int64_t(flat.size())},
+                                         torch::kFloat)
+                            .clone());
+        }
+        return out;
+      });
+}

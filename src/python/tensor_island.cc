@@ -1,0 +1,389 @@
+#include "src/python/tensor_island.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "compression/codec_math.h"
+#include "compression/config_value.h"
+#include "compression/status_macros.h"
+#include "inner/model.h"
+#include "outer/base/names.h"
+#include "outer/island/island_session.h"
+#include "outer/island/shard_router.h"
+#include "src/net/grpc_transport.h"
+#include "src/store/flat_params.h"
+
+namespace atl::python {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The module's parameters as the outer step sees them: each fragment's parameters flat, in the
+// run's order (atoll's canonical order for atoll's own model, row-major for any other). Counts
+// the tokens of every step, which a user's loop may vary.
+class ModuleModel : public outer::IslandModel {
+ public:
+  ModuleModel(NamedParams params, inner::ParallelPlan plan,
+              std::vector<std::vector<size_t>> fragments)
+      : params_(std::move(params)), plan_(std::move(plan)), fragments_(std::move(fragments)) {}
+
+  int64_t step() const override { return step_; }
+  std::vector<float> Snapshot(uint32_t f) override { return Flatten(plan_, params_, fragments_[f]); }
+  void Merge(uint32_t f, const std::vector<float>& global, double alpha) override {
+    LoadFlat(plan_, global, params_, fragments_[f], alpha);
+  }
+  void JumpToStep(int64_t step) override {
+    step_ = step;
+    counted_[step_] = tokens_;  // the steps skipped trained nothing here
+  }
+  void FollowRunProgress(int64_t position) override { progress_ = position; }
+  std::optional<uint64_t> TokensBetween(int64_t from, int64_t to) const override {
+    return TokensAt(to) - TokensAt(from);
+  }
+
+  void Stepped(uint64_t tokens) {
+    ++step_;
+    tokens_ += tokens;
+    counted_[step_] = tokens_;
+    // A push counts from the fragment's last push (at most a few rounds back): older steps go.
+    while (counted_.size() > kKeptSteps) counted_.erase(counted_.begin());
+  }
+  void Resume(int64_t step, uint64_t tokens) {
+    step_ = step;
+    tokens_ = tokens;
+    counted_.clear();
+    counted_[step_] = tokens_;
+  }
+  uint64_t tokens() const { return tokens_; }
+  int64_t progress() const { return progress_; }
+
+ private:
+  static constexpr size_t kKeptSteps = 1 << 20;
+  // The tokens trained through `step` (the newest count at or before it).
+  uint64_t TokensAt(int64_t step) const {
+    auto it = counted_.upper_bound(step);
+    return it == counted_.begin() ? 0 : std::prev(it)->second;
+  }
+
+  NamedParams params_;
+  const inner::ParallelPlan plan_;
+  const std::vector<std::vector<size_t>> fragments_;
+  int64_t step_ = 0;
+  uint64_t tokens_ = 0;
+  int64_t progress_ = 0;
+  std::map<int64_t, uint64_t> counted_{{0, 0}};
+};
+
+// The run's fragments (JoinResponse.fragments, by parameter name) as indices into the module's
+// parameters: every parameter of the run must be the module's, of the same size, and the module
+// must hold no parameter the run does not sync.
+absl::StatusOr<std::vector<std::vector<size_t>>> MapFragments(const pb::JoinResponse& joined,
+                                                              const NamedParams& params) {
+  std::map<std::string, size_t> index;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) {
+    index[params[i].first] = i;
+    names.push_back(params[i].first);
+  }
+  std::vector<std::vector<size_t>> fragments;
+  std::vector<bool> synced(params.size(), false);
+  for (const auto& fragment : joined.fragments()) {
+    std::vector<size_t> mine;
+    uint64_t elements = 0;
+    for (const auto& name : fragment.parameters()) {
+      auto it = index.find(name);
+      if (it == index.end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the run's parameter '", outer::Printable(name, 256), "' (fragment ",
+            fragment.fragment(), ") is not one of this module's ", params.size(), " parameters",
+            DidYouMean(name, names, '\'')));
+      }
+      mine.push_back(it->second);
+      synced[it->second] = true;
+      elements += uint64_t(params[it->second].second.numel());
+    }
+    if (elements != fragment.num_elements()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "fragment %d of the run holds %d elements, this module's parameters of it %d: the module "
+          "is not the run's model",
+          fragment.fragment(), fragment.num_elements(), elements));
+    }
+    fragments.push_back(std::move(mine));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!synced[i]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this module's parameter '", params[i].first,
+                       "' is not in the run's model: every parameter is synced (freeze none, or "
+                       "leave it out of the parameters given to the island)"));
+    }
+  }
+  return fragments;
+}
+
+absl::Status CheckParams(const NamedParams& params) {
+  if (params.empty()) return absl::InvalidArgumentError("the module has no parameters to sync");
+  for (const auto& [name, p] : params) {
+    if (!p.defined() || !p.is_floating_point()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "' is not a floating-point tensor"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct TensorIsland::Impl {
+  TensorIslandOptions options;
+  std::unique_ptr<outer::Transport> transport;
+  std::unique_ptr<outer::IslandRanks> ranks = outer::SingleRank();
+  std::unique_ptr<outer::IslandSession> session;
+  pb::JoinResponse joined;
+  std::unique_ptr<ModuleModel> model;
+  std::unique_ptr<outer::OuterStepHook> hook;
+  std::vector<LandedRoundRecord> landed;
+  Clock::time_point start = Clock::now();
+  Clock::time_point last_return = Clock::now();  // of Step: the user's compute runs from there
+  double compute_s = 0;
+  bool finished = false;
+  uint64_t process = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ 1;
+
+  void Say(const std::string& line) const {
+    if (options.out == nullptr) return;
+    std::fprintf(options.out, "[%s] %s\n", options.name.c_str(), line.c_str());
+    std::fflush(options.out);
+  }
+  absl::Status Connect();
+  absl::Status JoinRun(const NamedParams& params);
+  absl::Status Build(NamedParams params);
+  absl::Status Finish(bool stopped);
+  pb::IslandTelemetry Telemetry(std::optional<double> loss) const;
+};
+
+absl::Status TensorIsland::Impl::Connect() {
+  GrpcTransportOptions t;
+  t.target = options.coordinator;
+  t.token = options.token;
+  t.tls = options.tls;
+  t.rpc_timeout_s = options.config.outer.rpc_timeout_s;
+  t.round_timeout_s = options.config.outer.round_timeout_s;
+  t.connections = options.config.outer.connections;
+  ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
+  // A sharded service: each fragment's data calls go to its shard, with the same options.
+  transport = std::make_unique<outer::ShardRouter>(
+      std::move(coordinator),
+      [t](const std::string& address) -> absl::StatusOr<std::unique_ptr<outer::Transport>> {
+        GrpcTransportOptions to_shard = t;
+        to_shard.target = address;
+        ATL_ASSIGN_OR_RETURN(auto opened, GrpcTransport::Create(to_shard));
+        return std::unique_ptr<outer::Transport>(std::move(opened));
+      });
+  return absl::OkStatus();
+}
+
+absl::Status TensorIsland::Impl::JoinRun(const NamedParams& params) {
+  const outer::FragmentLayout layout = LayoutOf(params);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& [name, p] : params) shapes.emplace_back(name, p.sizes().vec());
+  const uint64_t hash =
+      options.atoll_model ? ModelConfigHash(options.config.model) : LayoutHash(shapes);
+  outer::SessionOptions so = outer::SessionOptionsOf(options.config.outer, options.name, hash,
+                                                     options.credential_file);
+  for (size_t i = 0; i < layout.names.size(); ++i) {
+    so.parameters.emplace_back(layout.names[i], layout.numels[i]);
+  }
+  so.say = [this](const std::string& line) { Say(line); };
+  ATL_ASSIGN_OR_RETURN(session, outer::IslandSession::JoinAsIsland(*transport, so, *ranks));
+  joined = session->joined();
+  if (joined.schedule().async() != options.config.outer.async()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this island is configured for outer.mode = \"",
+        outer::ConfigValueText(options.config.outer.mode), "\" but the run is ",
+        joined.schedule().async() ? "async" : "sync"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorIsland::Impl::Build(NamedParams params) {
+  ATL_ASSIGN_OR_RETURN(auto fragments, MapFragments(joined, params));
+  std::vector<outer::FragmentShare> shares;
+  for (const auto& f : joined.fragments()) shares.push_back({f.num_elements(), {}, true});
+  inner::ParallelPlan plan;  // a module's parameters flatten row-major
+  plan.blocks.clear();
+  if (options.atoll_model) plan = inner::PlanOf(options.config.model);
+  model = std::make_unique<ModuleModel>(std::move(params), std::move(plan), std::move(fragments));
+  outer::OuterStepOptions o;
+  o.schedule = outer::ScheduleOf(joined.schedule());
+  o.island = outer::IslandChoicesOf(
+      options.config.outer,
+      compression::math::Mix64(options.config.train.seed) ^ joined.data_stream());
+  o.tokens_per_step = int64_t(joined.schedule().tokens_per_step());  // unused: the model counts
+  hook = std::make_unique<outer::OuterStepHook>(*transport, *session, *ranks, *model,
+                                                std::move(shares), o);
+  if (options.resume) {
+    model->Resume(options.resume->step, options.resume->tokens);
+    // What error feedback had not yet sent carries on from the checkpoint.
+    ATL_RETURN_IF_ERROR(hook->RestoreResiduals(options.resume->residuals));
+  }
+  ATL_RETURN_IF_ERROR(hook->FetchGlobal());
+  if (joined.schedule().async() && joined.round() == 0) {
+    // Async islands start together (as `atoll island`s do).
+    ATL_RETURN_IF_ERROR(session->WaitForPeers());
+  }
+  hook->set_observer([this](const outer::LandedRound& r) {
+    landed.push_back({r.fragment, r.outcome.round, r.outcome.version, r.pushed_at, r.step,
+                      r.global_hash,
+                      r.outcome.contributors, r.outcome.resynced});
+    if (landed.size() > 100000) landed.erase(landed.begin(), landed.begin() + 50000);
+  });
+  hook->on_message = [this](const std::string& line) { Say(line); };
+  session->StartHeartbeats();
+  uint64_t elements = 0;
+  for (const auto& f : joined.fragments()) elements += f.num_elements();
+  Say(absl::StrFormat("joined %s run '%s' at %s %d as %s: data stream %d of %d, %s, %.2fM "
+                      "parameters%s",
+                      joined.schedule().async() ? "async" : "sync", options.config.outer.run_id,
+                      joined.schedule().async() ? "version" : "round", hook->round(),
+                      session->island_id(), joined.data_stream(),
+                      joined.schedule().num_data_streams(), hook->Describe(), elements / 1e6,
+                      options.resume ? absl::StrFormat(", resumed at step %d", options.resume->step)
+                                     : ""));
+  return absl::OkStatus();
+}
+
+pb::IslandTelemetry TensorIsland::Impl::Telemetry(std::optional<double> loss) const {
+  auto bounded = [](double v, double max) {
+    return std::isfinite(v) ? std::clamp(v, 0.0, max) : 0.0;
+  };
+  const auto& stats = hook->stats();
+  const double wall = std::max(1e-9, Since(start));
+  pb::IslandTelemetry t;
+  t.set_loss(bounded(loss.value_or(0.0), 1e4));
+  const double tokens_trained = double(model->tokens() - (options.resume ? options.resume->tokens : 0));
+  t.set_tokens_per_s(bounded(tokens_trained / wall, 1e12));
+  t.set_utilization(bounded(compute_s / wall, 1));
+  t.set_tokens(model->tokens());
+  t.set_process(process);
+  t.set_tokens_trained(uint64_t(tokens_trained));
+  t.set_bytes_sent(stats.bytes_sent);
+  t.set_bytes_received(stats.bytes_received);
+  t.set_elements_synced(stats.elements_synced);
+  return t;
+}
+
+absl::Status TensorIsland::Impl::Finish(bool stopped) {
+  if (finished) return absl::OkStatus();
+  finished = true;
+  const absl::Status s = hook->Finish(stopped);
+  session->Heartbeat(false).IgnoreError();
+  session->Leave();
+  Say(absl::StrFormat("%s at step %d after %d rounds: sent %.1f MiB, received %.1f MiB, global "
+                      "params %s",
+                      stopped ? "left" : "done", model->step(), hook->stats().rounds,
+                      hook->stats().bytes_sent / 1048576.0,
+                      hook->stats().bytes_received / 1048576.0,
+                      absl::StrJoin(hook->fragment_hashes(), " ", [](std::string* out, uint64_t h) {
+                        absl::StrAppend(out, absl::StrFormat("%016x", h));
+                      })));
+  return s;
+}
+
+TensorIsland::TensorIsland(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TensorIsland::~TensorIsland() {
+  if (impl_->session) impl_->session->Leave();
+}
+
+absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOptions options,
+                                                                 NamedParams params) {
+  ATL_RETURN_IF_ERROR(outer::ValidateName(options.name, "island name"));
+  ATL_RETURN_IF_ERROR(CheckParams(params));
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("the coordinator's address (HOST:PORT) is required");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  ATL_RETURN_IF_ERROR(impl->Connect());
+  ATL_RETURN_IF_ERROR(impl->JoinRun(params));
+  if (auto s = impl->Build(std::move(params)); !s.ok()) {
+    impl->session->Leave();
+    return s;
+  }
+  return std::unique_ptr<TensorIsland>(new TensorIsland(std::move(impl)));
+}
+
+absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> loss, bool stop) {
+  Impl& i = *impl_;
+  if (i.finished) return false;
+  i.compute_s += Since(i.last_return);
+  if (stop) {
+    ATL_RETURN_IF_ERROR(i.Finish(/*stopped=*/true));
+    return false;
+  }
+  if (loss && !std::isfinite(*loss)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", i.model->step() + 1, ": the loss is not finite (", *loss,
+        "); nothing was synced: reload the module's parameters or stop"));
+  }
+  i.model->Stepped(tokens);
+  i.session->set_step(i.model->step());
+  i.session->set_telemetry(i.Telemetry(loss));
+  const double steps_per_s = double(i.model->step()) / std::max(1e-9, i.compute_s);
+  ATL_RETURN_IF_ERROR(i.hook->AfterStep(steps_per_s));
+  if (i.hook->done()) {
+    ATL_RETURN_IF_ERROR(i.Finish(/*stopped=*/false));
+    i.last_return = Clock::now();
+    return false;
+  }
+  i.last_return = Clock::now();
+  return true;
+}
+
+absl::Status TensorIsland::Close() { return impl_->Finish(/*stopped=*/!impl_->hook->done()); }
+
+IslandState TensorIsland::State() const {
+  IslandState s;
+  s.step = impl_->model->step();
+  s.tokens = impl_->model->tokens();
+  s.rounds = rounds();
+  s.global_hashes = fragment_hashes();
+  s.residuals = impl_->hook->Residuals();
+  return s;
+}
+
+int64_t TensorIsland::step() const { return impl_->model->step(); }
+uint64_t TensorIsland::tokens() const { return impl_->model->tokens(); }
+bool TensorIsland::done() const { return impl_->finished || impl_->hook->done(); }
+bool TensorIsland::async() const { return impl_->joined.schedule().async(); }
+int64_t TensorIsland::max_steps() const { return impl_->hook->max_steps(); }
+int64_t TensorIsland::run_progress() const {
+  return async() ? impl_->model->progress() : impl_->model->step();
+}
+uint32_t TensorIsland::num_fragments() const { return uint32_t(impl_->joined.fragments_size()); }
+std::vector<std::vector<std::string>> TensorIsland::fragment_parameters() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& f : impl_->joined.fragments()) {
+    out.emplace_back(f.parameters().begin(), f.parameters().end());
+  }
+  return out;
+}
+std::vector<uint64_t> TensorIsland::fragment_hashes() const {
+  return impl_->hook->fragment_hashes();
+}
+std::vector<uint64_t> TensorIsland::rounds() const { return impl_->hook->Rounds(); }
+std::string TensorIsland::island_id() const { return impl_->session->island_id(); }
+std::string TensorIsland::Describe() const { return impl_->hook->Describe(); }
+const outer::OuterStepStats& TensorIsland::stats() const { return impl_->hook->stats(); }
+const std::vector<LandedRoundRecord>& TensorIsland::landed() const { return impl_->landed; }
+
+}  // namespace atl::python
