@@ -1,6 +1,7 @@
 #include "outer/service/membership_desk.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,27 +17,31 @@ absl::Status MembershipDesk::CheckMembershipCall() const {
                    "': joins, heartbeats and leaves go to the run's coordinator"));
 }
 
-// Where an island's parameters (JoinRequest.parameters) first differ from the run's: "; the
-// run's parameter 3 is 'h.0.w' of 4096 elements, the island's 'h.0.w' of 2048" (empty: none sent).
+// Where an island's parameters (JoinRequest.parameters) differ from the run's, by name: "; the
+// run's parameter 'h.0.w' has 4096 elements, the island's 2048" (empty: none were sent).
 std::string MembershipDesk::LayoutDifference(const pb::JoinRequest& request) const {
   if (request.parameters_size() == 0) return "";
-  std::vector<std::pair<const std::string*, uint64_t>> run;
+  std::map<std::string, uint64_t> mine;
+  for (const auto& p : request.parameters()) mine.emplace(p.name(), p.numel());
+  size_t known = 0;
   for (const auto& fragment : core_.fragments) {
     for (size_t i = 0; i < fragment.layout.names.size(); ++i) {
-      run.emplace_back(&fragment.layout.names[i], fragment.layout.numels[i]);
+      const std::string& name = fragment.layout.names[i];
+      const uint64_t numel = fragment.layout.numels[i];
+      auto it = mine.find(name);
+      if (it == mine.end()) {
+        return absl::StrFormat("; the run's parameter %s (%d elements) is not the island's",
+                               outer::Printable(name, 256), numel);
+      }
+      if (it->second != numel) {
+        return absl::StrFormat("; the run's parameter %s has %d elements, the island's %d",
+                               outer::Printable(name, 256), numel, it->second);
+      }
+      ++known;
     }
   }
-  const auto& mine = request.parameters();
-  const size_t n = std::min(run.size(), size_t(mine.size()));
-  for (size_t i = 0; i < n; ++i) {
-    const auto& p = mine[int(i)];
-    if (*run[i].first == p.name() && run[i].second == p.numel()) continue;
-    return absl::StrFormat("; the run's parameter %d is %s of %d elements, the island's %s of %d",
-                           i, outer::Printable(*run[i].first, 256), run[i].second,
-                           outer::Printable(p.name(), 256), p.numel());
-  }
-  if (run.size() != size_t(mine.size())) {
-    return absl::StrFormat("; the run has %d parameters, the island %d", run.size(), mine.size());
+  if (known != mine.size()) {
+    return absl::StrFormat("; the island has %d parameters the run does not", mine.size() - known);
   }
   return "; the parameters' names and sizes agree: a shape or another setting differs";
 }

@@ -13,11 +13,13 @@ namespace {
 
 // A call's status. The transport returns its own status for the calls it cancels itself, so a
 // CANCELLED call is the coordinator's doing: it shut down or restarted during the call (gRPC's
-// Server::Shutdown cancels what is pending), a passing failure like a lost connection.
+// Server::Shutdown cancels what is pending), or ended a stream idle past its limit. Either is a
+// passing failure, retried like a lost connection.
 absl::Status CallStatus(const grpc::Status& s) {
   if (s.error_code() == grpc::StatusCode::CANCELLED) {
     return absl::UnavailableError(absl::StrCat(
-        "the coordinator ended the call (it is shutting down or restarting): ", s.error_message()));
+        "the coordinator ended the call (it is shutting down or restarting, or the stream was idle "
+        "past outer.stream_idle_timeout_s): ", s.error_message()));
   }
   return FromGrpc(s);
 }

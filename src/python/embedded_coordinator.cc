@@ -1,5 +1,6 @@
 #include "src/python/embedded_coordinator.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "compression/status_macros.h"
@@ -44,7 +45,7 @@ void EmbeddedCoordinator::Run() {
     cv_.notify_all();
   };
   o.on_round = [this](const std::string& record) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(rounds_mu_);
     rounds_.push_back(record);
   };
   o.on_stopped = [this](const outer::SyncServer& sync) {
@@ -70,7 +71,9 @@ EmbeddedCoordinator::~EmbeddedCoordinator() {
 
 absl::StatusOr<bool> EmbeddedCoordinator::Wait(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
-  const bool ended = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+  // At most a year: longer waits would overflow the clock's count.
+  const double bounded = std::clamp(timeout_s, 0.0, 3.2e7);
+  const bool ended = cv_.wait_for(lock, std::chrono::duration<double>(bounded),
                                   [&] { return ended_; });
   if (ended && !status_.ok()) return status_;
   return ended;
@@ -78,19 +81,21 @@ absl::StatusOr<bool> EmbeddedCoordinator::Wait(double timeout_s) {
 
 absl::Status EmbeddedCoordinator::Stop() {
   stop_ = true;
-  if (thread_.joinable()) thread_.join();
+  std::call_once(stopped_, [this] {
+    if (thread_.joinable()) thread_.join();
+  });
   std::lock_guard<std::mutex> lock(mu_);
   return status_;
 }
 
 std::vector<std::string> EmbeddedCoordinator::rounds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(rounds_mu_);
   return rounds_;
 }
 
 // The server lives while the thread serves; after it stopped, its last state was kept.
 uint64_t EmbeddedCoordinator::committed_rounds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> lock(rounds_mu_);
   return uint64_t(rounds_.size());
 }
 

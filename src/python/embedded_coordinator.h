@@ -46,7 +46,8 @@ class EmbeddedCoordinator {
   // Stops serving now; the run's status.
   absl::Status Stop();
 
-  // Each committed round's record, as rounds.jsonl has it (JSON), in commit order.
+  // Each committed round's record, as rounds.jsonl has it (JSON), in commit order, and their
+  // count: the rounds committed while this object served.
   std::vector<std::string> rounds() const;
   uint64_t committed_rounds() const;
   std::vector<uint64_t> params_hashes() const;  // each fragment's global parameters, now
@@ -67,12 +68,16 @@ class EmbeddedCoordinator {
   bool serving_ = false, ended_ = false;
   absl::Status status_;
   std::string address_;
-  const outer::SyncServer* sync_ = nullptr;  // while serving
+  const outer::SyncServer* sync_ = nullptr;  // while serving (read under mu_)
   // The service's last state, once it stopped serving.
   std::vector<uint64_t> final_hashes_;
   std::vector<std::vector<float>> final_params_;
-  std::vector<std::string> rounds_;
   std::vector<std::vector<std::string>> fragment_parameters_;
+  // A commit reports its round while it holds the service's locks, which the getters above take
+  // under mu_: its records have a lock of their own.
+  mutable std::mutex rounds_mu_;
+  std::vector<std::string> rounds_;
+  std::once_flag stopped_;
 };
 
 }  // namespace atl::python

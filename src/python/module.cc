@@ -142,13 +142,21 @@ py::dict StateDict(const IslandState& s) {
   return d;
 }
 
+// What a state must hold to be resumed from: every field of StateDict, of its type, and residual
+// ranges inside their fragment that the values fill.
 IslandState StateOf(const py::dict& d) {
-  if (!d.contains("format") || d["format"].cast<int>() != 1) {
-    throw StatusError{absl::InvalidArgumentError(
-        "the island state is not one atoll.Island.state_dict() wrote (format 1)")};
-  }
+  const auto malformed = [](const std::string& why) {
+    return StatusError{absl::InvalidArgumentError(absl::StrCat("the island state is malformed: ", why))};
+  };
   IslandState s;
   try {
+    if (!d.contains("format") || d["format"].cast<int>() != 1) {
+      throw StatusError{absl::InvalidArgumentError(
+          "the island state is not one atoll.Island.state_dict() wrote (format 1)")};
+    }
+    for (const char* key : {"step", "tokens", "rounds", "global_hashes", "residuals"}) {
+      if (!d.contains(key)) throw malformed(absl::StrCat("no '", key, "'"));
+    }
     s.step = d["step"].cast<int64_t>();
     s.tokens = d["tokens"].cast<uint64_t>();
     s.rounds = d["rounds"].cast<std::vector<uint64_t>>();
@@ -161,13 +169,27 @@ IslandState StateOf(const py::dict& d) {
       residual.ranges = r["ranges"].cast<std::vector<std::pair<uint64_t, uint64_t>>>();
       const at::Tensor v = r["values"].cast<at::Tensor>().to(torch::kCPU, torch::kFloat).contiguous();
       residual.values.assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      uint64_t held = 0;
+      for (const auto& [begin, end] : residual.ranges) {
+        if (begin > end || end > residual.fragment_elements) {
+          throw malformed(absl::StrCat("a residual range [", begin, ", ", end,
+                                       ") of fragment ", residual.fragment, " (",
+                                       residual.fragment_elements, " elements)"));
+        }
+        held += end - begin;
+      }
+      if (held != residual.values.size()) {
+        throw malformed(absl::StrCat("fragment ", residual.fragment, "'s residual ranges hold ",
+                                     held, " elements, its values ", residual.values.size()));
+      }
       s.residuals.push_back(std::move(residual));
     }
   } catch (const py::cast_error& e) {
-    throw StatusError{absl::InvalidArgumentError(
-        absl::StrCat("the island state is malformed: ", e.what()))};
+    throw malformed(e.what());
+  } catch (const py::error_already_set& e) {
+    throw malformed(e.what());
   }
-  if (s.step < 0) throw StatusError{absl::InvalidArgumentError("the island state's step is negative")};
+  if (s.step < 0) throw malformed("its step is negative");
   return s;
 }
 
@@ -280,9 +302,23 @@ std::unique_ptr<EmbeddedCoordinator> StartCoordinator(
   return Check(EmbeddedCoordinator::Start(std::move(o)));
 }
 
+// A const accessor called without the GIL (its result is a plain C++ value, cast after).
+template <typename R>
+auto Unlocked(R (TensorIsland::*f)() const) {
+  return [f](const TensorIsland& island) {
+    py::gil_scoped_release release;
+    return (island.*f)();
+  };
+}
+
 py::list LandedRounds(const TensorIsland& island) {
+  std::vector<LandedRoundRecord> landed;
+  {
+    py::gil_scoped_release release;  // the island's turn may wait for a step
+    landed = island.landed();
+  }
   py::list out;
-  for (const auto& r : island.landed()) {
+  for (const auto& r : landed) {
     py::dict d;
     d["fragment"] = r.fragment;
     d["round"] = r.round;
@@ -298,7 +334,11 @@ py::list LandedRounds(const TensorIsland& island) {
 }
 
 py::dict Stats(const TensorIsland& island) {
-  const auto& s = island.stats();
+  outer::OuterStepStats s;
+  {
+    py::gil_scoped_release release;
+    s = island.stats();
+  }
   py::dict d;
   d["rounds"] = s.rounds;
   d["resyncs"] = s.resyncs;
@@ -316,11 +356,10 @@ py::dict Stats(const TensorIsland& island) {
 }  // namespace
 }  // namespace atl::python
 
-PYBIND11_MODULE(_core, m) {
-  using namespace atl::python;
-  m.doc() = "atoll's C++ core for the `atoll` Python package (use `import atoll`).";
-  RegisterErrors(m);
+namespace atl::python {
+namespace {
 
+void BindCodecs(py::module_& m) {
   m.def("encode", &Encode, py::arg("tensor"), py::arg("codec"), py::arg("topk_density") = 1.0,
         py::arg("topk_chunk") = 4096, py::arg("stochastic") = false, py::arg("seed") = 0);
   m.def("decode", &Decode, py::arg("payload"), py::arg("codec"), py::arg("numel"),
@@ -336,7 +375,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("resolved_config", [](const std::string& path, const Overrides& overrides) {
     return atl::ToToml(ConfigOf(path, overrides, false));
   }, py::arg("path"), py::arg("overrides"));
+}
 
+void BindIsland(py::module_& m) {
   py::class_<atl::python::TensorIsland>(m, "_Island")
       .def(py::init(&JoinIsland), py::arg("params"), py::arg("coordinator"), py::arg("name"),
            py::arg("token"), py::arg("config_path"), py::arg("overrides"), py::arg("atoll_model"),
@@ -349,22 +390,32 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release release;
         Check(i.Close());
       })
-      .def("state", [](const TensorIsland& i) { return StateDict(i.State()); })
-      .def_property_readonly("step_count", &TensorIsland::step)
-      .def_property_readonly("tokens", &TensorIsland::tokens)
-      .def_property_readonly("done", &TensorIsland::done)
+      .def("state", [](const TensorIsland& i) {
+        IslandState state;
+        {
+          py::gil_scoped_release release;
+          state = i.State();
+        }
+        return StateDict(state);
+      })
+      // Each call waits for the island's turn (a step may be waiting for a round) without the GIL.
+      .def_property_readonly("step_count", Unlocked(&TensorIsland::step))
+      .def_property_readonly("tokens", Unlocked(&TensorIsland::tokens))
+      .def_property_readonly("done", Unlocked(&TensorIsland::done))
       .def_property_readonly("is_async", &TensorIsland::async)
-      .def_property_readonly("max_steps", &TensorIsland::max_steps)
-      .def_property_readonly("run_progress", &TensorIsland::run_progress)
+      .def_property_readonly("max_steps", Unlocked(&TensorIsland::max_steps))
+      .def_property_readonly("run_progress", Unlocked(&TensorIsland::run_progress))
       .def_property_readonly("num_fragments", &TensorIsland::num_fragments)
       .def_property_readonly("fragment_parameters", &TensorIsland::fragment_parameters)
-      .def_property_readonly("fragment_hashes", &TensorIsland::fragment_hashes)
-      .def_property_readonly("rounds", &TensorIsland::rounds)
+      .def_property_readonly("fragment_hashes", Unlocked(&TensorIsland::fragment_hashes))
+      .def_property_readonly("rounds", Unlocked(&TensorIsland::rounds))
       .def_property_readonly("island_id", &TensorIsland::island_id)
       .def_property_readonly("landed", &LandedRounds)
       .def_property_readonly("stats", &Stats)
-      .def("describe", &TensorIsland::Describe);
+      .def("describe", Unlocked(&TensorIsland::Describe));
+}
 
+void BindCoordinator(py::module_& m) {
   py::class_<EmbeddedCoordinator>(m, "_Coordinator")
       .def(py::init(&StartCoordinator), py::arg("config_path"), py::arg("overrides"),
            py::arg("listen"), py::arg("token"), py::arg("run_dir"), py::arg("resume"),
@@ -380,15 +431,34 @@ PYBIND11_MODULE(_core, m) {
       })
       .def_property_readonly("rounds", &EmbeddedCoordinator::rounds)
       .def_property_readonly("committed_rounds", &EmbeddedCoordinator::committed_rounds)
-      .def_property_readonly("params_hashes", &EmbeddedCoordinator::params_hashes)
+      .def_property_readonly("params_hashes", [](const EmbeddedCoordinator& c) {
+        py::gil_scoped_release release;  // a commit may hold the service's lock
+        return c.params_hashes();
+      })
       .def_property_readonly("fragment_parameters", &EmbeddedCoordinator::fragment_parameters)
       .def("params", [](const EmbeddedCoordinator& c) {
+        std::vector<std::vector<float>> params;
+        {
+          py::gil_scoped_release release;  // a commit may hold the fragment's data
+          params = c.params();
+        }
         std::vector<at::Tensor> out;
-        for (const auto& flat : c.params()) {
+        for (const auto& flat : params) {
           out.push_back(torch::from_blob(const_cast<float*>(flat.data()), {int64_t(flat.size())},
                                          torch::kFloat)
                             .clone());
         }
         return out;
       });
+}
+
+}  // namespace
+}  // namespace atl::python
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "atoll's C++ core for the `atoll` Python package (use `import atoll`).";
+  atl::python::RegisterErrors(m);
+  atl::python::BindCodecs(m);
+  atl::python::BindIsland(m);
+  atl::python::BindCoordinator(m);
 }

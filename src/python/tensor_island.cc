@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -67,7 +68,7 @@ class ModuleModel : public outer::IslandModel {
   int64_t progress() const { return progress_; }
 
  private:
-  static constexpr size_t kKeptSteps = 1 << 20;
+  static constexpr size_t kKeptSteps = 1 << 16;
   // The tokens trained through `step` (the newest count at or before it).
   uint64_t TokensAt(int64_t step) const {
     auto it = counted_.upper_bound(step);
@@ -144,6 +145,7 @@ absl::Status CheckParams(const NamedParams& params) {
 }  // namespace
 
 struct TensorIsland::Impl {
+  mutable std::mutex mu;  // every public method's turn
   TensorIslandOptions options;
   std::unique_ptr<outer::Transport> transport;
   std::unique_ptr<outer::IslandRanks> ranks = outer::SingleRank();
@@ -222,6 +224,9 @@ absl::Status TensorIsland::Impl::Build(NamedParams params) {
   plan.blocks.clear();
   if (options.atoll_model) plan = inner::PlanOf(options.config.model);
   model = std::make_unique<ModuleModel>(std::move(params), std::move(plan), std::move(fragments));
+  // A resumed island stands at its checkpoint's step before the outer step is made: its pushes
+  // count from there.
+  if (options.resume) model->Resume(options.resume->step, options.resume->tokens);
   outer::OuterStepOptions o;
   o.schedule = outer::ScheduleOf(joined.schedule());
   o.island = outer::IslandChoicesOf(
@@ -231,7 +236,6 @@ absl::Status TensorIsland::Impl::Build(NamedParams params) {
   hook = std::make_unique<outer::OuterStepHook>(*transport, *session, *ranks, *model,
                                                 std::move(shares), o);
   if (options.resume) {
-    model->Resume(options.resume->step, options.resume->tokens);
     // What error feedback had not yet sent carries on from the checkpoint.
     ATL_RETURN_IF_ERROR(hook->RestoreResiduals(options.resume->residuals));
   }
@@ -324,6 +328,7 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
 
 absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> loss, bool stop) {
   Impl& i = *impl_;
+  auto turn = Turn();
   if (i.finished) return false;
   i.compute_s += Since(i.last_return);
   if (stop) {
@@ -349,24 +354,32 @@ absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> l
   return true;
 }
 
-absl::Status TensorIsland::Close() { return impl_->Finish(/*stopped=*/!impl_->hook->done()); }
+absl::Status TensorIsland::Close() {
+  auto turn = Turn();
+  return impl_->Finish(/*stopped=*/!impl_->hook->done());
+}
 
 IslandState TensorIsland::State() const {
+  auto turn = Turn();
   IslandState s;
   s.step = impl_->model->step();
   s.tokens = impl_->model->tokens();
-  s.rounds = rounds();
-  s.global_hashes = fragment_hashes();
+  s.rounds = impl_->hook->Rounds();
+  s.global_hashes = impl_->hook->fragment_hashes();
   s.residuals = impl_->hook->Residuals();
   return s;
 }
 
-int64_t TensorIsland::step() const { return impl_->model->step(); }
-uint64_t TensorIsland::tokens() const { return impl_->model->tokens(); }
-bool TensorIsland::done() const { return impl_->finished || impl_->hook->done(); }
-bool TensorIsland::async() const { return impl_->joined.schedule().async(); }
-int64_t TensorIsland::max_steps() const { return impl_->hook->max_steps(); }
+// The accessors, each in its turn.
+std::unique_lock<std::mutex> TensorIsland::Turn() const { return std::unique_lock(impl_->mu); }
+
+int64_t TensorIsland::step() const { auto turn = Turn(); return impl_->model->step(); }
+uint64_t TensorIsland::tokens() const { auto turn = Turn(); return impl_->model->tokens(); }
+bool TensorIsland::done() const { auto turn = Turn(); return impl_->finished || impl_->hook->done(); }
+bool TensorIsland::async() const { return impl_->joined.schedule().async(); }  // set at the join
+int64_t TensorIsland::max_steps() const { auto turn = Turn(); return impl_->hook->max_steps(); }
 int64_t TensorIsland::run_progress() const {
+  auto turn = Turn();
   return async() ? impl_->model->progress() : impl_->model->step();
 }
 uint32_t TensorIsland::num_fragments() const { return uint32_t(impl_->joined.fragments_size()); }
@@ -378,12 +391,13 @@ std::vector<std::vector<std::string>> TensorIsland::fragment_parameters() const 
   return out;
 }
 std::vector<uint64_t> TensorIsland::fragment_hashes() const {
+  auto turn = Turn();
   return impl_->hook->fragment_hashes();
 }
-std::vector<uint64_t> TensorIsland::rounds() const { return impl_->hook->Rounds(); }
+std::vector<uint64_t> TensorIsland::rounds() const { auto turn = Turn(); return impl_->hook->Rounds(); }
 std::string TensorIsland::island_id() const { return impl_->session->island_id(); }
-std::string TensorIsland::Describe() const { return impl_->hook->Describe(); }
-const outer::OuterStepStats& TensorIsland::stats() const { return impl_->hook->stats(); }
-const std::vector<LandedRoundRecord>& TensorIsland::landed() const { return impl_->landed; }
+std::string TensorIsland::Describe() const { auto turn = Turn(); return impl_->hook->Describe(); }
+outer::OuterStepStats TensorIsland::stats() const { auto turn = Turn(); return impl_->hook->stats(); }
+std::vector<LandedRoundRecord> TensorIsland::landed() const { auto turn = Turn(); return impl_->landed; }
 
 }  // namespace atl::python

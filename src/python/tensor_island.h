@@ -11,14 +11,16 @@
 // the names and shapes of `atoll export --names atoll`) joins any run of that [model], with
 // `atoll island`s, in atoll's canonical flat order.
 //
-// Threading: one thread calls everything (Python holds the GIL around it or not; the heartbeats
-// and pushes run on atoll's own threads and never touch the module).
+// Threading: every method may be called from any thread; they take turns (a call waits while
+// another, e.g. a Step waiting for a round, runs). The heartbeats and pushes run on atoll's own
+// threads and never touch the module.
 #ifndef ATOLL_SRC_PYTHON_TENSOR_ISLAND_H_
 #define ATOLL_SRC_PYTHON_TENSOR_ISLAND_H_
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -101,13 +103,14 @@ class TensorIsland {
   std::vector<uint64_t> rounds() const;  // each fragment's open round
   std::string island_id() const;
   std::string Describe() const;          // "H = 50, 2 fragment(s), tau = 2, alpha = 0.50, fp4_e2m1"
-  const outer::OuterStepStats& stats() const;
+  outer::OuterStepStats stats() const;
   // The rounds merged so far (the newest 100,000).
-  const std::vector<LandedRoundRecord>& landed() const;
+  std::vector<LandedRoundRecord> landed() const;
 
  private:
   struct Impl;
   explicit TensorIsland(std::unique_ptr<Impl> impl);
+  std::unique_lock<std::mutex> Turn() const;  // the calls take turns
   std::unique_ptr<Impl> impl_;
 };
 

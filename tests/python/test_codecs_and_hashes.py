@@ -2,11 +2,13 @@
 (Streaming DiLoCo fragments, overlap, error feedback) every island's copy of the global
 parameters hashes as the service's, every round."""
 
+import copy
+
 import pytest
 import torch
 
 import atoll
-from conftest import MlpLm, train_run
+from conftest import TOKENS_PER_STEP, IslandThread, MlpLm, train_run
 
 
 def fp4_e2m1(value):
@@ -97,7 +99,39 @@ def test_async_islands_end_on_the_services_parameters():
     service = {r["round"]: int(r["params_hash"], 16) for r in records}
     for island in islands:
         assert island.island.is_async and island.island.run_progress > 0
+        assert island.island.landed, "no version landed"
         for r in island.island.landed:
             assert r["global_hash"] == service[r["version"] - 1], (r, records)
         assert island.island.fragment_hashes == final
     assert sum(len(r["contributors"]) for r in records) >= 10
+
+
+def test_figures_can_be_read_while_the_run_trains():
+    # The getters take the service's and the islands' locks while commits and steps run on other
+    # threads: reading them all the time must neither deadlock nor crash.
+    init = MlpLm(seed=2)
+    config = {"outer": {"run_id": "live", "islands": 2, "sync_every": 2, "codec": "fp4_e2m1",
+                        "num_fragments": 2},
+              "train": {"steps": 200}}
+    with atoll.Coordinator(config, model=init, tokens_per_step=TOKENS_PER_STEP,
+                           quiet=True) as coordinator:
+        islands = [IslandThread(copy.deepcopy(init), coordinator.address, f"island{s}", s,
+                                config=config, token=coordinator.token) for s in (0, 1)]
+        for island in islands:
+            island.start()
+        reads = 0
+        while any(i.is_alive() for i in islands):
+            assert len(coordinator.params_hashes) == 2
+            assert sum(p.numel() for p in coordinator.params()) == sum(
+                p.numel() for p in init.parameters())
+            coordinator.rounds
+            for i in islands:
+                if i.island is not None:
+                    i.island.landed, i.island.stats, i.island.fragment_hashes, i.island.state_dict()
+            reads += 1
+        for island in islands:
+            island.join(60)
+            assert island.error is None, island.error
+        assert coordinator.wait(30)
+    assert reads > 10
+    assert islands[0].island.fragment_hashes == coordinator.params_hashes

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import atoll
 from conftest import TOKENS_PER_STEP, IslandThread, MlpLm
@@ -27,7 +28,7 @@ def test_a_module_of_another_shape_is_refused_naming_the_parameter():
         with pytest.raises(atoll.FailedPreconditionError) as e:
             atoll.Island(MlpLm(d=24), coordinator.address, config=small_run(),
                          token=coordinator.token, quiet=True)
-        assert "'emb.weight' of 512 elements, the island's 'emb.weight' of 768" in str(e.value), e.value
+        assert "the run's parameter 'emb.weight' has 512 elements, the island's 768" in str(e.value), e.value
         assert e.value.code == "FAILED_PRECONDITION"
 
 
@@ -55,6 +56,14 @@ def test_a_refused_join_raises():
                          token="the-run-token", quiet=True)
     with pytest.raises(atoll.InvalidArgumentError, match="format 1"):
         atoll.Island(MlpLm(), "127.0.0.1:1", state={"step": 3}, quiet=True)
+    state = {"format": 1, "step": 8, "tokens": 256, "rounds": [2], "global_hashes": [1],
+             "residuals": [{"fragment": 0, "elements": 10, "ranges": [(5, 2)],
+                            "values": torch.zeros(3)}]}
+    with pytest.raises(atoll.InvalidArgumentError, match=r"residual range \[5, 2\)"):
+        atoll.Island(MlpLm(), "127.0.0.1:1", state=state, quiet=True)
+    del state["tokens"]
+    with pytest.raises(atoll.InvalidArgumentError, match="no 'tokens'"):
+        atoll.Island(MlpLm(), "127.0.0.1:1", state=state, quiet=True)
 
 
 def test_a_killed_island_resumes_from_its_checkpoint(tmp_path):
@@ -125,23 +134,29 @@ def test_islands_rejoin_a_restarted_coordinator(tmp_path):
     init = MlpLm(seed=3)
     first = atoll.Coordinator(config, model=init, tokens_per_step=TOKENS_PER_STEP,
                               run_dir=tmp_path / "service", quiet=True)
-    port = first.address.rsplit(":", 1)[1]
-    islands = [IslandThread(MlpLm(seed=3), first.address, f"island{s}", s, config=config,
-                            token=first.token) for s in (0, 1)]
-    for island in islands:
-        island.start()
-    deadline = time.monotonic() + 60
-    while first.committed_rounds < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    first.stop()  # the islands lose their link; the service's state is on disk
-    second = atoll.Coordinator(config, model=init, tokens_per_step=TOKENS_PER_STEP,
-                               run_dir=tmp_path / "service", resume=True, port=port,
-                               token=first.token, quiet=True)
-    for island in islands:
-        island.join(120)
-        assert not island.is_alive() and island.error is None, island.error
-    assert second.wait(30)
-    second.stop()
+    second = None
+    try:
+        port = first.address.rsplit(":", 1)[1]
+        islands = [IslandThread(MlpLm(seed=3), first.address, f"island{s}", s, config=config,
+                                token=first.token) for s in (0, 1)]
+        for island in islands:
+            island.start()
+        deadline = time.monotonic() + 60
+        while first.committed_rounds < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert 3 <= first.committed_rounds < 100, first.committed_rounds
+        first.stop()  # the islands lose their link; the service's state is on disk
+        second = atoll.Coordinator(config, model=init, tokens_per_step=TOKENS_PER_STEP,
+                                   run_dir=tmp_path / "service", resume=True, port=port,
+                                   token=first.token, quiet=True)
+        for island in islands:
+            island.join(120)
+            assert not island.is_alive() and island.error is None, island.error
+        assert second.wait(30)
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
     a, b = islands
     assert a.island.steps == b.island.steps == 400
     assert a.island.fragment_hashes == b.island.fragment_hashes == second.params_hashes

@@ -146,16 +146,28 @@ class Island:
             params = list(model)
         path, pairs, has_model = _config(config, overrides)
         self._stop = threading.Event()
-        self._previous_handler = None
+        self._handling_sigterm = False
+        self._core = None
         self._core = _core._Island(
             params, coordinator, name or _default_name(), _token(token, token_file), path, pairs,
             has_model, os.fspath(credential_file) if credential_file else "", state,
             [os.fspath(f) if f else "" for f in (tls_ca, tls_cert, tls_key)], quiet)
         if handle_sigterm and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            stop = self._stop  # the handler holds the event, not the island
 
-    def _on_sigterm(self, signum, frame):
-        self._stop.set()
+            def on_sigterm(signum, frame):
+                stop.set()
+
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
+            # A handler installed from C reads as None: the default is put back then.
+            self._previous_handler = signal.SIG_DFL if previous is None else previous
+            self._handling_sigterm = True
+
+    def _restore_sigterm(self):
+        # Only the main thread may set handlers (one set there is put back there).
+        if self._handling_sigterm and threading.current_thread() is threading.main_thread():
+            self._handling_sigterm = False
+            signal.signal(signal.SIGTERM, self._previous_handler)
 
     def step(self, tokens, loss=None):
         """After each inner optimizer step, with the tokens it trained (and its loss, shown on the
@@ -166,7 +178,10 @@ class Island:
         tokens = int(tokens)
         if tokens < 1:
             raise InvalidArgumentError(f"step(tokens=...) must be the tokens the step trained, >= 1; got {tokens}")
-        return self._core.step(tokens, loss, self._stop.is_set())
+        going = self._core.step(tokens, loss, self._stop.is_set())
+        if not going:
+            self._restore_sigterm()
+        return going
 
     def stop(self):
         """Asks the island to leave at its next step(), as SIGTERM does."""
@@ -178,9 +193,17 @@ class Island:
         try:
             self._core.close()
         finally:
-            if self._previous_handler is not None:
-                signal.signal(signal.SIGTERM, self._previous_handler)
-                self._previous_handler = None
+            self._restore_sigterm()
+
+    def __del__(self):
+        # An island dropped without close() leaves the run here, not in the core's destructor
+        # (which would wait for the network holding the GIL).
+        if getattr(self, "_core", None) is not None:
+            try:
+                self._core.close()
+                self._restore_sigterm()
+            except Exception:  # noqa: BLE001  (nothing can be raised from __del__)
+                pass
 
     def __enter__(self):
         return self
