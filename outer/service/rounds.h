@@ -68,6 +68,10 @@ class Rounds {
   // throughput its heartbeats reported could have trained in that time (an honest island's are at
   // most about 1x: its claims count the steps it trained, its throughput their wall-clock rate).
   static constexpr double kClaimFlagFactor = 3.0;
+  // Claims are judged over at least this long since the membership's first contribution: a
+  // shorter window measures noise, and after a rejoin that kept its progress the next push holds
+  // steps trained while the island was away (at most a round's).
+  static constexpr double kClaimMinWindowS = 2.0;
 
   // See SyncServer::OpenPush / FinishPush / Push.
   absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const pb::PushRequest& first);

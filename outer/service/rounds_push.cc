@@ -515,6 +515,7 @@ void Rounds::FlagClaimLocked(Member& m, absl::Time now) {
   const double trained = double(m.tokens_claimed - m.tokens_first) / std::max<uint32_t>(1, owned);
   if (trained <= 0 || !m.first_contribution_at) return;
   const double elapsed_s = absl::ToDoubleSeconds(now - *m.first_contribution_at);
+  if (elapsed_s < kClaimMinWindowS) return;
   const double possible = m.peak_tokens_per_s * elapsed_s;
   if (trained <= kClaimFlagFactor * possible) return;
   ++m.flagged_claims;

@@ -42,6 +42,7 @@ class SyncServer {
 
   static constexpr uint32_t kMaxDataParallel = MembershipDesk::kMaxDataParallel;
   static constexpr double kClaimFlagFactor = Rounds::kClaimFlagFactor;
+  static constexpr double kClaimMinWindowS = Rounds::kClaimMinWindowS;
 
   // ---- membership (MembershipDesk)
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request) { return desk_.Join(request); }

@@ -528,6 +528,8 @@ TEST_F(HostileClientTest, ClaimsAboveTheReportedThroughputAreFlagged) {
     for (auto& message : c) message.mutable_chunk()->mutable_header()->set_round(1);
     return Push(c);
   };
+  // Claims are judged over at least Rounds::kClaimMinWindowS: mallory's second round comes later.
+  std::this_thread::sleep_for(std::chrono::duration<double>(outer::SyncServer::kClaimMinWindowS + 0.1));
   ASSERT_TRUE(second(honest, "honest", round).ok());
   const auto greedy = second(mallory, "mallory", 16 * round);
   ASSERT_TRUE(greedy.ok()) << greedy.error_message();  // within the declared ranks' bound
