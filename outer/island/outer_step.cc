@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <random>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +16,32 @@
 #include "compression/status_macros.h"
 
 namespace atl::outer {
+
+absl::Status CheckRunMode(const OuterConfig& outer, const pb::OuterSchedule& schedule) {
+  if (schedule.async() == outer.async()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("this island is configured for outer.mode = \"", ConfigValueText(outer.mode),
+                   "\" but the run is ", schedule.async() ? "async" : "sync"));
+}
+
+pb::IslandTelemetry TelemetryOf(const TrainingFigures& f, const OuterStepStats& stats) {
+  auto bounded = [](double v, double max) { return std::isfinite(v) ? std::clamp(v, 0.0, max) : 0.0; };
+  static const uint64_t process =
+      (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ 1;
+  pb::IslandTelemetry t;
+  t.set_loss(bounded(f.loss, 1e4));
+  t.set_val_loss(f.val_loss ? bounded(*f.val_loss, 1e4) : 0.0);
+  t.set_val_bpb(f.val_bpb ? bounded(*f.val_bpb, 1e4) : 0.0);
+  t.set_tokens_per_s(bounded(f.tokens_per_s, 1e12));
+  t.set_utilization(bounded(f.utilization, 1));
+  t.set_tokens(f.tokens);
+  t.set_process(process);
+  t.set_tokens_trained(f.tokens_trained);
+  t.set_bytes_sent(stats.bytes_sent);
+  t.set_bytes_received(stats.bytes_received);
+  t.set_elements_synced(stats.elements_synced);
+  return t;
+}
 namespace {
 
 double Since(std::chrono::steady_clock::time_point t) {

@@ -80,6 +80,8 @@ struct RunSchedule {
 RunSchedule ScheduleOf(const pb::OuterSchedule& schedule);
 // Its phases alone.
 SyncPhases PhasesOf(const pb::OuterSchedule& schedule);
+// An island configured for one mode (outer.mode) refuses a run of the other.
+absl::Status CheckRunMode(const OuterConfig& outer, const pb::OuterSchedule& schedule);
 
 // What each island chooses for itself, from its own [outer] section.
 struct IslandChoices {
@@ -131,6 +133,21 @@ struct OuterStepStats {
   int seeded_fragments = 0;         // taken from the island's own parameters (hash-checked)
   int64_t tau = 0;                  // inner steps between a push and its merge, now
 };
+
+// An island's training as its heartbeats report it.
+struct TrainingFigures {
+  double loss = 0;
+  std::optional<double> val_loss, val_bpb;  // of its last evaluation
+  double tokens_per_s = 0;
+  double utilization = 0;       // compute time over wall time
+  uint64_t tokens = 0;          // at the island's step
+  uint64_t tokens_trained = 0;  // by this process (its restarts' recomputed steps included)
+};
+
+// The heartbeats' telemetry: the figures, each clamped to what the service accepts
+// (outer/service/sync_types.h), this process's id (the service's account of where the run's
+// tokens went: outer/service/token_ledger.h) and the outer step's bytes.
+pb::IslandTelemetry TelemetryOf(const TrainingFigures& figures, const OuterStepStats& stats);
 
 class OuterStepHook;
 

@@ -18,7 +18,6 @@
 #include "absl/strings/str_join.h"
 #include "compression/config_value.h"
 #include "compression/status_macros.h"
-#include "outer/island/shard_router.h"
 #include "src/cli/compare_command.h"
 #include "src/config/config.h"
 #include "src/service/coordinator.h"
@@ -210,24 +209,8 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
                   const atl::inner::parallel::RankInfo& rank) {
   auto token = atl::LoadToken(cl.token_file);
   if (!token.ok()) return Fail(token.status());
-  atl::GrpcTransportOptions t;
-  t.target = f.coordinator;
-  t.token = *token;
-  t.tls = cl.tls;
-  t.rpc_timeout_s = config.outer.rpc_timeout_s;
-  t.round_timeout_s = config.outer.round_timeout_s;
-  t.connections = config.outer.connections;
-  auto coordinator = atl::GrpcTransport::Create(t);
-  if (!coordinator.ok()) return Fail(coordinator.status());
-  // A sharded service: each fragment's data calls go to its shard, with the same options.
-  atl::outer::ShardRouter router(
-      *std::move(coordinator),
-      [t](const std::string& address) -> absl::StatusOr<std::unique_ptr<atl::outer::Transport>> {
-        atl::GrpcTransportOptions to_shard = t;
-        to_shard.target = address;
-        ATL_ASSIGN_OR_RETURN(auto opened, atl::GrpcTransport::Create(to_shard));
-        return std::unique_ptr<atl::outer::Transport>(std::move(opened));
-      });
+  auto transport = atl::ConnectIsland(f.coordinator, *token, cl.tls, config.outer);
+  if (!transport.ok()) return Fail(transport.status());
   atl::IslandOptions options;
   options.name = f.name;
   options.run_dir = cl.run_dir;
@@ -238,7 +221,7 @@ int RunIslandRank(const CommandLine& cl, const IslandFlags& f, const atl::Config
   options.rank = rank;
   options.collective_timeout_s = config.parallelism.collective_timeout_s;
   options.metrics_listen = cl.metrics_listen;
-  auto summary = atl::RunIsland(config, router, options);
+  auto summary = atl::RunIsland(config, **transport, options);
   if (!summary.ok()) return Fail(summary.status());
   // The global parameters' hash as the coordinator prints it: one per fragment.
   std::string hashes;

@@ -72,12 +72,7 @@ absl::Status CheckRunMatches(const Config& config, const pb::JoinResponse& joine
         "this island's [model] config differs from the coordinator's: both must build the same "
         "model");
   }
-  if (joined.schedule().async() != config.outer.async()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this island is configured for outer.mode = \"", outer::ConfigValueText(config.outer.mode),
-        "\" but the run is ",
-        joined.schedule().async() ? "async" : "sync"));
-  }
+  ATL_RETURN_IF_ERROR(outer::CheckRunMode(config.outer, joined.schedule()));
   const uint64_t tokens_per_rank = config.tokens_per_rank_step();
   if (joined.schedule().tokens_per_step() > 0 &&
       tokens_per_rank > joined.schedule().tokens_per_step()) {
@@ -413,24 +408,17 @@ absl::Status IslandRun::OpenOutputs() {
 }
 
 pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
-  auto bounded = [](double v, double max) { return std::isfinite(v) ? std::clamp(v, 0.0, max) : 0.0; };
-  const auto& stats = outer_->stats();
-  pb::IslandTelemetry t;
-  t.set_loss(bounded(loss, 1e4));
-  t.set_val_loss(summary_.last_eval ? bounded(summary_.last_eval->loss, 1e4) : 0.0);
-  t.set_val_bpb(summary_.last_eval ? bounded(summary_.last_eval->bits_per_byte, 1e4) : 0.0);
-  t.set_tokens_per_s(bounded(monitor_->tokens_per_s(), 1e12));
-  t.set_utilization(bounded(summary_.compute_s / std::max(1e-9, Since(start_)), 1));
-  t.set_tokens(uint64_t(trainer_->tokens()));
-  // What this process trained (its restarts' recomputed steps included), for the service's
-  // account of where the run's tokens went (outer/service/token_ledger.h).
-  static const uint64_t process = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ 1;
-  t.set_process(process);
-  t.set_tokens_trained(uint64_t(summary_.steps_trained) * uint64_t(trainer_->tokens_per_step()));
-  t.set_bytes_sent(stats.bytes_sent);
-  t.set_bytes_received(stats.bytes_received);
-  t.set_elements_synced(stats.elements_synced);
-  return t;
+  outer::TrainingFigures f;
+  f.loss = loss;
+  if (summary_.last_eval) {
+    f.val_loss = summary_.last_eval->loss;
+    f.val_bpb = summary_.last_eval->bits_per_byte;
+  }
+  f.tokens_per_s = monitor_->tokens_per_s();
+  f.utilization = summary_.compute_s / std::max(1e-9, Since(start_));
+  f.tokens = uint64_t(trainer_->tokens());
+  f.tokens_trained = uint64_t(summary_.steps_trained) * uint64_t(trainer_->tokens_per_step());
+  return outer::TelemetryOf(f, outer_->stats());
 }
 
 absl::Status IslandRun::Evaluate(int64_t t) {

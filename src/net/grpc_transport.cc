@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "atoll/v1/outer.grpc.pb.h"
 #include "compression/status_macros.h"
+#include "outer/island/shard_router.h"
 
 namespace atl {
 namespace {
@@ -216,6 +217,28 @@ absl::Status GrpcTransport::FetchState(const pb::FetchStateRequest& request,
   Prepare(&ctx, options_.rpc_timeout_s);
   auto reader = Lane(lane).outer_sync->FetchState(&ctx, request);
   return ReadInto<pb::StateChunk>(ctx, reader, sink);
+}
+
+absl::StatusOr<std::unique_ptr<outer::Transport>> ConnectIsland(const std::string& target,
+                                                                const std::string& token,
+                                                                const TlsFiles& tls,
+                                                                const outer::OuterConfig& outer) {
+  GrpcTransportOptions t;
+  t.target = target;
+  t.token = token;
+  t.tls = tls;
+  t.rpc_timeout_s = outer.rpc_timeout_s;
+  t.round_timeout_s = outer.round_timeout_s;
+  t.connections = outer.connections;
+  ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
+  return std::unique_ptr<outer::Transport>(std::make_unique<outer::ShardRouter>(
+      std::move(coordinator),
+      [t](const std::string& address) -> absl::StatusOr<std::unique_ptr<outer::Transport>> {
+        GrpcTransportOptions to_shard = t;
+        to_shard.target = address;
+        ATL_ASSIGN_OR_RETURN(auto opened, GrpcTransport::Create(to_shard));
+        return std::unique_ptr<outer::Transport>(std::move(opened));
+      }));
 }
 
 }  // namespace atl

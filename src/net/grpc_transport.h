@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "outer/base/outer_config.h"
 #include "outer/base/transport.h"
 #include "src/net/rpc_security.h"
 
@@ -25,6 +26,13 @@ struct GrpcTransportOptions {
   double round_timeout_s = 600;
   int connections = 1;  // TCP connections to the service (outer.connections)
 };
+
+// An island's connection to its run: the coordinator at `target`, and each fragment's shard of a
+// sharded service (outer::ShardRouter), with the timeouts and connections of its [outer] section.
+absl::StatusOr<std::unique_ptr<outer::Transport>> ConnectIsland(const std::string& target,
+                                                                const std::string& token,
+                                                                const TlsFiles& tls,
+                                                                const outer::OuterConfig& outer);
 
 class GrpcTransport : public outer::Transport {
  public:

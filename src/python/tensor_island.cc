@@ -18,7 +18,6 @@
 #include "inner/model.h"
 #include "outer/base/names.h"
 #include "outer/island/island_session.h"
-#include "outer/island/shard_router.h"
 #include "src/net/grpc_transport.h"
 #include "src/store/flat_params.h"
 
@@ -158,40 +157,17 @@ struct TensorIsland::Impl {
   Clock::time_point last_return = Clock::now();  // of Step: the user's compute runs from there
   double compute_s = 0;
   bool finished = false;
-  uint64_t process = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() ^ 1;
 
   void Say(const std::string& line) const {
     if (options.out == nullptr) return;
     std::fprintf(options.out, "[%s] %s\n", options.name.c_str(), line.c_str());
     std::fflush(options.out);
   }
-  absl::Status Connect();
   absl::Status JoinRun(const NamedParams& params);
   absl::Status Build(NamedParams params);
   absl::Status Finish(bool stopped);
   pb::IslandTelemetry Telemetry(std::optional<double> loss) const;
 };
-
-absl::Status TensorIsland::Impl::Connect() {
-  GrpcTransportOptions t;
-  t.target = options.coordinator;
-  t.token = options.token;
-  t.tls = options.tls;
-  t.rpc_timeout_s = options.config.outer.rpc_timeout_s;
-  t.round_timeout_s = options.config.outer.round_timeout_s;
-  t.connections = options.config.outer.connections;
-  ATL_ASSIGN_OR_RETURN(auto coordinator, GrpcTransport::Create(t));
-  // A sharded service: each fragment's data calls go to its shard, with the same options.
-  transport = std::make_unique<outer::ShardRouter>(
-      std::move(coordinator),
-      [t](const std::string& address) -> absl::StatusOr<std::unique_ptr<outer::Transport>> {
-        GrpcTransportOptions to_shard = t;
-        to_shard.target = address;
-        ATL_ASSIGN_OR_RETURN(auto opened, GrpcTransport::Create(to_shard));
-        return std::unique_ptr<outer::Transport>(std::move(opened));
-      });
-  return absl::OkStatus();
-}
 
 absl::Status TensorIsland::Impl::JoinRun(const NamedParams& params) {
   const outer::FragmentLayout layout = LayoutOf(params);
@@ -207,13 +183,7 @@ absl::Status TensorIsland::Impl::JoinRun(const NamedParams& params) {
   so.say = [this](const std::string& line) { Say(line); };
   ATL_ASSIGN_OR_RETURN(session, outer::IslandSession::JoinAsIsland(*transport, so, *ranks));
   joined = session->joined();
-  if (joined.schedule().async() != options.config.outer.async()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this island is configured for outer.mode = \"",
-        outer::ConfigValueText(options.config.outer.mode), "\" but the run is ",
-        joined.schedule().async() ? "async" : "sync"));
-  }
-  return absl::OkStatus();
+  return outer::CheckRunMode(options.config.outer, joined.schedule());
 }
 
 absl::Status TensorIsland::Impl::Build(NamedParams params) {
@@ -266,23 +236,14 @@ absl::Status TensorIsland::Impl::Build(NamedParams params) {
 }
 
 pb::IslandTelemetry TensorIsland::Impl::Telemetry(std::optional<double> loss) const {
-  auto bounded = [](double v, double max) {
-    return std::isfinite(v) ? std::clamp(v, 0.0, max) : 0.0;
-  };
-  const auto& stats = hook->stats();
   const double wall = std::max(1e-9, Since(start));
-  pb::IslandTelemetry t;
-  t.set_loss(bounded(loss.value_or(0.0), 1e4));
-  const double tokens_trained = double(model->tokens() - (options.resume ? options.resume->tokens : 0));
-  t.set_tokens_per_s(bounded(tokens_trained / wall, 1e12));
-  t.set_utilization(bounded(compute_s / wall, 1));
-  t.set_tokens(model->tokens());
-  t.set_process(process);
-  t.set_tokens_trained(uint64_t(tokens_trained));
-  t.set_bytes_sent(stats.bytes_sent);
-  t.set_bytes_received(stats.bytes_received);
-  t.set_elements_synced(stats.elements_synced);
-  return t;
+  outer::TrainingFigures f;
+  f.loss = loss.value_or(0.0);
+  f.tokens = model->tokens();
+  f.tokens_trained = model->tokens() - (options.resume ? options.resume->tokens : 0);
+  f.tokens_per_s = double(f.tokens_trained) / wall;
+  f.utilization = compute_s / wall;
+  return outer::TelemetryOf(f, hook->stats());
 }
 
 absl::Status TensorIsland::Impl::Finish(bool stopped) {
@@ -317,7 +278,9 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  ATL_RETURN_IF_ERROR(impl->Connect());
+  ATL_ASSIGN_OR_RETURN(impl->transport,
+                       ConnectIsland(impl->options.coordinator, impl->options.token,
+                                     impl->options.tls, impl->options.config.outer));
   ATL_RETURN_IF_ERROR(impl->JoinRun(params));
   if (auto s = impl->Build(std::move(params)); !s.ok()) {
     impl->session->Leave();
