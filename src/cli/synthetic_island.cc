@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -131,6 +132,14 @@ class SyntheticIsland {
     return all;
   }
 
+  // Cancels the round calls in flight and those to come: another island failed, so the round
+  // they wait for cannot complete.
+  void CancelRounds() {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    rounds_cancelled_ = true;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  }
+
   absl::Status Leave() {
     pb::LeaveRequest l;
     l.set_run_id(config_.outer.run_id);
@@ -179,6 +188,24 @@ class SyntheticIsland {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }
 
+  // Registers a round's call while it lives: CancelRounds cancels it, at once if it came after.
+  class RoundCall {
+   public:
+    RoundCall(SyntheticIsland* island, grpc::ClientContext* ctx) : island_(island), ctx_(ctx) {
+      std::lock_guard<std::mutex> lock(island_->calls_mu_);
+      if (island_->rounds_cancelled_) ctx_->TryCancel();  // cancels the call when it starts
+      island_->calls_.insert(ctx_);
+    }
+    ~RoundCall() {
+      std::lock_guard<std::mutex> lock(island_->calls_mu_);
+      island_->calls_.erase(ctx_);
+    }
+
+   private:
+    SyntheticIsland* const island_;
+    grpc::ClientContext* const ctx_;
+  };
+
   void Prepare(grpc::ClientContext* ctx, double timeout_s) const {
     ctx->AddMetadata(kAuthMetadata, "Bearer " + token_);
     ctx->set_deadline(std::chrono::system_clock::now() +
@@ -204,6 +231,7 @@ class SyntheticIsland {
     {
       grpc::ClientContext ctx;
       Prepare(&ctx, config_.outer.round_timeout_s);
+      const RoundCall push(this, &ctx);
       pb::PushResponse response;
       auto writer = stub.Push(&ctx, &response);
       for (uint32_t c = 0; c < f.plan.num_chunks; ++c) {
@@ -227,6 +255,7 @@ class SyntheticIsland {
     }
     grpc::ClientContext ctx;
     Prepare(&ctx, 2 * config_.outer.round_timeout_s);
+    const RoundCall update(this, &ctx);
     pb::UpdateRequest u;
     u.set_run_id(config_.outer.run_id);
     u.set_island_id(join_.island_id());
@@ -313,6 +342,9 @@ class SyntheticIsland {
   mutable std::mutex mu_;
   std::vector<Beat> beats_;
   int failed_beats_ = 0;
+  std::mutex calls_mu_;
+  std::set<grpc::ClientContext*> calls_;  // round calls in flight
+  bool rounds_cancelled_ = false;
 };
 namespace {
 
@@ -364,6 +396,10 @@ class RoundGate {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_.ok()) failure_ = s;
     cv_.notify_all();
+  }
+  absl::Status failure() const {  // the first
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
   }
 
  private:
@@ -445,10 +481,15 @@ absl::Status SyntheticIslands::RunRounds(
   for (size_t i = 0; i < islands_.size(); ++i) {
     threads.emplace_back([&, i] {
       status[i] = inner::RunLoop(*loops[i], int64_t(rounds) * h, {loops[i].get()});
-      if (!status[i].ok()) gate.Fail(status[i]);
+      if (status[i].ok()) return;
+      // The others' rounds cannot complete without this island: they end now (CANCELLED), not
+      // at their calls' deadlines, and the first failure is the run's.
+      gate.Fail(status[i]);
+      for (auto& island : islands_) island->CancelRounds();
     });
   }
   for (auto& t : threads) t.join();
+  ATL_RETURN_IF_ERROR(gate.failure());
   for (const auto& s : status) ATL_RETURN_IF_ERROR(s);
   if (gate.stopped()) return absl::CancelledError("stopped");
   return absl::OkStatus();
