@@ -81,7 +81,7 @@ absl::Status SparseWeightedMean(const std::vector<ContributionRef>& in,
                                 WorkerPool* pool) {
   double total = 0;
   for (const auto& c : in) total += double(c.tokens);
-  out->Reset(NumSpans(n, kSparseSpan));
+  out->Reset(NumSpans(n, kSparseSpan), kSparseSpan);
   auto span = [&](uint64_t first, uint64_t count, size_t t) -> absl::Status {
     // The sums stay zero between tasks: only the touched ones are reset.
     thread_local std::vector<double> sum_buffer(kSparseSpan, 0.0);
@@ -289,7 +289,8 @@ bool AggregatesSparsely(const AggregationOptions& options,
   return !contributions.empty();
 }
 
-void SparseGradient::Reset(size_t n) {
+void SparseGradient::Reset(size_t n, uint64_t span_elements) {
+  span = span_elements;
   pieces.resize(n);
   for (auto& p : pieces) {
     p.index.clear();

@@ -89,8 +89,9 @@ struct SparseGradient {
     std::vector<float> value;
   };
   std::vector<Piece> pieces;
-  // Empties every piece (keeping its storage) and makes `n` of them.
-  void Reset(size_t n);
+  uint64_t span = 0;  // when not 0: piece t holds only indices in [t x span, (t + 1) x span)
+  // Empties every piece (keeping its storage) and makes `n` of them, of `span` elements if given.
+  void Reset(size_t n, uint64_t span = 0);
   size_t size() const;
 };
 // Whether the rule folds whole contributions (mean, clipped_mean), so that its result is a

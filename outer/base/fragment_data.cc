@@ -141,7 +141,9 @@ namespace {
 // Calls fn(index, value, m) for the runs of g's entries inside elements [first, last), in order.
 template <typename Fn>
 void ForEachRun(const SparseGradient& g, uint64_t first, uint64_t last, Fn&& fn) {
-  for (const auto& piece : g.pieces) {
+  const size_t from = g.span > 0 ? size_t(std::min<uint64_t>(first / g.span, g.pieces.size())) : 0;
+  for (size_t p = from; p < g.pieces.size(); ++p) {
+    const auto& piece = g.pieces[p];
     if (piece.index.empty() || piece.index.back() < first) continue;
     if (piece.index.front() >= last) break;
     const auto lo = std::lower_bound(piece.index.begin(), piece.index.end(), first);
