@@ -211,7 +211,10 @@ absl::Status EncodeSparseInput(const CodecSpec& spec, size_t n, const uint32_t* 
                                const float* value, size_t m, uint8_t* out,
                                const Rounding& rounding, const KeptVisitor* decoded) {
   ATL_RETURN_IF_ERROR(CheckSparse(spec, "EncodeSparseInput"));
-  for (size_t i = 0; i < m; ++i) {
+  // Ascending with the last inside: all inside (flags gathered, the culprit named after).
+  uint32_t bad = uint32_t(m > 0 && index[m - 1] >= n);
+  for (size_t i = 1; i < m; ++i) bad |= uint32_t(index[i] <= index[i - 1]);
+  for (size_t i = 0; bad && i < m; ++i) {
     if (index[i] >= n || (i > 0 && index[i] <= index[i - 1])) {
       return absl::InvalidArgumentError(absl::StrCat(
           "index ", index[i], " at ", i, " is not ascending inside the ", n, " elements"));

@@ -42,6 +42,19 @@ Scratch& ThreadScratch() {
   return s;
 }
 
+// ORs `word` into bits [64 w, 64 w + 64) of the bit string bits[bytes] (LSB first).
+inline void OrWord(uint8_t* bits, size_t bytes, size_t w, uint64_t word) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the bit strings are written as words");
+  if (8 * w + 8 <= bytes) {
+    uint64_t x;
+    std::memcpy(&x, bits + 8 * w, 8);
+    x |= word;
+    std::memcpy(bits + 8 * w, &x, 8);
+    return;
+  }
+  for (size_t b = 8 * w; b < bytes; ++b, word >>= 8) bits[b] = uint8_t(bits[b] | uint8_t(word));
+}
+
 // A chunk of `len` elements whose kept elements are idx[s.k] (ascending) with values[s.k].
 void EncodeSelected(const CodecSpec& spec, uint32_t len, const uint32_t* idx, const float* values,
                     uint8_t* out, const Rounding& rounding) {
@@ -50,21 +63,38 @@ void EncodeSelected(const CodecSpec& spec, uint32_t len, const uint32_t* idx, co
   t.encode(ValueBlock(t, s.k), values, s.k, out, rounding);
   uint8_t* bits = out + s.value_bytes;
   std::memset(bits, 0, s.index_bytes);
-  // The low bits, LSB first from bit 0: gathered in a word and stored a byte at a time.
+  // The low bits, LSB first from bit 0: gathered in a word and stored 32 bits at a time.
   const uint32_t low_mask = (1u << s.l) - 1;
   uint64_t acc = 0;
   uint32_t held = 0;
   uint8_t* at = bits;
   for (uint32_t i = 0; i < s.k; ++i) {
     acc |= uint64_t(idx[i] & low_mask) << held;
-    for (held += s.l; held >= 8; held -= 8, acc >>= 8) *at++ = uint8_t(acc);
+    held += s.l;
+    if (held >= 32) {
+      const uint32_t word = uint32_t(acc);
+      std::memcpy(at, &word, 4);
+      at += 4;
+      acc >>= 32;
+      held -= 32;
+    }
   }
-  if (held > 0) *at = uint8_t(acc);  // the upper part starts in this byte: OR'd into below
+  for (; held > 0; held = held > 8 ? held - 8 : 0, acc >>= 8) *at++ = uint8_t(acc);
+  // The high parts, unary after the low bits (which may share their first byte): a 64-bit word
+  // of them at a time.
   const size_t upper = size_t(s.k) * s.l;
+  size_t w = upper >> 6;
+  uint64_t word = 0;
   for (uint32_t i = 0; i < s.k; ++i) {
     const size_t p = upper + (idx[i] >> s.l) + i;
-    bits[p >> 3] = uint8_t(bits[p >> 3] | (1u << (p & 7)));
+    if ((p >> 6) != w) {
+      OrWord(bits, s.index_bytes, w, word);
+      w = p >> 6;
+      word = 0;
+    }
+    word |= uint64_t(1) << (p & 63);
   }
+  if (word != 0) OrWord(bits, s.index_bytes, w, word);
 }
 
 uint32_t EncodeChunk(const CodecSpec& spec, const float* x, uint32_t len, uint8_t* out,
@@ -93,6 +123,26 @@ bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t*
   Scratch& scratch = ThreadScratch();
   scratch.idx.resize(s.k);
   scratch.values.resize(s.k);
+  uint32_t* idx = scratch.idx.data();
+  float* values = scratch.values.data();
+  if (nonzero == m) {
+    // No entry is a zero: the k - m zeros kept are the lowest indices without an entry, merged
+    // in as they are found.
+    uint32_t kept = 0, i = 0;
+    for (uint32_t j = 0, zeros = s.k - m; zeros > 0; ++j, ++kept) {
+      const bool entry = i < m && at[i] - base == j;
+      idx[kept] = j;
+      values[kept] = entry ? v[i] : 0.0f;
+      i += uint32_t(entry);
+      zeros -= uint32_t(!entry);
+    }
+    for (; i < m; ++i, ++kept) {
+      idx[kept] = at[i] - base;
+      values[kept] = v[i];
+    }
+    EncodeSelected(spec, len, idx, values, out, rounding);
+    return true;
+  }
   // The zeros kept: the k - nonzero lowest indices that hold no nonzero (a short walk).
   std::vector<uint32_t>& zeros = scratch.zeros;
   std::vector<float>& zero_values = scratch.zero_values;
@@ -106,8 +156,6 @@ bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t*
     zero_values.push_back(entry ? v[i] : 0.0f);
   }
   // Both merged in index order.
-  uint32_t* idx = scratch.idx.data();
-  float* values = scratch.values.data();
   uint32_t kept = 0, i = 0;
   auto nonzeros_before = [&](uint32_t end) {
     for (; i < m && at[i] - base < end; ++i) {
