@@ -4,7 +4,9 @@
 // or as a union, with a sharded island's ranks and error feedback; and a FragmentData whose update
 // could leave the floats takes the checked path, and refuses what is not finite.
 #include <cstring>
+#include <limits>
 
+#include "compression/checksum.h"
 #include "outer/service/service_options.h"
 #include "tests/outer/sync_server_fixture.h"
 
@@ -139,6 +141,45 @@ TEST_F(SparseCommitTest, EqualsTheDenseCommitBitForBit) {
 
 // Parameters near the largest float: the one-pass step cannot vouch for the result, so the update
 // is checked element by element first; one that would overflow is refused with nothing changed.
+// A sparse push whose kept values decode to a non-finite value (a chunk's int2 step made
+// infinite, the checksum redone) is refused at its end, naming the island, and leaves the round
+// as it was; a good push then counts.
+TEST_F(SparseCommitTest, ASparsePushThatDecodesNonFiniteIsRefusedAtItsEnd) {
+  options_.codec = kSparse;
+  options_.num_data_streams = 2;
+  layout_.numels = {1000};
+  auto service = Make(Sines(1000));
+  Join(*service, "a");
+  Join(*service, "b");
+  std::vector<float> delta = Sines(1000);
+  auto push = [&](bool broken) {
+    auto chunks = *EncodeChunks({"run", "a", 0, 0}, kSparse, delta.data(), 0, 1000, 1000, 16);
+    EXPECT_GT(chunks.size(), 2u);
+    if (broken) {  // the second chunk's first codec block: its step is the first 4 bytes
+      std::string* data = chunks[1].mutable_data();
+      const float inf = std::numeric_limits<float>::infinity();
+      std::memcpy(data->data(), &inf, sizeof(inf));
+      chunks[1].set_xxh64(compression::Checksum(data->data(), data->size()));
+    }
+    std::vector<pb::PushRequest> requests(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      *requests[i].mutable_chunk() = chunks[i];
+      requests[i].set_tokens(10);
+    }
+    requests[0].set_session(sessions_["a"]);
+    return service->Push(requests);
+  };
+  auto refused = push(true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("contribution of island 'a' to round 0: "));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("non-finite"));
+  auto counted = push(false);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_EQ(counted->contributors(), 1u);  // the refused push left nothing behind
+}
+
 TEST(FragmentDataTest, SparseStepsNearTheLargestFloatAreCheckedFirst) {
   OuterOptimizerConfig sgd{1.0, 0.0, false};
   sgd.name = "sgd";
