@@ -472,7 +472,6 @@ absl::Status SyntheticIslands::RunRounds(
     const std::function<void(int, const RoundTimes&)>& on_round) {
   RoundGate gate(int(islands_.size()), stop, on_round);
   const int64_t h = islands_.front()->sync_every();
-  std::vector<absl::Status> status(islands_.size());
   std::vector<std::unique_ptr<SyntheticLoop>> loops;
   std::vector<std::thread> threads;
   for (size_t i = 0; i < islands_.size(); ++i) {
@@ -480,17 +479,16 @@ absl::Status SyntheticIslands::RunRounds(
   }
   for (size_t i = 0; i < islands_.size(); ++i) {
     threads.emplace_back([&, i] {
-      status[i] = inner::RunLoop(*loops[i], int64_t(rounds) * h, {loops[i].get()});
-      if (status[i].ok()) return;
+      const absl::Status status = inner::RunLoop(*loops[i], int64_t(rounds) * h, {loops[i].get()});
+      if (status.ok()) return;
       // The others' rounds cannot complete without this island: they end now (CANCELLED), not
       // at their calls' deadlines, and the first failure is the run's.
-      gate.Fail(status[i]);
+      gate.Fail(status);
       for (auto& island : islands_) island->CancelRounds();
     });
   }
   for (auto& t : threads) t.join();
-  ATL_RETURN_IF_ERROR(gate.failure());
-  for (const auto& s : status) ATL_RETURN_IF_ERROR(s);
+  ATL_RETURN_IF_ERROR(gate.failure());  // every island's failure went to the gate
   if (gate.stopped()) return absl::CancelledError("stopped");
   return absl::OkStatus();
 }

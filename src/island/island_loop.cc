@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <future>
 #include <optional>
-#include <random>
 #include <thread>
 #include <tuple>
 

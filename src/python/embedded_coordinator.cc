@@ -115,11 +115,6 @@ std::vector<std::vector<float>> EmbeddedCoordinator::params() const {
   return out;
 }
 
-uint32_t EmbeddedCoordinator::num_fragments() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return uint32_t(fragment_parameters_.size());
-}
-
 std::vector<std::vector<std::string>> EmbeddedCoordinator::fragment_parameters() const {
   std::lock_guard<std::mutex> lock(mu_);
   return fragment_parameters_;

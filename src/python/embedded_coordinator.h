@@ -52,7 +52,6 @@ class EmbeddedCoordinator {
   uint64_t committed_rounds() const;
   std::vector<uint64_t> params_hashes() const;  // each fragment's global parameters, now
   std::vector<std::vector<float>> params() const;  // each fragment's, flat (a copy)
-  uint32_t num_fragments() const;
   std::vector<std::vector<std::string>> fragment_parameters() const;
 
  private:

@@ -116,10 +116,6 @@ Config ConfigOf(const std::string& path, const Overrides& overrides, bool atoll_
   return c;
 }
 
-NamedParams ParamsOf(const std::vector<std::pair<std::string, at::Tensor>>& params) {
-  return NamedParams(params.begin(), params.end());
-}
-
 py::dict StateDict(const IslandState& s) {
   py::list residuals;
   for (const auto& r : s.residuals) {
@@ -260,7 +256,7 @@ std::unique_ptr<TensorIsland> JoinIsland(
   }
   if (state) o.resume = StateOf(*state);
   o.out = quiet ? nullptr : stderr;
-  NamedParams named = ParamsOf(params);
+  NamedParams named = params;  // the tensors' handles: the module's storage, shared
   py::gil_scoped_release release;
   return Check(TensorIsland::Join(std::move(o), std::move(named)));
 }
@@ -302,7 +298,8 @@ std::unique_ptr<EmbeddedCoordinator> StartCoordinator(
   return Check(EmbeddedCoordinator::Start(std::move(o)));
 }
 
-// A const accessor called without the GIL (its result is a plain C++ value, cast after).
+// A const accessor called without the GIL (its result is a plain C++ value, cast after): the
+// island's turn may wait for a step.
 template <typename R>
 auto Unlocked(R (TensorIsland::*f)() const) {
   return [f](const TensorIsland& island) {
@@ -312,13 +309,8 @@ auto Unlocked(R (TensorIsland::*f)() const) {
 }
 
 py::list LandedRounds(const TensorIsland& island) {
-  std::vector<LandedRoundRecord> landed;
-  {
-    py::gil_scoped_release release;  // the island's turn may wait for a step
-    landed = island.landed();
-  }
   py::list out;
-  for (const auto& r : landed) {
+  for (const auto& r : Unlocked(&TensorIsland::landed)(island)) {
     py::dict d;
     d["fragment"] = r.fragment;
     d["round"] = r.round;
@@ -334,11 +326,7 @@ py::list LandedRounds(const TensorIsland& island) {
 }
 
 py::dict Stats(const TensorIsland& island) {
-  outer::OuterStepStats s;
-  {
-    py::gil_scoped_release release;
-    s = island.stats();
-  }
+  const outer::OuterStepStats s = Unlocked(&TensorIsland::stats)(island);
   py::dict d;
   d["rounds"] = s.rounds;
   d["resyncs"] = s.resyncs;
@@ -390,14 +378,8 @@ void BindIsland(py::module_& m) {
         py::gil_scoped_release release;
         Check(i.Close());
       })
-      .def("state", [](const TensorIsland& i) {
-        IslandState state;
-        {
-          py::gil_scoped_release release;
-          state = i.State();
-        }
-        return StateDict(state);
-      })
+      .def("state",
+           [](const TensorIsland& i) { return StateDict(Unlocked(&TensorIsland::State)(i)); })
       // Each call waits for the island's turn (a step may be waiting for a round) without the GIL.
       .def_property_readonly("step_count", Unlocked(&TensorIsland::step))
       .def_property_readonly("tokens", Unlocked(&TensorIsland::tokens))

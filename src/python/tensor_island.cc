@@ -7,7 +7,6 @@
 #include <cmath>
 #include <map>
 #include <mutex>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

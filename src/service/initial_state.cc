@@ -2,6 +2,8 @@
 // atoll does not build), their fragments and initial values.
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
 #include "inner/model.h"
@@ -19,7 +21,9 @@ namespace {
 // canonical order), and its fragment group.
 struct RunParameters {
   outer::FragmentLayout layout;
-  std::vector<std::vector<float>> values;  // per parameter
+  // Parameter i's values, made when asked: only for the fragments a server holds (a sharded
+  // run's coordinator holds none).
+  std::function<std::vector<float>(size_t)> values;
   std::vector<int> groups;
   uint64_t config_hash = 0;
 };
@@ -33,11 +37,12 @@ absl::StatusOr<RunParameters> ParametersOf(const Config& config, const ModulePar
                                                      " elements, its parameters ",
                                                      run.layout.total()));
     }
-    size_t at = 0;
-    for (uint64_t n : run.layout.numels) {
-      run.values.emplace_back(module->values.begin() + at, module->values.begin() + at + n);
-      at += n;
-    }
+    std::vector<size_t> offsets{0};
+    for (uint64_t n : run.layout.numels) offsets.push_back(offsets.back() + n);
+    run.values = [module, offsets](size_t i) {
+      return std::vector<float>(module->values.begin() + offsets[i],
+                                module->values.begin() + offsets[i + 1]);
+    };
     run.groups = outer::ContiguousGroups(run.layout.numels, config.outer.num_fragments);
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
     for (size_t i = 0; i < run.layout.names.size(); ++i) {
@@ -47,18 +52,18 @@ absl::StatusOr<RunParameters> ParametersOf(const Config& config, const ModulePar
     run.config_hash = LayoutHash(shapes);
     return run;
   }
-  // The model lives only while its parameters are copied out: the service's memory never holds
-  // them twice once it runs.
+  // The model's tensors live only while the owned parameters are copied out: the service's
+  // memory never holds them twice once it runs.
   const inner::CausalLm model = inner::BuildModel(config.model);
-  const NamedParams params = inner::NamedParameters(*model);
+  NamedParams params = inner::NamedParameters(*model);
   if (!config.train.init_from.empty()) {
     ATL_ASSIGN_OR_RETURN(auto weights, InitialWeights(config));
     ATL_RETURN_IF_ERROR(CopyInto(weights, params));
   }
   run.layout = LayoutOf(params);
   const inner::ParallelPlan plan = inner::PlanOf(config.model);
-  for (size_t i = 0; i < params.size(); ++i) run.values.push_back(Flatten(plan, params, {i}));
   run.groups = inner::FragmentGroups(plan, run.layout.names);
+  run.values = [plan, params = std::move(params)](size_t i) { return Flatten(plan, params, {i}); };
   run.config_hash = ModelConfigHash(config.model);
   return run;
 }
@@ -87,8 +92,10 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     for (size_t i : indices) {
       l.names.push_back(run.layout.names[i]);
       l.numels.push_back(run.layout.numels[i]);
-      if (owned) values.insert(values.end(), run.values[i].begin(), run.values[i].end());
-      std::vector<float>().swap(run.values[i]);
+      if (owned) {
+        const std::vector<float> v = run.values(i);
+        values.insert(values.end(), v.begin(), v.end());
+      }
     }
     initial.push_back(std::move(values));
     layouts.push_back(std::move(l));

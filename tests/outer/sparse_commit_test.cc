@@ -139,8 +139,6 @@ TEST_F(SparseCommitTest, EqualsTheDenseCommitBitForBit) {
   }
 }
 
-// Parameters near the largest float: the one-pass step cannot vouch for the result, so the update
-// is checked element by element first; one that would overflow is refused with nothing changed.
 // A sparse push whose kept values decode to a non-finite value (a chunk's int2 step made
 // infinite, the checksum redone) is refused at its end, naming the island, and leaves the round
 // as it was; a good push then counts.
@@ -180,6 +178,8 @@ TEST_F(SparseCommitTest, ASparsePushThatDecodesNonFiniteIsRefusedAtItsEnd) {
   EXPECT_EQ(counted->contributors(), 1u);  // the refused push left nothing behind
 }
 
+// Parameters near the largest float: the one-pass step cannot vouch for the result, so the update
+// is checked element by element first; one that would overflow is refused with nothing changed.
 TEST(FragmentDataTest, SparseStepsNearTheLargestFloatAreCheckedFirst) {
   OuterOptimizerConfig sgd{1.0, 0.0, false};
   sgd.name = "sgd";

@@ -47,8 +47,11 @@ def test_encode_then_decode_bounds_the_error(codec, density):
         assert len(payload) < x.numel() * 4 / 50
     else:
         assert (y - x).norm() / x.norm() < (0.2 if codec == "fp4_e2m1" else 0.02)
-    # Stochastic rounding is seeded: the same seed, the same bytes.
-    assert atoll.encode(x, codec, density, 1024, True, 5) == atoll.encode(x, codec, density, 1024, True, 5)
+    # Stochastic rounding is seeded: the same seed, the same bytes; another seed, other bytes.
+    seeded = atoll.encode(x, codec, density, 1024, True, 5)
+    assert seeded == atoll.encode(x, codec, density, 1024, True, 5)
+    if codec != "fp32":
+        assert seeded != atoll.encode(x, codec, density, 1024, True, 6)
 
 
 def test_codec_errors_name_the_problem():
