@@ -27,6 +27,22 @@ Shape ShapeOf(const CodecSpec& spec, size_t len) {
   return sparse::ShapeOf(spec.topk, len, ValueLayoutOf(Values(spec)));
 }
 
+// A payload's chunks (spec.block_size elements each but the last): the value codec looked up and
+// the full chunk's shape computed once, not per chunk.
+struct Chunks {
+  explicit Chunks(const CodecSpec& spec)
+      : traits(Values(spec)), layout(ValueLayoutOf(traits)), topk(spec.topk),
+        size(spec.block_size), full(sparse::ShapeOf(topk, size, layout)) {}
+  Shape Of(size_t len) const { return len == size ? full : sparse::ShapeOf(topk, len, layout); }
+  static size_t Bytes(const Shape& s) { return s.value_bytes + s.index_bytes; }
+
+  const CodecTraits& traits;
+  const ValueLayout layout;
+  const uint32_t topk;
+  const size_t size;
+  const Shape full;
+};
+
 
 struct Scratch {
   std::vector<uint32_t> idx;
@@ -56,10 +72,8 @@ inline void OrWord(uint8_t* bits, size_t bytes, size_t w, uint64_t word) {
 }
 
 // A chunk of `len` elements whose kept elements are idx[s.k] (ascending) with values[s.k].
-void EncodeSelected(const CodecSpec& spec, uint32_t len, const uint32_t* idx, const float* values,
+void EncodeSelected(const CodecTraits& t, const Shape& s, const uint32_t* idx, const float* values,
                     uint8_t* out, const Rounding& rounding) {
-  const CodecTraits& t = Values(spec);
-  const Shape s = ShapeOf(spec, len);
   t.encode(ValueBlock(t, s.k), values, s.k, out, rounding);
   uint8_t* bits = out + s.value_bytes;
   std::memset(bits, 0, s.index_bytes);
@@ -97,9 +111,8 @@ void EncodeSelected(const CodecSpec& spec, uint32_t len, const uint32_t* idx, co
   if (word != 0) OrWord(bits, s.index_bytes, w, word);
 }
 
-uint32_t EncodeChunk(const CodecSpec& spec, const float* x, uint32_t len, uint8_t* out,
-                     const Rounding& rounding) {
-  const Shape s = ShapeOf(spec, len);
+uint32_t EncodeChunk(const CodecTraits& t, const Shape& s, const float* x, uint32_t len,
+                     uint8_t* out, const Rounding& rounding) {
   Scratch& scratch = ThreadScratch();
   scratch.idx.resize(len);
   scratch.values.resize(len);
@@ -107,16 +120,16 @@ uint32_t EncodeChunk(const CodecSpec& spec, const float* x, uint32_t len, uint8_
   const uint32_t amax = SelectTopK(x, len, s.k, idx);
   if (amax >= 0x7F800000u) return amax;
   for (uint32_t i = 0; i < s.k; ++i) scratch.values[i] = x[idx[i]];
-  EncodeSelected(spec, len, idx, scratch.values.data(), out, rounding);
+  EncodeSelected(t, s, idx, scratch.values.data(), out, rounding);
   return amax;
 }
 
 // The same chunk when x is zero but at at[m] - base (ascending) with values v[m]: top-k keeps every
 // nonzero and, ties to the lower index, the first zeros (an entry of either sign's zero is one,
 // kept with its sign). Returns false when more than k are nonzero.
-bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t* at, uint32_t base,
-                            const float* v, uint32_t m, uint8_t* out, const Rounding& rounding) {
-  const Shape s = ShapeOf(spec, len);
+bool EncodeChunkFromEntries(const CodecTraits& t, const Shape& s, uint32_t len, const uint32_t* at,
+                            uint32_t base, const float* v, uint32_t m, uint8_t* out,
+                            const Rounding& rounding) {
   uint32_t nonzero = 0;
   for (uint32_t i = 0; i < m; ++i) nonzero += uint32_t(v[i] != 0.0f);
   if (nonzero > s.k) return false;
@@ -140,7 +153,7 @@ bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t*
       idx[kept] = at[i] - base;
       values[kept] = v[i];
     }
-    EncodeSelected(spec, len, idx, values, out, rounding);
+    EncodeSelected(t, s, idx, values, out, rounding);
     return true;
   }
   // The zeros kept: the k - nonzero lowest indices that hold no nonzero (a short walk).
@@ -170,7 +183,7 @@ bool EncodeChunkFromEntries(const CodecSpec& spec, uint32_t len, const uint32_t*
     values[kept++] = zero_values[z];
   }
   nonzeros_before(len);
-  EncodeSelected(spec, len, idx, values, out, rounding);
+  EncodeSelected(t, s, idx, values, out, rounding);
   return true;
 }
 
@@ -339,6 +352,7 @@ size_t EncodedBytes(const CodecSpec& spec, size_t n) {
 
 uint32_t Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
                 const Rounding& rounding) {
+  const Chunks chunks(spec);
   const size_t c = spec.block_size;
   uint32_t amax = 0;
   for (size_t first = 0; first < n; first += c) {
@@ -347,24 +361,26 @@ uint32_t Encode(const CodecSpec& spec, const float* in, size_t n, uint8_t* out,
     // draws however the payload is cut (on the chunk grid).
     Rounding r = rounding;
     r.first_index = rounding.first_index + first;
-    amax = std::max(amax, EncodeChunk(spec, in + first, len, out, r));
+    const Shape s = chunks.Of(len);
+    amax = std::max(amax, EncodeChunk(chunks.traits, s, in + first, len, out, r));
     if (amax >= 0x7F800000u) return amax;
-    out += ChunkBytes(spec, len);
+    out += Chunks::Bytes(s);
   }
   return amax;
 }
 
 absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, size_t first,
                          size_t last, float* out) {
-  const CodecTraits& t = Values(spec);
-  const size_t c = spec.block_size, full_bytes = ChunkBytes(spec, c);
+  const Chunks chunks(spec);
+  const CodecTraits& t = chunks.traits;
+  const size_t c = spec.block_size, full_bytes = Chunks::Bytes(chunks.full);
   Scratch& scratch = ThreadScratch();
   scratch.idx.resize(c);
   scratch.values.resize(c);
   std::fill(out, out + (last - first), 0.0f);
   for (size_t j = first / c; j * c < last; ++j) {
     const size_t start = j * c, len = std::min(c, n - start);
-    const Shape s = ShapeOf(spec, len);
+    const Shape s = chunks.Of(len);
     const uint8_t* p = in + j * full_bytes;
     const absl::Status read = ReadIndices(p + s.value_bytes, s, len, j, scratch.idx.data());
     if (!read.ok()) return read;
@@ -380,8 +396,9 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, siz
 
 absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t n, size_t first,
                        size_t last, const KeptVisitor& visit) {
-  const CodecTraits& t = Values(spec);
-  const size_t c = spec.block_size, full_bytes = ChunkBytes(spec, c);
+  const Chunks chunks(spec);
+  const CodecTraits& t = chunks.traits;
+  const size_t c = spec.block_size, full_bytes = Chunks::Bytes(chunks.full);
   Scratch& scratch = ThreadScratch();
   scratch.idx.resize(c);
   scratch.values.resize(c);
@@ -389,7 +406,7 @@ absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t n, size_
   const float* values = scratch.values.data();
   for (size_t j = first / c; j * c < last; ++j) {
     const size_t start = j * c, len = std::min(c, n - start);
-    const Shape s = ShapeOf(spec, len);
+    const Shape s = chunks.Of(len);
     const uint8_t* p = in + j * full_bytes;
     ATL_RETURN_IF_ERROR(ReadIndices(p + s.value_bytes, s, len, j, scratch.idx.data()));
     t.decode(ValueBlock(t, s.k), p, s.k, 0, s.k, scratch.values.data());
@@ -411,7 +428,8 @@ absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t n, size_
 uint32_t EncodeNonzeros(const CodecSpec& spec, size_t n, const uint32_t* index, const float* value,
                         size_t m, uint8_t* out, const Rounding& rounding,
                         const KeptVisitor* decoded) {
-  const CodecTraits& t = Values(spec);
+  const Chunks chunks(spec);
+  const CodecTraits& t = chunks.traits;
   const size_t c = spec.block_size;
   uint32_t amax = 0;
   std::vector<float> dense;
@@ -420,26 +438,27 @@ uint32_t EncodeNonzeros(const CodecSpec& spec, size_t n, const uint32_t* index, 
     const uint32_t len = uint32_t(std::min(c, n - first));
     Rounding r = rounding;
     r.first_index = rounding.first_index + first;
+    const Shape s = chunks.Of(len);
     const size_t begin = i;
-    for (; i < m && index[i] < first + len; ++i) amax = std::max(amax, AbsBits(value[i]));
+    i = size_t(std::lower_bound(index + i, index + m, uint32_t(first + len)) - index);
+    amax = std::max(amax, AmaxOf(value + begin, uint32_t(i - begin)));
     if (amax >= 0x7F800000u) return amax;
     const uint32_t* at = index + begin;
     const float* held = value + begin;
     const size_t count = i - begin;
     const uint32_t base = uint32_t(first);
-    if (!EncodeChunkFromEntries(spec, len, at, base, held, uint32_t(count), out, r)) {
+    if (!EncodeChunkFromEntries(t, s, len, at, base, held, uint32_t(count), out, r)) {
       dense.assign(len, 0.0f);  // more nonzeros than kept: the selection decides
       for (size_t j = 0; j < count; ++j) dense[at[j] - base] = held[j];
-      amax = std::max(amax, EncodeChunk(spec, dense.data(), len, out, r));
+      amax = std::max(amax, EncodeChunk(t, s, dense.data(), len, out, r));
     }
     if (decoded != nullptr && amax < 0x7F800000u) {
       // The chunk's kept indices are in the scratch still; their values as decoding reads them.
-      const Shape s = ShapeOf(spec, len);
       Scratch& scratch = ThreadScratch();
       t.decode(ValueBlock(t, s.k), out, s.k, 0, s.k, scratch.values.data());
       (*decoded)(first, scratch.idx.data(), scratch.values.data(), s.k);
     }
-    out += ChunkBytes(spec, len);
+    out += Chunks::Bytes(s);
   }
   return amax;
 }

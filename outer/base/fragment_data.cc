@@ -172,28 +172,32 @@ absl::StatusOr<pb::Chunk> FragmentData::EncodeSparseChunk(
   const uint64_t first = c * plan.chunks.per_chunk;
   const uint64_t count = std::min(plan.chunks.per_chunk, n - first);
   // u = LinearStep(lr, g) at g's entries in the chunk (Preview of a linear step), zero elsewhere.
-  thread_local std::vector<uint32_t> idx;
-  thread_local std::vector<float> u;
-  idx.clear();
-  u.clear();
+  thread_local std::vector<uint32_t> idx_buffer;
+  thread_local std::vector<float> u_buffer;
+  size_t entries = 0;
+  ForEachRun(g, first, first + count, [&](const uint64_t*, const float*, size_t m) { entries += m; });
+  if (idx_buffer.size() < entries) {  // grown, never shrunk: no fill per chunk
+    idx_buffer.resize(entries);
+    u_buffer.resize(entries);
+  }
+  uint32_t* const idx = idx_buffer.data();
+  float* const u = u_buffer.data();
+  size_t held = 0;
   ForEachRun(g, first, first + count, [&](const uint64_t* index, const float* value, size_t m) {
-    for (size_t j = 0; j < m; ++j) idx.push_back(uint32_t(index[j] - first));
-    const size_t at = u.size();
-    u.resize(at + m);
-    LinearStep(plan.lr, value, u.data() + at, m);
+    for (size_t j = 0; j < m; ++j) idx[held + j] = uint32_t(index[j] - first);
+    LinearStep(plan.lr, value, u + held, m);
+    held += m;
   });
-  const compression::CodecSpec spec =
-      plan.encoding.ChooseSparse(idx.data(), u.data(), idx.size(), count);
+  const compression::CodecSpec spec = plan.encoding.ChooseSparse(idx, u, entries, count);
   auto chunk = EncodeChunkWith(
       plan.id, spec, first, count, n, uint32_t(c), plan.chunks.num_chunks, {},
       [&](uint8_t* out, const compression::Rounding& r) {
         if (spec.sparse()) {
-          return compression::EncodeSparseInput(spec, count, idx.data(), u.data(), idx.size(),
-                                                out, r, &decoded);
+          return compression::EncodeSparseInput(spec, count, idx, u, entries, out, r, &decoded);
         }
         float* dense = Scratch(0, count).data();
         std::fill(dense, dense + count, 0.0f);
-        for (size_t j = 0; j < idx.size(); ++j) dense[idx[j]] = u[j];
+        for (size_t j = 0; j < entries; ++j) dense[idx[j]] = u[j];
         return compression::Encode(spec, dense, count, out, r);
       });
   if (!chunk.ok()) {
