@@ -167,6 +167,7 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t bytes,
   if (spec.sparse()) {
     ATL_RETURN_IF_ERROR(sparse::DecodeSlice(spec, in, n, first, first + count, out));
   } else {
+    ATL_RETURN_IF_ERROR(CheckBlocks(*row, spec.block_size, in, n, first, first + count));
     row->decode(spec.block_size, in, n, first, first + count, out);
   }
   if (const size_t bad = FirstNonFinite(out, count); bad < count) {

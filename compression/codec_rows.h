@@ -19,6 +19,7 @@ extern const CodecTraits kFp4E2M1Codec;   // codec_fp4.cc
 extern const CodecTraits kFp4E3M0Codec;   // codec_fp4.cc
 extern const CodecTraits kFp8E4M3Codec;   // codec_fp8.cc
 extern const CodecTraits kInt2Codec;      // codec_int2.cc
+extern const CodecTraits kInt2CentroidCodec;  // codec_int2.cc
 
 // Largest magnitude of a block of finite values: as bit patterns, non-negative floats order like
 // unsigned integers, which vectorizes.

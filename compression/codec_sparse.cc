@@ -241,6 +241,13 @@ absl::Status ReadIndices(const uint8_t* bits, const Shape& s, size_t len, size_t
   return absl::OkStatus();
 }
 
+// The value codec's block data of chunk j (values at p) checked (a table in order).
+absl::Status CheckValues(const CodecTraits& t, const Shape& s, const uint8_t* p, size_t j) {
+  const absl::Status ok = CheckBlocks(t, ValueBlock(t, s.k), p, s.k, 0, s.k);
+  if (ok.ok()) return ok;
+  return absl::InvalidArgumentError(absl::StrCat("sparse chunk ", j, "'s values: ", ok.message()));
+}
+
 // The largest magnitude of x[0, len), as bits.
 uint32_t AmaxOf(const float* x, uint32_t len) {
   if (simd::Enabled()) return simd::BlockAmaxBits(x, len);
@@ -384,6 +391,7 @@ absl::Status DecodeSlice(const CodecSpec& spec, const uint8_t* in, size_t n, siz
     const uint8_t* p = in + j * full_bytes;
     const absl::Status read = ReadIndices(p + s.value_bytes, s, len, j, scratch.idx.data());
     if (!read.ok()) return read;
+    ATL_RETURN_IF_ERROR(CheckValues(t, s, p, j));
     t.decode(ValueBlock(t, s.k), p, s.k, 0, s.k, scratch.values.data());
     const size_t a = std::max(first, start), b = std::min(last, start + len);
     for (uint32_t i = 0; i < s.k; ++i) {
@@ -409,6 +417,7 @@ absl::Status VisitKept(const CodecSpec& spec, const uint8_t* in, size_t n, size_
     const Shape s = chunks.Of(len);
     const uint8_t* p = in + j * full_bytes;
     ATL_RETURN_IF_ERROR(ReadIndices(p + s.value_bytes, s, len, j, scratch.idx.data()));
+    ATL_RETURN_IF_ERROR(CheckValues(t, s, p, j));
     t.decode(ValueBlock(t, s.k), p, s.k, 0, s.k, scratch.values.data());
     // The kept elements inside [first, last): all of them but in a chunk the range cuts.
     size_t lo = 0, hi = s.k;

@@ -14,6 +14,7 @@ enum class Codec : int {
   kFp4E3M0 = 5,
   kFp8E4M3 = 6,
   kInt2 = 7,
+  kInt2Centroid = 8,
 };
 
 // Dense (topk 0): every element encoded with `codec`, a scale per block of `block_size`.

@@ -1,5 +1,7 @@
 #include "compression/codec_traits.h"
 
+#include "absl/strings/str_cat.h"
+
 #include "compression/codec_rows.h"
 #include "compression/codec_sparse.h"
 
@@ -9,7 +11,7 @@ namespace {
 // Every codec of this build, in Codec order.
 const CodecTraits* const kCodecs[] = {&kFp32Codec,    &kBf16Codec,    &kInt8Codec,
                                       &kFp4E2M1Codec, &kFp4E3M0Codec, &kFp8E4M3Codec,
-                                      &kInt2Codec};
+                                      &kInt2Codec,    &kInt2CentroidCodec};
 
 }  // namespace
 
@@ -30,6 +32,16 @@ const CodecTraits* FindCodec(const std::string& name) {
     if (name == c->name) return c;
   }
   return nullptr;
+}
+
+absl::Status CheckBlocks(const CodecTraits& t, uint32_t block, const uint8_t* in, size_t n,
+                         size_t first, size_t last) {
+  if (t.malformed_block == nullptr || first >= last) return absl::OkStatus();
+  size_t bad = 0;
+  const char* what = t.malformed_block(block, in, n, first, last, &bad);
+  if (what == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(t.name, " block ", bad, " (elements from ",
+                                                 bad * block, ") is malformed: ", what));
 }
 
 SliceLayout SliceOf(const CodecSpec& spec, size_t n, size_t first, size_t last) {

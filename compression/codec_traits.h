@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "compression/codec_spec.h"
 
 namespace atl::compression {
@@ -38,6 +39,11 @@ struct CodecTraits {
   // Decodes elements [first, last) of an n-element payload into out[0, last - first).
   void (*decode)(uint32_t block, const uint8_t* in, size_t n, size_t first, size_t last,
                  float* out);
+  // For codecs whose block data can be malformed beyond decoding to non-finite values (a table
+  // out of order): nullptr when the blocks holding elements [first, last) are well formed, else
+  // what is wrong, the first bad block's index in *bad. nullptr: any block data is.
+  const char* (*malformed_block)(uint32_t block, const uint8_t* in, size_t n, size_t first,
+                                 size_t last, size_t* bad) = nullptr;
   bool stochastic_rounding;  // honours Rounding::stochastic (fp32 has nothing to round)
   bool simd;                 // a vectorized CPU path (AVX2, chosen at run time)
   bool cuda;                 // CUDA kernels (codec_cuda.cu), bit-identical to the CPU's; also
@@ -57,6 +63,11 @@ struct SliceLayout {
   size_t elements_offset = 0, elements_bytes = 0;
 };
 SliceLayout SliceOf(const CodecSpec& spec, size_t n, size_t first, size_t last);
+
+// OK, or INVALID_ARGUMENT naming the first block among those holding elements [first, last) of an
+// n-element payload in blocks of `block` that t.malformed_block finds malformed.
+absl::Status CheckBlocks(const CodecTraits& t, uint32_t block, const uint8_t* in, size_t n,
+                         size_t first, size_t last);
 
 }  // namespace atl::compression
 

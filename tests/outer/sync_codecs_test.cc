@@ -11,12 +11,14 @@ TEST_F(SyncServerTest, IslandsStayBitIdenticalWithTheServiceWithEveryCodec) {
   layout_.numels = {1000};
   const std::vector<float> init = Sines(1000);
   std::vector<compression::CodecSpec> specs;
-  for (const char* name : {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0", "int2"}) {
+  for (const char* name :
+       {"fp32", "bf16", "int8", "fp4_e2m1", "fp4_e3m0", "int2", "int2_centroid"}) {
     specs.push_back(*compression::ParseCodec(name));
   }
-  // Sparse: top-4 of 64 in int2, top-8 of 128 in fp4 (Nesterov makes the updates after the
-  // first dense: they come back in dense FP4).
+  // Sparse: top-4 of 64 in int2 and int2_centroid, top-8 of 128 in fp4 (Nesterov makes the
+  // updates after the first dense: they come back in dense FP4).
   specs.push_back(*compression::MakeSpec(int(compression::Codec::kInt2), 64, 4));
+  specs.push_back(*compression::MakeSpec(int(compression::Codec::kInt2Centroid), 64, 4));
   specs.push_back(*compression::MakeSpec(int(compression::Codec::kFp4E2M1), 128, 8));
   for (const compression::CodecSpec& spec : specs) {
     SCOPED_TRACE(compression::SpecText(spec));
