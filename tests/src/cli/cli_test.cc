@@ -448,6 +448,10 @@ TEST_F(CliTest, PlanPrintsEachMethodsNeedsAndPlotsThem) {
   EXPECT_THAT(r.output, HasSubstr("| data parallel, bf16 gradients every step | 1.9 GiB |"));
   EXPECT_THAT(r.output, HasSubstr("222.5 Gbit/s |"));
   EXPECT_THAT(r.output, HasSubstr("| Streaming, H = 100, P = 8, tau = 1, fp4_e2m1 |"));
+  // Sparse rounds at the config's H, and at the shorter H their quality needs.
+  EXPECT_THAT(r.output, HasSubstr("| Streaming, H = 100, P = 8, tau = 1, top 1% of 4096, int2 |"));
+  EXPECT_THAT(r.output,
+              HasSubstr("| Streaming, H = 50, P = 8, tau = 1, top 1% of 4096, int2 (H / 2"));
   const std::string svg = testing::ReadFile(dir_.Join("plan.svg"));
   EXPECT_THAT(svg, HasSubstr("<svg"));
   EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 10, true);
