@@ -21,8 +21,9 @@ namespace {
 
 using namespace math;  // NOLINT: this file is the CPU side of codec_math.h
 
-// Packs one code per byte c[0, len) four to a byte into dst (c has 3 zero bytes after len).
-void PackCodes(const uint8_t* c, size_t len, uint8_t* dst) {
+// Packs one code per byte c[0, len) four to a byte into dst (c has room for 3 more, zeroed here).
+void PackCodes(uint8_t* c, size_t len, uint8_t* dst) {
+  c[len] = c[len + 1] = c[len + 2] = 0;
   for (size_t i = 0; i < (len + 3) / 4; ++i) {
     dst[i] = uint8_t(c[4 * i] | (c[4 * i + 1] << 2) | (c[4 * i + 2] << 4) | (c[4 * i + 3] << 6));
   }
@@ -56,7 +57,6 @@ uint32_t EncodeInt2(uint32_t block, const float* in, size_t n, uint8_t* out,
     } else {
       for (size_t i = 0; i < len; ++i) c[i] = Int2Nearest(x[i], q);
     }
-    c[len] = c[len + 1] = c[len + 2] = 0;
     PackCodes(c, len, packed + first / 4);
   }
   return all;
@@ -121,7 +121,6 @@ uint32_t EncodeInt2Centroid(uint32_t block, const float* in, size_t n, uint8_t* 
     float table[4];
     for (int k = 0; k < 4; ++k) table[k] = count[k] ? float(sum[k] / double(count[k])) : edge[k];
     std::memcpy(out + 16 * b, table, 16);
-    c[len] = c[len + 1] = c[len + 2] = 0;
     PackCodes(c, len, packed + first / 4);
   }
   return all;

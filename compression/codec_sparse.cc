@@ -23,10 +23,6 @@ const CodecTraits& Values(const CodecSpec& spec) { return *FindCodec(spec.codec)
 // The kept values are one block of the value codec (codecs without blocks: none).
 uint32_t ValueBlock(const CodecTraits& t, uint32_t k) { return t.default_block ? k : 0; }
 
-Shape ShapeOf(const CodecSpec& spec, size_t len) {
-  return sparse::ShapeOf(spec.topk, len, ValueLayoutOf(Values(spec)));
-}
-
 // A payload's chunks (spec.block_size elements each but the last): the value codec looked up and
 // the full chunk's shape computed once, not per chunk.
 struct Chunks {
@@ -348,8 +344,7 @@ uint32_t SelectTopK(const float* x, uint32_t len, uint32_t k, uint32_t* idx) {
 }
 
 size_t ChunkBytes(const CodecSpec& spec, size_t len) {
-  const Shape s = ShapeOf(spec, len);
-  return s.value_bytes + s.index_bytes;
+  return Chunks::Bytes(Chunks(spec).Of(len));
 }
 
 size_t EncodedBytes(const CodecSpec& spec, size_t n) {

@@ -131,9 +131,8 @@ absl::StatusOr<std::vector<Row>> MakeRows(const Setting& s, const PlanInput& bas
     rows.push_back(MakeRow(s, base, PlanMethod::kStreaming, s.fragments, s.tau, codec, density,
                            chunk));
     // The same at the H its quality needs, when that H is a valid setting (fragments, tau and the
-    // early phases fit in it).
-    const int h = s.sync_every / kSparseHDivisor;
-    if (h >= s.fragments && h > s.tau) {
+    // early phases fit in it: MakeRow validates).
+    if (const int h = s.sync_every / kSparseHDivisor; h >= 1) {
       auto row = MakeRow(s, base, PlanMethod::kStreaming, s.fragments, s.tau, codec, density,
                          chunk, h);
       if (row.ok()) {

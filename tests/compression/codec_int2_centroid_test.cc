@@ -123,8 +123,9 @@ TEST(Int2CentroidTest, CarriesTopKValuesWithLessErrorThanInt2AtEqualBytes) {
               EncodedBytes(centroid, n), EncodedBytes(int2, n));
 }
 
-// Tables that no encoder writes are refused with the block named, dense and sparse, and a table
-// with a NaN level that no code uses too.
+// Tables that no encoder writes are refused with the block named, dense and sparse: a NaN or
+// infinite level too when no code of the block uses it (the block's codes all pick level 1), so
+// no decoded value shows it.
 TEST(Int2CentroidTest, RefusesMalformedTablesNamingTheBlock) {
   const size_t n = 256;
   const auto x = Normal(n, 5);
@@ -132,9 +133,11 @@ TEST(Int2CentroidTest, RefusesMalformedTablesNamingTheBlock) {
   ASSERT_TRUE(Encode(kDense, x.data(), n, good.data()).ok());
   const float tables[][4] = {{NAN, -1, 1, 2},   {-2, -1, 1, INFINITY}, {-1, -2, 1, 2},
                              {-2, 0.5f, 1, 2}, {-2, -1, -0.5f, 2},   {-2, -1, 2, 1}};
+  const size_t codes = 16 * (n / 64);  // where the codes start, after the 4 tables
   for (const auto& table : tables) {
     std::vector<uint8_t> bad = good;
     std::memcpy(bad.data() + 16 * 2, table, 16);  // block 2
+    std::fill(bad.begin() + long(codes + 2 * 16), bad.begin() + long(codes + 3 * 16), 0x55);
     std::vector<float> y(n, 7.0f);
     const auto s = Decode(kDense, bad.data(), bad.size(), n, y.data());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
