@@ -108,11 +108,17 @@ absl::Status SparseWeightedMean(const std::vector<ContributionRef>& in,
       }
     }
     SparseGradient::Piece& piece = out->pieces[t];
+    size_t m = 0;
+    for (uint64_t w = 0; w < touched.size(); ++w) m += size_t(__builtin_popcountll(bits[w]));
+    piece.index.resize(m);
+    piece.value.resize(m);
+    uint64_t* index = piece.index.data();
+    float* value = piece.value.data();
     for (uint64_t w = 0; w < touched.size(); ++w) {
       for (uint64_t b = bits[w]; b != 0; b &= b - 1) {
         const uint64_t k = (w << 6) + uint64_t(__builtin_ctzll(b));
-        piece.index.push_back(first + k);
-        piece.value.push_back(float(sum[k] / total));  // as compression::StoreQuotient
+        *index++ = first + k;
+        *value++ = float(sum[k] / total);  // as compression::StoreQuotient
         sum[k] = 0.0;
       }
     }

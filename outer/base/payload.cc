@@ -9,6 +9,7 @@
 #include "compression/codec_traits.h"
 #include "compression/span_math.h"
 #include "compression/status_macros.h"
+#include "outer/base/decoded_kept.h"
 #include "outer/base/names.h"
 
 namespace atl::outer {
@@ -77,15 +78,21 @@ compression::CodecSpec Encoding::Choose(const float* u, size_t n) const {
 compression::CodecSpec Encoding::ChooseSparse(const uint32_t* idx, const float* u, size_t m,
                                               size_t n) const {
   if (!update) return spec;
-  uint32_t kept = 1, nonzero = 0;
-  uint64_t block_end = spec.block_size;
-  for (size_t i = 0; i < m; ++i) {
-    if (idx[i] >= block_end) {  // a later block: counted afresh
-      block_end = (idx[i] / spec.block_size + 1) * uint64_t(spec.block_size);
-      nonzero = 0;
+  // Block by block: its entries found by search, their nonzeros counted without a branch.
+  uint32_t kept = 1;
+  const uint32_t* const end = idx + m;
+  for (const uint32_t* at = idx; at != end;) {
+    const uint64_t block_end = (uint64_t(*at) / spec.block_size + 1) * spec.block_size;
+    const uint32_t* next =
+        block_end > UINT32_MAX ? end : std::lower_bound(at, end, uint32_t(block_end));
+    const float* v = u + (at - idx);
+    const size_t len = size_t(next - at);
+    if (len > kept) {  // else it cannot keep more
+      uint32_t nonzero = 0;
+      for (size_t i = 0; i < len; ++i) nonzero += uint32_t(v[i] != 0.0f);
+      kept = std::max(kept, nonzero);
     }
-    nonzero += uint32_t(u[i] != 0.0f);
-    kept = std::max(kept, nonzero);
+    at = next;
   }
   return SmallerUpdate(spec, kept, n);
 }
@@ -331,12 +338,23 @@ absl::Status EncodedPayload::VisitKept(uint64_t first, uint64_t count,
                                        const KeptVisitor& visit) const {
   return ForEachPart(chunks, first, count, [&](const EncodedChunk& c, uint64_t within,
                                                uint64_t take) {
+    auto at = [&](size_t base, const uint32_t* index, const float* value, size_t m) {
+      visit(c.offset + base, index, value, m);
+    };
+    if (c.kept != nullptr) {
+      ReplayKept(*c.kept, codec.block_size, within, take, at);
+      return absl::OkStatus();
+    }
     return compression::VisitKept(
         codec, BytesOf(c), c.data.size(), c.count, within, take,
         [&](size_t base, const uint32_t* index, const float* value, size_t m) {
           visit(c.offset + base, index, value, m);
         });
   });
+}
+
+void EncodedPayload::DropKept() {
+  for (auto& c : chunks) c.kept.reset();
 }
 
 absl::Status EncodedPayload::Merge(EncodedPayload&& other) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -133,6 +134,8 @@ absl::Status CheckChunk(const PayloadId& id, const Encoding& codec, uint64_t fra
 // chunk must be well formed (as CheckChunk accepts it) and overlap [first, last).
 pb::Chunk SliceChunk(const pb::Chunk& chunk, uint64_t first, uint64_t last);
 
+struct DecodedKept;  // outer/base/decoded_kept.h
+
 // A verified payload kept as it arrived (encoded): chunks of a fragment, in order of their
 // offsets, not overlapping, possibly with gaps (one rank's ranges, or several ranks' merged).
 // Decoded on demand, window by window.
@@ -140,6 +143,7 @@ struct EncodedChunk {
   uint64_t offset = 0;  // first element, within the fragment
   uint64_t count = 0;
   std::string data;
+  std::shared_ptr<const DecodedKept> kept;  // sparse codecs: decoded once (MeasureAndKeep)
 };
 
 struct EncodedPayload {
@@ -155,11 +159,13 @@ struct EncodedPayload {
   // Decodes elements [first, first + count) (fragment offsets); DATA_LOSS if a gap is crossed.
   absl::Status Read(uint64_t first, uint64_t count, float* out) const;
   // A sparse payload's kept elements in [first, first + count), a codec chunk at a time
-  // (compression::VisitKept; `base` a fragment offset); time in the values kept. DATA_LOSS as
-  // Read.
+  // (compression::VisitKept, or the chunks' decoded values where kept; `base` a fragment offset);
+  // time in the values kept. DATA_LOSS as Read.
   using KeptVisitor = std::function<void(uint64_t base, const uint32_t* index, const float* value,
                                          size_t m)>;
   absl::Status VisitKept(uint64_t first, uint64_t count, const KeptVisitor& visit) const;
+  // Drops the chunks' decoded kept values (returning their budget); reads decode again.
+  void DropKept();
   // Adds the chunks of `other` (same codec); INVALID_ARGUMENT if they overlap chunks held (and
   // then nothing changes).
   absl::Status Merge(EncodedPayload&& other);

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "outer/base/decoded_kept.h"
 #include "outer/service/auto_tune.h"
 #include "outer/service/service_core.h"
 
@@ -157,7 +158,7 @@ class Rounds {
   // 1 / (1 + staleness)) and its whole tokens.
   struct CommitEntry {
     ContributionRef ref;
-    std::shared_ptr<const EncodedPayload> payload;
+    std::shared_ptr<EncodedPayload> payload;  // const to all but the fold, which drops its decoding
     bool late = false;
     uint64_t tokens = 0;
   };
@@ -261,7 +262,14 @@ class Rounds {
   // encoded updates (with `extra_bytes` to come) exceed the fragment's budget for them.
   void TrimCommittedLocked(ServiceFragment& f, size_t keep, uint64_t extra_bytes);
 
+  // Whether commits may fold contributions sparsely (sync, sparse, a mean rule; with a linear
+  // step), so that a push keeps its kept values decoded for that fold.
+  bool MayFoldSparsely() const;
+  // The bound on decoded kept values held at once: the parameters' fp32 bytes, all fragments.
+  static uint64_t KeptBudgetBytes(const ServiceCore& core);
+
   ServiceCore& core_;
+  KeptBudget kept_budget_;  // for the decoded kept values of pushes (MayFoldSparsely)
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)

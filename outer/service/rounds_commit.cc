@@ -120,6 +120,17 @@ void Rounds::RunCommits(std::vector<CommitJob> jobs) {
   for (auto& job : jobs) RunCommit(std::move(job));
 }
 
+uint64_t Rounds::KeptBudgetBytes(const ServiceCore& core) {
+  uint64_t n = 0;
+  for (const auto& f : core.fragments) n += f.layout.total();
+  return sizeof(float) * n;
+}
+
+bool Rounds::MayFoldSparsely() const {
+  return !core_.options.async && core_.options.sparse_commits && core_.options.codec.sparse() &&
+         FoldsWholeContributions(core_.options.aggregation.rule);
+}
+
 // In island-id order (std::map), the on-time contributions, then the late ones: the result does
 // not depend on arrival order. A late contribution weighs its tokens / (1 + staleness), the rule
 // async mode's staleness scaling follows (outer.staleness_scaling; FedAsync's polynomial staleness
@@ -133,7 +144,7 @@ std::vector<Rounds::CommitEntry> Rounds::CommitEntries(CommitJob& job) const {
       e.late = from == &job.late;
       e.tokens = c.tokens;
       const uint64_t stale = e.late ? job.round - std::min(job.round, c.base_round) : 0;
-      e.payload = std::make_shared<const EncodedPayload>(std::move(c.payload));
+      e.payload = std::make_shared<EncodedPayload>(std::move(c.payload));
       e.ref = {id, std::max<uint64_t>(1, c.tokens / (1 + stale)), c.norm, e.payload.get()};
       entries.push_back(std::move(e));
     }
@@ -174,6 +185,8 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
       s = Aggregate(core_.options.aggregation, refs, n, f.accumulator.get(), &report,
                     core_.pool.get());
     }
+    // The decoded kept values have served (a relayed payload is kept without them; a retry decodes).
+    for (auto& e : entries) e.payload->DropKept();
     if (s.ok()) {
       Relayable relayable;
       relayable.allowed = !any_late;

@@ -33,7 +33,9 @@ absl::Status PushStream::Add(pb::PushRequest&& request) {
   return absl::OkStatus();
 }
 
-Rounds::Rounds(ServiceCore& core) : core_(core) { StartTuner(); }
+Rounds::Rounds(ServiceCore& core) : core_(core), kept_budget_(KeptBudgetBytes(core)) {
+  StartTuner();
+}
 
 void Rounds::Renew(const std::string& island) {
   std::lock_guard<std::mutex> lock(core_.mu);
@@ -253,8 +255,9 @@ absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushS
   ATL_RETURN_IF_ERROR(ValidateFigures(stream->figures_));
   const double steps_per_s = stream->figures_.steps_per_s;
   EncodedPayload payload = std::move(stream->chunks_).Take();
-  // Decoding the part once (window by window) checks that every value is finite.
-  auto stats = Measure(payload);
+  // Decoding the part once (window by window) checks that every value is finite; a sparse fold
+  // reads the decoded values again where they are kept.
+  auto stats = MeasureAndKeep(&payload, MayFoldSparsely() ? &kept_budget_ : nullptr);
   if (!stats.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
                                                    "' to round ", id.round, ": ",

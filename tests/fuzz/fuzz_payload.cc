@@ -1,9 +1,12 @@
 // Payload assembly on arbitrary chunks: the in-order stream checks (ChunkStream) and the any-order
 // assembler islands use, then decoding what was accepted.
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "compression/checksum.h"
+#include "outer/base/decoded_kept.h"
 #include "outer/base/payload.h"
 #include "tests/fuzz/fuzz_input.h"
 
@@ -52,7 +55,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t covered = 0;
     for (const auto& [a, b] : ranges) covered += b - a;
     if (covered != payload.elements) std::abort();  // ranges never overlap
-    (void)outer::Measure(payload);
+    const auto stats = outer::Measure(payload);
+    // Kept decoded, a sparse payload measures and reads the same (or is refused the same).
+    outer::EncodedPayload kept = payload;
+    outer::KeptBudget budget(uint64_t(1) << 26);
+    const auto kept_stats = outer::MeasureAndKeep(&kept, &budget);
+    if (stats.ok() != kept_stats.ok()) std::abort();
+    if (stats.ok() && payload.codec.sparse()) {
+      if (stats->sum_squares != kept_stats->sum_squares && !std::isnan(stats->sum_squares)) std::abort();
+      std::vector<float> seen[2];
+      for (int k = 0; k < 2; ++k) {
+        (void)(k == 0 ? payload : kept)
+            .VisitKept(ranges.front().first, ranges.front().second - ranges.front().first,
+                       [&](uint64_t base, const uint32_t* index, const float* value, size_t m) {
+                         for (size_t j = 0; j < m; ++j) {
+                           seen[k].push_back(float(base + index[j]));
+                           seen[k].push_back(value[j]);
+                         }
+                       });
+      }
+      if (seen[0].size() != seen[1].size() ||
+          std::memcmp(seen[0].data(), seen[1].data(), seen[0].size() * 4) != 0) {
+        std::abort();
+      }
+    }
     std::vector<float> window(std::min<uint64_t>(payload.elements, 100));
     (void)payload.Read(ranges.front().first, std::min(window.size(),
                                                       size_t(ranges.front().second - ranges.front().first)),

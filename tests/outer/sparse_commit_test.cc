@@ -3,10 +3,13 @@
 // parameters, optimizer state, hashes, the update every copy applies — over several rounds, relayed
 // or as a union, with a sharded island's ranks and error feedback; and a FragmentData whose update
 // could leave the floats takes the checked path, and refuses what is not finite.
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "compression/checksum.h"
+#include "outer/base/decoded_kept.h"
 #include "outer/service/service_options.h"
 #include "tests/outer/sync_server_fixture.h"
 
@@ -136,6 +139,88 @@ TEST_F(SparseCommitTest, EqualsTheDenseCommitBitForBit) {
     const auto ds = dense.service->optimizer_state(0), ss = sparse.service->optimizer_state(0);
     ASSERT_EQ(ds.size(), ss.size());
     for (size_t k = 0; k < ds.size(); ++k) EXPECT_TRUE(SameBits(ds[k], ss[k]));
+  }
+}
+
+// A sparse payload's kept values decoded when it is checked (MeasureAndKeep) read exactly as the
+// encoded ones: the same visits (bases, offsets, values) over any slice, the same stats; a budget
+// too small for every chunk keeps some and decodes the rest; dropped, the leases are returned.
+TEST(DecodedKeptTest, ReadAsTheEncodedValuesWithinTheirBudget) {
+  const uint64_t n = 5000;  // 19 codec chunks of 256 and a short one of 136
+  std::vector<float> g(n);
+  for (uint64_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * float(i)) * float(1 + i % 7);
+  for (const compression::CodecSpec spec :
+       {kSparse, compression::CodecSpec{compression::Codec::kFp4E2M1, 256, 9}}) {
+    SCOPED_TRACE(compression::SpecText(spec));
+    // Two ranks' parts, merged, in chunks of a few codec chunks each.
+    EncodedPayload encoded;
+    encoded.codec = spec;
+    for (const auto& [first, last] : {std::pair<uint64_t, uint64_t>{2048, n}, {0, 2048}}) {
+      EncodedPayload part;
+      part.codec = spec;
+      auto chunks = EncodeChunks({"run", "a", 0, 0}, spec, g.data() + first, first, last - first,
+                                 n, 40);
+      ASSERT_TRUE(chunks.ok()) << chunks.status();
+      for (auto& c : *chunks) {
+        part.chunks.push_back(
+            {c.header().offset(), c.header().num_elements(), std::move(*c.mutable_data())});
+        part.elements += c.header().num_elements();
+      }
+      ASSERT_TRUE(encoded.Merge(std::move(part)).ok());
+    }
+    ASSERT_GT(encoded.chunks.size(), 4u);
+    EncodedPayload kept = encoded;
+    KeptBudget budget(uint64_t(1) << 30);
+    const auto stats = Measure(encoded);
+    const auto kept_stats = MeasureAndKeep(&kept, &budget);
+    ASSERT_TRUE(stats.ok() && kept_stats.ok());
+    EXPECT_EQ(std::memcmp(&stats->sum_squares, &kept_stats->sum_squares, sizeof(double)), 0);
+    EXPECT_EQ(stats->max_abs, kept_stats->max_abs);
+    for (const auto& c : kept.chunks) ASSERT_NE(c.kept, nullptr);
+    EXPECT_GT(budget.in_use(), 0u);
+    EXPECT_EQ(budget.in_use(), budget.bytes());
+    auto visits = [](const EncodedPayload& p, uint64_t first, uint64_t count) {
+      std::vector<std::tuple<uint64_t, uint32_t, uint32_t>> out;  // base, offset, value bits
+      EXPECT_TRUE(p.VisitKept(first, count, [&](uint64_t base, const uint32_t* index,
+                                                const float* value, size_t m) {
+                    for (size_t j = 0; j < m; ++j) {
+                      uint32_t bits;
+                      std::memcpy(&bits, &value[j], 4);
+                      out.emplace_back(base, index[j], bits);
+                    }
+                  }).ok());
+      return out;
+    };
+    for (const auto& [first, count] : std::vector<std::pair<uint64_t, uint64_t>>{
+             {0, n}, {1, n - 1}, {0, 1}, {255, 2}, {300, 1700}, {2047, 2}, {4900, 100}, {4999, 1}}) {
+      SCOPED_TRACE(absl::StrCat("[", first, ", ", first + count, ")"));
+      const auto want = visits(encoded, first, count);
+      EXPECT_EQ(visits(kept, first, count), want);
+      if (count == n) {
+        EXPECT_GT(want.size(), 19u * spec.topk);
+      }
+    }
+    // Room for a chunk or two: the rest is decoded on each read, to the same values.
+    KeptBudget small(budget.bytes() / kept.chunks.size() * 2);
+    EncodedPayload some = encoded;
+    ASSERT_TRUE(MeasureAndKeep(&some, &small).ok());
+    const size_t held = size_t(std::count_if(some.chunks.begin(), some.chunks.end(),
+                                             [](const EncodedChunk& c) { return c.kept != nullptr; }));
+    EXPECT_GE(held, 1u);
+    EXPECT_LT(held, some.chunks.size());
+    EXPECT_EQ(visits(some, 0, n), visits(encoded, 0, n));
+    some.DropKept();
+    EXPECT_EQ(small.in_use(), 0u);
+    EXPECT_LE(small.bytes(), budget.bytes() / kept.chunks.size() * 2);
+    // Dropped, the storage is kept for the next payload, which fits in it.
+    const uint64_t bytes = budget.bytes();
+    kept = EncodedPayload();
+    EXPECT_EQ(budget.in_use(), 0u);
+    EXPECT_EQ(budget.bytes(), bytes);
+    EncodedPayload again = encoded;
+    ASSERT_TRUE(MeasureAndKeep(&again, &budget).ok());
+    EXPECT_EQ(budget.bytes(), bytes);
+    EXPECT_EQ(visits(again, 0, n), visits(encoded, 0, n));
   }
 }
 
