@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "outer/base/copies.h"
 #include "outer/base/payload.h"
 #include "outer/base/worker_pool.h"
 
@@ -38,6 +39,7 @@ struct AggregationOptions {
   AggregationRule rule = AggregationRule::kMean;
   double clip_multiple = 2.0;   // clipped_mean
   double trim_fraction = 0.25;  // trimmed_mean
+  CopyOptions copies;           // every rule: copies weigh as one (outer/base/copies.h)
 };
 
 struct ContributionRef {
@@ -54,6 +56,7 @@ struct AggregationReport {
   std::vector<std::string> outliers;         // islands dropped far more often than chance
   // mean and clipped_mean: each contribution's scale, in order (1, or its clip factor).
   std::vector<double> scales;
+  CopyReport copies;  // WeighCopies
 };
 
 // Writes the outer gradient of elements [0, n) into out[n]. Every payload must cover [0, n).

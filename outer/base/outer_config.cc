@@ -187,6 +187,13 @@ absl::Status ValidateDefences(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.trim_fraction must be in [0, 0.5), got ", c.trim_fraction));
   }
+  for (const auto& [key, value] : {std::pair<const char*, double>{"copy_overlap", c.copy_overlap},
+                                   {"copy_cosine", c.copy_cosine}}) {
+    if (!(value >= 0 && value <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("outer.", key, " must be in [0, 1] (0: off), got ", value));
+    }
+  }
   AggregationOptions rule;
   rule.rule = c.aggregation;
   rule.clip_multiple = c.clip_multiple;

@@ -96,6 +96,8 @@ struct OuterConfig {
   AggregationRule aggregation = AggregationRule::kMean;
   double clip_multiple = 2.0;             // clipped_mean: norms clipped to this x the round's median
   double trim_fraction = 0.25;            // trimmed_mean: share of values dropped at each end
+  double copy_overlap = 0;                // sparse copies: kept index sets sharing this share
+  double copy_cosine = 0;                 // dense copies: values at this cosine
   // Bounds a healthy island stays far below: AdamW moves a weight by at most about lr per step, and
   // tiny's pseudo-gradients measure 0.02 to 0.31 of their fragment's parameter norm (H = 50).
   double max_update_norm = 10;            // contribution norm / fragment parameter norm (0: none)
@@ -248,6 +250,12 @@ void RobustKeys(OuterConfig& c, V&& v) {
     "clipped_mean: norms clipped to this multiple of the round's median norm");
   v("trim_fraction", c.trim_fraction,
     "trimmed_mean: share of values dropped at each end, per coordinate");
+  v("copy_overlap", c.copy_overlap,
+    "sparse: contributions whose kept indices share this share of the smaller set are copies, "
+    "weighing as one (0: off; e.g. 0.9)");
+  v("copy_cosine", c.copy_cosine,
+    "dense: contributions at this cosine or more are copies, weighing as one (0: off; e.g. "
+    "0.99)");
   v("max_update_norm", c.max_update_norm,
     "refuse contributions whose norm exceeds this x the fragment's parameter norm (0: off)");
   v("max_update_value", c.max_update_value,

@@ -270,6 +270,7 @@ class Rounds {
 
   ServiceCore& core_;
   KeptBudget kept_budget_;  // for the decoded kept values of pushes (MayFoldSparsely)
+  const uint64_t copy_seed_;  // draws the windows WeighCopies compares; unknown to the peers
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -120,6 +121,13 @@ void Rounds::RunCommits(std::vector<CommitJob> jobs) {
   for (auto& job : jobs) RunCommit(std::move(job));
 }
 
+Rounds::Rounds(ServiceCore& core)
+    : core_(core),
+      kept_budget_(KeptBudgetBytes(core)),
+      copy_seed_((uint64_t(std::random_device()()) << 32) ^ std::random_device()()) {
+  StartTuner();
+}
+
 uint64_t Rounds::KeptBudgetBytes(const ServiceCore& core) {
   uint64_t n = 0;
   for (const auto& f : core.fragments) n += f.layout.total();
@@ -169,6 +177,9 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
       any_late = any_late || e.late;
     }
     AggregationReport report;
+    // Copies weigh as one (their tokens divided among them), in the fold and in a relayed recipe.
+    WeighCopies(core_.options.aggregation.copies, refs, n,
+                copy_seed_ ^ (job.round * 0x9E3779B97F4A7C15ULL + job.fragment), &report.copies);
     // A linear step over sparse contributions touches only the coordinates they kept.
     Gradient g;
     absl::Status s;

@@ -33,10 +33,6 @@ absl::Status PushStream::Add(pb::PushRequest&& request) {
   return absl::OkStatus();
 }
 
-Rounds::Rounds(ServiceCore& core) : core_(core), kept_budget_(KeptBudgetBytes(core)) {
-  StartTuner();
-}
-
 void Rounds::Renew(const std::string& island) {
   std::lock_guard<std::mutex> lock(core_.mu);
   core_.membership.Heartbeat(island, absl::Now()).IgnoreError();

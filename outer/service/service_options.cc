@@ -65,6 +65,8 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.aggregation.rule = outer.aggregation;
   o.aggregation.clip_multiple = outer.clip_multiple;
   o.aggregation.trim_fraction = outer.trim_fraction;
+  o.aggregation.copies.overlap = outer.copy_overlap;
+  o.aggregation.copies.cosine = outer.copy_cosine;
   o.max_update_norm = outer.max_update_norm;
   o.max_update_value = outer.max_update_value;
   o.service_threads = outer.service_threads > 0 ? outer.service_threads : UsableCores();

@@ -137,6 +137,10 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
   if (!r.aggregation.clipped.empty()) record["clipped"] = r.aggregation.clipped;
   if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
   if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;
+  if (!r.aggregation.copies.groups.empty()) record["copies"] = r.aggregation.copies.groups;
+  if (r.aggregation.copies.most_similar > 0) {
+    record["copy_similarity"] = r.aggregation.copies.most_similar;
+  }
   return record;
 }
 
