@@ -4,17 +4,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "compression/codec_math.h"
 #include "outer/base/aggregation.h"
 
 namespace atl::outer {
 namespace {
-
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // The first elements of the sampled windows, ascending, distinct: every window when there are
 // few, else `count` drawn by the seed.
@@ -25,7 +19,7 @@ std::vector<uint64_t> SampledWindows(uint64_t n, uint32_t count, uint64_t seed) 
     for (uint64_t w = 0; w < windows; ++w) first.push_back(w * kCopyWindow);
     return first;
   }
-  for (uint32_t j = 0; j < count; ++j) first.push_back(SplitMix(seed + j) % windows * kCopyWindow);
+  for (uint32_t j = 0; j < count; ++j) first.push_back(compression::math::Draw(seed, j) % windows * kCopyWindow);
   std::sort(first.begin(), first.end());
   first.erase(std::unique(first.begin(), first.end()), first.end());
   return first;

@@ -106,6 +106,114 @@ double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec,
   return Median(times);
 }
 
+// The fastest of three runs of `run`, in seconds.
+template <typename Run>
+double Fastest(Run&& run) {
+  double best = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = Clock::now();
+    run(r);
+    best = std::min(best, Seconds(t0));
+  }
+  return best;
+}
+
+// Each island's pseudo-gradient, encoded with the codec, as the service holds it.
+struct Contributions {
+  std::vector<outer::EncodedPayload> payloads;
+  std::vector<outer::ContributionRef> refs;
+};
+Contributions MakeContributions(uint64_t n, int islands, const compression::CodecSpec& codec,
+                                std::vector<float>& g) {
+  Contributions c;
+  c.payloads.resize(size_t(islands));
+  for (int i = 0; i < islands; ++i) {
+    Fill(g, uint64_t(1000 + i));
+    auto chunks = *outer::EncodeChunks({"bench", "", 0, 0}, codec, g.data(), 0, n, n);
+    outer::EncodedPayload& p = c.payloads[size_t(i)];
+    p.codec = codec;
+    for (auto& chunk : chunks) {
+      p.chunks.push_back({chunk.header().offset(), chunk.header().num_elements(),
+                          std::move(*chunk.mutable_data())});
+    }
+    p.elements = n;
+    c.refs.push_back({"island" + std::to_string(i), 1000, 1.0, &p});
+  }
+  return c;
+}
+
+// The dense fold of every contribution, one thread, against memcpy. Returns its seconds.
+double TimeDenseAggregation(const Contributions& in, uint64_t n, const std::vector<float>& g) {
+  std::vector<float> out(n), copy(n);
+  auto t0 = Clock::now();
+  std::memcpy(copy.data(), g.data(), n * 4);
+  const double memcpy_s = Seconds(t0);
+  t0 = Clock::now();
+  if (!outer::Aggregate({}, in.refs, n, out.data(), nullptr).ok()) std::abort();
+  const double agg_s = Seconds(t0);
+  const double rate = double(n) * 4 * double(in.refs.size()) / agg_s / 1e9;
+  std::printf("aggregation (decode and fold, one thread): %.2f GB/s of fp32 contributions = "
+              "%.0f%% of memcpy (%.2f GB/s)\n",
+              rate, 100 * rate / (double(n) * 4 / memcpy_s / 1e9), double(n) * 4 / memcpy_s / 1e9);
+  return agg_s;
+}
+
+// The sparse fold from the encoded bytes, then as the service folds them: each contribution's
+// kept values decoded once when its push is checked (MeasureAndKeep, off the commit's path but
+// for the last push). Leaves the outer gradient in *sparse.
+void TimeSparseAggregation(Contributions& in, uint64_t n, const compression::CodecSpec& codec,
+                           double dense_s, outer::SparseGradient* sparse) {
+  auto fold = [&](int) {
+    if (!outer::AggregateSparse({}, in.refs, n, nullptr, sparse).ok()) std::abort();
+  };
+  const double sparse_s = Fastest(fold);
+  const double kept_values = double(codec.topk) * double(n) / codec.block_size * double(in.refs.size());
+  std::printf("sparse aggregation (kept values only, one thread): %.3f s = %.1f ns per kept "
+              "value, %zu coordinates touched (%.1f%%), %.1fx faster than the dense fold\n",
+              sparse_s, 1e9 * sparse_s / kept_values, sparse->size(),
+              100.0 * double(sparse->size()) / double(n), dense_s / sparse_s);
+  outer::KeptBudget budget(UINT64_MAX);
+  const double measure_s = Fastest([&](int) {
+    if (!outer::Measure(in.payloads[0]).ok()) std::abort();
+  });
+  double fresh_s = 0;
+  for (auto& p : in.payloads) {
+    const auto t0 = Clock::now();
+    if (!outer::MeasureAndKeep(&p, &budget).ok()) std::abort();
+    fresh_s = std::max(fresh_s, Seconds(t0));
+  }
+  // The service reuses the storage of the round before: pages already mapped.
+  in.payloads[0].DropKept();
+  const auto t0 = Clock::now();
+  if (!outer::MeasureAndKeep(&in.payloads[0], &budget).ok()) std::abort();
+  const double warm_s = Seconds(t0);
+  const double kept_s = Fastest(fold);
+  std::printf("sparse aggregation of values decoded when checked: %.3f s (%.1fx); a push's "
+              "check keeping them %.3f s into reused storage, %.3f s into fresh pages, %.3f s "
+              "not keeping them; %.2f GB held\n",
+              kept_s, sparse_s / kept_s, warm_s, fresh_s, measure_s,
+              double(budget.in_use()) / 1e9);
+}
+
+// The sparse step alone (outer SGD): the union update encoded, decoded and subtracted, one thread.
+void TimeSparseStep(const outer::SparseGradient& sparse, const compression::CodecSpec& codec,
+                    std::vector<float>& g) {
+  outer::OuterOptimizerConfig config;
+  config.name = "sgd";
+  Fill(g, 77);
+  outer::FragmentData data(g, config);
+  outer::FragmentData::SparseUpdate scratch;
+  const double step_s = Fastest([&](int r) {
+    if (!data.StepSparse(sparse, {"bench", "", uint64_t(r), 0}, codec, outer::kDefaultChunkBytes,
+                         nullptr, &scratch).ok()) {
+      std::abort();
+    }
+  });
+  std::printf("sparse step (union update encoded and subtracted, one thread): %.3f s = "
+              "%.1f ns per coordinate touched\n",
+              step_s, 1e9 * step_s / double(sparse.size()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,96 +228,14 @@ int main(int argc, char** argv) {
   }
   std::printf("%llu elements, %d islands, %s, %s, median of %d rounds\n", (unsigned long long)n,
               islands, compression::SpecText(codec).c_str(), optimizer.c_str(), rounds);
-  // The aggregation alone: decode-and-fold of every contribution, one thread.
   {
-    std::vector<float> g(n), out(n), copy(n);
-    std::vector<outer::EncodedPayload> payloads{size_t(islands)};
-    std::vector<outer::ContributionRef> refs;
-    for (int i = 0; i < islands; ++i) {
-      Fill(g, uint64_t(1000 + i));
-      auto chunks = *outer::EncodeChunks({"bench", "", 0, 0}, codec, g.data(), 0, n, n);
-      payloads[size_t(i)].codec = codec;
-      for (auto& c : chunks) {
-        payloads[size_t(i)].chunks.push_back(
-            {c.header().offset(), c.header().num_elements(), std::move(*c.mutable_data())});
-      }
-      payloads[size_t(i)].elements = n;
-      refs.push_back({"island" + std::to_string(i), 1000, 1.0, &payloads[size_t(i)]});
-    }
-    auto t0 = Clock::now();
-    std::memcpy(copy.data(), g.data(), n * 4);
-    const double memcpy_s = Seconds(t0);
-    t0 = Clock::now();
-    if (!outer::Aggregate({}, refs, n, out.data(), nullptr).ok()) std::abort();
-    const double agg_s = Seconds(t0);
-    const double rate = double(n) * 4 * islands / agg_s / 1e9;
-    std::printf("aggregation (decode and fold, one thread): %.2f GB/s of fp32 contributions = "
-                "%.0f%% of memcpy (%.2f GB/s)\n",
-                rate, 100 * rate / (double(n) * 4 / memcpy_s / 1e9), double(n) * 4 / memcpy_s / 1e9);
+    std::vector<float> g(n);
+    Contributions in = MakeContributions(n, islands, codec, g);
+    const double dense_s = TimeDenseAggregation(in, n, g);
     if (codec.sparse()) {
-      double sparse_s = 1e9;
       outer::SparseGradient sparse;
-      for (int r = 0; r < 3; ++r) {  // the fastest of three
-        t0 = Clock::now();
-        if (!outer::AggregateSparse({}, refs, n, nullptr, &sparse).ok()) std::abort();
-        sparse_s = std::min(sparse_s, Seconds(t0));
-      }
-      std::printf("sparse aggregation (kept values only, one thread): %.3f s = %.1f ns per kept "
-                  "value, %zu coordinates touched (%.1f%%), %.1fx faster than the dense fold\n",
-                  sparse_s, 1e9 * sparse_s / (double(codec.topk) * double(n) / codec.block_size * islands),
-                  sparse.size(), 100.0 * double(sparse.size()) / double(n),
-                  agg_s / sparse_s);
-      // As the service folds them: each contribution's kept values decoded once when its push is
-      // checked (MeasureAndKeep, off the commit's path but for the last push), then folded.
-      outer::KeptBudget budget(UINT64_MAX);
-      double measure_s = 1e9;
-      for (int r = 0; r < 3; ++r) {
-        t0 = Clock::now();
-        if (!outer::Measure(payloads[0]).ok()) std::abort();
-        measure_s = std::min(measure_s, Seconds(t0));
-      }
-      double check_s = 0;
-      for (auto& p : payloads) {
-        t0 = Clock::now();
-        if (!outer::MeasureAndKeep(&p, &budget).ok()) std::abort();
-        check_s = std::max(check_s, Seconds(t0));
-      }
-      // The service reuses the storage of the round before: pages already mapped.
-      payloads[0].DropKept();
-      t0 = Clock::now();
-      if (!outer::MeasureAndKeep(&payloads[0], &budget).ok()) std::abort();
-      const double warm_s = Seconds(t0);
-      double kept_s = 1e9;
-      for (int r = 0; r < 3; ++r) {
-        t0 = Clock::now();
-        if (!outer::AggregateSparse({}, refs, n, nullptr, &sparse).ok()) std::abort();
-        kept_s = std::min(kept_s, Seconds(t0));
-      }
-      std::printf("sparse aggregation of values decoded when checked: %.3f s (%.1fx); a push's "
-                  "check keeping them %.3f s into reused storage, %.3f s into fresh pages, %.3f s "
-                  "not keeping them; %.2f GB held\n",
-                  kept_s, sparse_s / kept_s, warm_s, check_s, measure_s,
-                  double(budget.in_use()) / 1e9);
-      // The sparse step alone: the union update encoded, decoded and subtracted, one thread.
-      if (optimizer == "sgd") {
-        outer::OuterOptimizerConfig config;
-        config.name = "sgd";
-        Fill(g, 77);
-        outer::FragmentData data(g, config);
-        outer::FragmentData::SparseUpdate scratch;
-        double step_s = 1e9;
-        for (int r = 0; r < 3; ++r) {  // the fastest of three
-          t0 = Clock::now();
-          if (!data.StepSparse(sparse, {"bench", "", uint64_t(r), 0}, codec,
-                               outer::kDefaultChunkBytes, nullptr, &scratch).ok()) {
-            std::abort();
-          }
-          step_s = std::min(step_s, Seconds(t0));
-        }
-        std::printf("sparse step (union update encoded and subtracted, one thread): %.3f s = "
-                    "%.1f ns per coordinate touched\n",
-                    step_s, 1e9 * step_s / double(sparse.size()));
-      }
+      TimeSparseAggregation(in, n, codec, dense_s, &sparse);
+      if (optimizer == "sgd") TimeSparseStep(sparse, codec, g);
     }
   }
   if (rounds == 0) return 0;  // the parts alone

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "compression/codec_math.h"
 #include "outer/base/aggregation.h"
 #include "outer/base/copies.h"
 #include "tests/outer/sync_server_fixture.h"
@@ -20,16 +21,10 @@ EncodedPayload EncodedWith(const compression::CodecSpec& spec, const std::vector
   return std::move(stream).Take();
 }
 
-// Independent pseudo-random values per seed (a splitmix stream mapped to [-1, 1)).
+// Independent pseudo-random values in [-1, 1) per seed.
 std::vector<float> Noise(size_t n, uint64_t seed) {
   std::vector<float> v(n);
-  uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
-  for (auto& e : v) {
-    x += 0x9E3779B97F4A7C15ULL;
-    uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    e = float(double((z ^ (z >> 31)) >> 11) / double(1ULL << 53) * 2 - 1);
-  }
+  for (size_t i = 0; i < n; ++i) v[i] = 2 * compression::math::Uniform(seed, i) - 1;
   return v;
 }
 
