@@ -68,6 +68,10 @@ std::vector<NamedTensor> AdamW::State() const {
   return out;
 }
 
+std::vector<NamedTensor> AdamW::SlotState(size_t i) const {
+  return {{"exp_avg", slots_[i].exp_avg}, {"exp_avg_sq", slots_[i].exp_avg_sq}};
+}
+
 absl::Status AdamW::LoadState(int64_t step, const std::vector<NamedTensor>& state) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("negative AdamW step ", step));
   std::unordered_map<std::string, const at::Tensor*> by_name;

@@ -46,6 +46,8 @@ class AdamW {
   int64_t step() const { return step_; }
   // "exp_avg/<param>" and "exp_avg_sq/<param>" for every parameter, in parameter order.
   std::vector<NamedTensor> State() const;
+  // Slot i's moments, named "exp_avg" and "exp_avg_sq" (without the parameter's name).
+  std::vector<NamedTensor> SlotState(size_t i) const;
   // All-or-nothing: on a missing name or a shape mismatch nothing changes.
   absl::Status LoadState(int64_t step, const std::vector<NamedTensor>& state);
   // The moments as State() lists them are written in place by their owner; this sets the count.

@@ -11,6 +11,8 @@ namespace {
 
 constexpr EnumName<MixedPrecision> kMixedPrecision[] = {{MixedPrecision::kNone, "none"},
                                                         {MixedPrecision::kBf16, "bf16"}};
+constexpr EnumName<InnerOptimizerName> kInnerOptimizers[] = {{InnerOptimizerName::kAdamW, "adamw"},
+                                                              {InnerOptimizerName::kMuon, "muon"}};
 constexpr EnumName<ActivationCheckpointMode> kCheckpointModes[] = {
     {ActivationCheckpointMode::kNone, "none"}, {ActivationCheckpointMode::kFull, "full"}};
 
@@ -30,6 +32,13 @@ absl::Status ParseConfigValue(const std::string& text, MixedPrecision* value) {
   return ParseEnumValue(text, kMixedPrecision, value);
 }
 std::string ConfigValueText(MixedPrecision value) { return EnumValueName(value, kMixedPrecision); }
+
+absl::Status ParseConfigValue(const std::string& text, InnerOptimizerName* value) {
+  return ParseEnumValue(text, kInnerOptimizers, value);
+}
+std::string ConfigValueText(InnerOptimizerName value) {
+  return EnumValueName(value, kInnerOptimizers);
+}
 
 absl::Status ParseConfigValue(const std::string& text, ActivationCheckpointMode* value) {
   return ParseEnumValue(text, kCheckpointModes, value);
@@ -87,6 +96,14 @@ absl::Status Validate(const OptimConfig& c, const TrainConfig& train) {
   }
   if (!(c.grad_clip >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("optim.grad_clip must be >= 0, got ", c.grad_clip));
+  }
+  if (!(c.muon.momentum >= 0 && c.muon.momentum < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optim.muon_momentum must be in [0, 1), got ", c.muon.momentum));
+  }
+  if (c.muon.ns_steps < 1 || c.muon.ns_steps > 20) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optim.muon_ns_steps must be in [1, 20], got ", c.muon.ns_steps));
   }
   return Validate(c.adamw);
 }

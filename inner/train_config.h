@@ -70,13 +70,27 @@ struct AdamWOptions {
 
 absl::Status Validate(const AdamWOptions& options);
 
+// The inner optimizer: "adamw" on every parameter, or "muon" on the blocks' 2-D matrices with
+// AdamW on the embeddings, the head, norms and biases (inner/muon.h).
+enum class InnerOptimizerName { kAdamW, kMuon };
+absl::Status ParseConfigValue(const std::string& text, InnerOptimizerName* value);
+std::string ConfigValueText(InnerOptimizerName value);
+
+struct MuonOptions {
+  double momentum = 0.95;  // mu of m = mu m + G
+  bool nesterov = true;    // orthogonalize G + mu m rather than m
+  int ns_steps = 5;        // Newton-Schulz iterations
+};
+
 struct OptimConfig {
   static constexpr const char* kSection = "optim";
   double lr = 1e-3;            // peak learning rate
   double min_lr_ratio = 0.1;   // cosine decays to lr * min_lr_ratio at train.steps
   int64_t warmup_steps = 100;  // linear warmup from lr / warmup_steps
   double grad_clip = 1.0;      // max global L2 norm; 0 disables clipping
-  AdamWOptions adamw;
+  InnerOptimizerName name = InnerOptimizerName::kAdamW;
+  AdamWOptions adamw;  // AdamW's, and Muon's for the parameters it leaves to AdamW
+  MuonOptions muon;
 };
 
 template <class V>
@@ -88,7 +102,13 @@ void VisitKeys(OptimConfig& c, V&& v) {
   v("beta1", c.adamw.beta1, "AdamW beta1");
   v("beta2", c.adamw.beta2, "AdamW beta2");
   v("eps", c.adamw.eps, "AdamW epsilon");
-  v("weight_decay", c.adamw.weight_decay, "AdamW weight decay (matrices only)");
+  v("weight_decay", c.adamw.weight_decay, "AdamW weight decay (matrices only; Muon's too)");
+  v("name", c.name,
+    "\"adamw\" or \"muon\" (the blocks' matrices by Muon with AdamW's learning rate, the rest "
+    "by AdamW)");
+  v("muon_momentum", c.muon.momentum, "Muon's momentum");
+  v("muon_nesterov", c.muon.nesterov, "Muon orthogonalizes G + momentum m (else m)");
+  v("muon_ns_steps", c.muon.ns_steps, "Muon's Newton-Schulz iterations");
 }
 
 // The warmup must fit the run's steps.

@@ -111,9 +111,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
                                                               FsdpOptionsOf(config)));
   t->fsdp_ = std::move(sharded);
   t->fsdp_->module()->train();
-  std::vector<AdamWParam> params;
-  for (auto& s : t->fsdp_->shards()) params.push_back({s.name, s.value, s.grad, s.decay});
-  t->adamw_ = std::make_unique<AdamW>(std::move(params), config.optim.adamw);
+  ATL_ASSIGN_OR_RETURN(t->optimizer_, NewInnerOptimizer(config.optim, model, *t->fsdp_));
   return t;
 }
 
@@ -132,7 +130,7 @@ absl::Status Trainer::QueueStep() {
     ++ramp_done_;
     stats.lr *= double(ramp_done_) / double(ramp_steps_);
   }
-  adamw_->ZeroGrad();
+  optimizer_->ZeroGrad();
   const torch::Device device(train_.device);
   const int dp = mesh_->shape().dp(), b = train_.batch_size;
   // Each micro-batch's loss is the mean over its sequences; the gradients are averaged over the
@@ -168,7 +166,7 @@ absl::Status Trainer::QueueStep() {
     const at::Tensor coef = optim_.grad_clip / (norm + 1e-6);
     fsdp_->ScaleGrad(at::where(coef < 1, coef, at::ones_like(coef)));  // NaN: left as it is
   }
-  adamw_->Step(stats.lr);
+  ATL_RETURN_IF_ERROR(optimizer_->Step(stats.lr));
   at::Tensor losses = std::move(loss);
   ATL_RETURN_IF_ERROR(mesh_->dp().AllReduceSum(losses));
   step_ += 1;
@@ -274,10 +272,9 @@ absl::StatusOr<EvalStats> Trainer::Evaluate() {
 TrainerState Trainer::ExportState() const {
   TrainerState s;
   s.step = step_;
-  s.adam_step = adamw_->step();
+  s.adam_step = optimizer_->step();
   s.cursor = sampler_.cursor();
   const auto& shards = fsdp_->shards();
-  const auto moments = adamw_->State();  // exp_avg and exp_avg_sq of each shard, in order
   // One copy of each element: replicas of the shards (dp_replicate > 0) and of the parameters
   // whole on every TP rank (TP rank > 0) write nothing.
   const bool replica_group = mesh_->coordinate(parallel::MeshDim::kDpReplicate) > 0;
@@ -291,8 +288,9 @@ TrainerState Trainer::ExportState() const {
             {name, v.detach().narrow(0, at, count).to(torch::kCPU, false, true), offset, p.shape});
       };
       slice(kModelPrefix + p.name, p.value);
-      slice(std::string(kOptimPrefix) + "exp_avg/" + p.name, moments[2 * i].tensor);
-      slice(std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, moments[2 * i + 1].tensor);
+      for (const auto& t : optimizer_->ShardState(i)) {
+        slice(absl::StrCat(kOptimPrefix, t.name, "/", p.name), t.tensor);
+      }
       at += count;
     }
   }
@@ -345,19 +343,21 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
     if (t.name.rfind(kModelPrefix, 0) == 0) names.insert(t.name);
   }
   const auto& shards = fsdp_->shards();
-  const auto moments = adamw_->State();
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, source): all checked first
   std::set<std::string> model_names;
   for (size_t i = 0; i < shards.size(); ++i) {
     const auto& p = shards[i];
     model_names.insert(kModelPrefix + p.name);
-    at::Tensor value = p.value, avg = moments[2 * i].tensor, avg_sq = moments[2 * i + 1].tensor;
-    for (auto [name, target] : {std::pair{kModelPrefix + p.name, &value},
-                                {std::string(kOptimPrefix) + "exp_avg/" + p.name, &avg},
-                                {std::string(kOptimPrefix) + "exp_avg_sq/" + p.name, &avg_sq}}) {
+    // The parameter, then the optimizer's state of it (names with a kind: another optimizer's
+    // checkpoint is missing this one's kinds, and refused).
+    std::vector<NamedTensor> targets = {{kModelPrefix + p.name, p.value}};
+    for (const auto& t : optimizer_->ShardState(i)) {
+      targets.push_back({absl::StrCat(kOptimPrefix, t.name, "/", p.name), t.tensor});
+    }
+    for (auto& [name, target] : targets) {
       int64_t at = 0;
       for (const auto& [offset, count] : p.runs) {
-        at::Tensor part = target->narrow(0, at, count);
+        at::Tensor part = target.narrow(0, at, count);
         ATL_RETURN_IF_ERROR(Gather(slices, name, p.shape, offset, part, &copies));
         at += count;
       }
@@ -388,7 +388,7 @@ absl::Status Trainer::ImportState(const TrainerState& state) {
   // Checked: nothing below can fail.
   torch::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.copy_(src);
-  adamw_->SetStep(state.adam_step);
+  optimizer_->SetStep(state.adam_step);
   sampler_.set_cursor(state.cursor);
   if (state.rng_state.defined()) compat::SetDefaultCpuRngState(state.rng_state);
   step_ = state.step;

@@ -1,7 +1,7 @@
-// One island's inner training: model, data stream, AdamW, schedule. `Trainer::QueueStep()` is one
-// optimizer step (micro-batch accumulation, clipping, update) that never waits for the device:
-// its loss and gradient norm stay there until `TakeStats()` brings those of all the steps queued
-// since over in one copy. inner/loop.h's RunLoop is the loop around it.
+// One island's inner training: model, data stream, inner optimizer (AdamW or Muon), schedule.
+// `Trainer::QueueStep()` is one optimizer step (micro-batch accumulation, clipping, update) that
+// never waits for the device: its loss and gradient norm stay there until `TakeStats()` brings
+// those of all the steps queued since over in one copy. inner/loop.h's RunLoop is the loop around it.
 //
 // The same trainer runs one rank or many: the model is an FsdpModel over the island's mesh (one rank
 // is its case N = 1). Each data-parallel rank takes its slice of every global micro-batch
@@ -23,8 +23,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "inner/adamw.h"
 #include "inner/data.h"
+#include "inner/inner_optimizer.h"
 #include "inner/loop.h"
 #include "inner/model.h"
 #include "inner/trainer_config.h"
@@ -37,7 +37,8 @@ double LearningRate(const OptimConfig& config, int64_t step, int64_t total_steps
 // Elements [offset, offset + values.numel()) of a flattened tensor of `shape`: a rank exports the
 // parts of the parameters and moments it owns; one rank owns whole tensors.
 struct TensorSlice {
-  std::string name;  // "model/<param>", "optim/exp_avg/<param>", "optim/exp_avg_sq/<param>"
+  // "model/<param>", "optim/<kind>/<param>" (kind: exp_avg, exp_avg_sq; Muon's momentum)
+  std::string name;
   at::Tensor values;  // 1-D
   int64_t offset = 0;
   std::vector<int64_t> shape;
@@ -104,7 +105,7 @@ class Trainer : public StepSource {
   CausalLm& model();
   parallel::FsdpModel& sharded() { return *fsdp_; }
   parallel::DeviceMesh& mesh() { return *mesh_; }
-  AdamW& optimizer() { return *adamw_; }
+  InnerOptimizer& optimizer() { return *optimizer_; }
   const BatchSampler& sampler() const { return sampler_; }
 
   // This rank's parameters and moments (copies on the CPU).
@@ -125,7 +126,7 @@ class Trainer : public StepSource {
   std::unique_ptr<parallel::DeviceMesh> own_mesh_;  // one rank, when none is given
   parallel::DeviceMesh* mesh_ = nullptr;
   std::unique_ptr<parallel::FsdpModel> fsdp_;
-  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<InnerOptimizer> optimizer_;
   struct Pending {
     StepStats stats;    // all but loss and grad_norm
     at::Tensor values;  // [loss, grad_norm] in double, on the device

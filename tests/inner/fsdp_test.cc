@@ -286,6 +286,25 @@ TEST_F(FsdpParityTest, CheckpointsReshardOnLoad) {
   ExpectParity(resumed1, straight, "2 shards -> checkpoint -> 1 rank");
 }
 
+// Muon sums each matrix's parts over dp_shard and tp and orthogonalizes the whole, as one rank
+// does: shards, tensor-parallel ranks and both train as one rank; its momentum, checkpointed by
+// 2 shards, loads on one rank.
+TEST_F(FsdpParityTest, MuonShardsAndTensorParallelRanksEqualOneRank) {
+  auto c = ParityConfig(dir_.Join("text.txt"));
+  c.optim.name = InnerOptimizerName::kMuon;
+  auto reference = [&](int accum) {
+    auto r = c;
+    r.train.grad_accum = accum;
+    return TrainIsland(r, 1, {}, dir_, absl::StrCat("muon-reference", accum));
+  };
+  const auto one = reference(1), two = reference(2);
+  ExpectParity(TrainIsland(c, 2, Mesh(2), dir_, "muon-fsdp2"), two, "muon, fsdp 2 vs 1 rank");
+  ExpectParity(TrainIsland(c, 2, Mesh(1, 2), dir_, "muon-tp2"), one, "muon, tp 2 vs 1 rank");
+  ExpectParity(TrainIsland(c, 4, Mesh(2, 2), dir_, "muon-fsdp2xtp2"), two,
+               "muon, fsdp 2 x tp 2 vs 1 rank");
+  TrainIsland(c, 1, {}, dir_, "muon-after-fsdp2", 1, dir_.Join("muon-fsdp2-ckpt"));
+}
+
 // The Llama family under the same meshes: grouped-query attention (4 query heads, 2 key/value
 // heads: one of each per tensor-parallel rank of 2), rotary positions, RMSNorm, SwiGLU, no biases.
 class LlamaParityTest : public FsdpParityTest {
@@ -341,6 +360,15 @@ TEST_F(LlamaParityTest, PipelineStagesEqualOneRankInEitherSchedule) {
                              "llama-" + schedule),
                  four, "llama pp 2 (" + schedule + ", 4 micro-batches) vs 1 rank");
   }
+}
+
+TEST_F(LlamaParityTest, MuonMeshesEqualOneRank) {
+  auto c = Llama();
+  c.optim.name = InnerOptimizerName::kMuon;
+  ExpectParity(TrainIsland(c, 4, Mesh(2, 2), dir_, "llama-muon-fsdp2xtp2"), LlamaReference(2, c),
+               "llama muon, fsdp 2 x tp 2 vs 1 rank");
+  ExpectParity(TrainIsland(Pipelined(c, 4, "1F1B"), 2, Mesh(1, 1, 1, 2), dir_, "llama-muon-pp2"),
+               LlamaReference(4, c), "llama muon, pp 2 vs 1 rank");
 }
 
 // bf16: the norms compute in fp32, the rotary angles in fp32 before they are rounded; each mesh

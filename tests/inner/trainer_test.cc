@@ -341,18 +341,45 @@ TEST(TrainerTest, ImportStateRefusesAMismatchAndChangesNothing) {
 }
 
 TEST(TrainerTest, ExportImportContinuesBitIdentically) {
+  for (auto name : {InnerOptimizerName::kAdamW, InnerOptimizerName::kMuon}) {
+    SCOPED_TRACE(ConfigValueText(name));
+    auto c = TinyConfig("");
+    c.model.dropout = 0.1;  // exercises the RNG state
+    c.optim.name = name;
+    auto data = Data(c);
+    auto a = Make(c, data);
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(a->Step().ok());
+    auto state = a->ExportState();
+    std::vector<double> expected;
+    for (int i = 0; i < 5; ++i) expected.push_back(a->Step()->loss);
+    torch::manual_seed(12345);  // disturb the global generator
+    auto b = Make(c, data);
+    ASSERT_TRUE(b->ImportState(state).ok());
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(b->Step()->loss, expected[size_t(i)]) << i;
+  }
+}
+
+// A checkpoint of one optimizer does not load into the other (its state lacks the other's
+// kinds), and the refusal changes nothing.
+TEST(TrainerTest, AnotherOptimizersStateIsRefused) {
   auto c = TinyConfig("");
-  c.model.dropout = 0.1;  // exercises the RNG state
   auto data = Data(c);
-  auto a = Make(c, data);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(a->Step().ok());
-  auto state = a->ExportState();
-  std::vector<double> expected;
-  for (int i = 0; i < 5; ++i) expected.push_back(a->Step()->loss);
-  torch::manual_seed(12345);  // disturb the global generator
-  auto b = Make(c, data);
-  ASSERT_TRUE(b->ImportState(state).ok());
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(b->Step()->loss, expected[size_t(i)]) << i;
+  auto adamw = Make(c, data);
+  ASSERT_TRUE(adamw->Step().ok());
+  c.optim.name = InnerOptimizerName::kMuon;
+  auto muon = Make(c, data);
+  ASSERT_TRUE(muon->Step().ok());
+  const auto before = muon->ExportState();
+  const auto refused = muon->ImportState(adamw->ExportState());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kNotFound) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("optim/momentum/blocks."));
+  const auto after = muon->ExportState();
+  ASSERT_EQ(after.tensors.size(), before.tensors.size());
+  for (size_t i = 0; i < after.tensors.size(); ++i) {
+    EXPECT_TRUE(torch::equal(after.tensors[i].values, before.tensors[i].values))
+        << after.tensors[i].name;
+  }
+  EXPECT_EQ(muon->ImportState(before).code(), absl::StatusCode::kOk);
 }
 
 }  // namespace

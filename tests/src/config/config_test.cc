@@ -90,6 +90,7 @@ TEST(ConfigTest, TyposNameTheNearestKeyOrValue) {
       {{{"outer.mode", "aync"}}, "outer.mode must be \"sync\" or \"async\", got \"aync\" (did you mean \"async\"?)"},
       {{{"outer.codec", "fp4"}}, "unknown codec 'fp4' (did you mean \"fp4_e2m1\"?)"},
       {{{"model.arch", "lama"}}, "(did you mean \"llama\"?)"},
+      {{{"optim.name", "muno"}}, "optim.name must be \"adamw\" or \"muon\", got \"muno\" (did you mean \"muon\"?)"},
   };
   for (const auto& c : cases) {
     auto s = LoadConfig("", c.overrides).status();
