@@ -61,9 +61,8 @@ void AdamW::Reset() {
 
 std::vector<NamedTensor> AdamW::State() const {
   std::vector<NamedTensor> out;
-  for (const auto& s : slots_) {
-    out.push_back({"exp_avg/" + s.name, s.exp_avg});
-    out.push_back({"exp_avg_sq/" + s.name, s.exp_avg_sq});
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    for (auto& t : SlotState(i)) out.push_back({t.name + "/" + slots_[i].name, t.tensor});
   }
   return out;
 }

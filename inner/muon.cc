@@ -59,7 +59,7 @@ class Muon final : public InnerOptimizer {
   // Per shard: the index of its matrix, or -(1 + its AdamW slot).
   std::vector<int> route_;
   std::unique_ptr<AdamW> adamw_;
-  at::TensorOptions options_of_;  // the shards' dtype and device
+  at::Tensor whole_;  // the stage's matrices' directions, whole: kept between steps
   int64_t step_ = 0;
 };
 
@@ -95,7 +95,9 @@ Muon::Muon(const OptimConfig& optim, const ModelConfig& config, parallel::FsdpMo
       rest.push_back({s.name, s.value, s.grad, s.decay});
     }
   }
-  options_of_ = shards.empty() ? at::TensorOptions().dtype(at::kFloat) : shards[0].value.options();
+  const auto options =
+      shards.empty() ? at::TensorOptions().dtype(at::kFloat) : shards[0].value.options();
+  whole_ = at::zeros({gathered_numel_}, options);
   adamw_ = std::make_unique<AdamW>(std::move(rest), optim.adamw);
 }
 
@@ -104,9 +106,9 @@ absl::Status Muon::Step(double lr) {
   step_ += 1;
   adamw_->Step(lr);
   if (matrices_.empty()) return absl::OkStatus();
-  at::Tensor whole = at::zeros({gathered_numel_}, options_of_);
-  ATL_RETURN_IF_ERROR(GatherDirections(whole));
-  ApplyOrthogonalized(whole, lr);
+  whole_.zero_();
+  ATL_RETURN_IF_ERROR(GatherDirections(whole_));
+  ApplyOrthogonalized(whole_, lr);
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 // AdamW). Its parity on meshes is in fsdp_test.cc, its checkpoints in trainer_test.cc.
 #include "inner/muon.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -115,6 +116,19 @@ TEST(MuonTest, StepsTheBlocksMatricesByMuonAndTheRestByAdamW) {
       EXPECT_TRUE(torch::equal(s.value, rest_values[s.name])) << s.name;
     }
   }
+}
+
+// Muon's settings are checked when the config loads, by name.
+TEST(MuonTest, OutOfRangeSettingsAreRefusedByName) {
+  TrainConfig train;
+  OptimConfig o;
+  o.muon.momentum = 1.0;
+  EXPECT_THAT(std::string(Validate(o, train).message()), ::testing::HasSubstr("optim.muon_momentum"));
+  o = OptimConfig();
+  o.muon.ns_steps = 0;
+  EXPECT_THAT(std::string(Validate(o, train).message()), ::testing::HasSubstr("optim.muon_ns_steps"));
+  o.muon.ns_steps = 5;
+  EXPECT_TRUE(Validate(o, train).ok());
 }
 
 // Muon trains: on the tiny preset at its default settings the loss falls as AdamW's does.
