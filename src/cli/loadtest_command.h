@@ -45,7 +45,10 @@ struct LoadtestReport {
   int64_t rss_peak = 0;                 // the largest of them
   std::vector<int64_t> shard_rss_peak;  // each
   int64_t coordinator_rss_peak = 0;     // the coordinator's (a sharded service: membership only)
-  std::vector<double> push_s, commit_s, round_s;  // per round
+  std::vector<double> push_s, commit_s, round_s;  // per round, as the islands see them
+  // Per round, the service's own commit (aggregation, outer step, encoding, hashing; the longest
+  // of the round's fragments), from the commit records (rounds.jsonl's commit_s).
+  std::vector<double> service_commit_s;
   double heartbeat_p50_ms = 0, heartbeat_p99_ms = 0, heartbeat_max_ms = 0;
   double commit_heartbeat_p99_ms = 0;  // those in flight while a round was being committed
   int heartbeats = 0, commit_heartbeats = 0;

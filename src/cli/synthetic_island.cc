@@ -33,6 +33,14 @@ double Seconds(LoadClock::time_point a, LoadClock::time_point b) {
 
 }  // namespace
 
+double RoundTimes::CommitSeconds() const {
+  double longest = 0;
+  for (size_t f = 0; f < fragment_sent.size() && f < fragment_first_update.size(); ++f) {
+    longest = std::max(longest, Seconds(fragment_sent[f], fragment_first_update[f]));
+  }
+  return longest;
+}
+
 // A synthetic island: joins, heartbeats in its own thread, pushes random pseudo-gradients of every
 // fragment chunk by chunk (a few distinct random chunks cycled, so that nothing of the model's size
 // is ever held here) and reads every round's update, checking each chunk's checksum. A sharded
@@ -125,7 +133,8 @@ class SyntheticIsland {
       all.sent = std::max(all.sent, t->sent);
       all.first_update = std::min(all.first_update, t->first_update);
       all.done = std::max(all.done, t->done);
-      all.commit_s = std::max(all.commit_s, Seconds(t->sent, t->first_update));
+      all.fragment_sent.push_back(t->sent);
+      all.fragment_first_update.push_back(t->first_update);
       all.bytes_pushed += t->bytes_pushed;
       all.bytes_received += t->bytes_received;
     }
@@ -386,7 +395,15 @@ class RoundGate {
     times_.sent = std::max(times_.sent, t.sent);
     times_.first_update = std::min(times_.first_update, t.first_update);
     times_.done = std::max(times_.done, t.done);
-    times_.commit_s = std::max(times_.commit_s, t.commit_s);
+    // Across islands, per fragment: the last push and the first update.
+    times_.fragment_sent.resize(t.fragment_sent.size(), LoadClock::time_point::min());
+    times_.fragment_first_update.resize(t.fragment_first_update.size(),
+                                        LoadClock::time_point::max());
+    for (size_t f = 0; f < t.fragment_sent.size(); ++f) {
+      times_.fragment_sent[f] = std::max(times_.fragment_sent[f], t.fragment_sent[f]);
+      times_.fragment_first_update[f] =
+          std::min(times_.fragment_first_update[f], t.fragment_first_update[f]);
+    }
     times_.bytes_pushed += t.bytes_pushed;
     times_.bytes_received += t.bytes_received;
     if (++finished_ == islands_) on_round_(round, times_);

@@ -35,7 +35,10 @@ struct RoundTimes {
   LoadClock::time_point sent;          // the last chunk written (of all islands and fragments)
   LoadClock::time_point first_update;  // the first chunk of an update received
   LoadClock::time_point done;          // every update received by every island
-  double commit_s = 0;                 // the longest last-chunk-to-first-update wait
+  // Per fragment: its last chunk written (of all islands) and the first chunk of its update
+  // received (by any island). CommitSeconds() is the longest gap between the two.
+  std::vector<LoadClock::time_point> fragment_sent, fragment_first_update;
+  double CommitSeconds() const;
   uint64_t bytes_pushed = 0, bytes_received = 0;
 };
 

@@ -119,6 +119,7 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
                            {"staleness", r.staleness},
                            {"relative_norms", r.relative_norms},
                            {"params_hash", absl::StrFormat("%016x", r.params_hash)},
+                           {"commit_s", r.commit_s},
                            {"wall_s", wall}};
   if (!r.dropped.empty()) record["dropped"] = r.dropped;
   if (r.grace_s >= 0) record["grace_s"] = r.grace_s;

@@ -31,6 +31,10 @@ TEST_F(CliTest, LoadtestRunsRoundsThroughARealCoordinator) {
   EXPECT_NEAR(report["params"].get<double>(), 200e3, 40e3);
   EXPECT_EQ(report["codec"], "fp4_e2m1");
   EXPECT_EQ(report["commit_s"].size(), 2u);
+  // The service's own commit of each round, from rounds.jsonl's commit_s.
+  ASSERT_EQ(report["service_commit_s"].size(), 2u);
+  for (int k = 0; k < 2; ++k) EXPECT_GT(report["service_commit_s"][k].get<double>(), 0);
+  EXPECT_THAT(r.output, HasSubstr("service commit (aggregation, outer step"));
   EXPECT_GT(report["heartbeats"].get<int>(), 0);
   // Model and 2 FP4 contributions are far below libtorch's own footprint at this size: the peak is
   // bounded by what the process needs anyway, not by a copy per island.
@@ -45,6 +49,7 @@ TEST_F(CliTest, LoadtestRunsRoundsThroughARealCoordinator) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["round"], n);
     EXPECT_EQ(j["contributors"].size(), 2u) << line;
+    EXPECT_GT(j["commit_s"].get<double>(), 0) << line;
   }
   EXPECT_EQ(n, 2);
 }
