@@ -35,9 +35,7 @@ double Seconds(LoadClock::time_point a, LoadClock::time_point b) {
 
 double RoundTimes::CommitSeconds() const {
   double longest = 0;
-  for (size_t f = 0; f < fragment_sent.size() && f < fragment_first_update.size(); ++f) {
-    longest = std::max(longest, Seconds(fragment_sent[f], fragment_first_update[f]));
-  }
+  for (const Fragment& f : fragments) longest = std::max(longest, Seconds(f.sent, f.first_update));
   return longest;
 }
 
@@ -133,8 +131,7 @@ class SyntheticIsland {
       all.sent = std::max(all.sent, t->sent);
       all.first_update = std::min(all.first_update, t->first_update);
       all.done = std::max(all.done, t->done);
-      all.fragment_sent.push_back(t->sent);
-      all.fragment_first_update.push_back(t->first_update);
+      all.fragments.push_back({t->sent, t->first_update});
       all.bytes_pushed += t->bytes_pushed;
       all.bytes_received += t->bytes_received;
     }
@@ -396,13 +393,11 @@ class RoundGate {
     times_.first_update = std::min(times_.first_update, t.first_update);
     times_.done = std::max(times_.done, t.done);
     // Across islands, per fragment: the last push and the first update.
-    times_.fragment_sent.resize(t.fragment_sent.size(), LoadClock::time_point::min());
-    times_.fragment_first_update.resize(t.fragment_first_update.size(),
-                                        LoadClock::time_point::max());
-    for (size_t f = 0; f < t.fragment_sent.size(); ++f) {
-      times_.fragment_sent[f] = std::max(times_.fragment_sent[f], t.fragment_sent[f]);
-      times_.fragment_first_update[f] =
-          std::min(times_.fragment_first_update[f], t.fragment_first_update[f]);
+    times_.fragments.resize(t.fragments.size());
+    for (size_t f = 0; f < t.fragments.size(); ++f) {
+      times_.fragments[f].sent = std::max(times_.fragments[f].sent, t.fragments[f].sent);
+      times_.fragments[f].first_update =
+          std::min(times_.fragments[f].first_update, t.fragments[f].first_update);
     }
     times_.bytes_pushed += t.bytes_pushed;
     times_.bytes_received += t.bytes_received;

@@ -37,7 +37,11 @@ struct RoundTimes {
   LoadClock::time_point done;          // every update received by every island
   // Per fragment: its last chunk written (of all islands) and the first chunk of its update
   // received (by any island). CommitSeconds() is the longest gap between the two.
-  std::vector<LoadClock::time_point> fragment_sent, fragment_first_update;
+  struct Fragment {
+    LoadClock::time_point sent = LoadClock::time_point::min();
+    LoadClock::time_point first_update = LoadClock::time_point::max();
+  };
+  std::vector<Fragment> fragments;
   double CommitSeconds() const;
   uint64_t bytes_pushed = 0, bytes_received = 0;
 };
