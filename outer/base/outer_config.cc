@@ -264,10 +264,10 @@ absl::Status Validate(const OuterConfig& c) {
         "not rounds) takes a constant outer.lr");
   }
   ATL_RETURN_IF_ERROR(Validate(c.phases));
-  if (c.async() && (c.phases.warm_start_steps > 0 || c.phases.early_sync_every > 0)) {
+  if (c.async() && c.phases.early_sync_every > 0) {
     return absl::InvalidArgumentError(
-        "outer.warm_start_steps and outer.early_sync_every schedule sync rounds; async islands "
-        "choose their own H (outer.dynamic_local_steps)");
+        "outer.early_sync_every schedules sync rounds; async islands choose their own H "
+        "(outer.dynamic_local_steps)");
   }
   return Validate(c.optimizer);
 }

@@ -70,6 +70,7 @@ class OuterOptimizer {
   double lr() const { return lr_; }
   // Plain averaging for the next steps (a warm start): u = lr x g, the state untouched.
   void set_averaging(bool averaging) { averaging_ = averaging; }
+  bool averaging() const { return averaging_; }
   // Whether the next step is u = float(lr) x g with no state read or written (LinearStep): then
   // any copy that knows g and the lr makes u itself, bit for bit (outer/base/update_recipe.h).
   virtual bool linear() const { return averaging_; }

@@ -218,13 +218,20 @@ class SyncRounds : public RoundPolicy {
 // Versions: each contribution is applied as it arrives; the island's H follows its throughput
 // (the service's answer), the learning rate the run's progress; the run ends when the token budget
 // is spent, and then every island catches up with the versions committed after its last push.
+// A warm start (outer.warm_start_steps = W): each of the island's first W steps pushes every
+// fragment, merged whole (tau 0, alpha 0), and the service applies it as one island's share of a
+// plain average; the fragments' own H then counts from step W.
 class AsyncVersions : public RoundPolicy {
  public:
   AsyncVersions(const OuterStepOptions& o, uint32_t fragments)
-      : options_(o), h_now_(o.schedule.sync_every), next_due_(fragments) {
+      : options_(o),
+        warm_(o.schedule.phases.warm_start_steps),
+        h_now_(o.schedule.sync_every),
+        next_due_(fragments) {
     const SyncSchedule schedule(int(o.schedule.sync_every), int(fragments));
     for (uint32_t f = 0; f < fragments; ++f) {
-      next_due_[f] = schedule.offset(int(f)) > 0 ? schedule.offset(int(f)) : o.schedule.sync_every;
+      next_due_[f] = warm_ + (schedule.offset(int(f)) > 0 ? schedule.offset(int(f))
+                                                           : o.schedule.sync_every);
     }
   }
   // Bounded by the whole budget.
@@ -235,14 +242,18 @@ class AsyncVersions : public RoundPolicy {
   std::vector<uint32_t> DueAfter(int64_t t) const override {
     std::vector<uint32_t> due;
     for (uint32_t f = 0; f < next_due_.size(); ++f) {
-      if (next_due_[f] <= t) due.push_back(f);
+      if (WarmStartAfter(t) || next_due_[f] <= t) due.push_back(f);
     }
     return due;
   }
   // A fragment lands before its next push: tau stays below the island's current H.
   int64_t Delay() const override { return std::min<int64_t>(options_.island.tau, h_now_ - 1); }
+  int64_t DelayAfter(uint32_t, int64_t t) const override { return WarmStartAfter(t) ? 0 : Delay(); }
+  bool WarmStartAfter(int64_t t) const override { return t <= warm_; }
   uint32_t sync_every() const override { return uint32_t(h_now_); }
-  void Pushed(uint32_t f, int64_t t) override { next_due_[f] = t + h_now_; }
+  void Pushed(uint32_t f, int64_t t) override {
+    if (!WarmStartAfter(t)) next_due_[f] = t + h_now_;
+  }
   void Landed(const RoundOutcome& o, IslandModel& model, OuterStepStats& stats) override {
     if (o.sync_every > 0) h_now_ = o.sync_every;
     finishing_ |= FollowTheRunsTokens(options_.schedule, o, model, stats);
@@ -255,6 +266,7 @@ class AsyncVersions : public RoundPolicy {
 
  private:
   const OuterStepOptions options_;
+  const int64_t warm_;              // the warm start's steps
   int64_t h_now_;                   // the island's H (dynamic local steps)
   std::vector<int64_t> next_due_;   // per fragment, the step of its next push
   bool finishing_ = false;          // the run's token budget is spent

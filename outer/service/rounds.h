@@ -235,8 +235,10 @@ class Rounds {
   // (largest norm first).
   void RunCommit(CommitJob job);
   // Under the data lock: sets the fragment's outer step for round `round` (a warm start's average
-  // or the scheduled learning rate), a function of the round alone.
-  void SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round) const;
+  // or the scheduled learning rate), a function of the round alone. Async: of the island's step
+  // alone (`island_step`: when it pushed, or the latest it pushed at before; 0 in sync mode).
+  void SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
+                     uint64_t island_step = 0) const;
   // The round's outer gradient: dense (the fragment's n values) or sparse (a linear step over
   // sparse contributions: the commit then costs what the round changed).
   struct Gradient {

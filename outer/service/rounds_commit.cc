@@ -265,13 +265,24 @@ void Rounds::RunCommit(CommitJob job) {
   PublishLocked(job.fragment, *std::move(result), absl::Now());
 }
 
-void Rounds::SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round) const {
+void Rounds::SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
+                           uint64_t island_step) const {
   // A function of the round alone, so a resumed service and a replay step the same way: a
   // warm-start round is a plain average (the momentum untouched); the others follow the outer
   // learning-rate schedule over the rounds after the warm start.
   const SyncSchedule schedule = core_.Schedule();
   const uint64_t warm = schedule.warm_start_rounds();
-  const bool averaging = !core_.options.async && schedule.WarmStartRound(round);
+  if (core_.options.async) {
+    // A contribution of the island's warm start is its share of a plain average: g / N, N the
+    // delayed Nesterov period (the islands, by default), so that N islands' one-step pushes move
+    // the parameters as a sync warm-start round does. The momentum is untouched; a constant lr.
+    const bool averaging = island_step > 0 && island_step <= warm;
+    f.data.set_averaging(averaging);
+    f.data.set_lr(averaging ? 1.0 / double(std::max(1, core_.options.optimizer.momentum_delay))
+                            : core_.options.optimizer.lr);
+    return;
+  }
+  const bool averaging = schedule.WarmStartRound(round);
   const uint64_t total_rounds =
       core_.options.total_inner_steps > 0
           ? schedule.RoundsUntil(int(fragment), int64_t(core_.options.total_inner_steps))

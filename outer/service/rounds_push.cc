@@ -544,6 +544,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   uint64_t staleness;
   double params_norm;
   std::set<std::pair<uint64_t, uint64_t>> ranges;
+  uint64_t step = c.step;  // the island's, as far as the service knows: it never goes back
   {
     std::lock_guard<std::mutex> lock(core_.mu);
     // The island may have left, or others' contributions made this one too stale, while it waited.
@@ -551,15 +552,19 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
     staleness = frag.round - id.round;
     params_norm = frag.params_norm;
     ranges = frag.known_ranges;
+    if (auto it = done_.find(id.island_id); it != done_.end() && id.fragment < it->second.size()) {
+      step = std::max(step, it->second[id.fragment].step);
+    }
   }
   const absl::Time started = absl::Now();
   std::vector<float> g(frag.data.size());
   ATL_RETURN_IF_ERROR(c.payload.Read(0, g.size(), g.data()));
-  if (core_.options.staleness_scaling && staleness > 0) {
+  SetStepLocked(frag, id.fragment, id.round + staleness, step);
+  // A warm-start contribution (one step, a share of a plain average) is not scaled.
+  if (core_.options.staleness_scaling && staleness > 0 && !frag.data.optimizer().averaging()) {
     const float scale = float(1.0 / double(1 + staleness));
     for (float& v : g) v *= scale;
   }
-  SetStepLocked(frag, id.fragment, id.round + staleness);
   auto result = StepLocked(frag, id.fragment, id.round + staleness, {g.data(), nullptr}, ranges, {});
   if (!result.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,

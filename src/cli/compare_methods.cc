@@ -87,8 +87,6 @@ MethodChanges ChangesOf(const Method& method, const Config& c) {
       m.notes.push_back(absl::StrCat(key, " = ", value, " (", why, ")"));
     };
     const auto& ph = c.outer.phases;
-    drop("outer.warm_start_steps", ph.warm_start_steps > 0, "0",
-         "async islands choose their own H: no synchronous warm start");
     drop("outer.early_sync_every", ph.early_sync_every > 0, "0",
          "async islands choose their own H: no early H");
     drop("outer.lr_warmup_rounds", c.outer.optimizer.warmup_rounds > 0, "0",

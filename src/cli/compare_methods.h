@@ -7,7 +7,8 @@
 //   sparse_<codec>     SparseLoCo: the config's outer.topk_density (1% if it has none), values in
 //                      <codec>, error feedback, outer SGD
 //   async              async DiLoCo (delayed Nesterov, dynamic local steps) with the config's
-//                      settings, less those that schedule sync rounds (said in the plan)
+//                      settings (its warm start too: every island pushes each of its first
+//                      steps), less those that schedule sync rounds (said in the plan)
 #ifndef ATOLL_SRC_CLI_COMPARE_METHODS_H_
 #define ATOLL_SRC_CLI_COMPARE_METHODS_H_
 

@@ -495,10 +495,13 @@ void SayListening(FILE* out, const std::string& who, const Config& config,
       config.train.init_from.empty()
           ? ""
           : absl::StrCat("; global parameters from train.init_from = ", config.train.init_from).c_str());
-  if (!config.outer.async() && config.outer.phases.warm_start_steps > 0 && fresh) {
+  if (config.outer.phases.warm_start_steps > 0 && fresh) {
     std::fprintf(out,
-                 "%s: the warm start's first %d steps are rounds of one step each (plain averages, "
-                 "outer.warm_start_steps); their lines come every 2 s\n",
+                 config.outer.async()
+                     ? "%s: the warm start: each island pushes each of its first %d steps (its "
+                       "share of a plain average, outer.warm_start_steps)\n"
+                     : "%s: the warm start's first %d steps are rounds of one step each (plain "
+                       "averages, outer.warm_start_steps); their lines come every 2 s\n",
                  who.c_str(), int(config.outer.phases.warm_start_steps));
   }
 }

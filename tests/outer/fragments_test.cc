@@ -1,4 +1,5 @@
 #include "outer/base/fragments.h"
+#include "outer/island/outer_step.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -198,4 +199,35 @@ TEST(FragmentsTest, ContiguousGroupsBalanceElements) {
 }
 
 }  // namespace
+// Async versions with a warm start of 3 steps (H = 8, 4 fragments at offsets 0, 2, 4, 6): after
+// each of the island's first 3 steps every fragment is pushed, merged at once as a plain average;
+// then each fragment's H counts from step 3 (fragment 0 at its full H).
+TEST(AsyncScheduleTest, AWarmStartPushesEveryFragmentAfterEachOfItsSteps) {
+  OuterStepOptions o;
+  o.schedule.async = true;
+  o.schedule.total_steps = 100;
+  o.schedule.sync_every = 8;
+  o.schedule.token_budget = 1000;
+  o.schedule.phases.warm_start_steps = 3;
+  o.island.tau = 2;
+  auto policy = MakeRoundPolicy(o, 4);
+  for (int64_t t = 1; t <= 3; ++t) {
+    EXPECT_EQ(policy->DueAfter(t), (std::vector<uint32_t>{0, 1, 2, 3})) << "step " << t;
+    EXPECT_TRUE(policy->WarmStartAfter(t));
+    EXPECT_EQ(policy->DelayAfter(0, t), 0);
+    for (uint32_t f = 0; f < 4; ++f) policy->Pushed(f, t);
+  }
+  EXPECT_FALSE(policy->WarmStartAfter(4));
+  EXPECT_TRUE(policy->DueAfter(4).empty());
+  EXPECT_EQ(policy->DueAfter(5), (std::vector<uint32_t>{1}));
+  EXPECT_EQ(policy->DelayAfter(1, 5), 2);
+  EXPECT_EQ(policy->DueAfter(11), (std::vector<uint32_t>{0, 1, 2, 3}));
+  // Without a warm start nothing is due before the fragments' offsets.
+  o.schedule.phases.warm_start_steps = 0;
+  policy = MakeRoundPolicy(o, 4);
+  EXPECT_FALSE(policy->WarmStartAfter(1));
+  EXPECT_TRUE(policy->DueAfter(1).empty());
+  EXPECT_EQ(policy->DueAfter(2), (std::vector<uint32_t>{1}));
+}
+
 }  // namespace atl::outer

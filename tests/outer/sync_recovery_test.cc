@@ -192,6 +192,47 @@ TEST_F(SyncServerTest, AsyncAppliesEachContributionAtOnceAndRefusesStaleOnes) {
   EXPECT_EQ(s->round(), 3u);
 }
 
+// An async warm start: a push of one of the island's first warm_start_steps steps is its share of
+// a plain average (g / N, unscaled for staleness, the momentum and its period untouched); the
+// pushes after it take the delayed Nesterov step with staleness scaling.
+TEST_F(SyncServerTest, AsyncWarmStartPushesAreSharesOfAPlainAverage) {
+  options_.async = true;
+  options_.staleness_scaling = true;
+  options_.num_data_streams = 2;
+  options_.optimizer = {1.0, 0.5, true, 2};  // delayed Nesterov, N = 2
+  options_.phases.warm_start_steps = 2;
+  auto s = Make();  // {1, 2, 3, 4}
+  Join(*s, "a");
+  Join(*s, "b");
+  auto push = [&](const std::string& island, uint64_t base, uint64_t step, float g) {
+    auto p = Payload(island, base, {g, g, g, g});
+    p[0].set_step(step);
+    return s->Push(p);
+  };
+  auto shifted = [](float by) { return std::vector<float>{1 - by, 2 - by, 3 - by, 4 - by}; };
+  ASSERT_TRUE(push("a", 0, 1, 1).ok());
+  EXPECT_EQ(s->params(), shifted(0.5f));  // g / 2
+  auto r = push("b", 0, 1, 4);            // one version stale, not scaled: 4 / 2
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->staleness(), 1u);
+  EXPECT_EQ(s->params(), shifted(2.5f));
+  ASSERT_TRUE(push("a", 1, 2, 1).ok());
+  EXPECT_EQ(s->params(), shifted(3.0f));
+  // Past the warm start: the first of the period is lr g / N (three warm pushes counted in the
+  // period would make it a momentum step: 0.75).
+  ASSERT_TRUE(push("a", 3, 4, 1).ok());
+  EXPECT_EQ(s->params(), shifted(3.5f));
+  // Two versions stale: g = 3 / 3 = 1; the momentum step: m = (1 + 1) / 2, u = 1 / 2 + 0.5 m.
+  r = push("b", 2, 3, 3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->staleness(), 2u);
+  EXPECT_EQ(s->params(), shifted(4.5f));
+  // An island does not go back into its warm start by claiming an earlier step: a's push "at step
+  // 2" after its step 4 is one version stale and scaled (1 / 2 x 1 / 2), not a warm share (1 / 2).
+  ASSERT_TRUE(push("a", 4, 2, 1).ok());
+  EXPECT_EQ(s->params(), shifted(4.75f));
+}
+
 TEST_F(SyncServerTest, AsyncIslandsCatchUpAndStayBitIdentical) {
   options_.async = true;
   options_.num_data_streams = 2;

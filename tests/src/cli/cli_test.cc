@@ -256,9 +256,11 @@ TEST_F(CliTest, CompareChecksEveryRunBeforeTheFirstStarts) {
   const std::string base = "compare --islands 2 --config " + std::string(ATOLL_SOURCE_DIR) +
                            "/deploy/configs/tiny.toml --run-dir " + dir_.Join("cmp") +
                            " --data.path=" + dir_.Join("text.txt") + " --data.val_path= ";
-  auto r = Atoll(base + "--throttle 1,3 --compare.methods=diloco,async --train.steps=300 --dry-run");
+  auto r = Atoll(base + "--throttle 1,3 --compare.methods=diloco,async --train.steps=300 "
+                 "--outer.early_sync_every=10 --outer.early_sync_steps=100 --dry-run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("async runs with outer.warm_start_steps = 0"));
+  EXPECT_THAT(r.output, HasSubstr("async runs with outer.early_sync_every = 0"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("outer.warm_start_steps = 0")));  // async warm-starts
   EXPECT_THAT(r.output, HasSubstr("dry run: nothing started"));
   // The plan and its cost, as a real run prints them first.
   EXPECT_THAT(r.output, HasSubstr("atoll compare: diloco x 1, async x 1 = 2 runs of 300 inner steps on 2 "

@@ -187,12 +187,14 @@ TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
        absl::StatusCode::kInvalidArgument, "async mode (versions, not rounds)"},
       {base, {{"outer.warm_start_steps", "-5"}}, absl::StatusCode::kInvalidArgument,
        "outer.warm_start_steps must be >= 0, got -5"},
-      {base, {{"outer.mode", "async"}, {"outer.warm_start_steps", "10"}},
+      {base, {{"outer.mode", "async"}, {"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "10"}},
        absl::StatusCode::kInvalidArgument, "async islands choose their own H"},
       {base, {{"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "12"}},
        absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
 
   });
+  // Async runs take a warm start (each island pushes every one of its first steps).
+  EXPECT_TRUE(LoadText(base, {{"outer.mode", "async"}, {"outer.warm_start_steps", "10"}}).ok());
   // Each robust rule loads from the smallest island count it acts on (outer/base/aggregation.h).
   for (const auto& [rule, islands] : std::vector<std::pair<std::string, std::string>>{
            {"trimmed_mean", "4"}, {"median", "3"}, {"clipped_mean", "3"}, {"mean", "1"}}) {

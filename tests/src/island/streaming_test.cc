@@ -369,14 +369,17 @@ TEST(StreamingTest, AutoTuneChoosesTauFromTheMeasuredLink) {
 }
 
 // Async Streaming DiLoCo in process: 2 islands, 4 fragments, tau = 2, FP4, one island throttled:
-// every island ends on the service's final parameters, fragment by fragment.
+// every island ends on the service's final parameters, fragment by fragment. Also with a warm
+// start of 3 steps: each island pushes every fragment after each of them (12 contributions).
 TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
-  for (const bool sparse : {false, true}) {
-    SCOPED_TRACE(sparse ? "sparse int2, 2% of 1024" : "fp4");
+  const std::vector<std::pair<bool, int>> cases = {{false, 0}, {true, 0}, {false, 3}};
+  for (const auto& [sparse, warm] : cases) {
+    SCOPED_TRACE(sparse ? "sparse int2, 2% of 1024" : warm > 0 ? "fp4, warm start" : "fp4");
     TempDir dir;
     auto c = StreamingConfig(dir);
     c.train.steps = 16;
     c.outer.mode = outer::OuterMode::kAsync;
+    c.outer.phases.warm_start_steps = warm;
     if (sparse) {
       c.outer.codec = *compression::ParseCodec("int2");
       c.outer.topk_density = 0.02;
@@ -392,6 +395,7 @@ TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
       EXPECT_EQ(r->global_hash, ServiceHash(*server));
       EXPECT_EQ(r->resyncs, 0u);
       EXPECT_FALSE(r->staleness.empty());
+      EXPECT_GE(r->staleness.size(), size_t(warm * c.outer.num_fragments));
     }
   }
 }
