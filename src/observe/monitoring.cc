@@ -161,6 +161,14 @@ struct ServiceMonitor::State {
   Family<Gauge>& island_step = Gauges("atoll_island_inner_step", "Its latest inner step");
   Family<Gauge>& island_flagged = Gauges(
       "atoll_island_flagged_claims", "Its contributions that claimed more tokens than its throughput allows");
+  // What the aggregation said of its contributions (outer/base/aggregation.h, copies.h).
+  Family<Counter>& island_flags =
+      BuildCounter()
+          .Name("atoll_island_flagged_rounds_total")
+          .Help("Committed rounds that flagged the island's contribution, by reason: copy (it "
+                "weighed as one with another's), outlier (a robust rule dropped it far more "
+                "often than chance), clipped (clipped_mean bounded its norm)")
+          .Register(registry);
 
   std::mutex mu;  // what follows
   struct Island {
@@ -170,6 +178,7 @@ struct ServiceMonitor::State {
     uint64_t contributions = 0;
     double last_contribution_s = -1;  // wall time of the commit that last took it
     uint64_t last_round = 0, last_fragment = 0, last_staleness = 0;
+    std::map<std::string, uint64_t> flags;  // rounds that flagged its contribution, by reason
     TrafficCounters::Bytes traffic;  // as of the last sample
     double traffic_at = 0;
     double in_bps = 0, out_bps = 0;
@@ -216,6 +225,17 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
     i.last_fragment = r.fragment;
     i.last_staleness = r.staleness;
   }
+  auto flag = [&s](const std::string& id, const char* reason) {  // islands seen (bounded) only
+    auto it = s.islands.find(id);
+    if (it == s.islands.end()) return;
+    it->second.flags[reason] += 1;
+    s.island_flags.Add({{"island", id}, {"reason", reason}}).Increment();
+  };
+  for (const auto& group : r.aggregation.copies.groups) {
+    for (const auto& id : group) flag(id, "copy");
+  }
+  for (const auto& id : r.aggregation.outliers) flag(id, "outlier");
+  for (const auto& id : r.aggregation.clipped) flag(id, "clipped");
   s.recent.push_back({r.round, r.fragment, wall, r.round_s, r.commit_s, r.contributors, r.tokens,
                       r.staleness});
   while (s.recent.size() > State::kRecentRounds) s.recent.pop_front();
@@ -350,6 +370,7 @@ std::string ServiceMonitor::StatusJson() {
                           {"in_bps", mine.in_bps},
                           {"out_bps", mine.out_bps},
                           {"contributions", mine.contributions},
+                          {"flagged_rounds", mine.flags},
                           {"token_account", TokenAccountJson(i.tokens)},
                           {"staleness", mine.last_staleness},
                           {"loss_curve", mine.loss.Json()},

@@ -422,6 +422,44 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
                                {{"island", a.island_id()}})));
 }
 
+// What the aggregation flags of an island's contribution is counted per island and reason: two
+// islands that push the same values weigh as one copy group in each round (copy detection on).
+TEST(ServiceMonitorTest, CountsTheRoundsThatFlaggedAnIsland) {
+  testing::TempDir dir;
+  for (const bool detect : {true, false}) {
+    SCOPED_TRACE(detect ? "copy detection on" : "off");
+    auto options = TwoIslands();
+    options.aggregation.copies.cosine = detect ? 0.99 : 0.0;
+    outer::SyncServer sync(options, {{"w"}, {64}}, std::vector<float>(64, 1.0f));
+    ServiceMonitor monitor(sync, nullptr, RunFacts{"mon", false, 2, 4, 1, 10, 40});
+    sync.SetCommitListener([&](const outer::CommittedRound& r) { monitor.OnCommit(r); });
+    const auto a = Join(sync, "a"), b = Join(sync, "b");
+    for (uint64_t round = 0; round < 2; ++round) {
+      Contribute(sync, a, round);
+      Contribute(sync, b, round);  // the same values as a's
+    }
+    monitor.Sample();
+    const std::string text = monitor.PrometheusText();
+    const auto families = ParseExposition(text);
+    CheckConventions(families);
+    Promtool(dir, text);
+    const auto status = nlohmann::json::parse(monitor.StatusJson());
+    ASSERT_EQ(status["islands"].size(), 2u);
+    for (const auto& joined : {a, b}) {
+      const double copies = Value(families, "atoll_island_flagged_rounds_total",
+                                  "atoll_island_flagged_rounds_total",
+                                  {{"island", joined.island_id()}, {"reason", "copy"}});
+      if (detect) {
+        EXPECT_EQ(copies, 2);
+      } else {
+        EXPECT_TRUE(std::isnan(copies));  // no series
+      }
+    }
+    const nlohmann::json expected = detect ? nlohmann::json{{"copy", 2}} : nlohmann::json::object();
+    for (const auto& i : status["islands"]) EXPECT_EQ(i["flagged_rounds"], expected) << i["id"];
+  }
+}
+
 // Before the first evaluation there is no validation loss to show: the series is absent, not 0.
 TEST(IslandMonitorTest, ValidationLossIsAbsentUntilTheFirstEvaluation) {
   IslandMonitor monitor("a", 0, /*async=*/false);
