@@ -258,11 +258,6 @@ absl::Status Validate(const OuterConfig& c) {
   ATL_RETURN_IF_ERROR(ValidateAsync(c));
   ATL_RETURN_IF_ERROR(ValidateDefences(c));
   ATL_RETURN_IF_ERROR(ValidateService(c));
-  if (c.async() && (c.optimizer.warmup_rounds > 0 || c.optimizer.decay != LrDecay::kConstant)) {
-    return absl::InvalidArgumentError(
-        "outer.lr_warmup_rounds and outer.lr_decay schedule sync rounds; async mode (versions, "
-        "not rounds) takes a constant outer.lr");
-  }
   ATL_RETURN_IF_ERROR(Validate(c.phases));
   if (c.async() && c.phases.early_sync_every > 0) {
     return absl::InvalidArgumentError(

@@ -136,7 +136,8 @@ void RoundsKeys(OuterConfig& c, V&& v) {
   v("run_id", c.run_id, "run name every RPC carries");
   v("sync_every", c.sync_every, "H: inner steps per outer round");
   v("warm_start_steps", c.phases.warm_start_steps,
-    "sync: the first steps are rounds of one step, plain averages (a data-parallel start)");
+    "the first steps are rounds of one step, plain averages (a data-parallel start; async: each "
+    "island pushes each of its first steps, its share of a plain average)");
   v("early_sync_every", c.phases.early_sync_every,
     "sync: after the warm start, H for outer.early_sync_steps steps (0: off)");
   v("early_sync_steps", c.phases.early_sync_steps,
@@ -147,10 +148,10 @@ void RoundsKeys(OuterConfig& c, V&& v) {
   v("lr", c.optimizer.lr, "outer learning rate");
   v("momentum", c.optimizer.momentum, "outer momentum (0: plain SGD)");
   v("lr_warmup_rounds", c.optimizer.warmup_rounds,
-    "sync: outer lr ramps up linearly over a fragment's first rounds");
+    "outer lr ramps up linearly over a fragment's first rounds (async: of the run's progress)");
   v("lr_decay", c.optimizer.decay,
-    "sync: outer lr after warmup: constant or cosine (to outer.min_lr_ratio x outer.lr)");
-  v("min_lr_ratio", c.optimizer.min_lr_ratio, "sync: cosine's final outer lr / outer.lr");
+    "outer lr after warmup: constant or cosine (to outer.min_lr_ratio x outer.lr)");
+  v("min_lr_ratio", c.optimizer.min_lr_ratio, "cosine's final outer lr / outer.lr");
   v("nesterov", c.optimizer.nesterov, "Nesterov momentum");
 }
 

@@ -33,6 +33,12 @@
 
 namespace atl::outer {
 
+// What an async contribution's outer step depends on (Rounds::SetStepLocked).
+struct AsyncStep {
+  uint64_t island_step = 0;       // when it pushed, or the latest it pushed at before
+  uint64_t tokens_committed = 0;  // the run's, before this contribution (its progress)
+};
+
 class Rounds;
 
 // One Push call in progress on the service: opened after the cheap checks (run, fragment, member,
@@ -235,10 +241,9 @@ class Rounds {
   // (largest norm first).
   void RunCommit(CommitJob job);
   // Under the data lock: sets the fragment's outer step for round `round` (a warm start's average
-  // or the scheduled learning rate), a function of the round alone. Async: of the island's step
-  // alone (`island_step`: when it pushed, or the latest it pushed at before; 0 in sync mode).
+  // or the scheduled learning rate), a function of the round alone. Async: of `async` alone (AsyncStep).
   void SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
-                     uint64_t island_step = 0) const;
+                     AsyncStep async = {}) const;
   // The round's outer gradient: dense (the fragment's n values) or sparse (a linear step over
   // sparse contributions: the commit then costs what the round changed).
   struct Gradient {

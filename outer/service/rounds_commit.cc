@@ -266,27 +266,32 @@ void Rounds::RunCommit(CommitJob job) {
 }
 
 void Rounds::SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
-                           uint64_t island_step) const {
+                           AsyncStep async) const {
   // A function of the round alone, so a resumed service and a replay step the same way: a
   // warm-start round is a plain average (the momentum untouched); the others follow the outer
   // learning-rate schedule over the rounds after the warm start.
   const SyncSchedule schedule = core_.Schedule();
   const uint64_t warm = schedule.warm_start_rounds();
-  if (core_.options.async) {
-    // A contribution of the island's warm start is its share of a plain average: g / N, N the
-    // delayed Nesterov period (the islands, by default), so that N islands' one-step pushes move
-    // the parameters as a sync warm-start round does. The momentum is untouched; a constant lr.
-    const bool averaging = island_step > 0 && island_step <= warm;
-    f.data.set_averaging(averaging);
-    f.data.set_lr(averaging ? 1.0 / double(std::max(1, core_.options.optimizer.momentum_delay))
-                            : core_.options.optimizer.lr);
-    return;
-  }
-  const bool averaging = schedule.WarmStartRound(round);
   const uint64_t total_rounds =
       core_.options.total_inner_steps > 0
           ? schedule.RoundsUntil(int(fragment), int64_t(core_.options.total_inner_steps))
           : 0;
+  if (core_.options.async) {
+    // A contribution of the island's warm start is its share of a plain average: g / N, N the
+    // delayed Nesterov period (the islands, by default), so that N islands' one-step pushes move
+    // the parameters as a sync warm-start round does; the momentum is untouched. The others
+    // follow the schedule at the round of H steps the run's progress (its tokens) has reached.
+    const bool averaging = async.island_step > 0 && async.island_step <= warm;
+    const uint64_t budget = core_.options.token_budget;
+    const double progress =
+        budget > 0 ? std::min(1.0, double(async.tokens_committed) / double(budget)) : 0.0;
+    const uint64_t at = std::min(total_rounds, uint64_t(progress * double(total_rounds)));
+    f.data.set_averaging(averaging);
+    f.data.set_lr(averaging ? 1.0 / double(std::max(1, core_.options.optimizer.momentum_delay))
+                            : ScheduledLr(core_.options.optimizer, at, total_rounds));
+    return;
+  }
+  const bool averaging = schedule.WarmStartRound(round);
   f.data.set_averaging(averaging);
   f.data.set_lr(averaging ? 1.0
                           : ScheduledLr(core_.options.optimizer, round - std::min(round, warm),

@@ -544,7 +544,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   uint64_t staleness;
   double params_norm;
   std::set<std::pair<uint64_t, uint64_t>> ranges;
-  uint64_t step = c.step;  // the island's, as far as the service knows: it never goes back
+  AsyncStep step{c.step, 0};  // the island's step as far as the service knows: it never goes back
   {
     std::lock_guard<std::mutex> lock(core_.mu);
     // The island may have left, or others' contributions made this one too stale, while it waited.
@@ -553,8 +553,9 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
     params_norm = frag.params_norm;
     ranges = frag.known_ranges;
     if (auto it = done_.find(id.island_id); it != done_.end() && id.fragment < it->second.size()) {
-      step = std::max(step, it->second[id.fragment].step);
+      step.island_step = std::max(step.island_step, it->second[id.fragment].step);
     }
+    step.tokens_committed = core_.tokens_committed;
   }
   const absl::Time started = absl::Now();
   std::vector<float> g(frag.data.size());

@@ -89,10 +89,6 @@ MethodChanges ChangesOf(const Method& method, const Config& c) {
     const auto& ph = c.outer.phases;
     drop("outer.early_sync_every", ph.early_sync_every > 0, "0",
          "async islands choose their own H: no early H");
-    drop("outer.lr_warmup_rounds", c.outer.optimizer.warmup_rounds > 0, "0",
-         "async mode has versions, not rounds, to schedule the outer lr over");
-    drop("outer.lr_decay", c.outer.optimizer.decay != outer::LrDecay::kConstant, "constant",
-         "async mode has versions, not rounds, to schedule the outer lr over");
     drop("outer.auto_tune", c.outer.auto_tune, "false", "auto_tune chooses tau for sync rounds");
     drop("outer.shards", c.outer.shards > 1, "1", "a sharded service serves sync rounds");
   }

@@ -233,6 +233,34 @@ TEST_F(SyncServerTest, AsyncWarmStartPushesAreSharesOfAPlainAverage) {
   EXPECT_EQ(s->params(), shifted(4.75f));
 }
 
+// An async run's outer lr follows the schedule at the round of H steps its tokens have reached:
+// a budget of 40 tokens, 8 inner steps per island at H = 2 (4 rounds), a warmup of 1 round, then
+// cosine to 0 over rounds 1-3.
+TEST_F(SyncServerTest, AsyncOuterLrFollowsTheRunsProgress) {
+  options_.async = true;
+  options_.num_data_streams = 2;
+  options_.sync_every = 2;
+  options_.total_inner_steps = 8;
+  options_.token_budget = 40;
+  options_.optimizer = {1.0, 0.0, false};
+  options_.optimizer.warmup_rounds = 1;
+  options_.optimizer.decay = LrDecay::kCosine;
+  options_.optimizer.min_lr_ratio = 0.0;
+  auto s = Make(std::vector<float>(4, 0.0f));
+  Join(*s, "a");
+  Join(*s, "b");
+  const std::vector<std::pair<float, float>> lr_then_params = {
+      {0.5f, -0.5f},   // 0 of 40 tokens, round 0: the warmup's lr x 1 / 2
+      {1.0f, -1.5f},   // 10: round 1, the cosine's start
+      {0.5f, -2.0f},   // 20: round 2, its middle
+      {0.0f, -2.0f}};  // 30: round 3, its end
+  for (uint64_t v = 0; v < lr_then_params.size(); ++v) {
+    ASSERT_TRUE(s->Push(Payload(v % 2 == 0 ? "a" : "b", v, {1, 1, 1, 1}, 10)).ok());
+    EXPECT_EQ(s->params(), std::vector<float>(4, lr_then_params[v].second))
+        << "version " << v + 1 << ", lr " << lr_then_params[v].first;
+  }
+}
+
 TEST_F(SyncServerTest, AsyncIslandsCatchUpAndStayBitIdentical) {
   options_.async = true;
   options_.num_data_streams = 2;

@@ -183,8 +183,6 @@ TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
        "outer.codec: unknown codec 'fp5'"},
       {base, {{"outer.lr_decay", "linear"}}, absl::StatusCode::kInvalidArgument,
        "outer.lr_decay must be \"constant\" or \"cosine\", got \"linear\""},
-      {base, {{"outer.mode", "async"}, {"outer.lr_decay", "cosine"}},
-       absl::StatusCode::kInvalidArgument, "async mode (versions, not rounds)"},
       {base, {{"outer.warm_start_steps", "-5"}}, absl::StatusCode::kInvalidArgument,
        "outer.warm_start_steps must be >= 0, got -5"},
       {base, {{"outer.mode", "async"}, {"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "10"}},
@@ -193,8 +191,11 @@ TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
        absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
 
   });
-  // Async runs take a warm start (each island pushes every one of its first steps).
+  // Async runs take a warm start (each island pushes every one of its first steps) and outer-lr
+  // schedules (over the run's progress).
   EXPECT_TRUE(LoadText(base, {{"outer.mode", "async"}, {"outer.warm_start_steps", "10"}}).ok());
+  EXPECT_TRUE(LoadText(base, {{"outer.mode", "async"}, {"outer.lr_decay", "cosine"},
+                              {"outer.lr_warmup_rounds", "2"}}).ok());
   // Each robust rule loads from the smallest island count it acts on (outer/base/aggregation.h).
   for (const auto& [rule, islands] : std::vector<std::pair<std::string, std::string>>{
            {"trimmed_mean", "4"}, {"median", "3"}, {"clipped_mean", "3"}, {"mean", "1"}}) {
