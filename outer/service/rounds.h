@@ -241,7 +241,8 @@ class Rounds {
   // (largest norm first).
   void RunCommit(CommitJob job);
   // Under the data lock: sets the fragment's outer step for round `round` (a warm start's average
-  // or the scheduled learning rate), a function of the round alone. Async: of `async` alone (AsyncStep).
+  // or the scheduled learning rate), a function of the round alone. Async: of `async` alone
+  // (AsyncStep: the island's step and the run's progress).
   void SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
                      AsyncStep async = {}) const;
   // The round's outer gradient: dense (the fragment's n values) or sparse (a linear step over

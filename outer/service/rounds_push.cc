@@ -561,9 +561,8 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   std::vector<float> g(frag.data.size());
   ATL_RETURN_IF_ERROR(c.payload.Read(0, g.size(), g.data()));
   SetStepLocked(frag, id.fragment, id.round + staleness, step);
-  // A warm-start contribution (one step, a share of a plain average) is not scaled.
   if (core_.options.staleness_scaling && staleness > 0 && !frag.data.optimizer().averaging()) {
-    const float scale = float(1.0 / double(1 + staleness));
+    const float scale = float(1.0 / double(1 + staleness));  // (a warm-start share is not scaled)
     for (float& v : g) v *= scale;
   }
   auto result = StepLocked(frag, id.fragment, id.round + staleness, {g.data(), nullptr}, ranges, {});

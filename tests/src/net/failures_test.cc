@@ -133,7 +133,7 @@ TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
   testing::TempDir dir;
   const auto run = testing::RunTwoIslands(
       dir,
-      "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 1.0\n",
+      "sync_every = 4\nheartbeat_s = 0.2\nlease_s = 2.5\n",
       // Island1's new process must rejoin before island0 ends the run alone: it starts at round
       // 3 of 12, with about 3 s of island0's rounds still to go (a loaded CI machine once took
       // over 1 s to start it, when 1.1 s were left).
