@@ -370,7 +370,7 @@ TEST(StreamingTest, AutoTuneChoosesTauFromTheMeasuredLink) {
 
 // Async Streaming DiLoCo in process: 2 islands, 4 fragments, tau = 2, FP4, one island throttled:
 // every island ends on the service's final parameters, fragment by fragment. Also with a warm
-// start of 3 steps: each island pushes every fragment after each of them (12 contributions).
+// start of 3 steps (its schedule: AsyncScheduleTest; its step: SyncServerTest).
 TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
   const std::vector<std::pair<bool, int>> cases = {{false, 0}, {true, 0}, {false, 3}};
   for (const auto& [sparse, warm] : cases) {
@@ -395,7 +395,6 @@ TEST(StreamingTest, AsyncFragmentsEndBitIdentical) {
       EXPECT_EQ(r->global_hash, ServiceHash(*server));
       EXPECT_EQ(r->resyncs, 0u);
       EXPECT_FALSE(r->staleness.empty());
-      EXPECT_GE(r->staleness.size(), size_t(warm * c.outer.num_fragments));
     }
   }
 }
