@@ -51,7 +51,7 @@ FragmentData::FragmentData(std::vector<float> params, const OuterOptimizerConfig
 
 absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
     const float* g, const PayloadId& id, const compression::CodecSpec& codec, size_t chunk_bytes,
-    WorkerPool* pool) const {
+    WorkerPool* pool, SpareChunkData* spare) const {
   const uint64_t n = params_.size();
   const Encoding encoding = UpdateEncoding(codec);
   const ChunkPlan plan = PlanChunks(encoding.PlanSpec(), n, chunk_bytes);
@@ -62,7 +62,8 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
     float* u = Scratch(0, count).data();
     optimizer_->Preview(g + first, u, first, count);
     const compression::CodecSpec spec = encoding.Choose(u, count);
-    auto chunk = EncodeChunk(id, spec, u, first, count, n, uint32_t(c), plan.num_chunks);
+    auto chunk = EncodeChunk(id, spec, u, first, count, n, uint32_t(c), plan.num_chunks, {},
+                             spare != nullptr ? spare->For(c) : nullptr);
     if (!chunk.ok()) {
       status[c] = absl::InvalidArgumentError(
           absl::StrCat("the outer update is not finite (", chunk.status().message(), ")"));
@@ -167,7 +168,7 @@ bool FragmentData::SurelyFinite(float max_abs) const {
 
 absl::StatusOr<pb::Chunk> FragmentData::EncodeSparseChunk(
     const SparseGradient& g, const SparsePlan& plan, size_t c,
-    const compression::KeptVisitor& decoded) const {
+    const compression::KeptVisitor& decoded, std::string* storage) const {
   const uint64_t n = params_.size();
   const uint64_t first = c * plan.chunks.per_chunk;
   const uint64_t count = std::min(plan.chunks.per_chunk, n - first);
@@ -199,7 +200,8 @@ absl::StatusOr<pb::Chunk> FragmentData::EncodeSparseChunk(
         std::fill(dense, dense + count, 0.0f);
         for (size_t j = 0; j < entries; ++j) dense[idx[j]] = u[j];
         return compression::Encode(spec, dense, count, out, r);
-      });
+      },
+      storage);
   if (!chunk.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the outer update is not finite (", chunk.status().message(), ")"));
@@ -228,7 +230,8 @@ absl::StatusOr<FragmentData::SparsePlan> FragmentData::PlanSparse(
 absl::Status FragmentData::PrepareSparseUpdate(const SparseGradient& g, const PayloadId& id,
                                                const compression::CodecSpec& codec,
                                                size_t chunk_bytes, WorkerPool* pool,
-                                               SparseUpdate* update) const {
+                                               SparseUpdate* update,
+                                               SpareChunkData* spare) const {
   ATL_ASSIGN_OR_RETURN(const SparsePlan plan, PlanSparse(id, codec, chunk_bytes));
   const uint32_t chunks = plan.chunks.num_chunks;
   update->chunks.assign(chunks, pb::Chunk());
@@ -242,7 +245,7 @@ absl::Status FragmentData::PrepareSparseUpdate(const SparseGradient& g, const Pa
                                                    size_t m) {
       for (size_t j = 0; j < m; ++j) d.index.push_back(first + base + at[j]);
       d.value.insert(d.value.end(), v, v + m);
-    });
+    }, spare != nullptr ? spare->For(c) : nullptr);
     if (!chunk.ok()) {
       status[c] = chunk.status();
       return;
@@ -281,13 +284,13 @@ void FragmentData::ApplySparse(const SparseUpdate& update, WorkerPool* pool) {
 
 absl::StatusOr<std::vector<pb::Chunk>> FragmentData::StepSparse(
     const SparseGradient& g, const PayloadId& id, const compression::CodecSpec& codec,
-    size_t chunk_bytes, WorkerPool* pool, SparseUpdate* scratch) {
+    size_t chunk_bytes, WorkerPool* pool, SparseUpdate* scratch, SpareChunkData* spare) {
   ATL_ASSIGN_OR_RETURN(const SparsePlan plan, PlanSparse(id, codec, chunk_bytes));
   // The decoded update is at most twice u in magnitude (an FP4 scale is a power of two at or
   // above amax / 6), u at most |lr| x max |g| (and an ulp).
   const float u_max = std::nextafter(std::fabs(plan.lr) * MaxAbsOf(g), INFINITY);
   if (!std::isfinite(u_max) || !SurelyFinite(4 * u_max)) {
-    ATL_RETURN_IF_ERROR(PrepareSparseUpdate(g, id, codec, chunk_bytes, pool, scratch));
+    ATL_RETURN_IF_ERROR(PrepareSparseUpdate(g, id, codec, chunk_bytes, pool, scratch, spare));
     ApplySparse(*scratch, pool);
     return std::move(scratch->chunks);
   }
@@ -301,7 +304,7 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::StepSparse(
     auto chunk = EncodeSparseChunk(g, plan, c, [&](size_t base, const uint32_t* at, const float* v,
                                                    size_t m) {
       SubtractAt(first + base, at, v, m, &tallies[c]);
-    });
+    }, spare != nullptr ? spare->For(c) : nullptr);
     if (chunk.ok()) {
       update[c] = *std::move(chunk);
     } else {

@@ -32,9 +32,11 @@ class FragmentData {
   // The outer update of the averaged outer gradient g, encoded with `codec` (the chunks every copy
   // of the parameters applies), without changing anything. INVALID_ARGUMENT when the update is not
   // finite or would make a parameter non-finite once decoded and subtracted.
+  // With `spare`, chunk c is encoded into spare->For(c) (payload.h).
   absl::StatusOr<std::vector<pb::Chunk>> PrepareUpdate(const float* g, const PayloadId& id,
                                                        const compression::CodecSpec& codec,
-                                                       size_t chunk_bytes, WorkerPool* pool) const;
+                                                       size_t chunk_bytes, WorkerPool* pool,
+                                                       SpareChunkData* spare = nullptr) const;
   // Advances the optimizer by g and subtracts the update that PrepareUpdate made of it (decoded
   // chunk by chunk, as the islands decode it).
   void Apply(const float* g, const std::vector<pb::Chunk>& update, WorkerPool* pool);
@@ -56,7 +58,8 @@ class FragmentData {
   absl::StatusOr<std::vector<pb::Chunk>> StepSparse(const SparseGradient& g, const PayloadId& id,
                                                     const compression::CodecSpec& codec,
                                                     size_t chunk_bytes, WorkerPool* pool,
-                                                    SparseUpdate* scratch);
+                                                    SparseUpdate* scratch,
+                                                    SpareChunkData* spare = nullptr);
   absl::Status StepLinearSparse(const SparseGradient& g, WorkerPool* pool);
 
   // Hashes (compression::ParamsHash) and the norm, kept up to date by every change above: the
@@ -87,7 +90,8 @@ class FragmentData {
   // subtracted.
   absl::Status PrepareSparseUpdate(const SparseGradient& g, const PayloadId& id,
                                    const compression::CodecSpec& codec, size_t chunk_bytes,
-                                   WorkerPool* pool, SparseUpdate* update) const;
+                                   WorkerPool* pool, SparseUpdate* update,
+                                   SpareChunkData* spare) const;
   void ApplySparse(const SparseUpdate& update, WorkerPool* pool);
   // Hashes every segment and sums the squares again (the bounds kept if they fit).
   void Remeasure();
@@ -112,8 +116,8 @@ class FragmentData {
   absl::StatusOr<SparsePlan> PlanSparse(const PayloadId& id, const compression::CodecSpec& codec,
                                         size_t chunk_bytes) const;
   absl::StatusOr<pb::Chunk> EncodeSparseChunk(const SparseGradient& g, const SparsePlan& plan,
-                                              size_t c,
-                                              const compression::KeptVisitor& decoded) const;
+                                              size_t c, const compression::KeptVisitor& decoded,
+                                              std::string* storage) const;
 
   std::vector<float> params_;
   std::unique_ptr<OuterOptimizer> optimizer_;

@@ -111,14 +111,25 @@ ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n, size_t max_
   return plan;
 }
 
+void SpareChunkData::Keep(std::vector<pb::Chunk>& chunks, uint64_t max_bytes) {
+  for (auto& c : chunks) {
+    if (bytes + c.data().capacity() > max_bytes) return;
+    bytes += c.data().capacity();
+    buffers.push_back(std::move(*c.mutable_data()));
+  }
+}
+
 absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::CodecSpec& spec,
                                       const float* values, uint64_t offset, uint64_t count,
                                       uint64_t fragment_elements, uint32_t index,
-                                      uint32_t num_chunks, compression::Rounding rounding) {
-  return EncodeChunkWith(id, spec, offset, count, fragment_elements, index, num_chunks, rounding,
-                         [&](uint8_t* out, const compression::Rounding& r) {
-                           return compression::Encode(spec, values, count, out, r);
-                         });
+                                      uint32_t num_chunks, compression::Rounding rounding,
+                                      std::string* storage) {
+  return EncodeChunkWith(
+      id, spec, offset, count, fragment_elements, index, num_chunks, rounding,
+      [&](uint8_t* out, const compression::Rounding& r) {
+        return compression::Encode(spec, values, count, out, r);
+      },
+      storage);
 }
 
 pb::ChunkHeader HeaderOf(const PayloadId& id, const compression::CodecSpec& spec, uint64_t offset,
@@ -154,11 +165,12 @@ absl::StatusOr<pb::Chunk> EncodeChunkWith(const PayloadId& id, const compression
                                           uint64_t offset, uint64_t count,
                                           uint64_t fragment_elements, uint32_t index,
                                           uint32_t num_chunks, compression::Rounding rounding,
-                                          const ChunkEncoder& encode) {
+                                          const ChunkEncoder& encode, std::string* storage) {
   pb::Chunk chunk;
   *chunk.mutable_header() =
       HeaderOf(id, spec, offset, count, fragment_elements, index, num_chunks);
   std::string* data = chunk.mutable_data();
+  if (storage != nullptr) data->swap(*storage);  // its old bytes are all overwritten
   data->resize(compression::EncodedBytes(spec, count));
   rounding.first_index = offset;
   if (auto s = encode(reinterpret_cast<uint8_t*>(data->data()), rounding); !s.ok()) {

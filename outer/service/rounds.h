@@ -101,6 +101,7 @@ class Rounds {
     std::set<std::pair<uint64_t, uint64_t>> known_ranges;
     absl::Time opened;  // the round's first contribution
     double grace_s = -1;  // the grace window the round got (-1: none)
+    SpareChunkData spare;  // buffers for its update's chunks (ServiceFragment::spare_chunks)
   };
   // Under mu: marks every ready round as committing and hands its contributions over; the caller
   // runs the jobs with RunCommits once it has released mu (membership changes make rounds ready
@@ -172,7 +173,7 @@ class Rounds {
   // The aggregate of `entries` stepped (under the data lock), leaving out, one by one, those whose
   // combination would make the parameters non-finite (largest norm first).
   using Dropped = std::vector<std::pair<std::string, uint64_t>>;  // (island, tokens)
-  std::optional<CommitResult> AggregateAndStep(ServiceFragment& f, const CommitJob& job,
+  std::optional<CommitResult> AggregateAndStep(ServiceFragment& f, CommitJob& job,
                                                std::vector<CommitEntry> entries, Dropped& dropped,
                                                std::vector<std::string>& events);
 
@@ -258,7 +259,7 @@ class Rounds {
   absl::StatusOr<CommitResult> StepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
                                           Gradient g,
                                           const std::set<std::pair<uint64_t, uint64_t>>& ranges,
-                                          Relayable relayable);
+                                          Relayable relayable, SpareChunkData* spare);
   // The hashes and norm of the parameters (under the data lock; the ranges' hashes are tracked
   // from now on).
   void MeasureLocked(ServiceFragment& f, const std::set<std::pair<uint64_t, uint64_t>>& ranges,
@@ -269,6 +270,9 @@ class Rounds {
   // Sync: drops a fragment's oldest committed rounds while more than `keep` are kept and their
   // encoded updates (with `extra_bytes` to come) exceed the fragment's budget for them.
   void TrimCommittedLocked(ServiceFragment& f, size_t keep, uint64_t extra_bytes);
+  // Under mu: drops a fragment's oldest committed round; when nothing else holds it, its update's
+  // buffers are kept for the next commit (up to a byte per parameter).
+  void RetireOldestLocked(ServiceFragment& f);
 
   // Whether commits may fold contributions sparsely (sync, sparse, a mean rule; with a linear
   // step), so that a push keeps its kept values decoded for that fold.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -112,6 +113,7 @@ std::vector<Rounds::CommitJob> Rounds::TakeReadyLocked(absl::Time now) {
     // Every member this round waited for has applied the rounds before it: a big fragment's
     // newest update goes before the next one is made, not after (see kMinCommittedKept).
     TrimCommittedLocked(f, 0, f.committed.empty() ? 0 : f.committed.back()->update_bytes);
+    job.spare = std::exchange(f.spare_chunks, {});
     jobs.push_back(std::move(job));
   }
   return jobs;
@@ -163,7 +165,7 @@ std::vector<Rounds::CommitEntry> Rounds::CommitEntries(CommitJob& job) const {
 }
 
 std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
-                                                             const CommitJob& job,
+                                                             CommitJob& job,
                                                              std::vector<CommitEntry> entries,
                                                              Dropped& dropped,
                                                              std::vector<std::string>& events) {
@@ -207,7 +209,8 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
         relayable.payloads.push_back(entries[i].payload);
       }
       auto stepped =
-          StepLocked(f, job.fragment, job.round, g, job.known_ranges, std::move(relayable));
+          StepLocked(f, job.fragment, job.round, g, job.known_ranges, std::move(relayable),
+                     &job.spare);
       if (stepped.ok()) {
         RoundRecord& record = stepped->record;
         for (const auto& e : entries) {
@@ -300,7 +303,8 @@ void Rounds::SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round
 
 absl::StatusOr<Rounds::CommitResult> Rounds::StepLocked(
     ServiceFragment& f, uint32_t fragment, uint64_t round, Gradient g,
-    const std::set<std::pair<uint64_t, uint64_t>>& ranges, Relayable relayable) {
+    const std::set<std::pair<uint64_t, uint64_t>>& ranges, Relayable relayable,
+    SpareChunkData* spare) {
   // The update every copy applies is the decoded encoding of the optimizer's update, or one every
   // copy makes from the relayed contributions with the same functions: either way the service and
   // the islands subtract exactly the same numbers. Nothing changes until the whole update is known
@@ -319,11 +323,11 @@ absl::StatusOr<Rounds::CommitResult> Rounds::StepLocked(
     ATL_ASSIGN_OR_RETURN(result.update,
                          f.data.StepSparse(*g.sparse, id, core_.options.codec,
                                            core_.options.chunk_bytes, core_.pool.get(),
-                                           &f.sparse_update));
+                                           &f.sparse_update, spare));
   } else {
     ATL_ASSIGN_OR_RETURN(auto update,
                          f.data.PrepareUpdate(g.dense, id, core_.options.codec,
-                                              core_.options.chunk_bytes, core_.pool.get()));
+                                              core_.options.chunk_bytes, core_.pool.get(), spare));
     f.data.Apply(g.dense, update, core_.pool.get());
     result.update = std::move(update);
   }
@@ -391,7 +395,7 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
   for (const auto& p : committed->relayed) committed->update_bytes += p->bytes();
   if (core_.on_commit) core_.on_commit(*committed);
   f.committed.push_back(std::move(committed));
-  while (f.committed.size() > kept_versions()) f.committed.pop_front();
+  while (f.committed.size() > kept_versions()) RetireOldestLocked(f);
   TrimCommittedLocked(f, internal::kMinCommittedKept, 0);
   ++f.round;
   f.committing = false;
@@ -406,8 +410,15 @@ void Rounds::TrimCommittedLocked(ServiceFragment& f, size_t keep, uint64_t extra
       std::max<uint64_t>(f.layout.total() * sizeof(float) / 8, internal::kCommittedKeptBytes);
   while (f.committed.size() > keep && kept_bytes > budget) {
     kept_bytes -= f.committed.front()->update_bytes;
-    f.committed.pop_front();
+    RetireOldestLocked(f);
   }
+}
+
+void Rounds::RetireOldestLocked(ServiceFragment& f) {
+  // Under mu nobody can take a new reference (AwaitRound copies it under mu): one is the deque's.
+  std::shared_ptr<CommittedRound>& oldest = f.committed.front();
+  if (oldest.use_count() == 1) f.spare_chunks.Keep(oldest->update_chunks, f.layout.total());
+  f.committed.pop_front();
 }
 
 size_t Rounds::kept_versions() const {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
@@ -16,13 +17,8 @@ namespace atl::outer {
 PushStream::PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset,
                        std::string session, uint64_t tokens, uint64_t step,
                        IslandFigures figures)
-    : rounds_(rounds),
-      chunks_(std::move(chunks)),
-      first_offset_(first_offset),
-      session_(std::move(session)),
-      tokens_(tokens),
-      step_(step),
-      figures_(figures) {}
+    : rounds_(rounds), chunks_(std::move(chunks)), first_offset_(first_offset),
+      session_(std::move(session)), tokens_(tokens), step_(step), figures_(figures) {}
 
 PushStream::~PushStream() { rounds_->ClosePush(chunks_.id(), first_offset_); }
 
@@ -545,6 +541,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
   double params_norm;
   std::set<std::pair<uint64_t, uint64_t>> ranges;
   AsyncStep step{c.step, 0};  // the island's step as far as the service knows: it never goes back
+  SpareChunkData spare;
   {
     std::lock_guard<std::mutex> lock(core_.mu);
     // The island may have left, or others' contributions made this one too stale, while it waited.
@@ -556,6 +553,7 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
       step.island_step = std::max(step.island_step, it->second[id.fragment].step);
     }
     step.tokens_committed = core_.tokens_committed;
+    spare = std::exchange(frag.spare_chunks, {});
   }
   const absl::Time started = absl::Now();
   std::vector<float> g(frag.data.size());
@@ -565,7 +563,8 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
     const float scale = float(1.0 / double(1 + staleness));  // (a warm-start share is not scaled)
     for (float& v : g) v *= scale;
   }
-  auto result = StepLocked(frag, id.fragment, id.round + staleness, {g.data(), nullptr}, ranges, {});
+  auto result = StepLocked(frag, id.fragment, id.round + staleness, {g.data(), nullptr}, ranges,
+                           {}, &spare);
   if (!result.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
                                                    "' refused: ", result.status().message()));

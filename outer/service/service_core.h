@@ -82,7 +82,8 @@ struct ServiceFragment {
   absl::Time previous_quorum_at = absl::InfinitePast();
   double grace_s = -1;
   ArrivalHistory arrivals;
-  std::deque<std::shared_ptr<const CommittedRound>> committed;  // newest last
+  std::deque<std::shared_ptr<CommittedRound>> committed;  // newest last
+  SpareChunkData spare_chunks;  // under mu: retired rounds' update buffers, for the next commit
   std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
   uint64_t durable_round = 0;                 // rounds of this fragment in a durable snapshot
 };

@@ -344,6 +344,47 @@ TEST(CodecTest, DeterministicAndSizes) {
   EXPECT_EQ(EncodedBytes({Codec::kBf16, 0}, 1000), 2000u);
 }
 
+// An encoder writes every byte of its output, whatever the buffer held: the service encodes updates
+// into the buffers of retired ones (outer/base/payload.h, SpareChunkData), and every copy must get
+// the same bytes. Dense and sparse specs of every codec, Encode and EncodeSparseInput.
+TEST(CodecTest, EncodeWritesEveryByteOfItsOutput) {
+  const size_t n = 3 * 4096 + 1000;  // a short last chunk, and a partial scale block
+  std::vector<float> x(n);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (auto& v : x) v = normal(rng);
+  for (int codec = int(Codec::kFp32); codec <= int(Codec::kInt2Centroid); ++codec) {
+    for (uint32_t topk : {0u, 123u}) {
+      const uint32_t block = topk > 0 ? 4096u : (codec == int(Codec::kFp32) ||
+                                                 codec == int(Codec::kBf16)) ? 0u : 32u;
+      auto made = MakeSpec(codec, block, topk);
+      ASSERT_TRUE(made.ok()) << codec << " " << topk << ": " << made.status();
+      const CodecSpec spec = *made;
+      for (const Rounding rounding : {Rounding{}, Rounding{true, 99, 0}}) {
+        std::vector<uint8_t> zeros(EncodedBytes(spec, n), 0x00), ones(zeros.size(), 0xFF);
+        ASSERT_TRUE(Encode(spec, x.data(), n, zeros.data(), rounding).ok()) << SpecText(spec);
+        ASSERT_TRUE(Encode(spec, x.data(), n, ones.data(), rounding).ok()) << SpecText(spec);
+        EXPECT_EQ(zeros, ones) << SpecText(spec) << (rounding.stochastic ? " stochastic" : "");
+        if (topk == 0) continue;
+        std::vector<uint32_t> index;
+        std::vector<float> value;
+        for (uint32_t i = 0; i < n; i += 37) {
+          index.push_back(i);
+          value.push_back(x[i]);
+        }
+        std::fill(zeros.begin(), zeros.end(), 0x00);
+        std::fill(ones.begin(), ones.end(), 0xFF);
+        for (auto* out : {&zeros, &ones}) {
+          ASSERT_TRUE(EncodeSparseInput(spec, n, index.data(), value.data(), index.size(),
+                                        out->data(), rounding)
+                          .ok());
+        }
+        EXPECT_EQ(zeros, ones) << SpecText(spec) << " from sparse input";
+      }
+    }
+  }
+}
+
 // Every finite input encodes to a payload its own decoder accepts, with the sign kept and the
 // magnitude saturated at most: no codec writes bytes that decode to infinity.
 TEST(CodecTest, EncodeSaturatesNearTheFloatMaximumAndDecodingAccepts) {

@@ -306,6 +306,58 @@ TEST(FragmentDataTest, SparseStepsNearTheLargestFloatAreCheckedFirst) {
   EXPECT_TRUE(SameBits(sparse.params(), before));
 }
 
+// An update encoded into the buffers of a retired one (SpareChunkData: longer, shorter or empty,
+// full of other bytes) is the update encoded into fresh ones, byte for byte: dense and sparse.
+TEST(FragmentDataTest, UpdatesEncodedIntoSpareBuffersEqualFreshOnes) {
+  const uint64_t n = 5000;
+  std::vector<float> init(n), flat(n, 0.0f);
+  for (uint64_t i = 0; i < n; ++i) init[i] = std::sin(float(i));
+  SparseGradient g;
+  g.Reset(2, 4096);
+  for (uint64_t i = 0; i < n; i += 7) {
+    const float v = 1e-2f * std::cos(float(i));
+    flat[i] = v;
+    g.pieces[i / 4096].index.push_back(i);
+    g.pieces[i / 4096].value.push_back(v);
+  }
+  auto dirty = [] {
+    SpareChunkData spare;
+    for (size_t size : {3000, 10, 0, 700, 512, 100000}) {
+      spare.buffers.push_back(std::string(size, '\xff'));
+    }
+    return spare;
+  };
+  auto same = [](const std::vector<pb::Chunk>& a, const std::vector<pb::Chunk>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_GT(a.size(), 4u);  // some chunks have no spare buffer
+    for (size_t k = 0; k < a.size(); ++k) {
+      EXPECT_EQ(a[k].SerializeAsString(), b[k].SerializeAsString()) << k;
+    }
+  };
+  const PayloadId id{"run", "", 0, 0};
+  OuterOptimizerConfig nesterov{0.7, 0.9, true};
+  nesterov.name = "nesterov";
+  const FragmentData dense(init, nesterov);
+  SpareChunkData spare = dirty();
+  const compression::CodecSpec fp4{compression::Codec::kFp4E2M1, 32, 0};
+  auto fresh = dense.PrepareUpdate(flat.data(), id, fp4, 512, nullptr);
+  auto reused = dense.PrepareUpdate(flat.data(), id, fp4, 512, nullptr, &spare);
+  ASSERT_TRUE(fresh.ok() && reused.ok());
+  same(*fresh, *reused);
+  OuterOptimizerConfig sgd{0.7, 0.0, false};
+  sgd.name = "sgd";
+  FragmentData a(init, sgd), b(init, sgd);
+  FragmentData::SparseUpdate scratch;
+  spare = dirty();
+  const compression::CodecSpec codec{compression::Codec::kInt2, 256, 4};
+  auto fresh_sparse = a.StepSparse(g, id, codec, 64, nullptr, &scratch);
+  auto reused_sparse = b.StepSparse(g, id, codec, 64, nullptr, &scratch, &spare);
+  ASSERT_TRUE(fresh_sparse.ok() && reused_sparse.ok());
+  same(*fresh_sparse, *reused_sparse);
+  EXPECT_TRUE(SameBits(a.params(), b.params()));
+  EXPECT_EQ(a.Hash(), b.Hash());
+}
+
 // outer.service_threads = 0 (the default) gives the service the cores it may use: the CPU affinity
 // and, under a cgroup quota, the quota's cores rounded up.
 TEST(ServiceThreadsTest, AutoUsesTheCoresTheServiceMayUse) {
