@@ -69,7 +69,7 @@ ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n,
 
 // The data buffers of chunks nobody reads any more, for new chunks to be encoded into. Their pages
 // are mapped already: faulting in fresh ones can cost more than the encoding (a 494M-parameter
-// FP4 update's 247 MB of new chunks took 2.4 s to make on this VM, 0.9 s in buffers reused).
+// FP4 update took 2.2-2.4 s to make in 247 MB of fresh pages on this VM, 1.2-1.4 s in these).
 struct SpareChunkData {
   std::vector<std::string> buffers;
   uint64_t bytes = 0;
