@@ -38,6 +38,14 @@ uint64_t CommittedTokens(const testing::TempDir& dir) {
   return tokens;
 }
 
+// What to read when the committed tokens come up short: the run's output, then each round the
+// service recorded.
+std::string WhereTokensWent(const testing::TempDir& dir, const std::string& output) {
+  std::string out = output + "\nrounds.jsonl:\n";
+  for (const auto& r : testing::ServiceRounds(dir)) out += r.dump() + "\n";
+  return out;
+}
+
 // Every island named reached `steps` and ends on the same global parameters as the others.
 void ExpectFinishedTogether(const testing::TempDir& dir, const std::vector<std::string>& islands,
                             int steps) {
@@ -155,7 +163,7 @@ TEST(ChaosTest, AKilledIslandResumesFromItsCheckpoint) {
   // push (its checkpoint is written at every round).
   const auto service = testing::ServiceHashes(dir);
   ASSERT_GE(service.at(0).size(), 12u);
-  EXPECT_EQ(CommittedTokens(dir), 2u * 48 * kTokensPerStep);
+  EXPECT_EQ(CommittedTokens(dir), 2u * 48 * kTokensPerStep) << WhereTokensWent(dir, run.output);
   EXPECT_LE(Account(dir, "island1").recomputed, 4 * kTokensPerStep) << run.output;
   ExpectFinishedTogether(dir, {"island0", "island1"}, 48);
   EXPECT_EQ(testing::IslandSummary(dir, "island0")["global_hash"], service.at(0).back());
@@ -206,7 +214,7 @@ TEST(ChaosTest, ARestartedIslandOfAStreamingRunPushesEachRoundAtTheRunsPosition)
   EXPECT_GE(shared, 8) << run.output;  // the restarted island's rounds, at least two per fragment
   EXPECT_EQ(lags.size(), 1u) << run.output;
   EXPECT_GE(*lags.begin(), 0);
-  EXPECT_EQ(CommittedTokens(dir), 2u * 64 * kTokensPerStep);
+  EXPECT_EQ(CommittedTokens(dir), 2u * 64 * kTokensPerStep) << WhereTokensWent(dir, run.output);
   ExpectFinishedTogether(dir, {"island0", "island1"}, 64);
 }
 
@@ -260,7 +268,7 @@ TEST(ChaosTest, APausedIslandKeepsItsProgress) {
   EXPECT_THAT(run.output, HasSubstr("island 'island1' declared dead"));
   EXPECT_THAT(run.output, HasSubstr("[island1] rejoined at round"));
   EXPECT_THAT(run.output, HasSubstr("keeping its progress"));
-  EXPECT_EQ(CommittedTokens(dir), 2u * 32 * kTokensPerStep);
+  EXPECT_EQ(CommittedTokens(dir), 2u * 32 * kTokensPerStep) << WhereTokensWent(dir, run.output);
   ExpectFinishedTogether(dir, {"island0", "island1"}, 32);
   EXPECT_EQ(testing::IslandSummary(dir, "island0")["global_hash"],
             testing::ServiceHashes(dir).at(0).back());
@@ -277,7 +285,7 @@ TEST(ChaosTest, APausedStreamingIslandReachesEachFragmentsOpenRound) {
       "--throttle 30,30 --train.steps=48 --stop island1@round6:2.5");
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output, HasSubstr("keeping its progress"));
-  EXPECT_EQ(CommittedTokens(dir), 2u * 48 * kTokensPerStep);
+  EXPECT_EQ(CommittedTokens(dir), 2u * 48 * kTokensPerStep) << WhereTokensWent(dir, run.output);
   // After its rejoin, each fragment commits rounds with island1's contributions.
   std::map<int, int> with_it;
   bool back = false;
@@ -316,7 +324,8 @@ TEST(ChaosTest, ALeavingIslandPushesItsLastSteps) {
     island1 += a.value("on_time", uint64_t(0)) + a.value("stale", uint64_t(0));
   }
   EXPECT_EQ(island1, trained * kTokensPerStep) << run.output;
-  EXPECT_EQ(CommittedTokens(dir), (48 + trained) * kTokensPerStep);
+  EXPECT_EQ(CommittedTokens(dir), (48 + trained) * kTokensPerStep)
+      << WhereTokensWent(dir, run.output);
 }
 
 }  // namespace
