@@ -42,6 +42,11 @@ void ForEach(WorkerPool* pool, size_t n, const std::function<void(size_t)>& fn) 
 }
 
 
+// The buffer chunk c of an update is encoded into (null: a fresh one).
+std::string* SpareFor(SpareChunkData* spare, size_t c) {
+  return spare != nullptr ? spare->For(c) : nullptr;
+}
+
 }  // namespace
 
 FragmentData::FragmentData(std::vector<float> params, const OuterOptimizerConfig& config)
@@ -63,7 +68,7 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::PrepareUpdate(
     optimizer_->Preview(g + first, u, first, count);
     const compression::CodecSpec spec = encoding.Choose(u, count);
     auto chunk = EncodeChunk(id, spec, u, first, count, n, uint32_t(c), plan.num_chunks, {},
-                             spare != nullptr ? spare->For(c) : nullptr);
+                             SpareFor(spare, c));
     if (!chunk.ok()) {
       status[c] = absl::InvalidArgumentError(
           absl::StrCat("the outer update is not finite (", chunk.status().message(), ")"));
@@ -245,7 +250,7 @@ absl::Status FragmentData::PrepareSparseUpdate(const SparseGradient& g, const Pa
                                                    size_t m) {
       for (size_t j = 0; j < m; ++j) d.index.push_back(first + base + at[j]);
       d.value.insert(d.value.end(), v, v + m);
-    }, spare != nullptr ? spare->For(c) : nullptr);
+    }, SpareFor(spare, c));
     if (!chunk.ok()) {
       status[c] = chunk.status();
       return;
@@ -304,7 +309,7 @@ absl::StatusOr<std::vector<pb::Chunk>> FragmentData::StepSparse(
     auto chunk = EncodeSparseChunk(g, plan, c, [&](size_t base, const uint32_t* at, const float* v,
                                                    size_t m) {
       SubtractAt(first + base, at, v, m, &tallies[c]);
-    }, spare != nullptr ? spare->For(c) : nullptr);
+    }, SpareFor(spare, c));
     if (chunk.ok()) {
       update[c] = *std::move(chunk);
     } else {

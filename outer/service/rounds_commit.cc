@@ -270,9 +270,9 @@ void Rounds::RunCommit(CommitJob job) {
 
 void Rounds::SetStepLocked(ServiceFragment& f, uint32_t fragment, uint64_t round,
                            AsyncStep async) const {
-  // A function of the round alone, so a resumed service and a replay step the same way: a
+  // Sync: a function of the round alone, so a resumed service and a replay step the same way: a
   // warm-start round is a plain average (the momentum untouched); the others follow the outer
-  // learning-rate schedule over the rounds after the warm start.
+  // learning-rate schedule over the rounds after the warm start. Async: of `async` alone.
   const SyncSchedule schedule = core_.Schedule();
   const uint64_t warm = schedule.warm_start_rounds();
   const uint64_t total_rounds =

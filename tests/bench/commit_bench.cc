@@ -65,9 +65,11 @@ std::vector<pb::PushRequest> Requests(const std::vector<pb::Chunk>& chunks, cons
   return out;
 }
 
-// Median seconds of the commit with `threads` service threads.
+// Median seconds of the commit with `threads` service threads. With `hold`, the bench keeps every
+// committed round (as an island still reading it would), so no commit reuses a retired round's
+// update buffers.
 double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec, int rounds,
-                   int threads, const std::string& optimizer) {
+                   int threads, const std::string& optimizer, bool hold = false) {
   outer::SyncServerOptions o;
   o.run_id = "bench";
   o.num_data_streams = uint32_t(islands);
@@ -85,6 +87,7 @@ double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec,
   }
   std::vector<float> g(n);
   std::vector<double> times;
+  std::vector<std::shared_ptr<const outer::CommittedRound>> held;
   for (int r = 0; r < rounds; ++r) {
     Clock::time_point last;
     for (int i = 0; i < islands; ++i) {
@@ -102,6 +105,7 @@ double TimeCommits(uint64_t n, int islands, const compression::CodecSpec& codec,
     }
     times.push_back(Seconds(last));
     if (sync.round() != uint64_t(r + 1)) std::abort();
+    if (hold) held.push_back(*sync.AwaitRound(uint64_t(r), absl::Now(), 0));
   }
   return Median(times);
 }
@@ -243,5 +247,10 @@ int main(int argc, char** argv) {
   const double two = TimeCommits(n, islands, codec, rounds, 2, optimizer);
   std::printf("commit, 1 service thread:  %.3f s\n", one);
   std::printf("commit, 2 service threads: %.3f s (%.2fx faster)\n", two, one / two);
+  // Retired rounds' update buffers reused (above) or not: the gap is fresh pages' cost. Run with
+  // MALLOC_MMAP_THRESHOLD_=262144 to map big buffers on their own, as the coordinator does.
+  const double held = TimeCommits(n, islands, codec, rounds, 1, optimizer, true);
+  std::printf("commit, 1 service thread, every round held (no buffer reused): %.3f s (%.2fx)\n",
+              held, held / one);
   return 0;
 }
