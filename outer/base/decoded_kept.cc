@@ -80,35 +80,44 @@ std::shared_ptr<DecodedKept> KeptBudget::Take(uint64_t blocks, uint64_t values) 
   });
 }
 
+absl::Status ChunkMeter::Add(const compression::CodecSpec& codec, EncodedChunk* chunk) {
+  // VisitKept over the chunks in order visits the codec chunks a visit over the payload's ranges
+  // visits, in order: the same sums as Measure.
+  const uint64_t block = codec.block_size;
+  const uint64_t blocks = (chunk->count + block - 1) / block;
+  const uint64_t most = blocks * codec.topk;  // a short last codec chunk keeps fewer
+  std::shared_ptr<DecodedKept> kept = budget_ != nullptr ? budget_->Take(blocks, most) : nullptr;
+  ATL_RETURN_IF_ERROR(compression::VisitKept(
+      codec, reinterpret_cast<const uint8_t*>(chunk->data.data()), chunk->data.size(),
+      chunk->count, 0, chunk->count,
+      [&](size_t base, const uint32_t* index, const float* value, size_t m) {
+        stats_.sum_squares += compression::SumSquares(value, m);
+        max_abs_ = std::max(max_abs_, compression::MaxAbs(value, m));
+        if (kept == nullptr) return;
+        while (kept->begin.size() <= base / block) {
+          kept->begin.push_back(uint32_t(kept->index.size()));
+        }
+        kept->index.insert(kept->index.end(), index, index + m);
+        kept->value.insert(kept->value.end(), value, value + m);
+      }));
+  if (kept != nullptr) {
+    kept->begin.resize(blocks + 1, uint32_t(kept->index.size()));
+    chunk->kept = std::move(kept);
+  }
+  return absl::OkStatus();
+}
+
+PayloadStats ChunkMeter::stats() const {
+  PayloadStats s = stats_;
+  s.max_abs = max_abs_;
+  return s;
+}
+
 absl::StatusOr<PayloadStats> MeasureAndKeep(EncodedPayload* payload, KeptBudget* budget) {
   if (!payload->codec.sparse() || budget == nullptr) return Measure(*payload);
-  // Chunk by chunk, which visits the codec chunks VisitKept over the ranges visits, in order: the
-  // same sums as Measure.
-  PayloadStats stats;
-  float max_abs = 0;
-  const uint64_t block = payload->codec.block_size;
-  for (EncodedChunk& c : payload->chunks) {
-    const uint64_t blocks = (c.count + block - 1) / block;
-    const uint64_t most = blocks * payload->codec.topk;  // a short last codec chunk keeps fewer
-    std::shared_ptr<DecodedKept> kept = budget->Take(blocks, most);
-    const bool keep = kept != nullptr;
-    ATL_RETURN_IF_ERROR(compression::VisitKept(
-        payload->codec, reinterpret_cast<const uint8_t*>(c.data.data()), c.data.size(), c.count, 0, c.count,
-        [&](size_t base, const uint32_t* index, const float* value, size_t m) {
-          stats.sum_squares += compression::SumSquares(value, m);
-          max_abs = std::max(max_abs, compression::MaxAbs(value, m));
-          if (!keep) return;
-          while (kept->begin.size() <= base / block) kept->begin.push_back(uint32_t(kept->index.size()));
-          kept->index.insert(kept->index.end(), index, index + m);
-          kept->value.insert(kept->value.end(), value, value + m);
-        }));
-    if (keep) {
-      kept->begin.resize(blocks + 1, uint32_t(kept->index.size()));
-      c.kept = std::move(kept);
-    }
-  }
-  stats.max_abs = max_abs;
-  return stats;
+  ChunkMeter meter(budget);
+  for (EncodedChunk& c : payload->chunks) ATL_RETURN_IF_ERROR(meter.Add(payload->codec, &c));
+  return meter.stats();
 }
 
 void ReplayKept(const DecodedKept& kept, uint64_t block, uint64_t within, uint64_t take,

@@ -41,6 +41,23 @@ class KeptBudget {
   std::shared_ptr<State> state_;  // shared with the storage handed out, which may outlive it
 };
 
+// Measures a sparse payload chunk by chunk, in order, as its chunks arrive (a push's check runs
+// while the rest is still in transit), keeping each chunk's kept values decoded
+// (EncodedChunk::kept) while `budget` (if any) has room for them: the sums Measure makes of the
+// payload.
+class ChunkMeter {
+ public:
+  explicit ChunkMeter(KeptBudget* budget) : budget_(budget) {}
+  // The next chunk of the payload; INVALID_ARGUMENT names a value that is not finite.
+  absl::Status Add(const compression::CodecSpec& codec, EncodedChunk* chunk);
+  PayloadStats stats() const;
+
+ private:
+  KeptBudget* budget_;
+  PayloadStats stats_;
+  float max_abs_ = 0;
+};
+
 // Measure, which also keeps each sparse chunk's kept values decoded (EncodedChunk::kept) while
 // `budget` has room for them; then EncodedPayload::VisitKept reads them instead of decoding.
 absl::StatusOr<PayloadStats> MeasureAndKeep(EncodedPayload* payload, KeptBudget* budget);

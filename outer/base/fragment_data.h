@@ -15,6 +15,7 @@
 #include "outer/base/aggregation.h"
 #include "outer/base/outer_optimizer.h"
 #include "outer/base/payload.h"
+#include "outer/base/reused_buffers.h"
 #include "outer/base/worker_pool.h"
 
 namespace atl::outer {

@@ -111,14 +111,6 @@ ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n, size_t max_
   return plan;
 }
 
-void SpareChunkData::Keep(std::vector<pb::Chunk>& chunks, uint64_t max_bytes) {
-  for (auto& c : chunks) {
-    if (bytes + c.data().capacity() > max_bytes) return;
-    bytes += c.data().capacity();
-    buffers.push_back(std::move(*c.mutable_data()));
-  }
-}
-
 absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::CodecSpec& spec,
                                       const float* values, uint64_t offset, uint64_t count,
                                       uint64_t fragment_elements, uint32_t index,

@@ -67,21 +67,9 @@ struct ChunkPlan {
 ChunkPlan PlanChunks(const compression::CodecSpec& spec, uint64_t n,
                      size_t max_chunk_bytes = kDefaultChunkBytes);
 
-// The data buffers of chunks nobody reads any more, for new chunks to be encoded into. Their pages
-// are mapped already: faulting in fresh ones can cost more than the encoding (a 494M-parameter
-// FP4 update took 2.2-2.4 s to make in 247 MB of fresh pages on this VM, 1.2-1.4 s in these).
-struct SpareChunkData {
-  std::vector<std::string> buffers;
-  uint64_t bytes = 0;
-  // Takes the chunks' data (leaving them without it) while the spare holds under max_bytes.
-  void Keep(std::vector<pb::Chunk>& chunks, uint64_t max_bytes);
-  // A buffer for chunk c of a new payload (its contents are overwritten), or null.
-  std::string* For(size_t c) { return c < buffers.size() ? &buffers[c] : nullptr; }
-};
-
 // One chunk: values[0, count) as elements [offset, offset + count) of the fragment, numbered
 // `index` of `num_chunks` (a payload encoded chunk by chunk never exists whole). With `storage`,
-// the chunk's data takes that buffer (SpareChunkData::For).
+// the chunk's data takes that buffer (SpareChunkData::For, outer/base/reused_buffers.h).
 absl::StatusOr<pb::Chunk> EncodeChunk(const PayloadId& id, const compression::CodecSpec& spec,
                                       const float* values, uint64_t offset, uint64_t count,
                                       uint64_t fragment_elements, uint32_t index,
@@ -213,6 +201,7 @@ class ChunkStream {
   // The payload received (complete or not).
   EncodedPayload Take() && { return std::move(payload_); }
   const EncodedPayload& payload() const { return payload_; }
+  EncodedChunk* newest() { return payload_.chunks.empty() ? nullptr : &payload_.chunks.back(); }
   const PayloadId& id() const { return id_; }
 
  private:

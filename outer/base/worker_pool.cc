@@ -60,4 +60,37 @@ void WorkerPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   n_ = 0;
 }
 
+BackgroundQueue::BackgroundQueue() : thread_([this] { Work(); }) {}
+
+BackgroundQueue::~BackgroundQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    tasks_.clear();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BackgroundQueue::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void BackgroundQueue::Work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+    if (stop_) return;
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
 }  // namespace atl::outer

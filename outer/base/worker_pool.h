@@ -7,6 +7,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -40,6 +41,28 @@ class WorkerPool {
   uint64_t generation_ = 0;
   bool stop_ = false;
   std::vector<std::thread> workers_;
+};
+
+// One thread that runs posted tasks in order, off the caller's path (work whose result is wanted
+// later, such as buffers faulted in before a commit needs them). Tasks still queued when it is
+// destroyed are dropped; the one running is finished first.
+class BackgroundQueue {
+ public:
+  BackgroundQueue();
+  ~BackgroundQueue();
+  BackgroundQueue(const BackgroundQueue&) = delete;
+  BackgroundQueue& operator=(const BackgroundQueue&) = delete;
+
+  void Post(std::function<void()> task);
+
+ private:
+  void Work();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is built
 };
 
 // Element ranges of a loop over n elements in spans of `span` (the last may be shorter).

@@ -56,10 +56,13 @@ class PushStream {
  private:
   friend class Rounds;
   PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset, std::string session,
-             uint64_t tokens, uint64_t step, IslandFigures figures);
+             uint64_t tokens, uint64_t step, IslandFigures figures, KeptBudget* kept_budget);
 
   Rounds* rounds_;
   ChunkStream chunks_;
+  // A sparse payload is measured as its chunks arrive (the first failure kept for FinishPush).
+  std::optional<ChunkMeter> meter_;
+  absl::Status measured_;
   uint64_t first_offset_;  // with the island and fragment, the key of the open push
   std::string session_;
   uint64_t tokens_;
@@ -80,6 +83,8 @@ class Rounds {
   // steps trained while the island was away (at most a round's).
   static constexpr double kClaimMinWindowS = 2.0;
 
+  // See SyncServer::LendBuffer.
+  void LendBuffer(std::string* data) { push_buffers_.Lend(data); }
   // See SyncServer::OpenPush / FinishPush / Push.
   absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const pb::PushRequest& first);
   absl::StatusOr<pb::PushResponse> FinishPush(std::unique_ptr<PushStream> stream);
@@ -171,10 +176,10 @@ class Rounds {
   };
   std::vector<CommitEntry> CommitEntries(CommitJob& job) const;
   // The aggregate of `entries` stepped (under the data lock), leaving out, one by one, those whose
-  // combination would make the parameters non-finite (largest norm first).
+  // combination would make the parameters non-finite (largest norm first; they leave `entries`).
   using Dropped = std::vector<std::pair<std::string, uint64_t>>;  // (island, tokens)
   std::optional<CommitResult> AggregateAndStep(ServiceFragment& f, CommitJob& job,
-                                               std::vector<CommitEntry> entries, Dropped& dropped,
+                                               std::vector<CommitEntry>& entries, Dropped& dropped,
                                                std::vector<std::string>& events);
 
   // ---- pushes (outer/service/rounds_push.cc)
@@ -273,6 +278,12 @@ class Rounds {
   // Under mu: drops a fragment's oldest committed round; when nothing else holds it, its update's
   // buffers are kept for the next commit (up to a byte per parameter).
   void RetireOldestLocked(ServiceFragment& f);
+  // Sync: the bytes of encoded updates a fragment keeps for islands catching up.
+  static uint64_t CommittedBudgetBytes(const ServiceFragment& f);
+  // Under mu, after a commit: when no round will retire before the next commit (sparse rounds are
+  // kept for late islands), buffers like the newest update's are written in the background, so
+  // that the next commit encodes into mapped memory (see WrittenBuffers).
+  void WarmSpareLocked(uint32_t fragment);
 
   // Whether commits may fold contributions sparsely (sync, sparse, a mean rule; with a linear
   // step), so that a push keeps its kept values decoded for that fold.
@@ -282,6 +293,9 @@ class Rounds {
 
   ServiceCore& core_;
   KeptBudget kept_budget_;  // for the decoded kept values of pushes (MayFoldSparsely)
+  // Committed contributions' buffers for the next pushes, up to one round's sparse contributions.
+  BufferPool push_buffers_;
+  static uint64_t RoundContributionBytes(const ServiceCore& core);
   const uint64_t copy_seed_;  // draws the windows WeighCopies compares; unknown to the peers
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
@@ -297,6 +311,7 @@ class Rounds {
   };
   static constexpr size_t kMaxDoneIslands = 4096;
   std::map<std::string, std::vector<Done>> done_;
+  BackgroundQueue background_;  // last: its tasks use the members above until it is destroyed
 };
 
 }  // namespace atl::outer

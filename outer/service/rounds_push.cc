@@ -16,14 +16,17 @@ namespace atl::outer {
 
 PushStream::PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset,
                        std::string session, uint64_t tokens, uint64_t step,
-                       IslandFigures figures)
+                       IslandFigures figures, KeptBudget* kept_budget)
     : rounds_(rounds), chunks_(std::move(chunks)), first_offset_(first_offset),
-      session_(std::move(session)), tokens_(tokens), step_(step), figures_(figures) {}
+      session_(std::move(session)), tokens_(tokens), step_(step), figures_(figures) {
+  if (chunks_.payload().codec.sparse()) meter_.emplace(kept_budget);
+}
 
 PushStream::~PushStream() { rounds_->ClosePush(chunks_.id(), first_offset_); }
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
   ATL_RETURN_IF_ERROR(chunks_.Add(std::move(*request.mutable_chunk())));
+  if (meter_ && measured_.ok()) measured_ = meter_->Add(chunks_.payload().codec, chunks_.newest());
   // Data arriving from the island shows it alive, though its heartbeats may queue behind it.
   rounds_->Renew(chunks_.id().island_id);
   return absl::OkStatus();
@@ -32,18 +35,6 @@ absl::Status PushStream::Add(pb::PushRequest&& request) {
 void Rounds::Renew(const std::string& island) {
   std::lock_guard<std::mutex> lock(core_.mu);
   core_.membership.Heartbeat(island, absl::Now()).IgnoreError();
-}
-
-void Rounds::StartTuner() {
-  if (!(core_.options.auto_tune_target > 0) || core_.options.async) return;
-  PlanInput run;
-  for (const auto& f : core_.fragments) run.fragment_elements.push_back(f.layout.total());
-  run.method = PlanMethod::kStreaming;
-  run.sync_every = int(core_.options.sync_every);
-  run.codec = core_.options.codec;
-  run.islands = int(core_.options.num_data_streams);
-  tuner_ = std::make_unique<TauTuner>(std::move(run), core_.options.auto_tune_target,
-                                      core_.options.auto_tune_headroom);
 }
 
 void Rounds::ForgetLocked(const std::string& island) {
@@ -138,7 +129,8 @@ absl::StatusOr<std::unique_ptr<PushStream>> Rounds::OpenPushChecked(const pb::Pu
   return std::unique_ptr<PushStream>(new PushStream(
       this, ChunkStream(id, core_.options.codec, layout.total(), max_ranges), h.offset(),
       first.session(), first.tokens(), first.step(),
-      IslandFigures{first.inner_steps_per_s(), first.link_bps()}));
+      IslandFigures{first.inner_steps_per_s(), first.link_bps()},
+      MayFoldSparsely() ? &kept_budget_ : nullptr));
 }
 
 void Rounds::ClosePush(const PayloadId& id, uint64_t first_offset) {
@@ -247,9 +239,11 @@ absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushS
   ATL_RETURN_IF_ERROR(ValidateFigures(stream->figures_));
   const double steps_per_s = stream->figures_.steps_per_s;
   EncodedPayload payload = std::move(stream->chunks_).Take();
-  // Decoding the part once (window by window) checks that every value is finite; a sparse fold
-  // reads the decoded values again where they are kept.
-  auto stats = MeasureAndKeep(&payload, MayFoldSparsely() ? &kept_budget_ : nullptr);
+  // Decoding the part once checks that every value is finite: a sparse part as it arrived (a
+  // sparse fold reads the decoded values again where they are kept), a dense one window by window.
+  auto stats = !stream->meter_ ? Measure(payload)
+               : stream->measured_.ok() ? absl::StatusOr<PayloadStats>(stream->meter_->stats())
+                                        : absl::StatusOr<PayloadStats>(stream->measured_);
   if (!stats.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
                                                    "' to round ", id.round, ": ",

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "outer/base/fragment_data.h"
 #include "outer/base/payload.h"
+#include "outer/base/reused_buffers.h"
 #include "outer/base/worker_pool.h"
 #include "outer/service/token_ledger.h"
 #include "outer/service/log_limiter.h"
@@ -83,7 +84,8 @@ struct ServiceFragment {
   double grace_s = -1;
   ArrivalHistory arrivals;
   std::deque<std::shared_ptr<CommittedRound>> committed;  // newest last
-  SpareChunkData spare_chunks;  // under mu: retired rounds' update buffers, for the next commit
+  SpareChunkData spare_chunks;  // under mu: update buffers for the next commit
+  bool spare_warming = false;   // under mu: buffers for spare_chunks are being written
   std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
   uint64_t durable_round = 0;                 // rounds of this fragment in a durable snapshot
 };

@@ -85,6 +85,12 @@ class SyncServer {
   absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests) {
     return rounds_.Push(requests);
   }
+  // Before a push's message is read into a request: lends the chunk's data the buffer of a
+  // committed sparse contribution (memory already mapped) when one is kept, so that parsing the
+  // message writes no fresh pages.
+  void LendBuffer(pb::PushRequest* request) {
+    rounds_.LendBuffer(request->mutable_chunk()->mutable_data());
+  }
   // AwaitRound for a member presenting its session (UpdateRequest names island, round, fragment).
   // `cancelled`, when given, is polled while waiting (a caller that went away frees its thread
   // within kCancelPoll, not at the deadline): CANCELLED.

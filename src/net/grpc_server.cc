@@ -398,6 +398,7 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
     // Every message is checked as it arrives, before it is kept (PushStream::Add): a peer cannot
     // make the service hold more than the encoded size of one fragment per push.
     pb::PushRequest r;
+    sync_->LendBuffer(&r);
     if (!reader->Read(&r)) return Ended(ctx, "empty push: no chunks", /*started=*/false);
     watch->Started();
     const auto& h = r.chunk().header();
@@ -411,6 +412,7 @@ class GrpcServer::OuterSyncImpl final : public pb::OuterSync::Service {
       watch->Touch();
       guard_->Count(island_id, r.ByteSizeLong(), 0);
       if (auto s = (*stream)->Add(std::move(r)); !s.ok()) return ToGrpc(s);
+      sync_->LendBuffer(&r);
     } while (reader->Read(&r));
     if (ctx->IsCancelled()) return Ended(ctx, "push cancelled", /*started=*/true);
     auto result = sync_->FinishPush(*std::move(stream));

@@ -345,8 +345,8 @@ TEST(CodecTest, DeterministicAndSizes) {
 }
 
 // An encoder writes every byte of its output, whatever the buffer held: the service encodes updates
-// into the buffers of retired ones (outer/base/payload.h, SpareChunkData), and every copy must get
-// the same bytes. Dense and sparse specs of every codec, Encode and EncodeSparseInput.
+// into the buffers of retired ones (SpareChunkData, outer/base/reused_buffers.h), and every copy
+// must get the same bytes. Dense and sparse specs of every codec, Encode and EncodeSparseInput.
 TEST(CodecTest, EncodeWritesEveryByteOfItsOutput) {
   const size_t n = 3 * 4096 + 1000;  // a short last chunk, and a partial scale block
   std::vector<float> x(n);

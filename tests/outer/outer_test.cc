@@ -1,6 +1,9 @@
 // The outer-sync service and the island's side of it, through the in-process transport:
 // membership, rounds, refusals and ranks. Codecs and error feedback: sync_codecs_test.cc; resyncs,
 // leases, faults and async mode: sync_recovery_test.cc.
+#include <atomic>
+#include <condition_variable>
+
 #include "tests/outer/sync_server_fixture.h"
 
 namespace atl::outer {
@@ -495,6 +498,44 @@ TEST_F(SyncServerTest, PartsOfAContributionAreCheckedAgainstEachOther) {
   ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
   EXPECT_EQ(first->version(), 1u);
   EXPECT_EQ(second->version(), 1u);
+}
+
+// A background queue runs its tasks in order on a thread of its own; destroyed, it waits for the
+// task it is running.
+TEST(BackgroundQueueTest, RunsTasksInOrderOffTheCallersThread) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> ran;
+  std::vector<std::thread::id> threads;
+  {
+    BackgroundQueue queue;
+    for (int i = 0; i < 5; ++i) {
+      queue.Post([&, i] {
+        std::lock_guard<std::mutex> lock(mu);
+        ran.push_back(i);
+        threads.push_back(std::this_thread::get_id());
+        cv.notify_all();
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return ran.size() == 5; }));
+  }
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2, 3, 4}));
+  for (const auto& id : threads) EXPECT_NE(id, std::this_thread::get_id());
+  std::atomic<bool> started{false}, finished{false};
+  {
+    BackgroundQueue queue;
+    queue.Post([&] {
+      started = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      finished = true;
+    });
+    for (int i = 0; i < 1000 && !started; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(started);
+  }
+  EXPECT_TRUE(finished);
 }
 
 }  // namespace

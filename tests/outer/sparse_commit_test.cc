@@ -177,6 +177,14 @@ TEST(DecodedKeptTest, ReadAsTheEncodedValuesWithinTheirBudget) {
     EXPECT_EQ(std::memcmp(&stats->sum_squares, &kept_stats->sum_squares, sizeof(double)), 0);
     EXPECT_EQ(stats->max_abs, kept_stats->max_abs);
     for (const auto& c : kept.chunks) ASSERT_NE(c.kept, nullptr);
+    // Measured chunk by chunk as they arrive, without a budget: the same stats, nothing kept.
+    EncodedPayload arriving = encoded;
+    ChunkMeter meter(nullptr);
+    for (auto& c : arriving.chunks) ASSERT_TRUE(meter.Add(spec, &c).ok());
+    const PayloadStats metered = meter.stats();
+    EXPECT_EQ(std::memcmp(&stats->sum_squares, &metered.sum_squares, sizeof(double)), 0);
+    EXPECT_EQ(stats->max_abs, metered.max_abs);
+    for (const auto& c : arriving.chunks) EXPECT_EQ(c.kept, nullptr);
     EXPECT_GT(budget.in_use(), 0u);
     EXPECT_EQ(budget.in_use(), budget.bytes());
     auto visits = [](const EncodedPayload& p, uint64_t first, uint64_t count) {
@@ -356,6 +364,42 @@ TEST(FragmentDataTest, UpdatesEncodedIntoSpareBuffersEqualFreshOnes) {
   same(*fresh_sparse, *reused_sparse);
   EXPECT_TRUE(SameBits(a.params(), b.params()));
   EXPECT_EQ(a.Hash(), b.Hash());
+}
+
+// Buffers of payloads done with are lent to chunk data without storage of its own, within the
+// pool's bound; written buffers come in the sizes asked for.
+TEST(BufferPoolTest, LendsRecycledBuffersWithinItsBound) {
+  BufferPool pool(2500);
+  std::vector<EncodedChunk> chunks(3);
+  for (auto& c : chunks) {
+    c.data.reserve(1000);
+    c.data.assign(999, 'x');
+  }
+  const size_t capacity = chunks[0].data.capacity();
+  ASSERT_GE(capacity, 1000u);
+  ASSERT_LE(2 * capacity, 2500u);
+  pool.Recycle(chunks);
+  EXPECT_EQ(pool.bytes(), 2 * capacity);  // the third would pass the bound: its chunk keeps it
+  EXPECT_EQ(chunks[2].data.size(), 999u);
+  std::string own;
+  own.reserve(4000);
+  pool.Lend(&own);  // has storage of its own
+  EXPECT_EQ(pool.bytes(), 2 * capacity);
+  std::string empty, other, none;
+  pool.Lend(&empty);
+  pool.Lend(&other);
+  pool.Lend(&none);  // nothing left
+  EXPECT_EQ(pool.bytes(), 0u);
+  for (const std::string* s : {&empty, &other}) {
+    EXPECT_TRUE(s->empty());
+    EXPECT_EQ(s->capacity(), capacity);
+  }
+  EXPECT_LT(none.capacity(), 1000u);
+  const auto written = WrittenBuffers({0, 17, 300000});
+  ASSERT_EQ(written.size(), 3u);
+  EXPECT_EQ(written[0].size(), 0u);
+  EXPECT_EQ(written[1].size(), 17u);
+  EXPECT_EQ(written[2].size(), 300000u);
 }
 
 // outer.service_threads = 0 (the default) gives the service the cores it may use: the CPU affinity
