@@ -431,10 +431,20 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
   core_.committed_cv.notify_all();
 }
 
+namespace {
+
+// The encoded updates a fragment keeps, with `extra_bytes` to come.
+uint64_t KeptUpdateBytes(const ServiceFragment& f, uint64_t extra_bytes) {
+  uint64_t bytes = extra_bytes;
+  for (const auto& c : f.committed) bytes += c->update_bytes;
+  return bytes;
+}
+
+}  // namespace
+
 void Rounds::TrimCommittedLocked(ServiceFragment& f, size_t keep, uint64_t extra_bytes) {
   if (core_.options.async) return;
-  uint64_t kept_bytes = extra_bytes;
-  for (const auto& c : f.committed) kept_bytes += c->update_bytes;
+  uint64_t kept_bytes = KeptUpdateBytes(f, extra_bytes);
   const uint64_t budget = CommittedBudgetBytes(f);
   while (f.committed.size() > keep && kept_bytes > budget) {
     kept_bytes -= f.committed.front()->update_bytes;
@@ -454,9 +464,7 @@ void Rounds::WarmSpareLocked(uint32_t fragment) {
   if (newest.update_chunks.size() <= have) return;
   // The next take retires rounds (handing their buffers over) when the kept updates with one
   // more like the newest exceed the budget (TrimCommittedLocked); else the buffers are made here.
-  uint64_t kept_bytes = newest.update_bytes;
-  for (const auto& c : f.committed) kept_bytes += c->update_bytes;
-  if (kept_bytes > CommittedBudgetBytes(f)) return;
+  if (KeptUpdateBytes(f, newest.update_bytes) > CommittedBudgetBytes(f)) return;
   std::vector<size_t> sizes;
   for (size_t c = have; c < newest.update_chunks.size(); ++c) {
     sizes.push_back(newest.update_chunks[c].data().size());

@@ -142,32 +142,61 @@ TEST_F(SparseCommitTest, EqualsTheDenseCommitBitForBit) {
   }
 }
 
+// 5000 elements (19 codec chunks of 256 and a short one of 136) of a wave, encoded with `spec` as
+// two ranks' parts, merged, in chunks of a few codec chunks each.
+constexpr uint64_t kMergedElements = 5000;
+EncodedPayload TwoRanksMerged(const compression::CodecSpec& spec) {
+  const uint64_t n = kMergedElements;
+  std::vector<float> g(n);
+  for (uint64_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * float(i)) * float(1 + i % 7);
+  EncodedPayload encoded;
+  encoded.codec = spec;
+  for (const auto& [first, last] : {std::pair<uint64_t, uint64_t>{2048, n}, {0, 2048}}) {
+    EncodedPayload part;
+    part.codec = spec;
+    auto chunks = EncodeChunks({"run", "a", 0, 0}, spec, g.data() + first, first, last - first,
+                               n, 40);
+    EXPECT_TRUE(chunks.ok()) << chunks.status();
+    if (!chunks.ok()) return encoded;
+    for (auto& c : *chunks) {
+      part.chunks.push_back(
+          {c.header().offset(), c.header().num_elements(), std::move(*c.mutable_data())});
+      part.elements += c.header().num_elements();
+    }
+    EXPECT_TRUE(encoded.Merge(std::move(part)).ok());
+  }
+  return encoded;
+}
+
+const compression::CodecSpec kKeptSpecs[] = {
+    kSparse, compression::CodecSpec{compression::Codec::kFp4E2M1, 256, 9}};
+
+// Measured chunk by chunk as the chunks arrive (ChunkMeter), without a budget: Measure's stats
+// bit for bit, nothing kept.
+TEST(DecodedKeptTest, AMeterOverTheArrivingChunksMeasuresAsMeasureDoes) {
+  for (const compression::CodecSpec& spec : kKeptSpecs) {
+    SCOPED_TRACE(compression::SpecText(spec));
+    EncodedPayload encoded = TwoRanksMerged(spec);
+    ASSERT_GT(encoded.chunks.size(), 4u);
+    const auto stats = Measure(encoded);
+    ASSERT_TRUE(stats.ok());
+    ChunkMeter meter(nullptr);
+    for (auto& c : encoded.chunks) ASSERT_TRUE(meter.Add(spec, &c).ok());
+    const PayloadStats metered = meter.stats();
+    EXPECT_EQ(std::memcmp(&stats->sum_squares, &metered.sum_squares, sizeof(double)), 0);
+    EXPECT_EQ(stats->max_abs, metered.max_abs);
+    for (const auto& c : encoded.chunks) EXPECT_EQ(c.kept, nullptr);
+  }
+}
+
 // A sparse payload's kept values decoded when it is checked (MeasureAndKeep) read exactly as the
 // encoded ones: the same visits (bases, offsets, values) over any slice, the same stats; a budget
 // too small for every chunk keeps some and decodes the rest; dropped, the leases are returned.
 TEST(DecodedKeptTest, ReadAsTheEncodedValuesWithinTheirBudget) {
-  const uint64_t n = 5000;  // 19 codec chunks of 256 and a short one of 136
-  std::vector<float> g(n);
-  for (uint64_t i = 0; i < n; ++i) g[i] = std::sin(0.37f * float(i)) * float(1 + i % 7);
-  for (const compression::CodecSpec spec :
-       {kSparse, compression::CodecSpec{compression::Codec::kFp4E2M1, 256, 9}}) {
+  const uint64_t n = kMergedElements;
+  for (const compression::CodecSpec& spec : kKeptSpecs) {
     SCOPED_TRACE(compression::SpecText(spec));
-    // Two ranks' parts, merged, in chunks of a few codec chunks each.
-    EncodedPayload encoded;
-    encoded.codec = spec;
-    for (const auto& [first, last] : {std::pair<uint64_t, uint64_t>{2048, n}, {0, 2048}}) {
-      EncodedPayload part;
-      part.codec = spec;
-      auto chunks = EncodeChunks({"run", "a", 0, 0}, spec, g.data() + first, first, last - first,
-                                 n, 40);
-      ASSERT_TRUE(chunks.ok()) << chunks.status();
-      for (auto& c : *chunks) {
-        part.chunks.push_back(
-            {c.header().offset(), c.header().num_elements(), std::move(*c.mutable_data())});
-        part.elements += c.header().num_elements();
-      }
-      ASSERT_TRUE(encoded.Merge(std::move(part)).ok());
-    }
+    const EncodedPayload encoded = TwoRanksMerged(spec);
     ASSERT_GT(encoded.chunks.size(), 4u);
     EncodedPayload kept = encoded;
     KeptBudget budget(uint64_t(1) << 30);
@@ -177,14 +206,6 @@ TEST(DecodedKeptTest, ReadAsTheEncodedValuesWithinTheirBudget) {
     EXPECT_EQ(std::memcmp(&stats->sum_squares, &kept_stats->sum_squares, sizeof(double)), 0);
     EXPECT_EQ(stats->max_abs, kept_stats->max_abs);
     for (const auto& c : kept.chunks) ASSERT_NE(c.kept, nullptr);
-    // Measured chunk by chunk as they arrive, without a budget: the same stats, nothing kept.
-    EncodedPayload arriving = encoded;
-    ChunkMeter meter(nullptr);
-    for (auto& c : arriving.chunks) ASSERT_TRUE(meter.Add(spec, &c).ok());
-    const PayloadStats metered = meter.stats();
-    EXPECT_EQ(std::memcmp(&stats->sum_squares, &metered.sum_squares, sizeof(double)), 0);
-    EXPECT_EQ(stats->max_abs, metered.max_abs);
-    for (const auto& c : arriving.chunks) EXPECT_EQ(c.kept, nullptr);
     EXPECT_GT(budget.in_use(), 0u);
     EXPECT_EQ(budget.in_use(), budget.bytes());
     auto visits = [](const EncodedPayload& p, uint64_t first, uint64_t count) {
