@@ -21,6 +21,7 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
+  if (std::getenv("ATOLL_KEEP_TEST_DIRS") != nullptr) return;  // for a failure's post-mortem
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }

@@ -246,60 +246,75 @@ absl::StatusOr<RoundOutcome> IslandSync::Round(const std::vector<float>* local, 
     return out;
   };
 
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<pb::PushResponse> pushed = PushContribution(local, tokens, steps_per_s, step, out);
-  out.push_s = Since(t0);
-  const bool recorded = !options_.async && absl::IsAlreadyExists(pushed.status());
-  if (!pushed.ok() && !recorded) {
-    // Stale or unknown round; or (async) a retried push that had been applied after all, whose
-    // version this island does not know: the full state puts it right.
-    if (absl::IsFailedPrecondition(pushed.status()) ||
-        (options_.async && absl::IsAlreadyExists(pushed.status()))) {
-      return resync(std::string(pushed.status().message()));
+  for (int attempt = 0;; ++attempt) {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<pb::PushResponse> pushed =
+        PushContribution(local, tokens, steps_per_s, step, out);
+    out.push_s += Since(t0);
+    const bool recorded = !options_.async && absl::IsAlreadyExists(pushed.status());
+    if (!pushed.ok() && !recorded) {
+      // Stale or unknown round; or (async) a retried push that had been applied after all, whose
+      // version this island does not know: the full state puts it right.
+      if (absl::IsFailedPrecondition(pushed.status()) ||
+          (options_.async && absl::IsAlreadyExists(pushed.status()))) {
+        if (local != nullptr && !options_.async) out.refused_from = global_;
+        return resync(std::string(pushed.status().message()));
+      }
+      return pushed.status();
     }
-    return pushed.status();
+    if (recorded) {
+      // Sync: this island's contribution to the round is there already (a push pushed again after
+      // its answer was lost): the round's update is what comes next, as for any push.
+      pushed = pb::PushResponse();
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const uint64_t until = TakeAnswer(*pushed, out);
+    absl::Status applied = absl::OkStatus();
+    while (round_ < until && applied.ok()) applied = ApplyRound(round_, out);
+    out.wait_s += Since(t1);
+    if (applied.ok()) break;
+    if (absl::IsAborted(applied) && round_ == out.round && local != nullptr &&
+        attempt < options_.retries) {
+      // The service lost the push (it resumed from its durable state before the round was
+      // durable) and the round may wait for it: the same contribution again, from the residual
+      // it was made with.
+      std::lock_guard<std::mutex> lock(residual_mu_);
+      if (options_.error_feedback) residual_.swap(next_residual_);
+      out.pushed_again += 1;
+      continue;
+    }
+    if (absl::IsDataLoss(applied)) {
+      // Never expected: the same fp32 subtraction on the same inputs. Recover with the state.
+      std::fprintf(stderr, "atoll: error: island '%s': %s; fetching the full state\n",
+                   island_id_.c_str(), std::string(applied.message()).c_str());
+    }
+    if (absl::IsFailedPrecondition(applied) || absl::IsDataLoss(applied) ||
+        absl::IsAborted(applied)) {
+      return resync(std::string(applied.message()));
+    }
+    return applied;
   }
-  if (recorded) {
-    // Sync: this island's contribution to the round is there already (a push pushed again after
-    // its answer was lost): the round's update is what comes next, as for any push.
-    pushed = pb::PushResponse();
-  }
+  out.version = round_;
+  return out;
+}
 
-  const auto t1 = std::chrono::steady_clock::now();
-  out.contributors = pushed->contributors();
-  if (pushed->tau_set()) out.tau = int(pushed->tau());
-  if (!options_.async && pushed->late()) {
+uint64_t IslandSync::TakeAnswer(const pb::PushResponse& pushed, RoundOutcome& out) const {
+  out.contributors = pushed.contributors();
+  if (pushed.tau_set()) out.tau = int(pushed.tau());
+  if (!options_.async && pushed.late()) {
     out.late = true;
-    out.staleness = pushed->staleness();
-    out.behind_s = pushed->behind_s();
+    out.staleness = pushed.staleness();
+    out.behind_s = pushed.behind_s();
   }
+  // The run's tokens (async; sync runs that end at their tokens).
+  out.tokens_committed = pushed.tokens_committed();
+  out.budget_reached = pushed.budget_reached();
+  out.sync_every = pushed.sync_every();  // async; sync ending at its tokens (DyLU)
+  if (options_.async) out.staleness = pushed.staleness();
   // Sync: the round's update; after a late push, every round committed since (the island goes on
   // from the open one). Async: every version since the one this contribution started from, its
   // own included.
-  const uint64_t until =
-      options_.async || out.late ? std::max(pushed->version(), round_ + 1) : round_ + 1;
-  // The run's tokens (async; sync runs that end at their tokens).
-  out.tokens_committed = pushed->tokens_committed();
-  out.budget_reached = pushed->budget_reached();
-  out.sync_every = pushed->sync_every();  // async; sync ending at its tokens (DyLU)
-  if (options_.async) out.staleness = pushed->staleness();
-  while (round_ < until) {
-    const uint64_t r = round_;
-    if (auto s = ApplyRound(r, out); !s.ok()) {
-      if (absl::IsFailedPrecondition(s) || absl::IsDataLoss(s)) {
-        if (absl::IsDataLoss(s)) {
-          // Never expected: the same fp32 subtraction on the same inputs. Recover with the state.
-          std::fprintf(stderr, "atoll: error: island '%s': %s; fetching the full state\n",
-                       island_id_.c_str(), std::string(s.message()).c_str());
-        }
-        return resync(std::string(s.message()));
-      }
-      return s;
-    }
-  }
-  out.wait_s = Since(t1);
-  out.version = round_;
-  return out;
+  return options_.async || out.late ? std::max(pushed.version(), round_ + 1) : round_ + 1;
 }
 
 absl::StatusOr<RoundOutcome> IslandSync::CatchUp(uint64_t version) {

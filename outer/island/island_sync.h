@@ -38,12 +38,17 @@ struct RoundOutcome {
   uint64_t round = 0;           // the round just finished
   bool resynced = false;        // the global copy was replaced by a full fetch
   std::string resync_reason;
+  // Sync, host path: the push was refused, its round having gone on without it (too stale to be
+  // folded in): the global copy it was made from, for the island to carry its steps onto the
+  // new one (OuterStepHook). Empty otherwise.
+  std::vector<float> refused_from;
   uint32_t contributors = 0;
   uint64_t bytes_sent = 0;      // serialized payload bytes
   uint64_t bytes_received = 0;
   uint64_t elements = 0;        // parameters the round carried each way (this rank's ranges)
   double push_s = 0;            // encode + push
   double wait_s = 0;            // waiting for the round to commit + receiving the update
+  uint32_t pushed_again = 0;    // the service lost the push (it resumed) and was given it again
   // Relative RMS error of the pushed encoding against the exact pseudo-gradient (on a sample of
   // kErrorSampleElements; 0 for fp32).
   double quantization_error = 0;
@@ -186,6 +191,8 @@ class IslandSync {
   // the service's answer, or the first lane's error.
   absl::StatusOr<RoundOutcome> Round(const std::vector<float>* local, uint64_t tokens,
                                      double steps_per_s, uint64_t step);
+  // Takes the service's answer to a push into `out`; returns the round (version) to apply up to.
+  uint64_t TakeAnswer(const pb::PushResponse& pushed, RoundOutcome& out) const;
   // `local` null: the device copy makes the pseudo-gradient.
   absl::StatusOr<pb::PushResponse> PushContribution(const std::vector<float>* local,
                                                     uint64_t tokens, double steps_per_s,

@@ -303,6 +303,28 @@ absl::Status OuterStepHook::AfterStep(double steps_per_s) {
   return absl::OkStatus();
 }
 
+bool OuterStepHook::CarryRefused(const InFlight& job, const RoundOutcome& outcome) {
+  // One rank (ranks could disagree on whether their parts were refused), on the host.
+  const uint32_t f = job.fragment;
+  if (outcome.refused_from.empty() || ranks_.size() != 1 || job.eager || job.averaging ||
+      options_.schedule.async || model_.device_copy(f) != nullptr) {
+    return false;
+  }
+  std::vector<float> local = model_.Snapshot(f);
+  const std::vector<float>& global = syncs_[f]->global();
+  const std::vector<float>& base = outcome.refused_from;
+  if (local.size() != global.size() || base.size() != global.size()) return false;
+  for (size_t i = 0; i < local.size(); ++i) local[i] = global[i] + (local[i] - base[i]);
+  model_.Merge(f, local, 0.0);
+  last_push_[f] = job.since;
+  if (on_message) {
+    on_message(absl::StrCat("fragment ", f, ": its push of step ", job.pushed_at,
+                            " was refused (", outcome.resync_reason,
+                            "); its steps go with its next push"));
+  }
+  return true;
+}
+
 bool OuterStepHook::PushesAfter(int64_t t) const {
   return policy_->IsLast(t) || !policy_->DueAfter(t).empty();
 }
@@ -321,6 +343,7 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   job.bytes = compression::EncodedBytes(options_.island.sync.codec, syncs_[f]->global().size());
   job.averaging = policy_->WarmStartAfter(t);
   const uint64_t tokens = TokensSincePush(f, t);
+  job.since = last_push_[f];
   last_push_[f] = t;
   policy_->Pushed(f, t);
   if (DeviceCopy* copy = model_.device_copy(f)) {
@@ -401,6 +424,10 @@ absl::Status OuterStepHook::Land(bool keep_local) {
     return absl::Status(s.code(), absl::StrCat("outer round of fragment ", job.fragment, ": ",
                                                s.message()));
   }
+  if (outcome->pushed_again > 0 && on_message && ranks_.rank() == 0) {
+    on_message(absl::StrCat("fragment ", job.fragment, ": the service lost its push to round ",
+                            outcome->round, " (it resumed from its durable state); pushed again"));
+  }
   const std::vector<float>& global = syncs_[job.fragment]->global();
   keep_local = keep_local && !outcome->resynced && !job.averaging;
   if (eager && keep_local) {
@@ -408,7 +435,7 @@ absl::Status OuterStepHook::Land(bool keep_local) {
     std::vector<float> local = model_.Snapshot(job.fragment);
     eager_[job.fragment].Land(global, outcome->contributors, local);
     model_.Merge(job.fragment, local, 0.0);
-  } else {
+  } else if (!CarryRefused(job, *outcome)) {
     if (eager) eager_[job.fragment].Forget();
     model_.Merge(job.fragment, global, keep_local ? options_.island.alpha : 0.0);
   }

@@ -266,6 +266,7 @@ class OuterStepHook {
   struct InFlight {
     uint32_t fragment = 0;
     int64_t pushed_at = 0, apply_at = 0;
+    int64_t since = 0;     // the fragment's push before it: the steps this one carries began there
     int64_t position = 0;  // the schedule's position at the push (RoundPolicy::Position)
     uint64_t bytes = 0;  // encoded payload, counted while in flight
     bool averaging = false;  // a warm-start round: merged with alpha 0
@@ -286,6 +287,10 @@ class OuterStepHook {
   // since the push (the alpha merge, or eager updates); else the island takes the global
   // parameters (a rejoin, the run's end, a reload).
   absl::Status Land(bool keep_local);
+  // A push refused because its round went on without it: the island keeps the steps it carried
+  // and trained since, on the new global parameters, and its next push of the fragment carries
+  // them and claims their tokens. False where it cannot (the island then takes the global ones).
+  bool CarryRefused(const InFlight& job, const RoundOutcome& outcome);
   // Everything in flight: onto the global parameters, or (keep_local) merged as when it is due.
   absl::Status LandAll(bool keep_local = false);
   absl::Status LandDue(int64_t t);      // what is due after step t, keeping local progress

@@ -105,16 +105,22 @@ absl::Status OuterStepHook::KeepProgress(const std::vector<uint64_t>& service) {
         stats_.bytes_received += again->bytes_received;
         stats_.late_pushes += again->late ? 1 : 0;
       }
+      // Refused again, its round too old: its steps are carried with the island's progress.
+      const bool carried = again.ok() && !again->refused_from.empty();
       if (on_message) {
         on_message(again.ok() && !again->resynced
                        ? absl::StrCat("fragment ", f, ": its push refused while away reached the "
                                       "model", again->late ? absl::StrCat(" late (", again->staleness,
                                                                            " round(s) stale)")
                                                           : "")
+                   : carried
+                       ? absl::StrCat("fragment ", f, ": its push refused while away (",
+                                      again->resync_reason, ") goes with its next push")
                        : absl::StrCat("fragment ", f, ": its push refused while away is lost: ",
                                       again.ok() ? again->resync_reason : again.status().message()));
       }
-      base = *it->local;
+      base = carried ? std::move(again->refused_from) : *it->local;
+      if (carried) last_push_[f] = it->since;
     } else {
       base = sync.global();
     }

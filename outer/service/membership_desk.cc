@@ -162,11 +162,29 @@ absl::StatusOr<pb::HeartbeatResponse> MembershipDesk::Heartbeat(
   pb::HeartbeatResponse r;
   r.set_round(core_.fragments[0].round);
   r.set_membership_epoch(core_.membership.epoch());
-  uint32_t training = 0;
-  for (const auto& [id, m] : core_.membership.members()) training += m.finished ? 0 : 1;
-  r.set_training_members(training);
+  r.set_training_members(TrainingLocked());
   for (const auto& f : core_.fragments) r.add_versions(f.round);
   return r;
+}
+
+uint32_t MembershipDesk::TrainingLocked() {
+  uint32_t training = 0;
+  for (const auto& [id, m] : core_.membership.members()) training += m.finished ? 0 : 1;
+  if (!core_.is_control_plane()) return training;
+  // A sharded run is not over for the islands until every shard has reported its rounds after
+  // the last member finished (ServiceCore::EndReports): each such shard counts as one training.
+  auto& end = core_.end_reports;
+  if (training > 0) {
+    end.finished_at = absl::InfiniteFuture();
+    return training;
+  }
+  if (end.finished_at == absl::InfiniteFuture()) {
+    end.finished_at = absl::Now();
+    std::fill(end.fresh.begin(), end.fresh.end(), false);
+    core_.membership_cv.notify_all();
+  }
+  for (bool fresh : end.fresh) training += fresh ? 0 : 1;
+  return training;
 }
 
 ServiceStatus MembershipDesk::GetStatus() const {

@@ -43,6 +43,9 @@ class MembershipDesk {
   std::string LayoutDifference(const pb::JoinRequest& request) const;
   // A member must present its session; a non-member passes (the caller refuses it its own way).
   absl::Status AuthenticateMemberLocked(const std::string& island, const std::string& session) const;
+  // A heartbeat's count of members that have not finished; at a sharded run's end, of the shards
+  // whose final rounds are not yet known (ServiceCore::EndReports).
+  uint32_t TrainingLocked();
   // The answer to a join.
   pb::JoinResponse JoinedLocked(const pb::JoinRequest& request, const Member& m) const;
 

@@ -196,6 +196,9 @@ class Rounds {
   // waiting per island and fragment.
   uint64_t OpenRoundLocked(const ServiceFragment& f) const;
   absl::Status CheckLateLocked(const ServiceFragment& frag, const PayloadId& id) const;
+  // An update awaited from the round a resumed service opened, by a member of which it holds
+  // nothing for the range: ABORTED (SyncServer::AwaitUpdate).
+  absl::Status CheckPushKeptLocked(const pb::UpdateRequest& request, uint32_t fid) const;
   pb::PushResponse RecordLateLocked(const PayloadId& id, Contribution c);
   // The run's tokens so far and whether they reached its budget (async; sync ending at its tokens).
   void SetRunTokensLocked(pb::PushResponse& response) const;

@@ -505,7 +505,35 @@ absl::StatusOr<std::shared_ptr<const CommittedRound>> Rounds::AwaitUpdate(
   ATL_ASSIGN_OR_RETURN(const uint32_t fid, core_.CheckFragment(request.fragment()));
   ATL_RETURN_IF_ERROR(CheckRange(request.offset(), request.num_elements(),
                                  core_.fragments[fid].layout.total(), fid));
+  {
+    std::lock_guard<std::mutex> lock(core_.mu);
+    ATL_RETURN_IF_ERROR(CheckPushKeptLocked(request, fid));
+  }
   return AwaitRound(request.round(), deadline, request.fragment(), cancelled);
+}
+
+absl::Status Rounds::CheckPushKeptLocked(const pb::UpdateRequest& request, uint32_t fid) const {
+  const ServiceFragment& f = core_.fragments[fid];
+  const bool resumed_round = core_.resumed && !core_.options.async && request.round() == f.round &&
+                             !f.committing && fid < core_.first_rounds.size() &&
+                             f.round == core_.first_rounds[fid];
+  if (!resumed_round || f.contributions.count(request.island_id()) ||
+      f.late.count(request.island_id())) {
+    return absl::OkStatus();
+  }
+  // A rank's range is kept when the island's partial contribution overlaps it.
+  const uint64_t begin = request.offset();
+  const uint64_t end =
+      request.num_elements() == 0 ? f.layout.total() : begin + request.num_elements();
+  if (auto it = f.partials.find(request.island_id()); it != f.partials.end()) {
+    for (const auto& [b, e] : it->second.payload.Ranges()) {
+      if (b < end && begin < e) return absl::OkStatus();
+    }
+  }
+  return absl::AbortedError(absl::StrCat(
+      "round ", f.round, " of fragment ", fid, " holds no contribution of island '",
+      request.island_id(), "' for [", begin, ", ", end,
+      "): this service resumed from its durable state since; push it again"));
 }
 
 absl::StatusOr<std::shared_ptr<const CommittedRound>> Rounds::AwaitRound(

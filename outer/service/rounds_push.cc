@@ -440,17 +440,24 @@ absl::Status Rounds::CheckClaimLocked(const PayloadId& id, uint64_t tokens) cons
   const Member* m = core_.membership.Find(id.island_id);
   const uint64_t ranks = m != nullptr ? m->data_parallel : 1;
   // Sync: the round's own steps (one in a warm-start round); an island's first contribution after
-  // it joined reaches back to the step it resumed at. Async: the run's H. An island's own H
-  // (dynamic local steps) is at most that, and a fragment's next push follows the H the island held
-  // at its last one, which may be any it was told: the run's H is the tightest bound that holds.
+  // it joined reaches back to the step it resumed at, one carrying a refused push's steps to the
+  // round after its last recorded one, a late one up to the due step of the round it folds into.
+  // Async: the run's H. An island's own H (dynamic local steps) is at most that, and a fragment's
+  // next push follows the H the island held at its last one, which may be any it was told.
   uint64_t steps = core_.options.sync_every;
   if (!core_.options.async) {
     const SyncSchedule schedule = core_.Schedule();
-    int64_t start = schedule.RoundStart(int(id.fragment), id.round);
+    const int f = int(id.fragment);
+    int64_t start = schedule.RoundStart(f, id.round);
     const bool first =
         m == nullptr || id.fragment >= m->contributed.size() || !m->contributed[id.fragment];
     if (first) start = std::min(start, std::max<int64_t>(0, m ? m->resume_floor : 0));
-    steps = uint64_t(schedule.DueStep(int(id.fragment), id.round) - start);
+    if (auto d = done_.find(id.island_id); d != done_.end() && id.fragment < d->second.size() &&
+                                           d->second[id.fragment].rounds > 0) {
+      start = std::min(start, schedule.RoundStart(f, d->second[id.fragment].rounds));
+    }
+    const uint64_t folded_into = std::max(id.round, OpenRoundLocked(core_.fragments[id.fragment]));
+    steps = uint64_t(std::max<int64_t>(0, schedule.DueStep(f, folded_into) - start));
   }
   const absl::uint128 bound = absl::uint128(steps) * core_.options.tokens_per_step * ranks;
   if (tokens <= bound) return absl::OkStatus();

@@ -31,7 +31,11 @@ ServiceCore::ServiceCore(SyncServerOptions o, std::vector<FragmentLayout> layout
     if (!ShardOwns(options, uint32_t(f))) initial[f] = {};
     fragments.emplace_back(std::move(layouts[f]), std::move(initial[f]), options.optimizer);
   }
-  if (is_control_plane()) shard_addresses.resize(options.num_shards);
+  if (is_control_plane()) {
+    shard_addresses.resize(options.num_shards);
+    end_reports.answered.assign(options.num_shards, absl::InfinitePast());
+    end_reports.fresh.assign(options.num_shards, false);
+  }
 }
 
 absl::StatusOr<uint32_t> ServiceCore::CheckFragment(uint32_t fragment) const {

@@ -132,12 +132,23 @@ struct ServiceCore {
   bool complement_reached = false;
   absl::Time complement_deadline = absl::InfiniteFuture();  // after a resume: stop waiting then
   std::vector<uint64_t> first_rounds;  // per fragment: the round the run started or resumed at
+  bool resumed = false;  // restored from a durable state (pushes to its first rounds were lost)
   bool durability_gate = false;
   uint64_t lease_expiries = 0;  // members dropped for silence since the service started
   uint64_t tokens_committed = 0;
   // Control plane: each shard's address (empty until it called). The rounds of the fragments are
   // those the shards last reported.
   std::vector<std::string> shard_addresses;
+  // Control plane: whether each shard's rounds are known as of the run's end. Once every member
+  // has finished, every round has committed (an island lands its last rounds before it says it
+  // finished), but the rounds a shard reported before that may be older. Until each shard has
+  // reported after it (ShardLink wakes its long poll), a heartbeat counts the run as still
+  // training, so that the versions a finished island catches up to are the shards' last rounds.
+  struct EndReports {
+    absl::Time finished_at = absl::InfiniteFuture();  // every member had finished (future: not)
+    std::vector<absl::Time> answered;  // each shard's last long poll, when it was answered
+    std::vector<bool> fresh;           // its rounds were reported after finished_at
+  } end_reports;
   TokenLedger ledger;  // where each island's tokens went (fragment 0)
   std::function<void(const CommittedRound&)> on_commit;
   std::function<void(const std::string&)> on_event;

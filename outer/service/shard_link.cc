@@ -60,11 +60,17 @@ absl::StatusOr<pb::ShardSyncResponse> ShardLink::ShardSync(const pb::ShardSyncRe
   core_.shard_addresses[k] = request.address();
   for (size_t i = 0; i < owned.size(); ++i)
     core_.fragments[owned[i]].round = request.rounds(int(i));
+  // A report made after an answer sent once every member had finished holds the final rounds.
+  auto& end = core_.end_reports;
+  end.fresh[k] = end.answered[k] > end.finished_at;
   const absl::Time now = absl::Now();
   for (const auto& island : request.heard())
     core_.membership.Contributed(island, now).IgnoreError();
-  core_.membership_cv.wait_until(lock, absl::ToChronoTime(deadline),
-                                 [&] { return core_.membership.epoch() != request.known_epoch(); });
+  core_.membership_cv.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+    return core_.membership.epoch() != request.known_epoch() ||
+           (end.finished_at != absl::InfiniteFuture() && !end.fresh[k]);
+  });
+  end.answered[k] = absl::Now();
   pb::ShardSyncResponse view;
   core_.membership.FillView(&view);
   view.set_complement_reached(core_.complement_reached);

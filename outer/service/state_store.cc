@@ -159,6 +159,7 @@ absl::Status StateStore::Restore(const pb::ServiceState& state, const StateRead&
   core_.tokens_committed = state.tokens_committed();
   // The round open at the resume is a first round again: it waits for the islands that come back
   // (each is waited for in it), for their full complement or, at most, a grace period.
+  core_.resumed = true;
   core_.first_rounds.clear();
   for (const auto& f : core_.fragments) core_.first_rounds.push_back(f.round);
   core_.complement_reached = false;

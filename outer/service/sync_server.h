@@ -92,8 +92,11 @@ class SyncServer {
     rounds_.LendBuffer(request->mutable_chunk()->mutable_data());
   }
   // AwaitRound for a member presenting its session (UpdateRequest names island, round, fragment).
-  // `cancelled`, when given, is polled while waiting (a caller that went away frees its thread
-  // within kCancelPoll, not at the deadline): CANCELLED.
+  // ABORTED when the round is the one a resumed service opened and holds nothing of the member's
+  // for the range: its push went to the process that died before the round was durable, and the
+  // round may wait for it (the island pushes again). `cancelled`, when given, is polled while
+  // waiting (a caller that went away frees its thread within kCancelPoll, not at the deadline):
+  // CANCELLED.
   static constexpr absl::Duration kCancelPoll = outer::kCancelPoll;
   absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitUpdate(
       const pb::UpdateRequest& request, absl::Time deadline,

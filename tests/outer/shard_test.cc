@@ -272,6 +272,58 @@ TEST(ShardedServiceTest, ShardsMirrorTheCoordinatorsMembership) {
   EXPECT_NE(gone.message().find("it left"), std::string::npos);
 }
 
+// Once every member has finished, every round has committed, but the coordinator knows a shard's
+// rounds as of the shard's last report. A heartbeat counts the run as training until every shard
+// has reported after the last member finished: the versions a finished island then catches up to
+// are the shards' last rounds, not older ones.
+TEST(ShardedServiceTest, TheRunEndsOnceEveryShardHasReportedItsLastRounds) {
+  Service service(2);
+  service.Mirror();
+  auto router_a = service.Router(), router_b = service.Router();
+  const pb::JoinResponse a = JoinAs(*router_a, "a"), b = JoinAs(*router_b, "b");
+  service.Mirror();
+  // a and b push fragment 1: its round 0 commits at shard 1, which has not reported it since.
+  IslandSyncOptions so;
+  so.codec = *compression::ParseCodec("fp4_e2m1");
+  so.chunk_bytes = 128;
+  so.fragment = 1;
+  IslandSync sa(router_a.get(), "run", std::make_shared<IslandIdentity>("a", a.session()), 500, so);
+  IslandSync sb(router_b.get(), "run", std::make_shared<IslandIdentity>("b", b.session()), 500, so);
+  ASSERT_TRUE(sa.FetchGlobal().ok() && sb.FetchGlobal().ok());
+  std::vector<float> la = sa.global(), lb = sb.global();
+  for (size_t i = 0; i < la.size(); ++i) {
+    la[i] += 0.01f;
+    lb[i] -= 0.002f * float(i % 5);
+  }
+  absl::StatusOr<RoundOutcome> ra;
+  std::thread t([&] { ra = sa.SyncRound(la, 10); });
+  auto rb = sb.SyncRound(lb, 10);
+  t.join();
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+  ASSERT_EQ(service.servers[1]->round(1), 1u);
+  auto finished = [&](const pb::JoinResponse& island) {
+    pb::HeartbeatRequest r;
+    r.set_run_id("run");
+    r.set_island_id(island.island_id());
+    r.set_session(island.session());
+    r.set_finished(true);
+    auto answer = service.coordinator->Heartbeat(r);
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    return answer.ok() ? *answer : pb::HeartbeatResponse();
+  };
+  EXPECT_EQ(finished(a).training_members(), 1u);  // b trains
+  // Every member has finished; the shards' last reports were made before that.
+  EXPECT_EQ(finished(b).training_members(), 2u);
+  EXPECT_EQ(finished(a).versions(1), 0u);
+  service.Mirror();  // answers the shards' long polls, as it would at once
+  EXPECT_EQ(finished(a).training_members(), 2u);
+  service.Mirror();  // their next reports, made after the end
+  const pb::HeartbeatResponse end = finished(a);
+  EXPECT_EQ(end.training_members(), 0u);
+  ASSERT_EQ(end.versions_size(), 3);
+  EXPECT_EQ(end.versions(1), 1u);
+}
+
 // A shard's durable state holds its own fragments only, and only that shard takes it back.
 TEST(ShardedServiceTest, EachShardSnapshotsAndRestoresItsOwnFragments) {
   Service service(2);

@@ -16,12 +16,120 @@ TEST_F(SyncServerTest, AStaleIslandResyncsAndGoesOn) {
   ASSERT_TRUE(b.FetchGlobal().ok());
   ASSERT_TRUE(s->Push(Payload("a", 0, {1, 1, 1, 1})).ok());
   s->Tick(absl::Now() + absl::Seconds(1));  // round 0 commits without b
+  const std::vector<float> made_from = b.global();
   auto r = b.SyncRound({0, 0, 0, 0}, 10);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->resynced);
   EXPECT_THAT(r->resync_reason, HasSubstr("already committed"));
+  // What b's refused push was made from, for b to carry its steps onto the new global copy.
+  EXPECT_EQ(r->refused_from, made_from);
   EXPECT_EQ(b.global(), s->params());
   EXPECT_EQ(b.round(), 1u);
+}
+
+// The transport of an island whose push reached a service process that died before the round was
+// durable: the push is answered, and goes nowhere. Every other call goes to `to`, which a test
+// points at the restarted service.
+class LostPushTransport : public Transport {
+ public:
+  explicit LostPushTransport(Transport* to) : to(to) {}
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& r) override { return to->Join(r); }
+  absl::Status Leave(const pb::LeaveRequest& r) override { return to->Leave(r); }
+  absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& r) override {
+    return to->Heartbeat(r);
+  }
+  absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) override {
+    if (!lose_next) return to->Push(source, lane);
+    lose_next = false;
+    pb::PushRequest m;
+    for (auto more = source(&m); more.ok() && *more; more = source(&m)) {
+    }
+    return pb::PushResponse();
+  }
+  absl::Status AwaitUpdate(const pb::UpdateRequest& r, const ChunkSink<pb::UpdateChunk>& sink,
+                           int lane) override {
+    return to->AwaitUpdate(r, sink, lane);
+  }
+  absl::Status FetchState(const pb::FetchStateRequest& r, const ChunkSink<pb::StateChunk>& sink,
+                          int lane) override {
+    return to->FetchState(r, sink, lane);
+  }
+  Transport* to;
+  bool lose_next = false;
+};
+
+// A service that restarts from its durable state has lost the pushes to the round it reopens. An
+// island whose push it lost, awaiting that round's update, is told so (ABORTED) instead of waiting
+// for a round that waits for it; it pushes the same contribution again (FP4 with error feedback:
+// made from the residual it was made from the first time), and the run goes on bit-identical to
+// one where nothing was lost.
+TEST_F(SyncServerTest, APushLostToARestartIsPushedAgainAndTheRunIsUnchanged) {
+  const std::vector<float> init = TwoIslandsOf1000();
+  options_.codec = *compression::ParseCodec("fp4_e2m1");
+  // Two rounds, a restart from the state after the first, two more; a's push to the first round
+  // after the restart lost when `lose`. The parameters after the last round.
+  auto run = [&](bool lose) -> std::vector<float> {
+    auto s = Make(init);
+    Join(*s, "a");
+    Join(*s, "b");
+    InProcessTransport ta(s.get()), tb(s.get());
+    LostPushTransport to_a(&ta), to_b(&tb);
+    IslandSyncOptions so;
+    so.codec = options_.codec;
+    so.error_feedback = true;
+    const auto id_a = std::make_shared<IslandIdentity>("a", sessions_["a"]);
+    const auto id_b = std::make_shared<IslandIdentity>("b", sessions_["b"]);
+    IslandSync a(&to_a, "run", id_a, 1000, so), b(&to_b, "run", id_b, 1000, so);
+    EXPECT_TRUE(a.FetchGlobal().ok() && b.FetchGlobal().ok());
+    for (int round = 0; round < 2; ++round) {
+      auto [ra, rb] = SyncBoth(a, b, round);
+      EXPECT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+    }
+    std::map<std::string, std::vector<float>> tensors;
+    auto state = s->Snapshot([&](uint32_t, const std::string& t, const float* data, size_t n) {
+      tensors[t] = std::vector<float>(data, data + n);
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(state.ok()) << state.status();
+    auto restarted = Make(init);
+    auto restored = restarted->Restore(*state, [&](uint32_t, const std::string& t, float* out,
+                                                   size_t n) {
+      if (tensors[t].size() != n) return absl::DataLossError(t);
+      std::copy(tensors[t].begin(), tensors[t].end(), out);
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(restored.ok()) << restored;
+    Join(*restarted, "a");
+    Join(*restarted, "b");
+    id_a->set_session(sessions_["a"]);
+    id_b->set_session(sessions_["b"]);
+    InProcessTransport ta2(restarted.get()), tb2(restarted.get());
+    to_a.to = &ta2;
+    to_b.to = &tb2;
+    if (lose) {
+      // Before a push of a's reaches the reopened round, waiting for its update is refused.
+      pb::UpdateRequest u;
+      u.set_run_id("run");
+      u.set_island_id("a");
+      u.set_session(sessions_["a"]);
+      u.set_round(2);
+      auto waited = restarted->AwaitUpdate(u, absl::Now() + absl::Seconds(10));
+      EXPECT_EQ(waited.status().code(), absl::StatusCode::kAborted) << waited.status();
+      EXPECT_THAT(std::string(waited.status().message()),
+                  HasSubstr("resumed from its durable state since; push it again"));
+    }
+    to_a.lose_next = lose;
+    for (int round = 2; round < 4; ++round) {
+      auto [ra, rb] = SyncBoth(a, b, round);
+      EXPECT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+      EXPECT_FALSE(ra->resynced);
+      EXPECT_EQ(a.global(), restarted->params());
+    }
+    EXPECT_FALSE(to_a.lose_next);
+    EXPECT_EQ(restarted->round(), 4u);
+    return restarted->params();
+  };
+  EXPECT_EQ(run(true), run(false));
 }
 
 // ---- Elastic membership.

@@ -253,6 +253,26 @@ TEST(ChaosTest, RandomFailuresFromASeedAreSurvivedAndMeasured) {
 }
 
 
+// A straggler whose pushes come after their rounds committed without it (the round deadline,
+// min_islands = 1) and too stale to be folded in (outer.max_staleness = 0) is refused, and its
+// steps are not lost: it keeps its progress on the new global parameters and its next push that
+// arrives in time carries them and claims their tokens. Every token of both islands commits.
+TEST(ChaosTest, AStragglersRefusedPushesGoWithItsNextPush) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir, "sync_every = 4\nmax_staleness = 0\nround_timeout_s = 1\nmin_islands = 1\n",
+      "--throttle 5,80 --train.steps=16");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("was refused (round "));
+  EXPECT_THAT(run.output, HasSubstr("its steps go with its next push"));
+  EXPECT_EQ(CommittedTokens(dir), 2u * 16 * kTokensPerStep) << WhereTokensWent(dir, run.output);
+  // island0 waits for the run's end at most the round deadline; the straggler ends on the last
+  // round it committed alone.
+  const auto summary = testing::IslandSummary(dir, "island1");
+  EXPECT_EQ(summary["step"], 16);
+  EXPECT_EQ(summary["global_hash"], testing::ServiceHashes(dir).at(0).back());
+}
+
 // An island paused (SIGSTOP) past its lease mid-round is dropped; the round goes on without it
 // after its grace window. When it comes back it rejoins keeping its progress: the steps it had
 // trained towards the round it missed are carried onto the new global parameters and reach the
