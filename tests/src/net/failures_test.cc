@@ -112,16 +112,17 @@ TEST(ChaosTest, KillJoinAndLeaveWhileTraining) {
   // None lost, none applied twice: rounds 0, 1, ... in order. The run's 20, and one more for
   // each round an island trails the others by: island3 when it joined while a round was open, an
   // island that resumed a few steps behind after the coordinator's restart, or one a loaded
-  // machine held past a round's grace window (its push then came late). The trailing island's
-  // own last steps make rounds of their own after theirs.
+  // machine held past a round's grace window (its push then came late, and both islands' last
+  // steps may then share the extra round). Only the islands still training make them.
   ASSERT_GE(rounds.size(), 20u) << run.output;
   std::vector<uint64_t> expected(rounds.size());
   for (uint64_t r = 0; r < expected.size(); ++r) expected[r] = r;
   EXPECT_EQ(rounds, expected);
   for (size_t r = 20; r < rounds.size(); ++r) {
-    ASSERT_EQ(contributors[r].size(), 1u) << "round " << r << "\n" << run.output;
-    const std::string trailing = contributors[r][0];
-    EXPECT_TRUE(trailing == "island0" || trailing == "island3") << trailing;
+    ASSERT_GE(contributors[r].size(), 1u) << "round " << r << "\n" << run.output;
+    for (const std::string trailing : contributors[r]) {
+      EXPECT_TRUE(trailing == "island0" || trailing == "island3") << trailing;
+    }
   }
   for (const char* island : {"island0", "island3"}) {
     auto summary =
