@@ -120,7 +120,8 @@ TEST(ChaosTest, AKilledShardServerResumesFromItsDurableState) {
         testing::ReadFile(dir.Join(std::string("run/") + island + "/summary.json")));
     EXPECT_EQ(summary["step"], 32) << island;
     EXPECT_EQ(summary["global_hash"],
-              nlohmann::json::parse(testing::ReadFile(dir.Join("run/island0/summary.json")))["global_hash"]);
+              nlohmann::json::parse(testing::ReadFile(dir.Join("run/island0/summary.json")))["global_hash"])
+        << island << "\n" << run.output;
   }
 }
 
