@@ -81,13 +81,14 @@ std::shared_ptr<DecodedKept> KeptBudget::Take(uint64_t blocks, uint64_t values) 
 }
 
 absl::Status ChunkMeter::Add(const compression::CodecSpec& codec, EncodedChunk* chunk) {
+  if (!failed_.ok()) return failed_;
   // VisitKept over the chunks in order visits the codec chunks a visit over the payload's ranges
   // visits, in order: the same sums as Measure.
   const uint64_t block = codec.block_size;
   const uint64_t blocks = (chunk->count + block - 1) / block;
   const uint64_t most = blocks * codec.topk;  // a short last codec chunk keeps fewer
   std::shared_ptr<DecodedKept> kept = budget_ != nullptr ? budget_->Take(blocks, most) : nullptr;
-  ATL_RETURN_IF_ERROR(compression::VisitKept(
+  failed_ = compression::VisitKept(
       codec, reinterpret_cast<const uint8_t*>(chunk->data.data()), chunk->data.size(),
       chunk->count, 0, chunk->count,
       [&](size_t base, const uint32_t* index, const float* value, size_t m) {
@@ -99,7 +100,8 @@ absl::Status ChunkMeter::Add(const compression::CodecSpec& codec, EncodedChunk* 
         }
         kept->index.insert(kept->index.end(), index, index + m);
         kept->value.insert(kept->value.end(), value, value + m);
-      }));
+      });
+  if (!failed_.ok()) return failed_;
   if (kept != nullptr) {
     kept->begin.resize(blocks + 1, uint32_t(kept->index.size()));
     chunk->kept = std::move(kept);
@@ -107,7 +109,8 @@ absl::Status ChunkMeter::Add(const compression::CodecSpec& codec, EncodedChunk* 
   return absl::OkStatus();
 }
 
-PayloadStats ChunkMeter::stats() const {
+absl::StatusOr<PayloadStats> ChunkMeter::Result() const {
+  if (!failed_.ok()) return failed_;
   PayloadStats s = stats_;
   s.max_abs = max_abs_;
   return s;
@@ -117,7 +120,7 @@ absl::StatusOr<PayloadStats> MeasureAndKeep(EncodedPayload* payload, KeptBudget*
   if (!payload->codec.sparse() || budget == nullptr) return Measure(*payload);
   ChunkMeter meter(budget);
   for (EncodedChunk& c : payload->chunks) ATL_RETURN_IF_ERROR(meter.Add(payload->codec, &c));
-  return meter.stats();
+  return meter.Result();
 }
 
 void ReplayKept(const DecodedKept& kept, uint64_t block, uint64_t within, uint64_t take,

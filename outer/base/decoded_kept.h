@@ -48,14 +48,17 @@ class KeptBudget {
 class ChunkMeter {
  public:
   explicit ChunkMeter(KeptBudget* budget) : budget_(budget) {}
-  // The next chunk of the payload; INVALID_ARGUMENT names a value that is not finite.
+  // The next chunk of the payload; INVALID_ARGUMENT names a value that is not finite. After a
+  // failure the meter takes no more chunks and returns that failure.
   absl::Status Add(const compression::CodecSpec& codec, EncodedChunk* chunk);
-  PayloadStats stats() const;
+  // The payload's stats so far, or the first failure.
+  absl::StatusOr<PayloadStats> Result() const;
 
  private:
   KeptBudget* budget_;
   PayloadStats stats_;
   float max_abs_ = 0;
+  absl::Status failed_;
 };
 
 // Measure, which also keeps each sparse chunk's kept values decoded (EncodedChunk::kept) while

@@ -20,25 +20,23 @@ bool SpareChunkData::Add(std::string& buffer, uint64_t max_bytes) {
 void BufferPool::Lend(std::string* data) {
   if (data->capacity() > 64) return;  // beyond any short-string buffer: it has its own
   std::lock_guard<std::mutex> lock(mu_);
-  if (buffers_.empty()) return;
-  bytes_ -= buffers_.back().capacity();
-  data->swap(buffers_.back());
-  buffers_.pop_back();
+  if (spare_.buffers.empty()) return;
+  spare_.bytes -= spare_.buffers.back().capacity();
+  data->swap(spare_.buffers.back());
+  spare_.buffers.pop_back();
   data->clear();
 }
 
 void BufferPool::Recycle(std::vector<EncodedChunk>& chunks) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& c : chunks) {
-    if (bytes_ + c.data.capacity() > max_bytes_) return;
-    bytes_ += c.data.capacity();
-    buffers_.push_back(std::move(c.data));
+    if (!spare_.Add(c.data, max_bytes_)) return;
   }
 }
 
 uint64_t BufferPool::bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return bytes_;
+  return spare_.bytes;
 }
 
 std::vector<std::string> WrittenBuffers(const std::vector<size_t>& sizes) {

@@ -50,8 +50,7 @@ class BufferPool {
  private:
   const uint64_t max_bytes_;
   mutable std::mutex mu_;
-  std::vector<std::string> buffers_;
-  uint64_t bytes_ = 0;
+  SpareChunkData spare_;  // under mu_
 };
 
 }  // namespace atl::outer

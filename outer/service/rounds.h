@@ -62,7 +62,6 @@ class PushStream {
   ChunkStream chunks_;
   // A sparse payload is measured as its chunks arrive (the first failure kept for FinishPush).
   std::optional<ChunkMeter> meter_;
-  absl::Status measured_;
   uint64_t first_offset_;  // with the island and fragment, the key of the open push
   std::string session_;
   uint64_t tokens_;

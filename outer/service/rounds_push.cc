@@ -26,7 +26,8 @@ PushStream::~PushStream() { rounds_->ClosePush(chunks_.id(), first_offset_); }
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
   ATL_RETURN_IF_ERROR(chunks_.Add(std::move(*request.mutable_chunk())));
-  if (meter_ && measured_.ok()) measured_ = meter_->Add(chunks_.payload().codec, chunks_.newest());
+  // A failure is the meter's to report when the push finishes (as a dense one's is).
+  if (meter_) meter_->Add(chunks_.payload().codec, chunks_.newest()).IgnoreError();
   // Data arriving from the island shows it alive, though its heartbeats may queue behind it.
   rounds_->Renew(chunks_.id().island_id);
   return absl::OkStatus();
@@ -241,9 +242,7 @@ absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushS
   EncodedPayload payload = std::move(stream->chunks_).Take();
   // Decoding the part once checks that every value is finite: a sparse part as it arrived (a
   // sparse fold reads the decoded values again where they are kept), a dense one window by window.
-  auto stats = !stream->meter_ ? Measure(payload)
-               : stream->measured_.ok() ? absl::StatusOr<PayloadStats>(stream->meter_->stats())
-                                        : absl::StatusOr<PayloadStats>(stream->measured_);
+  auto stats = stream->meter_ ? stream->meter_->Result() : Measure(payload);
   if (!stats.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
                                                    "' to round ", id.round, ": ",

@@ -182,9 +182,10 @@ TEST(DecodedKeptTest, AMeterOverTheArrivingChunksMeasuresAsMeasureDoes) {
     ASSERT_TRUE(stats.ok());
     ChunkMeter meter(nullptr);
     for (auto& c : encoded.chunks) ASSERT_TRUE(meter.Add(spec, &c).ok());
-    const PayloadStats metered = meter.stats();
-    EXPECT_EQ(std::memcmp(&stats->sum_squares, &metered.sum_squares, sizeof(double)), 0);
-    EXPECT_EQ(stats->max_abs, metered.max_abs);
+    const auto metered = meter.Result();
+    ASSERT_TRUE(metered.ok()) << metered.status();
+    EXPECT_EQ(std::memcmp(&stats->sum_squares, &metered->sum_squares, sizeof(double)), 0);
+    EXPECT_EQ(stats->max_abs, metered->max_abs);
     for (const auto& c : encoded.chunks) EXPECT_EQ(c.kept, nullptr);
   }
 }
