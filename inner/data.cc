@@ -324,10 +324,26 @@ void WindowSet::Fill(size_t i, int64_t* inputs, int64_t* targets) const {
                      first_window_.begin() - 1;
   const TokenSegment& s = *corpus_->segments()[seg];
   const size_t first = (w - first_window_[seg]) * size_t(context_);
+  if (shuffled_) {
+    const std::vector<uint32_t> order =
+        SeededPermutation(size_t(context_) + 1, shuffle_seed_ ^ (0x9e3779b97f4a7c15ULL * (w + 1)));
+    for (int t = 0; t < context_; ++t) {
+      inputs[t] = s[first + order[size_t(t)]];
+      targets[t] = s[first + order[size_t(t) + 1]];
+    }
+    return;
+  }
   for (int t = 0; t < context_; ++t) {
     inputs[t] = s[first + size_t(t)];
     targets[t] = s[first + size_t(t) + 1];
   }
+}
+
+WindowSet WindowSet::ShuffledTokens(uint64_t seed) const {
+  WindowSet out = *this;
+  out.shuffled_ = true;
+  out.shuffle_seed_ = seed;
+  return out;
 }
 
 double TextBytes(const int64_t* targets, size_t n, const std::vector<float>& bytes) {
@@ -390,10 +406,12 @@ absl::StatusOr<std::shared_ptr<const Dataset>> LoadDataset(const DataConfig& c, 
     val = *v;
   }
   ATL_ASSIGN_OR_RETURN(auto dataset, MakeDataset(*train, val, c.val_fraction, context, c.seed));
-  if (token_bytes.empty() || dataset->per_byte) return dataset;
-  auto with_bytes = std::make_shared<Dataset>(*dataset);
-  with_bytes->token_bytes = std::move(token_bytes);
-  return std::shared_ptr<const Dataset>(std::move(with_bytes));
+  const bool with_bytes = !token_bytes.empty() && !dataset->per_byte;
+  if (!with_bytes && !c.shuffle_tokens) return dataset;
+  auto out = std::make_shared<Dataset>(*dataset);
+  if (with_bytes) out->token_bytes = std::move(token_bytes);
+  if (c.shuffle_tokens) out->train = out->train.ShuffledTokens(c.seed);
+  return std::shared_ptr<const Dataset>(std::move(out));
 }
 
 std::vector<uint32_t> SeededPermutation(size_t n, uint64_t seed) {

@@ -120,10 +120,15 @@ class WindowSet {
   int context() const { return context_; }
   // Copies window i (relative to this set) into inputs[context] and targets[context].
   void Fill(size_t i, int64_t* inputs, int64_t* targets) const;
+  // The same windows, each one's tokens in an order drawn from `seed` and the window (a rehearsed
+  // broken island's garbage: data.shuffle_tokens).
+  WindowSet ShuffledTokens(uint64_t seed) const;
 
  private:
   std::shared_ptr<const TokenCorpus> corpus_;
   int context_;
+  bool shuffled_ = false;
+  uint64_t shuffle_seed_ = 0;
   std::vector<size_t> first_window_;  // prefix sums of windows per segment (size = segments + 1)
   size_t begin_ = 0, end_ = 0;
 };
@@ -149,6 +154,7 @@ struct DataConfig {
   double val_fraction = 0.05;
   uint64_t seed = 1234;     // order of training windows
   std::string tokenizer;    // the SentencePiece model the shards were made with (src/text/)
+  bool shuffle_tokens = false;  // a rehearsed broken island: it trains on shuffled windows
 };
 
 template <class V>
@@ -160,6 +166,8 @@ void VisitKeys(DataConfig& c, V&& v) {
   v("tokenizer", c.tokenizer,
     "SentencePiece model (tokenizer.model) the .bin shards were made with: checked against their "
     "manifest; gives bits per byte and `atoll generate` its text");
+  v("shuffle_tokens", c.shuffle_tokens,
+    "rehearse a broken island: each training window's tokens shuffled (garbage to train on)");
 }
 
 absl::Status Validate(const DataConfig& config);

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "outer/base/copies.h"
 #include "outer/base/payload.h"
+#include "outer/base/scoring.h"
 #include "outer/base/worker_pool.h"
 
 namespace atl::outer {
@@ -57,6 +58,7 @@ struct AggregationReport {
   // mean and clipped_mean: each contribution's scale, in order (1, or its clip factor).
   std::vector<double> scales;
   CopyReport copies;  // WeighCopies
+  ScoreReport scores;  // outer.scoring: each island's probe, reputation and weight
 };
 
 // Writes the outer gradient of elements [0, n) into out[n]. Every payload must cover [0, n).

@@ -177,6 +177,39 @@ absl::Status ValidateAsync(const OuterConfig& c) {
   return absl::OkStatus();
 }
 
+// Contributions' scoring and reputation, and the rehearsed hostile roles.
+absl::Status ValidateScoring(const OuterConfig& c) {
+  if (c.scoring != "off" && c.scoring != "loss_probe") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.scoring must be \"off\" or \"loss_probe\", got \"", c.scoring, "\""));
+  }
+  if (c.fault != "none" && c.fault != "sign_flip" && c.fault != "noise") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.fault must be \"none\", \"sign_flip\" or \"noise\", got \"", c.fault,
+                     "\""));
+  }
+  if (c.probe_batches < 1 || c.probe_batches > 64 || c.exclude_rounds < 0 || c.fault_rounds < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.probe_batches must be in 1..64, outer.exclude_rounds and outer.fault_rounds >= 0, "
+        "got ", c.probe_batches, ", ", c.exclude_rounds, " and ", c.fault_rounds));
+  }
+  if (!(c.reputation_decay >= 0 && c.reputation_decay < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outer.reputation_decay must be in [0, 1), got ", c.reputation_decay));
+  }
+  if (!(c.exclude_below >= 0 && c.exclude_below < c.reputation_floor && c.reputation_floor <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.exclude_below must be in [0, outer.reputation_floor) and outer.reputation_floor "
+        "at most 1, got ", c.exclude_below, " and ", c.reputation_floor));
+  }
+  if (c.scoring == "loss_probe" && (c.async() || c.shards > 1)) {
+    return absl::InvalidArgumentError(
+        "outer.scoring = loss_probe judges sync rounds on one service holding the whole model: "
+        "async mode and outer.shards > 1 are not supported with it");
+  }
+  return absl::OkStatus();
+}
+
 // Robust aggregation and the bounds on contributions.
 absl::Status ValidateDefences(const OuterConfig& c) {
   if (!(c.clip_multiple > 0) || !std::isfinite(c.clip_multiple)) {
@@ -194,6 +227,7 @@ absl::Status ValidateDefences(const OuterConfig& c) {
           absl::StrCat("outer.", key, " must be in [0, 1] (0: off), got ", value));
     }
   }
+  ATL_RETURN_IF_ERROR(ValidateScoring(c));
   AggregationOptions rule;
   rule.rule = c.aggregation;
   rule.clip_multiple = c.clip_multiple;

@@ -98,6 +98,17 @@ struct OuterConfig {
   double trim_fraction = 0.25;            // trimmed_mean: share of values dropped at each end
   double copy_overlap = 0;                // sparse copies: kept index sets sharing this share
   double copy_cosine = 0;                 // dense copies: values at this cosine
+  // Contributions earn their weight (outer/base/scoring.h): "off" or "loss_probe".
+  std::string scoring = "off";
+  int probe_batches = 2;                  // held-out batches (of data.batch_size) the probe runs
+  double reputation_decay = 0.8;
+  double reputation_floor = 0.5;          // full weight at or above
+  double exclude_below = 0.2;
+  int exclude_rounds = 5;
+  // A hostile island, for rehearsing the defences: "none", "sign_flip" (its pseudo-gradient
+  // negated) or "noise" (replaced by Gaussian noise of the same norm).
+  std::string fault = "none";
+  int fault_rounds = 0;                   // the fault lasts the first rounds of each fragment (0: all)
   // Bounds a healthy island stays far below: AdamW moves a weight by at most about lr per step, and
   // tiny's pseudo-gradients measure 0.02 to 0.31 of their fragment's parameter norm (H = 50).
   double max_update_norm = 10;            // contribution norm / fragment parameter norm (0: none)
@@ -257,6 +268,22 @@ void RobustKeys(OuterConfig& c, V&& v) {
   v("copy_cosine", c.copy_cosine,
     "dense: contributions at this cosine or more are copies, weighing as one (0: off; e.g. "
     "0.99)");
+  v("scoring", c.scoring,
+    "off, or loss_probe: the service scores each contribution by the held-out loss it buys and "
+    "weighs islands by their reputation");
+  v("probe_batches", c.probe_batches, "loss_probe: held-out batches (of data.batch_size) per probe");
+  v("reputation_decay", c.reputation_decay,
+    "loss_probe: reputation <- decay x reputation + (1 - decay) x the round's score");
+  v("reputation_floor", c.reputation_floor,
+    "loss_probe: full weight at or above this reputation (and readmission)");
+  v("exclude_below", c.exclude_below, "loss_probe: an island below this reputation is excluded");
+  v("exclude_rounds", c.exclude_rounds,
+    "loss_probe: an excluded island's least time out, in its rounds");
+  v("fault", c.fault,
+    "island: none, or a rehearsed hostile role: sign_flip or noise (its pseudo-gradient "
+    "negated, or replaced by noise of the same norm)");
+  v("fault_rounds", c.fault_rounds,
+    "island: the rehearsed fault lasts its pushes to the first this many rounds (0: all)");
   v("max_update_norm", c.max_update_norm,
     "refuse contributions whose norm exceeds this x the fragment's parameter norm (0: off)");
   v("max_update_value", c.max_update_value,

@@ -118,6 +118,11 @@ struct IslandSyncOptions {
   // Async mode: the push is applied at once; the island then applies every version since the one
   // it started from, in order, and checks each hash, so its copy stays bit-identical.
   bool async = false;
+  // A hostile island, rehearsed (outer.fault): its pseudo-gradient (host path) negated, or replaced
+  // by Gaussian noise of the same norm, chunk by chunk, before it is encoded.
+  enum class Fault { kNone, kSignFlip, kNoise };
+  Fault fault = Fault::kNone;
+  uint64_t fault_rounds = 0;  // pushes to rounds before this one misbehave (0: all)
 };
 
 class IslandSync {
@@ -227,6 +232,8 @@ class IslandSync {
   absl::StatusOr<pb::Chunk> EncodePushChunk(const PushPlan& plan, const Span& c, uint32_t index,
                                             uint32_t count, std::vector<float>& delta,
                                             std::vector<float>& decoded, PushLane& lane);
+  // options_.fault applied to one chunk's pseudo-gradient.
+  void Misbehave(const PayloadId& id, uint32_t chunk, std::vector<float>& delta) const;
   absl::StatusOr<pb::PushResponse> TakeAnswers(std::vector<PushLane>& lanes, bool keep_own,
                                                RoundOutcome& out);
   // PushContribution's: what was pushed (its lanes' chunks), kept as this round's own

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <iterator>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -139,6 +140,25 @@ struct IslandSync::PushLane {
   std::vector<EncodedChunk> sent;
 };
 
+void IslandSync::Misbehave(const PayloadId& id, uint32_t chunk, std::vector<float>& delta) const {
+  if (options_.fault == IslandSyncOptions::Fault::kSignFlip) {
+    for (float& d : delta) d = -d;
+    return;
+  }
+  double squares = 0;
+  for (float d : delta) squares += double(d) * double(d);
+  std::mt19937_64 rng(options_.seed ^ (id.round * 0x9E3779B97F4A7C15ULL) ^ (uint64_t(chunk) << 20) ^
+                      id.fragment);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  double noise = 0;
+  for (float& d : delta) {
+    d = normal(rng);
+    noise += double(d) * double(d);
+  }
+  const float scale = noise > 0 ? float(std::sqrt(squares / noise)) : 0.0f;
+  for (float& d : delta) d *= scale;
+}
+
 absl::StatusOr<pb::Chunk> IslandSync::EncodePushChunk(const PushPlan& plan, const Span& c,
                                                      uint32_t index, uint32_t count,
                                                      std::vector<float>& delta,
@@ -160,6 +180,10 @@ absl::StatusOr<pb::Chunk> IslandSync::EncodePushChunk(const PushPlan& plan, cons
     if (options_.error_feedback) {
       const float beta = options_.error_feedback_decay;
       for (uint64_t i = 0; i < n; ++i) delta[i] += beta * residual_[c.at + i];
+    }
+    if (options_.fault != IslandSyncOptions::Fault::kNone &&
+        (options_.fault_rounds == 0 || plan.id.round < options_.fault_rounds)) {
+      Misbehave(plan.id, index, delta);
     }
     chunk = EncodeChunk(plan.id, options_.codec, delta.data(), c.begin, n, fragment_elements_,
                         index, count, plan.rounding);

@@ -90,6 +90,10 @@ IslandChoices IslandChoicesOf(const OuterConfig& outer, uint64_t rounding_seed) 
   c.sync.error_feedback_decay = float(outer.error_feedback_decay);
   c.sync.stochastic_rounding = outer.stochastic_rounding;
   c.sync.seed = rounding_seed;
+  c.sync.fault = outer.fault == "sign_flip" ? IslandSyncOptions::Fault::kSignFlip
+                 : outer.fault == "noise"   ? IslandSyncOptions::Fault::kNoise
+                                            : IslandSyncOptions::Fault::kNone;
+  c.sync.fault_rounds = uint64_t(outer.fault_rounds);
   return c;
 }
 

@@ -181,6 +181,13 @@ class Rounds {
                                                std::vector<CommitEntry>& entries, Dropped& dropped,
                                                std::vector<std::string>& events);
 
+  // outer.scoring (outer/service/rounds_scoring.cc): the on-time entries probed and judged, the
+  // excluded ones moved to `dropped`, the others' weights scaled by their standing. Under the
+  // data lock, before the fold.
+  ScoreReport ScoreEntries(const ServiceFragment& f, const CommitJob& job,
+                           std::vector<CommitEntry>& entries, Dropped& dropped,
+                           std::vector<std::string>& events);
+
   // ---- pushes (outer/service/rounds_push.cc)
   absl::StatusOr<std::unique_ptr<PushStream>> OpenPushChecked(const pb::PushRequest& first);
   absl::StatusOr<pb::PushResponse> FinishPushChecked(std::unique_ptr<PushStream> stream);
@@ -299,6 +306,7 @@ class Rounds {
   BufferPool push_buffers_;
   static uint64_t RoundContributionBytes(const ServiceCore& core);
   const uint64_t copy_seed_;  // draws the windows WeighCopies compares; unknown to the peers
+  Reputation reputation_;     // outer.scoring: every island's standing across rounds
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)

@@ -127,7 +127,8 @@ Rounds::Rounds(ServiceCore& core)
     : core_(core),
       kept_budget_(KeptBudgetBytes(core)),
       push_buffers_(RoundContributionBytes(core)),
-      copy_seed_((uint64_t(std::random_device()()) << 32) ^ std::random_device()()) {
+      copy_seed_((uint64_t(std::random_device()()) << 32) ^ std::random_device()()),
+      reputation_(core.options.scoring) {
   StartTuner();
 }
 
@@ -196,6 +197,7 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
                                                              std::vector<std::string>& events) {
   const size_t n = f.data.size();
   SetStepLocked(f, job.fragment, job.round);
+  const ScoreReport scores = ScoreEntries(f, job, entries, dropped, events);
   while (!entries.empty()) {
     std::vector<ContributionRef> refs;
     bool any_late = false;
@@ -204,6 +206,7 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
       any_late = any_late || e.late;
     }
     AggregationReport report;
+    report.scores = scores;
     // Copies weigh as one (their tokens divided among them), in the fold and in a relayed recipe.
     WeighCopies(core_.options.aggregation.copies, refs, n,
                 copy_seed_ ^ (job.round * 0x9E3779B97F4A7C15ULL + job.fragment), &report.copies);
@@ -276,6 +279,9 @@ void Rounds::RunCommit(CommitJob job) {
   std::vector<std::string> events;
   std::vector<CommitEntry> entries = CommitEntries(job);
   std::optional<CommitResult> result = AggregateAndStep(f, job, entries, dropped, events);
+  if (core_.options.scoring.loss_probe && core_.options.loss_probe) {
+    core_.options.loss_probe->Set(job.fragment, f.data.params().data(), f.data.size());
+  }
   for (auto& e : entries) {
     if (e.payload.use_count() == 1) push_buffers_.Recycle(e.payload->chunks);  // not relayed
   }
@@ -399,8 +405,12 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
     for (const auto& [island, tokens, stale] : result.record.accounted) {
       core_.ledger.Committed(island, tokens, stale);
     }
+    const auto& scores = result.record.aggregation.scores.islands;
     for (const auto& [island, tokens] : result.record.dropped_tokens) {
-      core_.ledger.Dropped(island, "dropped (non-finite combination)", tokens);
+      const auto score = scores.find(island);
+      const bool excluded = score != scores.end() && score->second.excluded;
+      core_.ledger.Dropped(
+          island, excluded ? "excluded (reputation)" : "dropped (non-finite combination)", tokens);
     }
     committed->ledger = core_.ledger.TakeSlice();
   }

@@ -67,6 +67,11 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.aggregation.trim_fraction = outer.trim_fraction;
   o.aggregation.copies.overlap = outer.copy_overlap;
   o.aggregation.copies.cosine = outer.copy_cosine;
+  o.scoring.loss_probe = outer.scoring == "loss_probe";
+  o.scoring.decay = outer.reputation_decay;
+  o.scoring.floor = outer.reputation_floor;
+  o.scoring.exclude_below = outer.exclude_below;
+  o.scoring.exclude_rounds = uint32_t(outer.exclude_rounds);
   o.max_update_norm = outer.max_update_norm;
   o.max_update_value = outer.max_update_value;
   o.service_threads = outer.service_threads > 0 ? outer.service_threads : UsableCores();

@@ -63,6 +63,10 @@ struct SyncServerOptions {
   // as a dense round, the reference the sparse commit equals bit for bit.
   bool sparse_commits = true;
   AggregationOptions aggregation;   // how a round's contributions are combined
+  // Sync: each contribution scored by the held-out loss it buys, islands weighed by their
+  // reputation (outer/base/scoring.h); the probe is the host's (it holds the model).
+  ScoringOptions scoring;
+  std::shared_ptr<LossProbe> loss_probe;
   // Bounds on a contribution, refused with INVALID_ARGUMENT beyond them (0: no bound): its L2 norm
   // relative to the fragment's parameter norm and the magnitude of any of its values.
   double max_update_norm = 0;
@@ -138,8 +142,9 @@ struct CommittedRound {
   std::map<std::string, TokenAccount> ledger;
   double round_s = 0;   // from the round's first contribution to its commit
   double commit_s = 0;  // the commit's data work: aggregation, outer step, encoding, hashing
-  // Islands whose contributions were left out because the combination would have made the
-  // parameters non-finite (largest norm first), and what the aggregation rule did.
+  // Islands whose contributions were left out: their reputation excluded them (outer.scoring),
+  // or the combination would have made the parameters non-finite (largest norm first); and what
+  // the aggregation rule did.
   std::vector<std::string> dropped;
   AggregationReport aggregation;
   // Each contribution's L2 norm over the fragment's parameter norm before the round (a drifting or

@@ -336,6 +336,9 @@ absl::Status LocalRun::StartIsland(const std::string& name, double throttle) {
                        absl::StrCat(options_.max_restarts)});
   }
   a.insert(a.end(), common_.begin(), common_.end());
+  if (auto own = options_.island_overrides.find(name); own != options_.island_overrides.end()) {
+    a.insert(a.end(), own->second.begin(), own->second.end());
+  }
   ATL_RETURN_IF_ERROR(Spawn(*island, a));
   if (std::find(summary_.island_dirs.begin(), summary_.island_dirs.end(), dir) ==
       summary_.island_dirs.end()) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +39,8 @@ struct LocalOptions {
   std::vector<std::string> overrides;  // "--key=value" arguments passed to every child
   std::vector<double> throttle;        // island i steps throttle[i] times slower (default 1)
   std::vector<LocalEvent> events;      // failures and joins to rehearse
+  // --island-set: "--KEY=VALUE" arguments for one island alone (after the common ones), by name.
+  std::map<std::string, std::vector<std::string>> island_overrides;
   // --chaos: failures at random times from the first commit until an island finishes, and the
   // goodput under them against `tokens_per_island` (train.steps x tokens per step of one island).
   std::optional<ChaosSpec> chaos;

@@ -295,10 +295,43 @@ CLI::App* AddIslandsCommand(CLI::App& app, CommandLine& cl, IslandsFlags& f, con
 
 struct LocalFlags {
   IslandsFlags islands;
-  std::vector<std::string> kills, terms, joins, stops;
+  std::vector<std::string> kills, terms, joins, stops, island_sets;
   std::string chaos;
   int nproc = 1, max_restarts = 0;
 };
+
+// --island-set ISLAND:KEY=VALUE: the island must be one of the run's, and its config with the key
+// must load.
+absl::Status AddIslandSets(const CommandLine& cl, const std::vector<std::string>& sets,
+                           const std::vector<atl::Override>& overrides,
+                           atl::LocalOptions& options) {
+  for (const auto& text : sets) {
+    const size_t colon = text.find(':');
+    const size_t eq = text.find('=', colon == std::string::npos ? 0 : colon);
+    if (colon == std::string::npos || colon == 0 || eq == std::string::npos || eq == colon + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--island-set '", text, "': expected ISLAND:KEY=VALUE, e.g. "
+          "island3:outer.fault=sign_flip"));
+    }
+    const std::string island = text.substr(0, colon), arg = "--" + text.substr(colon + 1);
+    bool known = false;
+    for (int i = 0; i < options.islands; ++i) known |= island == absl::StrCat("island", i);
+    for (const auto& e : options.events) {
+      known |= e.kind == atl::LocalEvent::kJoin && e.island == island;
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--island-set '", text, "': no island '", island, "' in this run (island0 .. island",
+          options.islands - 1, " or one of --join)"));
+    }
+    std::vector<atl::Override> own = overrides;
+    ATL_ASSIGN_OR_RETURN(const auto parsed, atl::ParseOverrides({arg}));
+    own.insert(own.end(), parsed.begin(), parsed.end());
+    ATL_RETURN_IF_ERROR(RunConfig(cl, own).status());
+    options.island_overrides[island].push_back(arg);
+  }
+  return absl::OkStatus();
+}
 
 Command AddLocal(CLI::App& app, CommandLine& cl) {
   auto f = std::make_shared<LocalFlags>();
@@ -310,6 +343,9 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
   c->add_option("--join", f->joins, "start an island at a round, e.g. island2@round5 or 1@round5");
   c->add_option("--stop", f->stops,
                 "SIGSTOP an island at a round for SECONDS (a paused island), e.g. island1@round3:4");
+  c->add_option("--island-set", f->island_sets,
+                "ISLAND:KEY=VALUE: a config key for one island alone, e.g. "
+                "island3:outer.fault=sign_flip or island2:data.shuffle_tokens=true (repeatable)");
   c->add_option("--nproc", f->nproc, "ranks per island (each island its own agent)");
   c->add_option("--chaos", f->chaos,
                 "seed=N,every=S,kinds=kill+stop,down=S: from the first commit until an island "
@@ -363,6 +399,9 @@ Command AddLocal(CLI::App& app, CommandLine& cl) {
               options.tokens_per_island = uint64_t(config->train.steps) *
                                           config->tokens_per_rank_step() *
                                           uint64_t(std::max(1, f->nproc / model_parallel));
+            }
+            if (auto s = AddIslandSets(cl, f->island_sets, with_islands, options); !s.ok()) {
+              return Fail(s);
             }
             options.run_dir = cl.run_dir;
             options.stop = &g_stop;

@@ -167,8 +167,13 @@ struct ServiceMonitor::State {
           .Name("atoll_island_flagged_rounds_total")
           .Help("Committed rounds that flagged the island's contribution, by reason: copy (it "
                 "weighed as one with another's), outlier (a robust rule dropped it far more "
-                "often than chance), clipped (clipped_mean bounded its norm)")
+                "often than chance), clipped (clipped_mean bounded its norm), excluded or "
+                "down_weighted (outer.scoring: its reputation left it out or lowered its weight)")
           .Register(registry);
+
+  Family<Gauge>& island_reputation = Gauges(
+      "atoll_island_reputation",
+      "outer.scoring: its reputation from the held-out loss its contributions buy (1: new)");
 
   std::mutex mu;  // what follows
   struct Island {
@@ -179,6 +184,8 @@ struct ServiceMonitor::State {
     double last_contribution_s = -1;  // wall time of the commit that last took it
     uint64_t last_round = 0, last_fragment = 0, last_staleness = 0;
     std::map<std::string, uint64_t> flags;  // rounds that flagged its contribution, by reason
+    double reputation = -1;                  // outer.scoring (-1: not scored)
+    double weight = 1;                       // its weight in its latest scored round
     TrafficCounters::Bytes traffic;  // as of the last sample
     double traffic_at = 0;
     double in_bps = 0, out_bps = 0;
@@ -233,6 +240,18 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
   };
   for (const auto& group : r.aggregation.copies.groups) {
     for (const auto& id : group) flag(id, "copy");
+  }
+  for (const auto& [id, score] : r.aggregation.scores.islands) {
+    if (score.excluded) {
+      flag(id, "excluded");
+    } else if (score.weight < 1) {
+      flag(id, "down_weighted");
+    }
+    auto it = s.islands.find(id);
+    if (it == s.islands.end()) continue;
+    it->second.reputation = score.reputation;
+    it->second.weight = score.excluded ? 0 : score.weight;
+    s.island_reputation.Add({{"island", id}}).Set(score.reputation);
   }
   for (const auto& id : r.aggregation.outliers) flag(id, "outlier");
   for (const auto& id : r.aggregation.clipped) flag(id, "clipped");
@@ -371,6 +390,8 @@ std::string ServiceMonitor::StatusJson() {
                           {"out_bps", mine.out_bps},
                           {"contributions", mine.contributions},
                           {"flagged_rounds", mine.flags},
+                          {"reputation", mine.reputation},
+                          {"weight", mine.weight},
                           {"token_account", TokenAccountJson(i.tokens)},
                           {"staleness", mine.last_staleness},
                           {"loss_curve", mine.loss.Json()},

@@ -139,6 +139,21 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
   if (!r.aggregation.trimmed.empty()) record["trimmed"] = r.aggregation.trimmed;
   if (!r.aggregation.outliers.empty()) record["outliers"] = r.aggregation.outliers;
   if (!r.aggregation.copies.groups.empty()) record["copies"] = r.aggregation.copies.groups;
+  if (r.aggregation.scores.scored()) {
+    nlohmann::json scores = nlohmann::json::object();
+    for (const auto& [island, score] : r.aggregation.scores.islands) {
+      scores[island] = {{"improvement", score.improvement},
+                        {"t", score.t},
+                        {"score", score.score},
+                        {"reputation", score.reputation},
+                        {"weight", score.excluded ? 0.0 : score.weight},
+                        {"excluded", score.excluded}};
+    }
+    record["scores"] = scores;
+    record["probe_loss"] = r.aggregation.scores.loss;
+    record["probe_s"] = r.aggregation.scores.seconds;
+    record["probe_median_t"] = r.aggregation.scores.median_t;
+  }
   if (r.aggregation.copies.most_similar > 0) {
     record["copy_similarity"] = r.aggregation.copies.most_similar;
   }

@@ -10,6 +10,7 @@
 #include "outer/base/fragments.h"
 #include "outer/service/service_options.h"
 #include "src/service/coordinator.h"
+#include "src/service/loss_probe.h"
 #include "src/store/flat_params.h"
 #include "src/store/model_io.h"
 
@@ -73,7 +74,7 @@ absl::StatusOr<RunParameters> ParametersOf(const Config& config, const ModulePar
 absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& config, int shard,
                                                                   const ModuleParams* module) {
   ATL_ASSIGN_OR_RETURN(RunParameters run, ParametersOf(config, module));
-  const outer::SyncServerOptions o = outer::ServiceOptions(
+  outer::SyncServerOptions o = outer::ServiceOptions(
       config.outer,
       {uint64_t(config.train.steps),
        module != nullptr && module->tokens_per_step > 0 ? module->tokens_per_step
@@ -99,6 +100,14 @@ absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(const Config& 
     }
     initial.push_back(std::move(values));
     layouts.push_back(std::move(l));
+  }
+  if (o.scoring.loss_probe) {
+    if (module != nullptr) {
+      return absl::FailedPreconditionError(
+          "outer.scoring = loss_probe runs atoll's model on the service: a module atoll does not "
+          "build cannot be probed");
+    }
+    ATL_ASSIGN_OR_RETURN(o.loss_probe, MakeLossProbe(config, plan.parameters, initial));
   }
   return std::make_unique<outer::SyncServer>(o, std::move(layouts), std::move(initial));
 }

@@ -77,6 +77,17 @@ TEST_F(CliTest, BadConfigGivesOneClearErrorAndWritesNothing) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--throttle factor '0.5' of island 1 is not a number >= 1"));
   EXPECT_FALSE(RunDirExists());
+  // One island's own keys (a rehearsed hostile role): the island, the form and the key checked.
+  for (const auto& [set, message] : std::vector<std::pair<std::string, std::string>>{
+           {"island2:outer.fault=noise", "no island 'island2' in this run (island0 .. island1"},
+           {"island1-outer.fault=noise", "expected ISLAND:KEY=VALUE"},
+           {"island1:outer.fault=flip", "outer.fault must be \"none\", \"sign_flip\""}}) {
+    r = Atoll("local --islands 2 --island-set " + set + " --config " + dir_.Join("tiny.toml") +
+              " --run-dir " + dir_.Join("run"));
+    EXPECT_EQ(r.exit_code, 2) << set;
+    EXPECT_THAT(r.output, HasSubstr(message)) << set;
+    EXPECT_FALSE(RunDirExists()) << set;
+  }
 }
 
 TEST_F(CliTest, BadShardNamesTheFile) {

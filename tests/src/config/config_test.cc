@@ -189,7 +189,16 @@ TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
        absl::StatusCode::kInvalidArgument, "async islands choose their own H"},
       {base, {{"outer.early_sync_every", "5"}, {"outer.early_sync_steps", "12"}},
        absl::StatusCode::kInvalidArgument, "must be a multiple of outer.early_sync_every (5)"},
-
+      {base, {{"outer.scoring", "loss"}}, absl::StatusCode::kInvalidArgument,
+       "outer.scoring must be \"off\" or \"loss_probe\", got \"loss\""},
+      {base, {{"outer.fault", "flip"}}, absl::StatusCode::kInvalidArgument,
+       "outer.fault must be \"none\", \"sign_flip\" or \"noise\", got \"flip\""},
+      {base, {{"outer.scoring", "loss_probe"}, {"outer.mode", "async"}},
+       absl::StatusCode::kInvalidArgument, "async mode and outer.shards > 1 are not supported"},
+      {base, {{"outer.exclude_below", "0.6"}}, absl::StatusCode::kInvalidArgument,
+       "outer.exclude_below must be in [0, outer.reputation_floor)"},
+      {base, {{"outer.reputation_decay", "1"}}, absl::StatusCode::kInvalidArgument,
+       "outer.reputation_decay must be in [0, 1), got 1"},
   });
   // Async runs take a warm start (each island pushes every one of its first steps) and outer-lr
   // schedules (over the run's progress).

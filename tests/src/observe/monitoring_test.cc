@@ -318,8 +318,9 @@ pb::HeartbeatRequest Beat(const pb::JoinResponse& joined, uint64_t step, double 
   return b;
 }
 
-void Contribute(outer::SyncServer& sync, const pb::JoinResponse& joined, uint64_t round) {
-  std::vector<float> delta(64, 0.01f);
+void Contribute(outer::SyncServer& sync, const pb::JoinResponse& joined, uint64_t round,
+                float value = 0.01f) {
+  std::vector<float> delta(64, value);
   auto chunks = outer::EncodeChunks({"mon", joined.island_id(), round, 0},
                                     {compression::Codec::kFp32, 0}, delta.data(), 0, delta.size(),
                                     delta.size());
@@ -457,6 +458,60 @@ TEST(ServiceMonitorTest, CountsTheRoundsThatFlaggedAnIsland) {
     }
     const nlohmann::json expected = detect ? nlohmann::json{{"copy", 2}} : nlohmann::json::object();
     for (const auto& i : status["islands"]) EXPECT_EQ(i["flagged_rounds"], expected) << i["id"];
+  }
+}
+
+// A probe whose rows' losses are the parameters' mean plus the row's offset: a contribution
+// that lowers the parameters buys loss on every row, a negated one costs it.
+class MeanProbe : public outer::LossProbe {
+ public:
+  absl::StatusOr<std::vector<double>> Losses(uint32_t, const float* params, uint64_t n) override {
+    double sum = 0;
+    for (uint64_t i = 0; i < n; ++i) sum += params[i];
+    std::vector<double> rows(8);
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = sum / double(n) + 0.01 * double(r);
+    return rows;
+  }
+  void Set(uint32_t, const float*, uint64_t) override {}
+};
+
+// outer.scoring: an island whose contributions cost held-out loss is down-weighted, then left
+// out; the status page, /api/status and Prometheus show its reputation and the rounds that flagged
+// it, and the honest island stays at full weight.
+TEST(ServiceMonitorTest, ShowsEachIslandsReputationAndTheRoundsThatLoweredIt) {
+  auto options = TwoIslands();
+  options.num_data_streams = 3;
+  options.scoring.loss_probe = true;
+  options.loss_probe = std::make_shared<MeanProbe>();
+  outer::SyncServer sync(options, {{"w"}, {64}}, std::vector<float>(64, 1.0f));
+  ServiceMonitor monitor(sync, nullptr, RunFacts{"mon", false, 3, 4, 1, 10, 40});
+  sync.SetCommitListener([&](const outer::CommittedRound& r) { monitor.OnCommit(r); });
+  const auto a = Join(sync, "a"), b = Join(sync, "b"), c = Join(sync, "c");
+  for (uint64_t round = 0; round < 3; ++round) {
+    Contribute(sync, a, round);
+    Contribute(sync, b, round, -0.01f);  // negated: reputation 0.6, 0.28, 0.024
+    Contribute(sync, c, round);
+  }
+  monitor.Sample();
+  const auto families = ParseExposition(monitor.PrometheusText());
+  EXPECT_NEAR(Value(families, "atoll_island_reputation", "atoll_island_reputation",
+                    {{"island", b.island_id()}}), 0.024, 1e-9);
+  EXPECT_EQ(Value(families, "atoll_island_reputation", "atoll_island_reputation",
+                  {{"island", a.island_id()}}), 1.0);
+  for (const char* reason : {"down_weighted", "excluded"}) {
+    EXPECT_EQ(Value(families, "atoll_island_flagged_rounds_total",
+                    "atoll_island_flagged_rounds_total",
+                    {{"island", b.island_id()}, {"reason", reason}}), 1) << reason;
+  }
+  const auto status = nlohmann::json::parse(monitor.StatusJson());
+  for (const auto& i : status["islands"]) {
+    if (i["id"] != b.island_id()) {
+      EXPECT_EQ(i["weight"], 1.0);
+      EXPECT_EQ(i["flagged_rounds"], nlohmann::json::object());
+    } else {
+      EXPECT_EQ(i["weight"], 0.0);
+      EXPECT_EQ(i["flagged_rounds"], (nlohmann::json{{"down_weighted", 1}, {"excluded", 1}}));
+    }
   }
 }
 

@@ -1,0 +1,112 @@
+// Contributions earn their weight: a well-formed, in-bounds pseudo-gradient can still be useless
+// or harmful (sign-flipped, noise of the right norm, trained on garbage). With
+// outer.scoring = "loss_probe" the service measures, for every contribution of a sync round, the
+// loss on each row of a fixed held-out batch of the round's global parameters with that
+// contribution alone applied (the island's own trained fragment), and keeps a reputation per
+// island across rounds. Per row r, d_i[r] = loss(global)[r] - loss(global - delta_i)[r] (what
+// island i's contribution buys there) and m[r] = the median over the round's islands of d_j[r]:
+//
+//   the round judges only when the median contribution measurably helps: the t statistic of m
+//   over the rows is at least `significance` (late in a run, when every island buys little
+//   against the batch's noise, nobody is judged, and nobody is readmitted either)
+//   t_i          = mean_r(d_i - m) / (sd_r(d_i - m) / sqrt(R))     (paired against the median)
+//   ratio_i      = gain_i / median_j(gain_j), gain_i = mean_r d_i[r]
+//   score_i      = 1 when t_i >= -significance or ratio_i >= 1/2 (as good as the median within
+//                  the batch's noise, or at least half as good), else ratio_i clamped to [-1, 1]
+//   reputation_i <- decay x reputation_i + (1 - decay) x score_i                  (new islands: 1)
+//   weight_i      = clamp((reputation_i - exclude_below) / (floor - exclude_below), 0, 1)
+//
+// A contribution that buys nothing (zeros) scores 0 in every round that judges. An island whose
+// reputation falls below exclude_below is excluded (weight 0, its contribution left out) for at
+// least exclude_rounds of its judged rounds; it is still scored, and readmitted once its
+// reputation is back at `floor`. The round never falls below its quorum: when exclusions would
+// leave fewer than min_islands contributions, the best-reputed excluded ones are kept (at the
+// least weight). Templar's validators score peers by the loss their updates buy, likewise. The
+// probe itself needs the model: its implementation lives with the model (src/service).
+#ifndef ATOLL_OUTER_BASE_SCORING_H_
+#define ATOLL_OUTER_BASE_SCORING_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace atl::outer {
+
+struct ScoringOptions {
+  bool loss_probe = false;      // outer.scoring = "loss_probe"
+  double decay = 0.8;           // outer.reputation_decay
+  double floor = 0.5;           // outer.reputation_floor: full weight at or above
+  double exclude_below = 0.2;   // outer.exclude_below
+  uint32_t exclude_rounds = 5;  // outer.exclude_rounds
+  double significance = 4;      // standard errors that make a round judge, and judge an island
+};
+
+// The held-out loss of each row of its batch (the mean over the row's tokens), for the model whose
+// fragment `fragment` holds `params` (its n elements, in the fragment's flat order) and whose other
+// fragments hold what was last given for them. Fixed batch, fixed order: the same parameters give
+// the same losses.
+class LossProbe {
+ public:
+  virtual ~LossProbe() = default;
+  virtual absl::StatusOr<std::vector<double>> Losses(uint32_t fragment, const float* params,
+                                                     uint64_t n) = 0;
+  // The fragment's global parameters changed (a commit): the probe's model follows them.
+  virtual void Set(uint32_t fragment, const float* params, uint64_t n) = 0;
+};
+
+// The weight of an excluded island kept in to make the quorum.
+inline constexpr double kQuorumWeight = 0.01;
+
+struct IslandScore {
+  double improvement = 0;  // held-out loss bought by its contribution alone (mean over rows)
+  double t = 0;            // paired against the round's per-row median (0: not scored)
+  double score = 0;        // what the round said of it (above; 0: not scored)
+  double reputation = 1;
+  double weight = 1;       // multiplies its tokens in the fold
+  bool excluded = false;   // left out of the round
+};
+
+struct ScoreReport {
+  double loss = 0;  // held-out loss of the round's global parameters
+  double median_t = 0;  // of the median contribution's gain over the rows (judged: >= significance)
+  double seconds = 0;  // the probes' time (part of the commit's)
+  std::map<std::string, IslandScore> islands;
+  bool scored() const { return !islands.empty(); }
+};
+
+// Every island's reputation across rounds (all fragments). Thread-safe: fragments commit at once.
+class Reputation {
+ public:
+  explicit Reputation(const ScoringOptions& options) : options_(options) {}
+
+  // One round's per-row improvements d_i (by island; empty: the probe failed for it, judged as
+  // harmful) in; each island's score, weight and exclusion out (in report->islands). `quorum`: the
+  // least number of islands left in.
+  void Judge(const std::map<std::string, std::vector<double>>& improvements, size_t quorum,
+             ScoreReport* report);
+
+  // An island's reputation, weight and exclusion now (unscored: a late contribution's).
+  IslandScore Standing(const std::string& island) const;
+
+ private:
+  struct Island {
+    double reputation = 1;
+    uint64_t judged = 0;           // rounds it was scored in
+    uint64_t excluded_until = 0;   // its `judged` count before which it stays out (0: in)
+  };
+  double WeightOf(const Island& i) const;
+  void Update(Island& i, double score);
+  void KeepQuorum(size_t quorum, ScoreReport* report) const;
+
+  const ScoringOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::string, Island> islands_;
+};
+
+}  // namespace atl::outer
+
+#endif  // ATOLL_OUTER_BASE_SCORING_H_

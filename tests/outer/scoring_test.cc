@@ -1,0 +1,160 @@
+// Reputation from loss-probe scores (outer/base/scoring.h): a harmful island is down-weighted,
+// then excluded within a few rounds, readmitted once its contributions help again, and the round
+// never falls below its quorum; honest islands, noisy as they are, keep their full weight.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "outer/base/scoring.h"
+
+namespace atl::outer {
+namespace {
+
+constexpr size_t kRows = 32;
+
+// What a contribution buys on each of the probe's rows: `gain` on average, with noise of `sd`
+// per row (drawn from `seed`).
+std::vector<double> Rows(double gain, double sd, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0, sd);
+  std::vector<double> d(kRows);
+  for (double& x : d) x = gain + noise(rng);
+  return d;
+}
+
+ScoreReport Round(Reputation& r, const std::map<std::string, std::vector<double>>& gains,
+                  size_t quorum = 1) {
+  ScoreReport report;
+  r.Judge(gains, quorum, &report);
+  return report;
+}
+
+const ScoringOptions kOptions{true, 0.8, 0.5, 0.2, 5, 4};
+
+TEST(ReputationTest, AHarmfulIslandIsExcludedAndHonestOnesKeepTheirWeight) {
+  Reputation r(kOptions);
+  int excluded_at = -1;
+  for (int round = 0; round < 10; ++round) {
+    // Honest islands buy 0.010 each, their rows noisy; mallory's contribution hurts, 3x as much.
+    const uint64_t s = uint64_t(round) * 8;
+    const auto report = Round(r, {{"a", Rows(0.010, 0.005, s)}, {"b", Rows(0.010, 0.005, s + 1)},
+                                  {"c", Rows(0.010, 0.005, s + 2)},
+                                  {"mallory", Rows(-0.030, 0.005, s + 3)}});
+    EXPECT_GE(report.median_t, 4) << "round " << round;  // the round judges
+    for (const char* honest : {"a", "b", "c"}) {
+      EXPECT_EQ(report.islands.at(honest).score, 1.0) << honest << " round " << round;
+      EXPECT_EQ(report.islands.at(honest).weight, 1.0) << honest << " round " << round;
+      EXPECT_FALSE(report.islands.at(honest).excluded);
+    }
+    const IslandScore& m = report.islands.at("mallory");
+    EXPECT_LT(m.t, -4);
+    EXPECT_EQ(m.score, -1.0);
+    if (round == 0) EXPECT_EQ(m.weight, 1.0);  // one bad round: reputation 0.6, at the floor
+    if (round == 1) {
+      EXPECT_GT(m.weight, 0);  // then down-weighted: 0.28
+      EXPECT_LT(m.weight, 1);
+    }
+    if (m.excluded && excluded_at < 0) excluded_at = round;
+    if (excluded_at >= 0) {
+      EXPECT_TRUE(m.excluded) << "round " << round;
+      EXPECT_EQ(m.weight, 0);
+    }
+  }
+  EXPECT_EQ(excluded_at, 2);  // 1 -> 0.6 -> 0.28 -> 0.024, below 0.2
+}
+
+// Honest islands whose rows are as noisy as what they buy: the rounds judge (the median helps
+// measurably), and the noise alone lowers no weight over 300 rounds.
+TEST(ReputationTest, NoiseAloneLowersNoHonestWeight) {
+  Reputation r(kOptions);
+  int judged = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::map<std::string, std::vector<double>> gains;
+    for (int i = 0; i < 4; ++i) {
+      gains["island" + std::to_string(i)] = Rows(0.01, 0.01, uint64_t(round) * 4 + uint64_t(i));
+    }
+    const auto report = Round(r, gains);
+    judged += report.median_t >= 4;
+    for (const auto& [id, s] : report.islands) {
+      ASSERT_EQ(s.weight, 1.0) << id << " round " << round << " t " << s.t;
+    }
+  }
+  EXPECT_GT(judged, 250);
+}
+
+// Late in a run the median buys nothing measurable: the round judges nobody, so a contribution
+// of zeros is neither lowered nor readmitted then, while a round that judges scores it 0.
+TEST(ReputationTest, OnlyARoundWhoseMedianHelpsJudges) {
+  Reputation r(kOptions);
+  const std::vector<double> zeros(kRows, 0.0);
+  auto late = Round(r, {{"a", Rows(0.0005, 0.02, 1)}, {"b", Rows(0.0005, 0.02, 2)},
+                        {"z", zeros}});
+  EXPECT_LT(late.median_t, 4);
+  EXPECT_EQ(late.islands.at("z").reputation, 1.0);
+  auto early = Round(r, {{"a", Rows(0.01, 0.002, 3)}, {"b", Rows(0.01, 0.002, 4)}, {"z", zeros}});
+  EXPECT_GE(early.median_t, 4);
+  EXPECT_EQ(early.islands.at("z").score, 0.0);
+  EXPECT_NEAR(early.islands.at("z").reputation, 0.8, 1e-12);
+  EXPECT_EQ(early.islands.at("a").score, 1.0);
+}
+
+TEST(ReputationTest, AnExcludedIslandIsReadmittedOnceItHelpsAgainAfterItsTimeOut) {
+  Reputation r(kOptions);
+  for (uint64_t round = 0; round < 3; ++round) {
+    Round(r, {{"a", Rows(0.01, 0.002, 3 * round)}, {"b", Rows(0.01, 0.002, 3 * round + 1)},
+              {"m", Rows(-0.01, 0.002, 3 * round + 2)}});
+  }
+  ASSERT_TRUE(r.Standing("m").excluded);
+  int readmitted = -1;
+  for (uint64_t round = 0; round < 12 && readmitted < 0; ++round) {
+    const auto report = Round(r, {{"a", Rows(0.01, 0.002, 100 + 3 * round)},
+                                  {"b", Rows(0.01, 0.002, 101 + 3 * round)},
+                                  {"m", Rows(0.01, 0.002, 102 + 3 * round)}});
+    if (!report.islands.at("m").excluded) readmitted = int(round);
+  }
+  // Excluded at its 3rd round for 5 of its rounds: out until its 8th, when its reputation
+  // (0.024 -> 0.219 -> 0.375 -> 0.500 -> 0.600 -> 0.680) is back above the floor.
+  EXPECT_EQ(readmitted, 4);
+  EXPECT_GE(r.Standing("m").reputation, 0.5);
+  EXPECT_EQ(r.Standing("m").weight, 1.0);
+}
+
+TEST(ReputationTest, TheQuorumKeepsTheBestReputedOfTheExcluded) {
+  Reputation r(kOptions);
+  for (uint64_t round = 0; round < 6; ++round) {
+    const uint64_t s = 5 * round;
+    Round(r, {{"a", Rows(0.01, 0.002, s)}, {"b", Rows(0.01, 0.002, s + 1)},
+              {"c", Rows(0.01, 0.002, s + 2)}, {"x", Rows(-0.02, 0.002, s + 3)},
+              {"y", Rows(-0.005, 0.002, s + 4)}});
+  }
+  // x hurt twice as much as the median helped (score -1), y half as much (-0.5): both out, y the
+  // better reputed.
+  ASSERT_TRUE(r.Standing("x").excluded);
+  ASSERT_TRUE(r.Standing("y").excluded);
+  ASSERT_GT(r.Standing("y").reputation, r.Standing("x").reputation);
+  const auto report = Round(r, {{"x", Rows(-0.02, 0.002, 50)}, {"y", Rows(-0.005, 0.002, 51)}},
+                            /*quorum=*/1);
+  EXPECT_FALSE(report.islands.at("y").excluded);
+  EXPECT_EQ(report.islands.at("y").weight, kQuorumWeight);
+  EXPECT_TRUE(report.islands.at("x").excluded);
+}
+
+TEST(ReputationTest, AProbeThatFailedForAContributionScoresItAsHarmful) {
+  Reputation r(kOptions);
+  const auto report = Round(r, {{"a", Rows(0.01, 0.002, 1)}, {"b", Rows(0.01, 0.002, 2)},
+                                {"c", {}}, {"d", Rows(0.01, 0.002, 3)}});
+  EXPECT_EQ(report.islands.at("c").score, -1.0);
+  EXPECT_TRUE(std::isnan(report.islands.at("c").improvement));
+  EXPECT_NEAR(report.islands.at("c").reputation, 0.6, 1e-12);
+  EXPECT_EQ(report.islands.at("a").score, 1.0);
+  // A round the probe measured nobody in judges nobody.
+  const auto none = Round(r, {{"a", {}}, {"b", {}}});
+  EXPECT_EQ(none.islands.at("a").reputation, 1.0);
+}
+
+}  // namespace
+}  // namespace atl::outer

@@ -1,0 +1,113 @@
+// Contributions earn their weight, through the real service over TCP (`atoll local`, outer.scoring
+// = "loss_probe"): hostile islands that send well-formed, in-bounds contributions (one negated, one
+// noise of its norm) are down-weighted and then left out within a few rounds, the honest ones keep
+// their full weight in every round, and every copy, the hostile ones' too, ends bit-identical.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/src/net/run_util.h"
+#include "tests/test_util.h"
+
+namespace atl {
+namespace {
+
+using ::testing::HasSubstr;
+
+// `atoll local` of `islands` islands on a 2-layer model, H = 4, `steps` steps, the loss probe on;
+// `args` adds the roles.
+testing::CommandResult RunScored(const testing::TempDir& dir, int islands, int steps,
+                                 const std::string& args) {
+  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+  testing::WriteFile(
+      dir.Join("run.toml"),
+      "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
+      "[data]\npath = \"" + dir.Join("text.txt") + "\"\nval_fraction = 0.1\n"
+      "[train]\nsteps = " + std::to_string(steps) + "\nbatch_size = 4\neval_every = 0\n"
+      "threads = 1\n[optim]\nwarmup_steps = 2\n"
+      "[outer]\nsync_every = 4\nscoring = \"loss_probe\"\nprobe_batches = 8\n");
+  return testing::RunCommand(std::string(ATOLL_BIN) + " local --islands " +
+                             std::to_string(islands) + " --config " + dir.Join("run.toml") +
+                             " --run-dir " + dir.Join("run") + " " + args);
+}
+
+// Every island ends on the service's last parameters.
+void ExpectBitIdentical(const testing::TempDir& dir, int islands) {
+  const auto last = testing::ServiceHashes(dir).at(0).back();
+  for (int i = 0; i < islands; ++i) {
+    const std::string island = "island" + std::to_string(i);
+    EXPECT_EQ(testing::IslandSummary(dir, island)["global_hash"], last) << island;
+  }
+}
+
+// A round's record holds scores, and the honest islands at full weight in it.
+void ExpectHonestAtFullWeight(const nlohmann::json& r, const std::vector<std::string>& honest) {
+  ASSERT_TRUE(r.contains("scores")) << r.dump();
+  for (const auto& island : honest) {
+    EXPECT_EQ(r["scores"][island]["weight"], 1.0) << r.dump();
+    EXPECT_EQ(r["scores"][island]["excluded"], false) << r.dump();
+  }
+}
+
+TEST(ScoringTest, HostileIslandsAreLeftOutAndHonestOnesKeepTheirWeight) {
+  testing::TempDir dir;
+  const auto run = RunScored(dir, 4, 48,
+                             "--island-set island2:outer.fault=sign_flip "
+                             "--island-set island3:outer.fault=noise");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("island 'island2' left out (reputation"));
+  const auto rounds = testing::ServiceRounds(dir);
+  ASSERT_EQ(rounds.size(), 12u);
+  std::map<std::string, int> left_out_at;  // the first round each hostile island was left out
+  for (const auto& r : rounds) {
+    ExpectHonestAtFullWeight(r, {"island0", "island1"});
+    const auto& scores = r["scores"];
+    for (const char* hostile : {"island2", "island3"}) {
+      if (scores[hostile]["excluded"] == true && !left_out_at.count(hostile)) {
+        left_out_at[hostile] = r["round"];
+      }
+      if (left_out_at.count(hostile)) {
+        EXPECT_EQ(scores[hostile]["weight"], 0.0) << r.dump();
+        EXPECT_THAT(r["dropped"].dump(), HasSubstr(hostile));
+      }
+    }
+  }
+  // Negated, it hurts: scores -0.4, -0.7, -1 put it out at its third round. Noise buys nothing
+  // (score about 0): out once its reputation has decayed below 0.2, at its eighth judged round.
+  EXPECT_LE(left_out_at.at("island2"), 2) << run.output;
+  EXPECT_LE(left_out_at.at("island3"), 10) << run.output;
+  ExpectBitIdentical(dir, 4);
+}
+
+// An island negated for its first 3 rounds is left out, still scored, and readmitted once its
+// honest contributions have brought its reputation back to the floor after its time out
+// (outer.exclude_rounds = 3 of its rounds); it then weighs fully again.
+TEST(ScoringTest, AnIslandThatTurnsHonestIsReadmitted) {
+  testing::TempDir dir;
+  const auto run = RunScored(dir, 3, 48,
+                             "--outer.exclude_rounds=3 --island-set island2:outer.fault=sign_flip "
+                             "--island-set island2:outer.fault_rounds=3");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  int left_out = -1, readmitted = -1;
+  double last_weight = -1;
+  for (const auto& r : testing::ServiceRounds(dir)) {
+    ExpectHonestAtFullWeight(r, {"island0", "island1"});
+    const auto& m = r["scores"]["island2"];
+    if (m["excluded"] == true && left_out < 0) left_out = r["round"];
+    if (m["excluded"] == false && left_out >= 0 && readmitted < 0) readmitted = r["round"];
+    last_weight = m["weight"];
+  }
+  EXPECT_GE(left_out, 0) << run.output;
+  EXPECT_LE(left_out, 2);
+  EXPECT_GT(readmitted, left_out + 2) << run.output;  // its time out: 3 of its rounds
+  EXPECT_EQ(last_weight, 1.0);
+  ExpectBitIdentical(dir, 3);
+}
+
+}  // namespace
+}  // namespace atl
