@@ -244,36 +244,58 @@ bool SameCompare(nlohmann::json found, const nlohmann::json& want) {
   return found == want;
 }
 
-// Across a sweep of one numeric key: each method's gap to the baseline run of the same setting
-// (the baseline's one run when the key cannot change it), against the value or,
-// for train.steps, the tokens per parameter. Nothing when there is no baseline or a value is not a
-// number.
+// Across the first sweep's numeric key: each method's gap to the baseline run of the same setting
+// (of the keys that can change the baseline), against the value or, for train.steps, the tokens
+// per parameter. The other sweeps' keys name a series each with the method (e.g. "diloco,
+// optim.name=muon"). Nothing when there is no baseline or a value is not a number.
 struct GapTrend {
   std::string x_label;
   std::vector<GapSeries> series;
 };
 
-std::optional<GapTrend> GapsAcross(const Sweep& sweep, const std::vector<MethodResult>& runs,
-                                   const Config& config) {
+std::optional<GapTrend> GapsAcross(const std::vector<Sweep>& sweeps,
+                                   const std::vector<MethodResult>& runs, const Config& config) {
+  const std::string& x_key = sweeps.front().key;
+  // A run's setting ("k1=v1 k2=v2") as its pairs.
+  auto pairs = [](const std::string& setting) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (absl::string_view part : absl::StrSplit(setting, ' ', absl::SkipEmpty())) {
+      const size_t eq = part.find('=');
+      if (eq != absl::string_view::npos) out.emplace_back(part.substr(0, eq), part.substr(eq + 1));
+    }
+    return out;
+  };
+  auto baseline_setting = [&](const std::string& setting) {
+    std::vector<std::string> kept;
+    for (const auto& [key, value] : pairs(setting)) {
+      if (ChangesBaseline(key)) kept.push_back(absl::StrCat(key, "=", value));
+    }
+    return absl::StrJoin(kept, " ");
+  };
   std::map<std::string, double> baseline;  // setting -> val_loss
   for (const auto& r : runs) {
     if (r.method == "baseline") baseline[r.setting] = r.val_loss;
   }
-  const bool per_parameter = sweep.key == "train.steps";
+  const bool per_parameter = x_key == "train.steps";
   const double params = double(inner::ParameterCount(config.model));
   GapTrend trend;
-  trend.x_label = per_parameter ? "tokens per parameter" : sweep.key;
+  trend.x_label = per_parameter ? "tokens per parameter" : x_key;
   for (const auto& r : runs) {
     if (r.method == "baseline") continue;
-    auto base = baseline.find(ChangesBaseline(sweep.key) ? r.setting : "");
+    auto base = baseline.find(baseline_setting(r.setting));
     if (base == baseline.end()) return std::nullopt;
     double x = double(r.tokens) / params;
-    if (!per_parameter && !absl::SimpleAtod(r.setting.substr(sweep.key.size() + 1), &x)) {
-      return std::nullopt;
+    std::string name = r.method;
+    for (const auto& [key, value] : pairs(r.setting)) {
+      if (key != x_key) {
+        absl::StrAppend(&name, ", ", key, "=", value);
+      } else if (!per_parameter && !absl::SimpleAtod(value, &x)) {
+        return std::nullopt;
+      }
     }
     auto series = std::find_if(trend.series.begin(), trend.series.end(),
-                               [&](const GapSeries& g) { return g.method == r.method; });
-    if (series == trend.series.end()) series = trend.series.insert(trend.series.end(), {r.method, {}});
+                               [&](const GapSeries& g) { return g.method == name; });
+    if (series == trend.series.end()) series = trend.series.insert(trend.series.end(), {name, {}});
     series->points.emplace_back(x, 100.0 * (r.val_loss / base->second - 1.0));
   }
   if (trend.series.empty()) return std::nullopt;
@@ -292,7 +314,7 @@ std::string GapTable(const GapTrend& trend) {
 
 }  // namespace
 
-// report.md (printed too), report.csv, loss.svg and, for a sweep of one key, gap.svg.
+// report.md (printed too), report.csv, loss.svg and, for sweeps, gap.svg (against the first key).
 absl::Status WriteReports(const CompareOptions& o, const Config& config,
                           const std::vector<Sweep>& sweeps, const std::vector<MethodResult>& runs,
                           const std::vector<MethodResult>& best) {
@@ -305,8 +327,8 @@ absl::Status WriteReports(const CompareOptions& o, const Config& config,
       {"report.csv", ReportCsv(runs)},
       {"loss.svg", LossPlotSvg(best, title)},
       {"pareto.svg", ParetoPlotSvg(runs, title + ": loss against WAN bytes")}};
-  if (sweeps.size() == 1) {
-    if (auto trend = GapsAcross(sweeps.front(), runs, config)) {
+  if (!sweeps.empty()) {
+    if (auto trend = GapsAcross(sweeps, runs, config)) {
       report += GapTable(*trend);
       files.emplace_back("gap.svg", GapPlotSvg(trend->series, trend->x_label,
                                                absl::StrFormat("%s: gap to the baseline by %s",

@@ -431,6 +431,29 @@ TEST_F(CliTest, CompareSweepOfOneKeyPlotsTheGapToTheBaseline) {
   EXPECT_THAT(r.output, HasSubstr("report.csv, loss.svg, pareto.svg, gap.svg, report.md"));
 }
 
+// With a second sweep, the gap is still plotted against the first key, one series per method
+// and value of the second key, each against the baseline of its own setting (optim.lr changes
+// the baseline: one baseline run per value).
+TEST_F(CliTest, CompareSweepOfTwoKeysPlotsASeriesPerValueOfTheSecond) {
+  auto r = Atoll("compare --islands 2 --config " + dir_.Join("tiny.toml") + " --run-dir " +
+                 dir_.Join("gap2") + " --train.steps=4 --train.eval_every=4" +
+                 " --compare.methods=baseline,diloco --sweep outer.sync_every=2,4" +
+                 " --sweep optim.lr=1e-3,2e-3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("baseline x 2, diloco x 4 = 6 runs"));
+  const auto runs = CompareRuns(testing::ReadFile(dir_.Join("gap2/report.csv")));
+  const std::string report = testing::ReadFile(dir_.Join("gap2/report.md"));
+  for (const std::string lr : {"1e-3", "2e-3"}) {
+    for (const std::string h : {"2", "4"}) {
+      const double want = 100.0 * (runs.at("diloco outer.sync_every=" + h + " optim.lr=" + lr).first /
+                                       runs.at("baseline optim.lr=" + lr).first - 1);
+      EXPECT_NEAR(GapInReport(report, "diloco, optim.lr=" + lr, h), want, 0.006) << lr << " " << h;
+    }
+  }
+  const std::string svg = testing::ReadFile(dir_.Join("gap2/gap.svg"));
+  EXPECT_THAT(svg, HasSubstr("diloco, optim.lr=2e-3"));
+}
+
 // Sweeping the island count M runs the baseline once per M too (its global batch is M x b): each
 // M at equal tokens, each gap against the baseline of its own M.
 TEST_F(CliTest, CompareSweepOfTheIslandCountRunsABaselinePerCount) {
