@@ -45,7 +45,7 @@ ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
       d.resize(base->size());
       for (size_t r = 0; r < d.size(); ++r) d[r] = (*base)[r] - (*losses)[r];
     }
-    probe->Set(job.fragment, global, n);
+    // The probe's model is set to the committed parameters after the step (Rounds::RunCommit).
   }
   const size_t quorum = std::min(on_time, size_t(std::max(1, core_.options.min_islands)));
   reputation_.Judge(gains, quorum, &report);
