@@ -99,12 +99,13 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
         const double ratio = median_gain > 0 ? s.improvement / median_gain : -1.0;
         s.score = s.t >= -options_.significance || ratio >= 0.5 ? 1.0
                                                                 : std::clamp(ratio, -1.0, 1.0);
+        s.harmful = s.score < 1 && s.t < -3 * options_.significance;
         Update(i, s.score);
       }
     }
     s.reputation = i.reputation;
-    s.excluded = i.excluded_until > 0;
-    s.weight = WeightOf(i);
+    s.excluded = i.excluded_until > 0 || s.harmful;
+    s.weight = s.harmful ? 0 : WeightOf(i);
   }
   KeepQuorum(quorum, report);
 }

@@ -15,6 +15,11 @@
 //                  the batch's noise, or at least half as good), else ratio_i clamped to [-1, 1]
 //   reputation_i <- decay x reputation_i + (1 - decay) x score_i                  (new islands: 1)
 //   weight_i      = clamp((reputation_i - exclude_below) / (floor - exclude_below), 0, 1)
+//   harmful_i     = score_i < 1 and t_i < -3 x significance: left out of this round whatever its
+//                   reputation (a negated or garbage contribution does its harm in the round it
+//                   lands; reputation alone would let it in at full weight for a round or two).
+//                   Honest islands on micro reached t -6.8 at worst in 750 clean rounds; the
+//                   rehearsed hostile roles -15 to -90 (outer/README.md)
 //
 // A contribution that buys nothing (zeros) scores 0 in every round that judges. An island whose
 // reputation falls below exclude_below is excluded (weight 0, its contribution left out) for at
@@ -67,7 +72,8 @@ struct IslandScore {
   double score = 0;        // what the round said of it (above; 0: not scored)
   double reputation = 1;
   double weight = 1;       // multiplies its tokens in the fold
-  bool excluded = false;   // left out of the round
+  bool excluded = false;   // left out of the round (by its reputation, or as harmful)
+  bool harmful = false;    // this round found it harmful beyond doubt (above)
 };
 
 struct ScoreReport {

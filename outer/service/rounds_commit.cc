@@ -408,9 +408,13 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
     const auto& scores = result.record.aggregation.scores.islands;
     for (const auto& [island, tokens] : result.record.dropped_tokens) {
       const auto score = scores.find(island);
-      const bool excluded = score != scores.end() && score->second.excluded;
-      core_.ledger.Dropped(
-          island, excluded ? "excluded (reputation)" : "dropped (non-finite combination)", tokens);
+      const char* why = "dropped (non-finite combination)";
+      if (score != scores.end() && score->second.harmful) {
+        why = "excluded (harmful round)";
+      } else if (score != scores.end() && score->second.excluded) {
+        why = "excluded (reputation)";
+      }
+      core_.ledger.Dropped(island, why, tokens);
     }
     committed->ledger = core_.ledger.TakeSlice();
   }

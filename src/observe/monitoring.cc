@@ -168,7 +168,8 @@ struct ServiceMonitor::State {
           .Help("Committed rounds that flagged the island's contribution, by reason: copy (it "
                 "weighed as one with another's), outlier (a robust rule dropped it far more "
                 "often than chance), clipped (clipped_mean bounded its norm), excluded or "
-                "down_weighted (outer.scoring: its reputation left it out or lowered its weight)")
+                "down_weighted (outer.scoring: its reputation left it out or lowered its "
+                "weight), harmful (outer.scoring: the round found it harmful and left it out)")
           .Register(registry);
 
   Family<Gauge>& island_reputation = Gauges(
@@ -219,13 +220,20 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
   if (r.fragment == 0) s.tokens.Increment(double(r.tokens));
   std::lock_guard<std::mutex> lock(s.mu);
   const double wall = s.Wall();
-  for (const auto& id : r.contributors) {
+  // The islands shown (bounded): contributors, and those the round scored (a harmful one is left
+  // out of every round it lands in, and shown all the same).
+  auto island = [&s](const std::string& id) -> State::Island* {
     auto it = s.islands.find(id);
     if (it == s.islands.end()) {
-      if (s.islands.size() >= TrafficCounters::kMaxIslands) continue;
+      if (s.islands.size() >= TrafficCounters::kMaxIslands) return nullptr;
       it = s.islands.emplace(id, State::Island{}).first;
     }
-    State::Island& i = it->second;
+    return &it->second;
+  };
+  for (const auto& id : r.contributors) {
+    State::Island* known = island(id);
+    if (known == nullptr) continue;
+    State::Island& i = *known;
     i.contributions += 1;
     i.last_contribution_s = wall;
     i.last_round = r.round;
@@ -242,15 +250,18 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
     for (const auto& id : group) flag(id, "copy");
   }
   for (const auto& [id, score] : r.aggregation.scores.islands) {
-    if (score.excluded) {
+    if (island(id) == nullptr) continue;
+    if (score.harmful) {
+      flag(id, "harmful");
+    } else if (score.excluded) {
       flag(id, "excluded");
     } else if (score.weight < 1) {
       flag(id, "down_weighted");
     }
-    auto it = s.islands.find(id);
-    if (it == s.islands.end()) continue;
-    it->second.reputation = score.reputation;
-    it->second.weight = score.excluded ? 0 : score.weight;
+    State::Island* scored = island(id);
+    if (scored == nullptr) continue;
+    scored->reputation = score.reputation;
+    scored->weight = score.excluded ? 0 : score.weight;
     s.island_reputation.Add({{"island", id}}).Set(score.reputation);
   }
   for (const auto& id : r.aggregation.outliers) flag(id, "outlier");

@@ -147,7 +147,8 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
                         {"score", score.score},
                         {"reputation", score.reputation},
                         {"weight", score.excluded ? 0.0 : score.weight},
-                        {"excluded", score.excluded}};
+                        {"excluded", score.excluded},
+                        {"harmful", score.harmful}};
     }
     record["scores"] = scores;
     record["probe_loss"] = r.aggregation.scores.loss;

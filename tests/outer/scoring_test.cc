@@ -1,6 +1,7 @@
-// Reputation from loss-probe scores (outer/base/scoring.h): a harmful island is down-weighted,
-// then excluded within a few rounds, readmitted once its contributions help again, and the round
-// never falls below its quorum; honest islands, noisy as they are, keep their full weight.
+// Reputation from loss-probe scores (outer/base/scoring.h): a harmful island is left out of the
+// rounds it harms, then excluded by its reputation within a few rounds, readmitted once its
+// contributions help again, and the round never falls below its quorum; honest islands, noisy as
+// they are, keep their full weight.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -51,20 +52,32 @@ TEST(ReputationTest, AHarmfulIslandIsExcludedAndHonestOnesKeepTheirWeight) {
       EXPECT_FALSE(report.islands.at(honest).excluded);
     }
     const IslandScore& m = report.islands.at("mallory");
-    EXPECT_LT(m.t, -4);
+    EXPECT_LT(m.t, -12);
     EXPECT_EQ(m.score, -1.0);
-    if (round == 0) EXPECT_EQ(m.weight, 1.0);  // one bad round: reputation 0.6, at the floor
-    if (round == 1) {
-      EXPECT_GT(m.weight, 0);  // then down-weighted: 0.28
-      EXPECT_LT(m.weight, 1);
-    }
-    if (m.excluded && excluded_at < 0) excluded_at = round;
-    if (excluded_at >= 0) {
-      EXPECT_TRUE(m.excluded) << "round " << round;
-      EXPECT_EQ(m.weight, 0);
-    }
+    // Harmful beyond doubt: left out of every round it lands in, from the first, while its
+    // reputation falls 1 -> 0.6 -> 0.28 -> 0.024 (below 0.2: excluded by it from its third round).
+    EXPECT_TRUE(m.harmful) << "round " << round;
+    EXPECT_TRUE(m.excluded);
+    EXPECT_EQ(m.weight, 0);
+    if (round == 0) EXPECT_NEAR(m.reputation, 0.6, 1e-12);
+    if (r.Standing("mallory").excluded && excluded_at < 0) excluded_at = round;
   }
-  EXPECT_EQ(excluded_at, 2);  // 1 -> 0.6 -> 0.28 -> 0.024, below 0.2
+  EXPECT_EQ(excluded_at, 2);
+}
+
+// A contribution clearly worse than the median but not beyond doubt (-12 < t < -4, a fifth of the
+// median's gain) is scored and down-weighted only through its reputation: it stays in its round.
+TEST(ReputationTest, AWeakContributionStaysInItsRoundAtItsReputationsWeight) {
+  Reputation r(kOptions);
+  const auto report = Round(r, {{"a", Rows(0.010, 0.0005, 1)}, {"b", Rows(0.010, 0.0005, 2)},
+                                {"c", Rows(0.010, 0.0005, 3)}, {"w", Rows(0.002, 0.008, 4)}});
+  const IslandScore& w = report.islands.at("w");
+  ASSERT_LT(w.t, -4);
+  ASSERT_GT(w.t, -12);
+  EXPECT_LT(w.score, 0.5);
+  EXPECT_FALSE(w.harmful);
+  EXPECT_FALSE(w.excluded);
+  EXPECT_EQ(w.weight, 1.0);  // reputation 0.8 + 0.2 x score, above the floor
 }
 
 // Honest islands whose rows are as noisy as what they buy: the rounds judge (the median helps

@@ -1,7 +1,8 @@
 // Contributions earn their weight, through the real service over TCP (`atoll local`, outer.scoring
-// = "loss_probe"): hostile islands that send well-formed, in-bounds contributions (one negated, one
-// noise of its norm) are down-weighted and then left out within a few rounds, the honest ones keep
-// their full weight in every round, and every copy, the hostile ones' too, ends bit-identical.
+// = "loss_probe"): hostile islands that send well-formed, in-bounds contributions (negated, noise
+// of its norm, trained on shuffled tokens) are left out within a few rounds, the honest ones keep
+// their full weight in every round, and every copy of the parameters, the hostile islands' too,
+// ends bit-identical.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -20,10 +21,10 @@ namespace {
 using ::testing::HasSubstr;
 
 // `atoll local` of `islands` islands on a 2-layer model, H = 4, `steps` steps, the loss probe on;
-// `args` adds the roles.
+// `args` adds the roles. The text: generated sentences, or `text`.
 testing::CommandResult RunScored(const testing::TempDir& dir, int islands, int steps,
-                                 const std::string& args) {
-  testing::WriteFile(dir.Join("text.txt"), testing::GeneratedText(60000, 9));
+                                 const std::string& args, const std::string& text = "") {
+  testing::WriteFile(dir.Join("text.txt"), text.empty() ? testing::GeneratedText(60000, 9) : text);
   testing::WriteFile(
       dir.Join("run.toml"),
       "[model]\nn_layer = 2\nd_model = 32\nn_head = 2\ncontext = 32\n"
@@ -60,7 +61,7 @@ TEST(ScoringTest, HostileIslandsAreLeftOutAndHonestOnesKeepTheirWeight) {
                              "--island-set island2:outer.fault=sign_flip "
                              "--island-set island3:outer.fault=noise");
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_THAT(run.output, HasSubstr("island 'island2' left out (reputation"));
+  EXPECT_THAT(run.output, HasSubstr("island 'island2' left out: its contribution harms"));
   const auto rounds = testing::ServiceRounds(dir);
   ASSERT_EQ(rounds.size(), 12u);
   std::map<std::string, int> left_out_at;  // the first round each hostile island was left out
@@ -77,10 +78,11 @@ TEST(ScoringTest, HostileIslandsAreLeftOutAndHonestOnesKeepTheirWeight) {
       }
     }
   }
-  // Negated, it hurts: scores -0.4, -0.7, -1 put it out at its third round. Noise buys nothing
-  // (score about 0): out once its reputation has decayed below 0.2, at its eighth judged round.
-  EXPECT_LE(left_out_at.at("island2"), 2) << run.output;
-  EXPECT_LE(left_out_at.at("island3"), 10) << run.output;
+  // Negated, it hurts the held-out loss (t about -60 against the median); noise buys nothing
+  // while the median buys much (t about -90). Each is left out of the rounds it harms from the
+  // first, while its reputation decays (below 0.2 by the third and eighth rounds).
+  EXPECT_LE(left_out_at.at("island2"), 1) << run.output;
+  EXPECT_LE(left_out_at.at("island3"), 1) << run.output;
   ExpectBitIdentical(dir, 4);
 }
 
@@ -107,6 +109,26 @@ TEST(ScoringTest, AnIslandThatTurnsHonestIsReadmitted) {
   EXPECT_GT(readmitted, left_out + 2) << run.output;  // its time out: 3 of its rounds
   EXPECT_EQ(last_weight, 1.0);
   ExpectBitIdentical(dir, 3);
+}
+
+// An island that trains on shuffled tokens (garbage) learns only the bytes' frequencies. On a text
+// whose order is everything (the alphabet, repeated) the others learn far more from the first
+// round, and it is left out within two.
+TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
+  testing::TempDir dir;
+  std::string alphabets;
+  while (alphabets.size() < 60000) alphabets += "abcdefghijklmnopqrstuvwxyz";
+  const auto run =
+      RunScored(dir, 4, 48, "--island-set island3:data.shuffle_tokens=true", alphabets);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  int left_out_at = -1;
+  for (const auto& r : testing::ServiceRounds(dir)) {
+    ExpectHonestAtFullWeight(r, {"island0", "island1", "island2"});
+    if (r["scores"]["island3"]["excluded"] == true && left_out_at < 0) left_out_at = r["round"];
+  }
+  EXPECT_GE(left_out_at, 0) << run.output;
+  EXPECT_LE(left_out_at, 2) << run.output;
+  ExpectBitIdentical(dir, 4);
 }
 
 }  // namespace
