@@ -183,10 +183,14 @@ absl::Status ValidateScoring(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.scoring must be \"off\" or \"loss_probe\", got \"", c.scoring, "\""));
   }
-  if (c.fault != "none" && c.fault != "sign_flip" && c.fault != "noise") {
+  if (c.fault != "none" && c.fault != "sign_flip" && c.fault != "noise" && c.fault != "copy") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.fault must be \"none\", \"sign_flip\", \"noise\" or \"copy\", got \"", c.fault,
+        "\""));
+  }
+  if (c.fault == "copy" && c.fault_rounds != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("outer.fault must be \"none\", \"sign_flip\" or \"noise\", got \"", c.fault,
-                     "\""));
+        "outer.fault_rounds applies to sign_flip and noise; a copier copies for the whole run");
   }
   if (c.probe_batches < 1 || c.probe_batches > 64 || c.exclude_rounds < 0 || c.fault_rounds < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -106,7 +106,8 @@ struct OuterConfig {
   double exclude_below = 0.2;
   int exclude_rounds = 5;
   // A hostile island, for rehearsing the defences: "none", "sign_flip" (its pseudo-gradient
-  // negated) or "noise" (replaced by Gaussian noise of the same norm).
+  // negated), "noise" (replaced by Gaussian noise of the same norm) or "copy" (it trains another
+  // island's data stream with that island's seeds, so its pushes equal that island's).
   std::string fault = "none";
   int fault_rounds = 0;                   // the fault lasts the first rounds of each fragment (0: all)
   // Bounds a healthy island stays far below: AdamW moves a weight by at most about lr per step, and
@@ -281,7 +282,8 @@ void RobustKeys(OuterConfig& c, V&& v) {
     "loss_probe: an excluded island's least time out, in its rounds");
   v("fault", c.fault,
     "island: none, or a rehearsed hostile role: sign_flip or noise (its pseudo-gradient "
-    "negated, or replaced by noise of the same norm)");
+    "negated, or replaced by noise of the same norm), or copy (it trains the data stream after "
+    "its own, another island's, so its pushes equal that island's)");
   v("fault_rounds", c.fault_rounds,
     "island: the rehearsed fault lasts its pushes to the first this many rounds (0: all)");
   v("max_update_norm", c.max_update_norm,

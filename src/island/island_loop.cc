@@ -167,6 +167,7 @@ class IslandRun : private inner::LoopPart {
  private:
   bool lead() const { return options_.rank.rank == 0; }
   absl::Status Setup();
+  absl::Status RehearseCopier();
   absl::Status JoinAndBuild();
   absl::Status OpenOutputs();
   absl::Status Train();
@@ -237,6 +238,27 @@ class TimedSteps : public inner::StepSource {
   double& compute_s_;
 };
 
+// outer.fault = "copy": the island trains the data stream after its own, another island's, with
+// that island's seeds, so its pushes equal that island's (what a copier of payloads sends, with no
+// data of its own trained).
+absl::Status IslandRun::RehearseCopier() {
+  if (config_.outer.fault != "copy") return absl::OkStatus();
+  const uint32_t streams = joined_.schedule().num_data_streams();
+  if (streams < 2) {
+    return absl::FailedPreconditionError(
+        "outer.fault = \"copy\" needs another island's data stream; this run has one");
+  }
+  const uint32_t own = joined_.data_stream();
+  joined_.set_data_stream((own + 1) % streams);
+  if (lead()) {
+    std::fprintf(options_.progress,
+                 "[%s] rehearsing a copier: it trains data stream %u, another island's, instead "
+                 "of its own %u\n",
+                 options_.name.c_str(), joined_.data_stream(), own);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status IslandRun::Setup() {
   // Everything that can be checked locally is checked before joining.
   ATL_RETURN_IF_ERROR(outer::ValidateName(options_.name, "island name (--name)"));
@@ -288,6 +310,7 @@ absl::Status IslandRun::JoinAndBuild() {
   session_ = std::move(session);
   joined_ = session_->joined();
   if (auto s = CheckRunMatches(config_, joined_, options_); !s.ok()) return Fail(s);
+  if (auto s = RehearseCopier(); !s.ok()) return Fail(s);
   async_ = joined_.schedule().async();
   train_ = config_.train;
   train_.steps = int64_t(joined_.schedule().total_inner_steps());

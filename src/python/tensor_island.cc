@@ -275,6 +275,11 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("the coordinator's address (HOST:PORT) is required");
   }
+  if (options.config.outer.fault == "copy") {
+    return absl::InvalidArgumentError(
+        "outer.fault = \"copy\" is rehearsed by atoll's own island (it trains another island's "
+        "data stream); a Python loop brings its own data");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   ATL_ASSIGN_OR_RETURN(impl->transport,

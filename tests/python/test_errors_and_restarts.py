@@ -41,6 +41,9 @@ def test_a_bad_config_key_is_refused_before_joining():
         atoll.Island(MlpLm(), "127.0.0.1:1", config={"outer": {"codec": "fp5"}}, quiet=True)
     with pytest.raises(atoll.InvalidArgumentError, match="island name"):
         atoll.Island(MlpLm(), "127.0.0.1:1", name="no spaces", quiet=True)
+    # A rehearsed copier trains another island's data stream: a Python loop brings its own data.
+    with pytest.raises(atoll.InvalidArgumentError, match=r'outer.fault = "copy"'):
+        atoll.Island(MlpLm(), "127.0.0.1:1", config={"outer": {"fault": "copy"}}, quiet=True)
 
 
 def test_a_refused_join_raises():

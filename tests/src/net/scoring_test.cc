@@ -1,8 +1,8 @@
 // Contributions earn their weight, through the real service over TCP (`atoll local`, outer.scoring
 // = "loss_probe"): hostile islands that send well-formed, in-bounds contributions (negated, noise
-// of its norm, trained on shuffled tokens) are left out within a few rounds, the honest ones keep
-// their full weight in every round, and every copy of the parameters, the hostile islands' too,
-// ends bit-identical.
+// of its norm, trained on shuffled tokens) are left out within a few rounds, a copier weighs as one
+// with the island it copies, the honest ones keep their full weight in every round, and every
+// copy of the parameters, the hostile islands' too, ends bit-identical.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -129,6 +129,27 @@ TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
   EXPECT_GE(left_out_at, 0) << run.output;
   EXPECT_LE(left_out_at, 2) << run.output;
   ExpectBitIdentical(dir, 4);
+}
+
+// A copier (outer.fault = "copy": it trains another island's data stream with that island's
+// seeds) sends that island's payloads. With outer.copy_cosine set, every round flags the two as
+// copies and they weigh as one; the probe scores the copy as good as the original.
+TEST(ScoringTest, ACopierAndTheIslandItCopiesWeighAsOne) {
+  testing::TempDir dir;
+  const auto run =
+      RunScored(dir, 3, 32, "--outer.copy_cosine=0.99 --island-set island2:outer.fault=copy");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("rehearsing a copier"));
+  const auto rounds = testing::ServiceRounds(dir);
+  ASSERT_EQ(rounds.size(), 8u);
+  for (const auto& r : rounds) {
+    ASSERT_TRUE(r.contains("copies")) << r.dump();
+    ASSERT_EQ(r["copies"].size(), 1u) << r.dump();
+    const auto& group = r["copies"][0];
+    EXPECT_EQ(group.size(), 2u) << r.dump();
+    EXPECT_THAT(group.dump(), HasSubstr("island2")) << r.dump();
+  }
+  ExpectBitIdentical(dir, 3);
 }
 
 }  // namespace
