@@ -250,7 +250,8 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
     for (const auto& id : group) flag(id, "copy");
   }
   for (const auto& [id, score] : r.aggregation.scores.islands) {
-    if (island(id) == nullptr) continue;
+    State::Island* scored = island(id);
+    if (scored == nullptr) continue;
     if (score.harmful) {
       flag(id, "harmful");
     } else if (score.excluded) {
@@ -258,8 +259,6 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
     } else if (score.weight < 1) {
       flag(id, "down_weighted");
     }
-    State::Island* scored = island(id);
-    if (scored == nullptr) continue;
     scored->reputation = score.reputation;
     scored->weight = score.excluded ? 0 : score.weight;
     s.island_reputation.Add({{"island", id}}).Set(score.reputation);
