@@ -193,7 +193,8 @@ TEST(MultiProcessTest, SyncEndingAtItsTokensGivesASlowIslandFewerSteps) {
       if (!j.contains("round")) continue;
       const size_t r = j["round"].get<size_t>();
       ASSERT_LT(r, rounds.size());
-      EXPECT_EQ(j["global_hash"], rounds[r]) << island << " at round " << r;
+      EXPECT_EQ(j["global_hash"], rounds[r]) << island << " at round " << r << "\n" << line << "\n"
+                                             << run.output;
       min_h[i] = std::min(min_h[i], j["sync_every"].get<int64_t>());
     }
   }
