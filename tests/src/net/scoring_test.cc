@@ -132,8 +132,8 @@ TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
 }
 
 // A copier (outer.fault = "copy": it trains another island's data stream with that island's
-// seeds) sends that island's payloads. With outer.copy_cosine set, every round flags the two as
-// copies and they weigh as one; the probe scores the copy as good as the original.
+// seeds) sends that island's payloads. With outer.copy_cosine set, every round that holds both
+// flags the two as copies and they weigh as one; the probe finds the copy as good as the original.
 TEST(ScoringTest, ACopierAndTheIslandItCopiesWeighAsOne) {
   testing::TempDir dir;
   const auto run =
@@ -142,13 +142,18 @@ TEST(ScoringTest, ACopierAndTheIslandItCopiesWeighAsOne) {
   EXPECT_THAT(run.output, HasSubstr("rehearsing a copier"));
   const auto rounds = testing::ServiceRounds(dir);
   ASSERT_EQ(rounds.size(), 8u);
+  int with_all = 0;
   for (const auto& r : rounds) {
+    ExpectHonestAtFullWeight(r, {"island0", "island1", "island2"});
+    if (r["contributors"].size() < 3) continue;  // one pushed late (under load): no pair to see
+    ++with_all;
     ASSERT_TRUE(r.contains("copies")) << r.dump();
     ASSERT_EQ(r["copies"].size(), 1u) << r.dump();
     const auto& group = r["copies"][0];
     EXPECT_EQ(group.size(), 2u) << r.dump();
     EXPECT_THAT(group.dump(), HasSubstr("island2")) << r.dump();
   }
+  EXPECT_GE(with_all, 4) << run.output;
   ExpectBitIdentical(dir, 3);
 }
 
