@@ -57,17 +57,17 @@ ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
     if (scored == report.islands.end() && (s.excluded || s.weight < 1)) {
       report.islands[it->ref.island] = s;
     }
-    if (s.harmful) {
-      events.push_back(absl::StrFormat(
-          "round %d of fragment %d: island '%s' left out: its contribution harms the held-out "
-          "loss (t %.1f against the median; reputation %.3f)",
-          job.round, job.fragment, it->ref.island, s.t, s.reputation));
-    } else if (s.excluded) {
-      events.push_back(absl::StrFormat(
-          "round %d of fragment %d: island '%s' left out (reputation %.3f, below %.3g)", job.round,
-          job.fragment, it->ref.island, s.reputation, core_.options.scoring.exclude_below));
-    }
-    if (s.excluded) {
+    if (s.excluded) {  // (a harmful one kept for the quorum is not)
+      events.push_back(
+          s.harmful
+              ? absl::StrFormat("round %d of fragment %d: island '%s' left out: its contribution "
+                                "harms the held-out loss (t %.1f against the median; reputation "
+                                "%.3f)",
+                                job.round, job.fragment, it->ref.island, s.t, s.reputation)
+              : absl::StrFormat("round %d of fragment %d: island '%s' left out (reputation %.3f, "
+                                "below %.3g)",
+                                job.round, job.fragment, it->ref.island, s.reputation,
+                                core_.options.scoring.exclude_below));
       dropped.emplace_back(it->ref.island, it->tokens);
       it = entries.erase(it);
       continue;

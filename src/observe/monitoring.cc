@@ -252,7 +252,7 @@ void ServiceMonitor::OnCommit(const outer::CommittedRound& r) {
   for (const auto& [id, score] : r.aggregation.scores.islands) {
     State::Island* scored = island(id);
     if (scored == nullptr) continue;
-    if (score.harmful) {
+    if (score.excluded && score.harmful) {
       flag(id, "harmful");
     } else if (score.excluded) {
       flag(id, "excluded");

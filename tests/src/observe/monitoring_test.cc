@@ -476,8 +476,8 @@ class MeanProbe : public outer::LossProbe {
 };
 
 // outer.scoring: an island whose contributions cost held-out loss is left out of the rounds it
-// harms while its reputation falls; the status page, /api/status and Prometheus show its reputation and the rounds that flagged
-// it, and the honest island stays at full weight.
+// harms while its reputation falls; the status page, /api/status and Prometheus show its
+// reputation and the rounds that flagged it, and the honest island stays at full weight.
 TEST(ServiceMonitorTest, ShowsEachIslandsReputationAndTheRoundsThatLoweredIt) {
   auto options = TwoIslands();
   options.num_data_streams = 3;
