@@ -5,11 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ATOLL_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define ATOLL_CLONES
-#endif
+#include "compression/clones.h"
 
 namespace atl::compression {
 

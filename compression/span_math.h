@@ -1,7 +1,8 @@
 // Arithmetic over fp32 spans that the service runs on every value of every contribution: folding
-// a decoded window into sums, and a window's statistics. Vectorized (AVX2 where the CPU has it,
-// chosen at run time), with results that never depend on the instruction set: the folds are
-// elementwise, and sums run in eight fixed lanes (element i in lane i % 8) added in lane order.
+// a decoded window into sums, and a window's statistics. Vectorized (AVX-512 or AVX2 where the CPU
+// has it, chosen at run time: clones.h), with results that never depend on the instruction set:
+// the folds are elementwise, and sums run in eight fixed lanes (element i in lane i % 8) added in
+// lane order.
 #ifndef ATOLL_COMPRESSION_SPAN_MATH_H_
 #define ATOLL_COMPRESSION_SPAN_MATH_H_
 

@@ -397,22 +397,22 @@ void FragmentData::AddDeltas(const std::vector<Tally>& tallies) {
 template <typename Index>
 void FragmentData::SubtractAt(uint64_t base, const Index* offsets, const float* d, size_t m,
                               Tally* tally) {
-  // In blocks inside one segment: the subtraction (element by element, the parameters fetched
-  // ahead: they lie far apart), then the block's hash terms, squares and largest magnitude.
+  // In blocks inside one segment: the parameters gathered (fetched ahead: they lie far apart),
+  // the block subtracted at once (as ApplyUpdate subtracts) and stored back, then the block's hash
+  // terms, squares and largest magnitude.
   constexpr size_t kBlock = 256, kAhead = 32;
   uint64_t at[kBlock];
   float before[kBlock], after[kBlock];
+  float* const p = params_.data();
   size_t seg = m > 0 ? SegmentOf(base + offsets[0]) : 0;
   uint64_t sum = 0;
   for (size_t j = 0; j < m;) {
     size_t e = j;
-    for (; e < m && e - j < kBlock && base + offsets[e] < bounds_[seg + 1]; ++e) {
-      if (e + kAhead < m) __builtin_prefetch(&params_[base + offsets[e + kAhead]], 1);
-      const uint64_t i = base + offsets[e];
-      at[e - j] = i;
-      before[e - j] = params_[i];
-      ApplyUpdate(&params_[i], &d[e], 1);
-      after[e - j] = params_[i];
+    const uint64_t end = bounds_[seg + 1];
+    for (; e < m && e - j < kBlock && base + offsets[e] < end; ++e) {
+      if (e + kAhead < m) __builtin_prefetch(p + base + offsets[e + kAhead], 1);
+      at[e - j] = base + offsets[e];
+      before[e - j] = p[at[e - j]];
     }
     if (e == j) {  // the next element lies in a later segment
       tally->sums.emplace_back(seg, sum);
@@ -421,6 +421,8 @@ void FragmentData::SubtractAt(uint64_t base, const Index* offsets, const float* 
       continue;
     }
     const size_t n = e - j;
+    for (size_t k = 0; k < n; ++k) after[k] = before[k] - d[j + k];
+    for (size_t k = 0; k < n; ++k) p[at[k]] = after[k];
     sum += compression::ParamsHashChange(at, before, after, n);
     double squares = 0;
     float max_abs = 0;
