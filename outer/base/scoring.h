@@ -18,8 +18,9 @@
 //   harmful_i     = score_i < 1 and t_i < -3 x significance: left out of this round whatever its
 //                   reputation (a negated or garbage contribution does its harm in the round it
 //                   lands; reputation alone would let it in at full weight for a round or two).
-//                   Honest islands on micro reached t -6.8 at worst in 750 clean rounds; the
-//                   rehearsed hostile roles -15 to -90 (outer/README.md)
+//                   Honest islands on micro reached t -6.9 at worst in 2,700 rounds; the
+//                   rehearsed hostile roles reach -90 in the rounds they harm most
+//                   (outer/README.md, "Hostile and broken peers")
 //
 // A contribution that buys nothing (zeros) scores 0 in every round that judges. An island whose
 // reputation falls below exclude_below is excluded (weight 0, its contribution left out) for at
