@@ -1,7 +1,9 @@
 // ATOLL_CLONES: a function built once per x86 instruction set level (AVX-512 with its 64-bit
 // multiplies, AVX2, and the baseline), the one the CPU has chosen when the program loads. Only
 // for loops whose results do not depend on the instruction set (elementwise, integer sums, or
-// float sums in fixed lanes). Other compilers and targets build the one version.
+// float sums in fixed lanes), in files built with -ffp-contract=off (compression/CMakeLists.txt):
+// x86-64-v4 has FMA, which would otherwise fuse a multiply and an add into other bits. Other
+// compilers and targets build the one version.
 #ifndef ATOLL_COMPRESSION_CLONES_H_
 #define ATOLL_COMPRESSION_CLONES_H_
 

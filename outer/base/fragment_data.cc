@@ -398,8 +398,8 @@ template <typename Index>
 void FragmentData::SubtractAt(uint64_t base, const Index* offsets, const float* d, size_t m,
                               Tally* tally) {
   // In blocks inside one segment: the parameters gathered (fetched ahead: they lie far apart),
-  // the block subtracted at once (as ApplyUpdate subtracts) and stored back, then the block's hash
-  // terms, squares and largest magnitude.
+  // the block updated at once by ApplyUpdate (as every copy applies an update) and stored back,
+  // then the block's hash terms, squares and largest magnitude.
   constexpr size_t kBlock = 256, kAhead = 32;
   uint64_t at[kBlock];
   float before[kBlock], after[kBlock];
@@ -421,7 +421,8 @@ void FragmentData::SubtractAt(uint64_t base, const Index* offsets, const float* 
       continue;
     }
     const size_t n = e - j;
-    for (size_t k = 0; k < n; ++k) after[k] = before[k] - d[j + k];
+    std::copy(before, before + n, after);
+    ApplyUpdate(after, d + j, n);
     for (size_t k = 0; k < n; ++k) p[at[k]] = after[k];
     sum += compression::ParamsHashChange(at, before, after, n);
     double squares = 0;

@@ -1,5 +1,6 @@
 // Encode and decode throughput of every codec against memcpy of the same fp32 bytes, one core,
-// measured side by side in one run (median of repetitions).
+// measured side by side in one run (median of repetitions); then the parameters' hash
+// (compression::ParamsHash, the version the CPU picked: compression/clones.h) in ns per element.
 //
 //   build/tests/bench/codec_bench [MiB of fp32 input = 64] [repetitions = 7]
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/checksum.h"
 #include "compression/codec.h"
 
 namespace {
@@ -73,5 +75,9 @@ int main(int argc, char** argv) {
     std::printf("%-15s %7.2f GB/s %7.0f%% %7.2f GB/s %7.0f%% %7.2fx\n", name.c_str(), bytes / e / 1e9,
                 100.0 * memcpy_s / e, bytes / d / 1e9, 100.0 * memcpy_s / d, bytes / double(enc.size()));
   }
+  uint64_t sum = 0;
+  const double hash_s = MedianSeconds(reps, [&] { sum += atl::compression::ParamsHashSum(x.data(), 0, n); });
+  std::printf("parameters' hash: %.3f ns per element (%.0f%% of memcpy's time; sum %016llx)\n",
+              1e9 * hash_s / double(n), 100.0 * hash_s / memcpy_s, (unsigned long long)sum);
   return 0;
 }
