@@ -197,6 +197,11 @@ absl::Status ValidateScoring(const OuterConfig& c) {
         "outer.probe_batches must be in 1..64, outer.exclude_rounds and outer.fault_rounds >= 0, "
         "got ", c.probe_batches, ", ", c.exclude_rounds, " and ", c.fault_rounds));
   }
+  if (!(c.leave_one_out_t >= 0 && c.leave_one_out_t < 8)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.leave_one_out_t must be in [0, 8) (0: off; a round counts at most 8 standard "
+        "errors, so the evidence never reaches 8), got ", c.leave_one_out_t));
+  }
   if (!(c.reputation_decay >= 0 && c.reputation_decay < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.reputation_decay must be in [0, 1), got ", c.reputation_decay));

@@ -105,6 +105,7 @@ struct OuterConfig {
   double reputation_floor = 0.5;          // full weight at or above
   double exclude_below = 0.2;
   int exclude_rounds = 5;
+  double leave_one_out_t = 3.5;           // evidence that an island pulls the average apart (0: off)
   // A hostile island, for rehearsing the defences: "none", "sign_flip" (its pseudo-gradient
   // negated), "noise" (replaced by Gaussian noise of the same norm) or "copy" (it trains another
   // island's data stream with that island's seeds, so its pushes equal that island's).
@@ -280,6 +281,9 @@ void RobustKeys(OuterConfig& c, V&& v) {
   v("exclude_below", c.exclude_below, "loss_probe: an island below this reputation is excluded");
   v("exclude_rounds", c.exclude_rounds,
     "loss_probe: an excluded island's least time out, in its rounds");
+  v("leave_one_out_t", c.leave_one_out_t,
+    "loss_probe: an island whose leave-one-out evidence (the round's average does better without "
+    "it, in standard errors, averaged over rounds) falls below minus this is left out (0: off)");
   v("fault", c.fault,
     "island: none, or a rehearsed hostile role: sign_flip or noise (its pseudo-gradient "
     "negated, or replaced by noise of the same norm), or copy (it trains the data stream after "

@@ -59,8 +59,23 @@ void Reputation::Update(Island& i, double score) {
   }
 }
 
+bool Reputation::PullsApart(Island& i, const std::vector<double>* c, size_t rows,
+                            IslandScore* s) const {
+  constexpr double kMostPerRound = 8;  // |t| counted from one round
+  double t = 0;
+  if (c != nullptr && Usable(*c, rows)) {
+    s->loo_gain = Mean(*c);
+    s->loo_t = PairedT(*c, std::vector<double>(rows, 0.0));
+    t = std::clamp(s->loo_t, -kMostPerRound, kMostPerRound);
+  }
+  i.loo_evidence = options_.decay * i.loo_evidence + (1 - options_.decay) * t;
+  s->loo_evidence = i.loo_evidence;
+  return options_.leave_one_out_t > 0 && i.loo_evidence < -options_.leave_one_out_t;
+}
+
 void Reputation::Judge(const std::map<std::string, std::vector<double>>& improvements,
-                       size_t quorum, ScoreReport* report) {
+                       const std::map<std::string, std::vector<double>>& combined, size_t quorum,
+                       ScoreReport* report) {
   std::lock_guard<std::mutex> lock(mu_);
   // The rows' medians over the islands the probe measured (the first one's rows set the length).
   size_t rows = 0;
@@ -86,6 +101,8 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
   for (const auto& [id, d] : improvements) {
     Island& i = islands_[id];
     IslandScore& s = report->islands[id];
+    auto c = combined.find(id);
+    const bool pulls_apart = PullsApart(i, c != combined.end() ? &c->second : nullptr, rows, &s);
     if (!Usable(d, rows)) {
       s.improvement = NAN;
       if (!usable.empty()) {
@@ -99,10 +116,12 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
         const double ratio = median_gain > 0 ? s.improvement / median_gain : -1.0;
         s.score = s.t >= -options_.significance || ratio >= 0.5 ? 1.0
                                                                 : std::clamp(ratio, -1.0, 1.0);
+        if (pulls_apart) s.score = std::min(s.score, 0.0);
         s.harmful = s.score < 1 && s.t < -3 * options_.significance;
         Update(i, s.score);
       }
     }
+    s.harmful = s.harmful || pulls_apart;
     s.reputation = i.reputation;
     s.excluded = i.excluded_until > 0 || s.harmful;
     s.weight = s.harmful ? 0 : WeightOf(i);

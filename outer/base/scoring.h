@@ -22,6 +22,27 @@
 //                   rehearsed hostile roles reach -90 in the rounds they harm most
 //                   (outer/README.md, "Hostile and broken peers")
 //
+// A contribution can help alone and still pull the round's average away from where the others
+// agree: an island trained on shuffled tokens learns the byte frequencies as the honest ones do
+// early on, and alone buys as much as they do, but the average with it stalls where the one
+// without it goes on (outer/README.md). So the service also probes the combination, leave-one-out,
+// over the islands in the round's average (on time, not excluded, copies weighing as one; at
+// least 3):
+//
+//   c_i[r]        = loss(global - average without i)[r] - loss(global - average)[r]
+//                   (what the round's token-weighted average loses on row r without island i)
+//   evidence_i   <- decay x evidence_i + (1 - decay) x clamp(t of c_i over the rows, -8, 8)
+//                   (rounds it is not in the average: decay x evidence_i)
+//   evidence_i < -leave_one_out_t: harmful this round (left out), and in a round that judges its
+//                   score is at most 0
+//
+// The clamp bounds what one round adds to 1.6: the evidence of an island that pulls apart beyond
+// doubt in every round is -1.6, -2.9, -3.9, so it is left out from its third round, and no run of
+// one or two bad rounds can do it. Honest islands' evidence stayed above -2.7 on micro over 3,600
+// island-rounds, dense and sparse (their t: mean +0.3 to +1.8, spread 1.7 to 2.7, single rounds
+// down to -24; outer/README.md); the rehearsed shuffled-tokens island reached -3.6 and -3.9 in its
+// third round.
+//
 // A contribution that buys nothing (zeros) scores 0 in every round that judges. An island whose
 // reputation falls below exclude_below is excluded (weight 0, its contribution left out) for at
 // least exclude_rounds of its judged rounds; it is still scored, and readmitted once its
@@ -49,6 +70,7 @@ struct ScoringOptions {
   double exclude_below = 0.2;   // outer.exclude_below
   uint32_t exclude_rounds = 5;  // outer.exclude_rounds
   double significance = 4;      // standard errors that make a round judge, and judge an island
+  double leave_one_out_t = 3.5;  // outer.leave_one_out_t: the evidence that pulls apart (0: off)
 };
 
 // The held-out loss of each row of its batch (the mean over the row's tokens), for the model whose
@@ -75,6 +97,11 @@ struct IslandScore {
   double weight = 1;       // multiplies its tokens in the fold
   bool excluded = false;   // left out of the round (by its reputation, or as harmful)
   bool harmful = false;    // this round found it harmful beyond doubt (above)
+  // Leave-one-out (above): what the round's average loses without it (mean over rows; > 0: it
+  // helps the combination), that difference's t over the rows (0: not probed), and the evidence.
+  double loo_gain = 0;
+  double loo_t = 0;
+  double loo_evidence = 0;
 };
 
 struct ScoreReport {
@@ -91,9 +118,11 @@ class Reputation {
   explicit Reputation(const ScoringOptions& options) : options_(options) {}
 
   // One round's per-row improvements d_i (by island; empty: the probe failed for it, judged as
-  // harmful) in; each island's score, weight and exclusion out (in report->islands). `quorum`: the
-  // least number of islands left in.
-  void Judge(const std::map<std::string, std::vector<double>>& improvements, size_t quorum,
+  // harmful) in; each island's score, weight and exclusion out (in report->islands). `combined`:
+  // c_i per row, of the islands in the round's average (empty: not probed). `quorum`: the least
+  // number of islands left in.
+  void Judge(const std::map<std::string, std::vector<double>>& improvements,
+             const std::map<std::string, std::vector<double>>& combined, size_t quorum,
              ScoreReport* report);
 
   // An island's reputation, weight and exclusion now (unscored: a late contribution's).
@@ -104,7 +133,11 @@ class Reputation {
     double reputation = 1;
     uint64_t judged = 0;           // rounds it was scored in
     uint64_t excluded_until = 0;   // its `judged` count before which it stays out (0: in)
+    double loo_evidence = 0;
   };
+  // The island's leave-one-out evidence updated from this round's c_i (or its absence); whether
+  // it pulls the average apart.
+  bool PullsApart(Island& i, const std::vector<double>* c, size_t rows, IslandScore* s) const;
   double WeightOf(const Island& i) const;
   void Update(Island& i, double score);
   void KeepQuorum(size_t quorum, ScoreReport* report) const;

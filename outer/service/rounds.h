@@ -187,6 +187,8 @@ class Rounds {
   ScoreReport ScoreEntries(const ServiceFragment& f, const CommitJob& job,
                            std::vector<CommitEntry>& entries, Dropped& dropped,
                            std::vector<std::string>& events);
+  std::map<std::string, double> AverageWeights(const CommitJob& job, uint64_t n,
+                                               const std::vector<CommitEntry>& entries) const;
 
   // ---- pushes (outer/service/rounds_push.cc)
   absl::StatusOr<std::unique_ptr<PushStream>> OpenPushChecked(const pb::PushRequest& first);
@@ -306,6 +308,9 @@ class Rounds {
   BufferPool push_buffers_;
   static uint64_t RoundContributionBytes(const ServiceCore& core);
   const uint64_t copy_seed_;  // draws the windows WeighCopies compares; unknown to the peers
+  uint64_t CopySeed(const CommitJob& job) const {
+    return copy_seed_ ^ (job.round * 0x9E3779B97F4A7C15ULL + job.fragment);
+  }
   Reputation reputation_;     // outer.scoring: every island's standing across rounds
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island

@@ -208,8 +208,7 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
     AggregationReport report;
     report.scores = scores;
     // Copies weigh as one (their tokens divided among them), in the fold and in a relayed recipe.
-    WeighCopies(core_.options.aggregation.copies, refs, n,
-                copy_seed_ ^ (job.round * 0x9E3779B97F4A7C15ULL + job.fragment), &report.copies);
+    WeighCopies(core_.options.aggregation.copies, refs, n, CopySeed(job), &report.copies);
     // A linear step over sparse contributions touches only the coordinates they kept.
     Gradient g;
     absl::Status s;

@@ -1,14 +1,90 @@
 // outer.scoring = "loss_probe": each on-time contribution of a sync round probed on the held-out
-// batch with it alone applied, the islands judged against the round's median (outer/base/scoring.h)
+// batch with it alone applied, and the round's average with and without each island (leave-one-
+// out); the islands judged against the round's median and by that evidence (outer/base/scoring.h)
 // and weighed by their standing before the fold. Every copy applies the one update (or recipe)
 // the service makes from these weights, so they stay bit-identical whatever the probe measured.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "outer/base/copies.h"
 #include "outer/service/rounds.h"
 
 namespace atl::outer {
+
+namespace {
+
+struct Probed {  // an on-time contribution the probe measured alone
+  std::string island;
+  double tokens = 0;
+  const EncodedPayload* payload = nullptr;
+};
+
+// The round's token-weighted average of the probed contributions, and that average without each
+// one in turn (leave-one-out): per island, what the combination loses on each row without it
+// (loss(global - average without it) - loss(global - average)). A contribution can help alone and
+// still pull the average away from where the others agree (an island trained on garbage).
+std::map<std::string, std::vector<double>> ProbeCombination(uint32_t fragment,
+                                                            const float* global, uint64_t n,
+                                                            const std::vector<Probed>& probed,
+                                                            const std::vector<double>& total,
+                                                            double tokens, LossProbe& probe) {
+  std::map<std::string, std::vector<double>> combined;
+  std::vector<float> trial(n);
+  for (uint64_t i = 0; i < n; ++i) trial[i] = float(double(global[i]) - total[i] / tokens);
+  auto all = probe.Losses(fragment, trial.data(), n);
+  if (!all.ok()) return combined;
+  for (const Probed& e : probed) {
+    if (!e.payload->Read(0, n, trial.data()).ok()) continue;
+    const double w = e.tokens;
+    if (!(tokens - w > 0)) continue;
+    for (uint64_t i = 0; i < n; ++i) {
+      trial[i] = float(double(global[i]) - (total[i] - w * trial[i]) / (tokens - w));
+    }
+    auto without = probe.Losses(fragment, trial.data(), n);
+    if (!without.ok() || without->size() != all->size()) continue;
+    std::vector<double>& c = combined[e.island];
+    c.resize(all->size());
+    for (size_t r = 0; r < c.size(); ++r) c[r] = (*without)[r] - (*all)[r];
+  }
+  return combined;
+}
+
+// The log line of an island left out of a round.
+std::string LeftOut(uint64_t round, uint32_t fragment, const std::string& island,
+                    const IslandScore& s, const ScoringOptions& options) {
+  const std::string head =
+      absl::StrFormat("round %d of fragment %d: island '%s' left out", round, fragment, island);
+  if (!s.harmful) {
+    return absl::StrFormat("%s (reputation %.3f, below %.3g)", head, s.reputation,
+                           options.exclude_below);
+  }
+  if (s.score < 1 && s.t < -3 * options.significance) {
+    return absl::StrFormat("%s: its contribution harms the held-out loss (t %.1f against the "
+                           "median; reputation %.3f)",
+                           head, s.t, s.reputation);
+  }
+  return absl::StrFormat("%s: the round's average does better without it (leave-one-out "
+                         "evidence %.2f, t %.1f; reputation %.3f)",
+                         head, s.loo_evidence, s.loo_t, s.reputation);
+}
+
+}  // namespace
+
+// The round's average as the fold would weigh it: the on-time contributions of the islands not
+// excluded by their reputation, copies weighing as one.
+std::map<std::string, double> Rounds::AverageWeights(const CommitJob& job, uint64_t n,
+                                                     const std::vector<CommitEntry>& entries) const {
+  std::vector<ContributionRef> refs;
+  for (const auto& e : entries) {
+    if (!e.late && !reputation_.Standing(e.ref.island).excluded) refs.push_back(e.ref);
+  }
+  CopyReport copies;
+  WeighCopies(core_.options.aggregation.copies, refs, n, CopySeed(job), &copies);
+  std::map<std::string, double> weights;
+  for (const auto& r : refs) weights[r.island] = double(r.tokens);
+  return weights;
+}
 
 ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
                                  std::vector<CommitEntry>& entries, Dropped& dropped,
@@ -27,28 +103,41 @@ ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
   }
   // Each on-time contribution alone: the island's own trained fragment, global - delta; what it
   // buys on each row of the batch.
-  std::map<std::string, std::vector<double>> gains;
+  std::map<std::string, std::vector<double>> gains, combined;
   size_t on_time = 0;
   if (base.ok()) {
     double sum = 0;
     for (double x : *base) sum += x;
     report.loss = base->empty() ? 0 : sum / double(base->size());
-    std::vector<float> trial(n);
+    std::vector<float> delta(n), trial(n);
+    std::vector<double> total(n, 0.0);  // sum of tokens x delta over the probed contributions
+    double tokens = 0;
+    std::vector<Probed> probed;
+    const std::map<std::string, double> in_average = AverageWeights(job, n, entries);
     for (const auto& e : entries) {
       if (e.late) continue;
       ++on_time;
-      if (!e.payload->Read(0, n, trial.data()).ok()) continue;  // the fold refuses it
-      for (uint64_t i = 0; i < n; ++i) trial[i] = global[i] - trial[i];
+      if (!e.payload->Read(0, n, delta.data()).ok()) continue;  // the fold refuses it
+      for (uint64_t i = 0; i < n; ++i) trial[i] = global[i] - delta[i];
       auto losses = probe->Losses(job.fragment, trial.data(), n);
       std::vector<double>& d = gains[e.ref.island];  // empty: the probe failed for it
       if (!losses.ok() || losses->size() != base->size()) continue;
       d.resize(base->size());
       for (size_t r = 0; r < d.size(); ++r) d[r] = (*base)[r] - (*losses)[r];
+      auto in = in_average.find(e.ref.island);
+      if (in == in_average.end()) continue;
+      const double w = in->second;
+      for (uint64_t i = 0; i < n; ++i) total[i] += w * delta[i];
+      tokens += w;
+      probed.push_back({e.ref.island, w, e.payload.get()});
+    }
+    if (core_.options.scoring.leave_one_out_t > 0 && probed.size() >= 3) {
+      combined = ProbeCombination(job.fragment, global, n, probed, total, tokens, *probe);
     }
     // The probe's model is set to the committed parameters after the step (Rounds::RunCommit).
   }
   const size_t quorum = std::min(on_time, size_t(std::max(1, core_.options.min_islands)));
-  reputation_.Judge(gains, quorum, &report);
+  reputation_.Judge(gains, combined, quorum, &report);
   // Late contributions keep their island's standing; every contribution's weight scales its tokens.
   for (auto it = entries.begin(); it != entries.end();) {
     auto scored = report.islands.find(it->ref.island);
@@ -58,16 +147,8 @@ ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
       report.islands[it->ref.island] = s;
     }
     if (s.excluded) {  // (a harmful one kept for the quorum is not)
-      events.push_back(
-          s.harmful
-              ? absl::StrFormat("round %d of fragment %d: island '%s' left out: its contribution "
-                                "harms the held-out loss (t %.1f against the median; reputation "
-                                "%.3f)",
-                                job.round, job.fragment, it->ref.island, s.t, s.reputation)
-              : absl::StrFormat("round %d of fragment %d: island '%s' left out (reputation %.3f, "
-                                "below %.3g)",
-                                job.round, job.fragment, it->ref.island, s.reputation,
-                                core_.options.scoring.exclude_below));
+      events.push_back(LeftOut(job.round, job.fragment, it->ref.island, s,
+                                core_.options.scoring));
       dropped.emplace_back(it->ref.island, it->tokens);
       it = entries.erase(it);
       continue;

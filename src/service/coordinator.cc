@@ -148,7 +148,10 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
                         {"reputation", score.reputation},
                         {"weight", score.excluded ? 0.0 : score.weight},
                         {"excluded", score.excluded},
-                        {"harmful", score.harmful}};
+                        {"harmful", score.harmful},
+                        {"loo_gain", score.loo_gain},
+                        {"loo_t", score.loo_t},
+                        {"loo_evidence", score.loo_evidence}};
     }
     record["scores"] = scores;
     record["probe_loss"] = r.aggregation.scores.loss;

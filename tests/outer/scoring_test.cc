@@ -27,10 +27,12 @@ std::vector<double> Rows(double gain, double sd, uint64_t seed) {
   return d;
 }
 
-ScoreReport Round(Reputation& r, const std::map<std::string, std::vector<double>>& gains,
-                  size_t quorum = 1) {
+using Rows_ = std::map<std::string, std::vector<double>>;
+
+ScoreReport Round(Reputation& r, const Rows_& gains, size_t quorum = 1,
+                  const Rows_& combined = {}) {
   ScoreReport report;
-  r.Judge(gains, quorum, &report);
+  r.Judge(gains, combined, quorum, &report);
   return report;
 }
 
@@ -113,6 +115,64 @@ TEST(ReputationTest, OnlyARoundWhoseMedianHelpsJudges) {
   EXPECT_EQ(early.islands.at("z").score, 0.0);
   EXPECT_NEAR(early.islands.at("z").reputation, 0.8, 1e-12);
   EXPECT_EQ(early.islands.at("a").score, 1.0);
+}
+
+// Leave-one-out: an island whose contribution alone buys what the others' do (a model trained on
+// shuffled tokens learns the byte frequencies as they do), while the round's average does better
+// without it beyond doubt, is left out from its third round; two such rounds are not enough.
+TEST(ReputationTest, AnIslandThatPullsTheAverageApartIsLeftOutFromItsThirdRound) {
+  Reputation r(kOptions);
+  for (uint64_t round = 0; round < 6; ++round) {
+    uint64_t s = round * 8;
+    Rows_ gains, combined;
+    for (const char* id : {"a", "b", "c", "g"}) {
+      gains[id] = Rows(0.5, 0.05, s++);
+      // Honest: the average loses a little without each (t about 3); without g it gains (t -11).
+      combined[id] = Rows(id[0] == 'g' ? -0.002 : 0.0005, 0.001, s++);
+    }
+    const auto report = Round(r, gains, 1, combined);
+    ASSERT_GE(report.median_t, 4);
+    const IslandScore& g = report.islands.at("g");
+    EXPECT_GT(g.t, -4) << "round " << round;  // alone, as good as the others
+    EXPECT_LT(g.loo_t, -8) << "round " << round;
+    EXPECT_NEAR(g.loo_evidence, -8 * (1 - std::pow(0.8, double(round + 1))), 1e-9);
+    EXPECT_EQ(g.excluded, round >= 2) << "round " << round;
+    EXPECT_EQ(g.harmful, round >= 2);
+    EXPECT_EQ(g.score, round >= 2 ? 0.0 : 1.0);
+    for (const char* honest : {"a", "b", "c"}) {
+      EXPECT_FALSE(report.islands.at(honest).excluded) << honest << " round " << round;
+      EXPECT_EQ(report.islands.at(honest).weight, 1.0);
+    }
+  }
+}
+
+// The leave-one-out t of honest islands measured on micro (4 islands; dense runs of 150 and 300
+// rounds, a sparse one of 300): mean +0.3 to +1.8, standard deviation 1.7 to 2.7, single rounds
+// down to -24. Over 300 rounds drawn like the sparse run's (mean 0.45, spread 2.5, plus the rows'
+// own noise), no honest island is left out although single rounds reach -8, nor by one round of
+// -100 (drawn so, about one 300-round run in 70 leaves an honest island out at threshold 3).
+TEST(ReputationTest, HonestLeaveOneOutNoiseLeavesNobodyOut) {
+  Reputation r(kOptions);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> round_t(0.45, 2.5);
+  double lowest = 0;
+  for (int round = 0; round < 301; ++round) {
+    Rows_ gains, combined;
+    for (int i = 0; i < 4; ++i) {
+      const std::string id = "island" + std::to_string(i);
+      gains[id] = Rows(0.01, 0.005, uint64_t(round) * 8 + uint64_t(i));
+      // Rows whose t over the 32 rows is about the round's draw (one round of -100 at the end).
+      const double t = round == 300 && i == 0 ? -100 : round_t(rng);
+      combined[id] = Rows(t * 0.001 / std::sqrt(double(kRows)), 0.001, uint64_t(round) * 8 + 4 +
+                                                                          uint64_t(i));
+    }
+    const auto report = Round(r, gains, 1, combined);
+    for (const auto& [id, s] : report.islands) {
+      lowest = std::min(lowest, s.loo_t);
+      ASSERT_FALSE(s.excluded) << id << " round " << round << " evidence " << s.loo_evidence;
+    }
+  }
+  EXPECT_LT(lowest, -8);
 }
 
 TEST(ReputationTest, AnExcludedIslandIsReadmittedOnceItHelpsAgainAfterItsTimeOut) {

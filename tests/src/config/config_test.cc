@@ -201,6 +201,10 @@ TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
        "outer.exclude_below must be in [0, outer.reputation_floor)"},
       {base, {{"outer.reputation_decay", "1"}}, absl::StatusCode::kInvalidArgument,
        "outer.reputation_decay must be in [0, 1), got 1"},
+      {base, {{"outer.leave_one_out_t", "8"}}, absl::StatusCode::kInvalidArgument,
+       "outer.leave_one_out_t must be in [0, 8)"},
+      {base, {{"outer.leave_one_out_t", "-1"}}, absl::StatusCode::kInvalidArgument,
+       "outer.leave_one_out_t must be in [0, 8)"},
   });
   // Async runs take a warm start (each island pushes every one of its first steps) and outer-lr
   // schedules (over the run's progress).

@@ -113,7 +113,8 @@ TEST(ScoringTest, AnIslandThatTurnsHonestIsReadmitted) {
 
 // An island that trains on shuffled tokens (garbage) learns only the bytes' frequencies. On a text
 // whose order is everything (the alphabet, repeated) the others learn far more from the first
-// round, and it is left out within two.
+// round, and it is left out within two. The round's average does better without it from the
+// first round on (leave-one-out, its t the lowest and negative), and worse without any other.
 TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
   testing::TempDir dir;
   std::string alphabets;
@@ -122,7 +123,14 @@ TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
       RunScored(dir, 4, 48, "--island-set island3:data.shuffle_tokens=true", alphabets);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   int left_out_at = -1;
-  for (const auto& r : testing::ServiceRounds(dir)) {
+  const auto rounds = testing::ServiceRounds(dir);
+  ASSERT_FALSE(rounds.empty());
+  const auto& first = rounds[0]["scores"];
+  EXPECT_LT(first["island3"]["loo_t"].get<double>(), -4) << rounds[0].dump();
+  for (const char* honest : {"island0", "island1", "island2"}) {
+    EXPECT_GT(first[honest]["loo_t"].get<double>(), 0) << rounds[0].dump();
+  }
+  for (const auto& r : rounds) {
     ExpectHonestAtFullWeight(r, {"island0", "island1", "island2"});
     if (r["scores"]["island3"]["excluded"] == true && left_out_at < 0) left_out_at = r["round"];
   }
