@@ -102,7 +102,7 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
     Island& i = islands_[id];
     IslandScore& s = report->islands[id];
     auto c = combined.find(id);
-    const bool pulls_apart = PullsApart(i, c != combined.end() ? &c->second : nullptr, rows, &s);
+    s.pulls_apart = PullsApart(i, c != combined.end() ? &c->second : nullptr, rows, &s);
     if (!Usable(d, rows)) {
       s.improvement = NAN;
       if (!usable.empty()) {
@@ -116,12 +116,12 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
         const double ratio = median_gain > 0 ? s.improvement / median_gain : -1.0;
         s.score = s.t >= -options_.significance || ratio >= 0.5 ? 1.0
                                                                 : std::clamp(ratio, -1.0, 1.0);
-        if (pulls_apart) s.score = std::min(s.score, 0.0);
+        if (s.pulls_apart) s.score = std::min(s.score, 0.0);
         s.harmful = s.score < 1 && s.t < -3 * options_.significance;
         Update(i, s.score);
       }
     }
-    s.harmful = s.harmful || pulls_apart;
+    s.harmful = s.harmful || s.pulls_apart;
     s.reputation = i.reputation;
     s.excluded = i.excluded_until > 0 || s.harmful;
     s.weight = s.harmful ? 0 : WeightOf(i);

@@ -97,6 +97,7 @@ struct IslandScore {
   double weight = 1;       // multiplies its tokens in the fold
   bool excluded = false;   // left out of the round (by its reputation, or as harmful)
   bool harmful = false;    // this round found it harmful beyond doubt (above)
+  bool pulls_apart = false;  // ... by its leave-one-out evidence (below -leave_one_out_t)
   // Leave-one-out (above): what the round's average loses without it (mean over rows; > 0: it
   // helps the combination), that difference's t over the rows (0: not probed), and the evidence.
   double loo_gain = 0;

@@ -59,14 +59,14 @@ std::string LeftOut(uint64_t round, uint32_t fragment, const std::string& island
     return absl::StrFormat("%s (reputation %.3f, below %.3g)", head, s.reputation,
                            options.exclude_below);
   }
-  if (s.score < 1 && s.t < -3 * options.significance) {
-    return absl::StrFormat("%s: its contribution harms the held-out loss (t %.1f against the "
-                           "median; reputation %.3f)",
-                           head, s.t, s.reputation);
+  if (s.pulls_apart) {
+    return absl::StrFormat("%s: the round's average does better without it (leave-one-out "
+                           "evidence %.2f, t %.1f; reputation %.3f)",
+                           head, s.loo_evidence, s.loo_t, s.reputation);
   }
-  return absl::StrFormat("%s: the round's average does better without it (leave-one-out "
-                         "evidence %.2f, t %.1f; reputation %.3f)",
-                         head, s.loo_evidence, s.loo_t, s.reputation);
+  return absl::StrFormat("%s: its contribution harms the held-out loss (t %.1f against the "
+                         "median; reputation %.3f)",
+                         head, s.t, s.reputation);
 }
 
 }  // namespace

@@ -138,6 +138,7 @@ TEST(ReputationTest, AnIslandThatPullsTheAverageApartIsLeftOutFromItsThirdRound)
     EXPECT_NEAR(g.loo_evidence, -8 * (1 - std::pow(0.8, double(round + 1))), 1e-9);
     EXPECT_EQ(g.excluded, round >= 2) << "round " << round;
     EXPECT_EQ(g.harmful, round >= 2);
+    EXPECT_EQ(g.pulls_apart, round >= 2);
     EXPECT_EQ(g.score, round >= 2 ? 0.0 : 1.0);
     for (const char* honest : {"a", "b", "c"}) {
       EXPECT_FALSE(report.islands.at(honest).excluded) << honest << " round " << round;
