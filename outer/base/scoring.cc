@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
 namespace atl::outer {
 
 namespace {
@@ -61,7 +64,6 @@ void Reputation::Update(Island& i, double score) {
 
 bool Reputation::PullsApart(Island& i, const std::vector<double>* c, size_t rows,
                             IslandScore* s) const {
-  constexpr double kMostPerRound = 8;  // |t| counted from one round
   double t = 0;
   if (c != nullptr && Usable(*c, rows)) {
     s->loo_gain = Mean(*c);
@@ -159,6 +161,43 @@ IslandScore Reputation::Standing(const std::string& island) const {
   s.excluded = it->second.excluded_until > 0;
   s.weight = WeightOf(it->second);
   return s;
+}
+
+std::vector<SavedStanding> Reputation::Save() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SavedStanding> saved;
+  for (const auto& [id, i] : islands_) {
+    saved.push_back({id, i.reputation, i.judged, i.excluded_until, i.loo_evidence});
+  }
+  return saved;
+}
+
+absl::Status Reputation::Restore(const std::vector<SavedStanding>& saved) {
+  if (saved.size() > kMaxSaved) {
+    return absl::DataLossError(absl::StrCat("service state: ", saved.size(),
+                                            " islands' standings, at most ", kMaxSaved));
+  }
+  std::map<std::string, Island> islands;
+  for (const SavedStanding& s : saved) {
+    auto refuse = [&](const std::string& what) {
+      return absl::DataLossError(
+          absl::StrCat("service state: the standing of island '", absl::CHexEscape(s.island),
+                       "' ", what));
+    };
+    if (s.island.empty() || s.island.size() > 256) return refuse("has no usable name");
+    if (!(std::isfinite(s.reputation) && std::abs(s.reputation) <= 1)) {
+      return refuse(absl::StrCat("has reputation ", s.reputation, ", outside [-1, 1]"));
+    }
+    if (!(std::isfinite(s.loo_evidence) && std::abs(s.loo_evidence) <= kMostPerRound)) {
+      return refuse(absl::StrCat("has leave-one-out evidence ", s.loo_evidence,
+                                 ", outside [-8, 8]"));
+    }
+    Island i{s.reputation, s.judged, s.excluded_until, s.loo_evidence};
+    if (!islands.emplace(s.island, i).second) return refuse("is given twice");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  islands_ = std::move(islands);
+  return absl::OkStatus();
 }
 
 }  // namespace atl::outer

@@ -113,6 +113,16 @@ struct ScoreReport {
   bool scored() const { return !islands.empty(); }
 };
 
+// What a durable snapshot keeps of an island's standing (outer/service/state_store.h), so that a
+// service that resumes does not let an excluded island back in at full weight.
+struct SavedStanding {
+  std::string island;
+  double reputation = 1;
+  uint64_t judged = 0;
+  uint64_t excluded_until = 0;
+  double loo_evidence = 0;
+};
+
 // Every island's reputation across rounds (all fragments). Thread-safe: fragments commit at once.
 class Reputation {
  public:
@@ -129,6 +139,14 @@ class Reputation {
   // An island's reputation, weight and exclusion now (unscored: a late contribution's).
   IslandScore Standing(const std::string& island) const;
 
+  // Every island's standing, by name; and back. Restore replaces them all, or returns
+  // DATA_LOSS naming the island and the value that no run of this rule can reach (a reputation
+  // outside [-1, 1], evidence outside [-8, 8], not finite; an empty or repeated name; more than
+  // kMaxSaved islands) and changes nothing.
+  std::vector<SavedStanding> Save() const;
+  absl::Status Restore(const std::vector<SavedStanding>& saved);
+  static constexpr size_t kMaxSaved = 4096;
+
  private:
   struct Island {
     double reputation = 1;
@@ -136,6 +154,7 @@ class Reputation {
     uint64_t excluded_until = 0;   // its `judged` count before which it stays out (0: in)
     double loo_evidence = 0;
   };
+  static constexpr double kMostPerRound = 8;  // |t| of c_i counted from one round
   // The island's leave-one-out evidence updated from this round's c_i (or its absence); whether
   // it pulls the average apart.
   bool PullsApart(Island& i, const std::vector<double>* c, size_t rows, IslandScore* s) const;

@@ -311,7 +311,6 @@ class Rounds {
   uint64_t CopySeed(const CommitJob& job) const {
     return copy_seed_ ^ (job.round * 0x9E3779B97F4A7C15ULL + job.fragment);
   }
-  Reputation reputation_;     // outer.scoring: every island's standing across rounds
   std::unique_ptr<TauTuner> tuner_;            // sync with auto-tune
   std::map<std::string, double> steps_per_s_;  // async: reported inner throughput, by island
   std::set<std::tuple<std::string, uint32_t, uint64_t>> open_pushes_;  // (island, fragment, offset)

@@ -127,8 +127,7 @@ Rounds::Rounds(ServiceCore& core)
     : core_(core),
       kept_budget_(KeptBudgetBytes(core)),
       push_buffers_(RoundContributionBytes(core)),
-      copy_seed_((uint64_t(std::random_device()()) << 32) ^ std::random_device()()),
-      reputation_(core.options.scoring) {
+      copy_seed_((uint64_t(std::random_device()()) << 32) ^ std::random_device()()) {
   StartTuner();
 }
 

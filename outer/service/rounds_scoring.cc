@@ -77,7 +77,7 @@ std::map<std::string, double> Rounds::AverageWeights(const CommitJob& job, uint6
                                                      const std::vector<CommitEntry>& entries) const {
   std::vector<ContributionRef> refs;
   for (const auto& e : entries) {
-    if (!e.late && !reputation_.Standing(e.ref.island).excluded) refs.push_back(e.ref);
+    if (!e.late && !core_.reputation.Standing(e.ref.island).excluded) refs.push_back(e.ref);
   }
   CopyReport copies;
   WeighCopies(core_.options.aggregation.copies, refs, n, CopySeed(job), &copies);
@@ -137,12 +137,12 @@ ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
     // The probe's model is set to the committed parameters after the step (Rounds::RunCommit).
   }
   const size_t quorum = std::min(on_time, size_t(std::max(1, core_.options.min_islands)));
-  reputation_.Judge(gains, combined, quorum, &report);
+  core_.reputation.Judge(gains, combined, quorum, &report);
   // Late contributions keep their island's standing; every contribution's weight scales its tokens.
   for (auto it = entries.begin(); it != entries.end();) {
     auto scored = report.islands.find(it->ref.island);
     const IslandScore s = scored != report.islands.end() ? scored->second
-                                                         : reputation_.Standing(it->ref.island);
+                                                         : core_.reputation.Standing(it->ref.island);
     if (scored == report.islands.end() && (s.excluded || s.weight < 1)) {
       report.islands[it->ref.island] = s;
     }

@@ -25,6 +25,7 @@ ServiceCore::ServiceCore(SyncServerOptions o, std::vector<FragmentLayout> layout
                          std::vector<std::vector<float>> initial)
     : options(std::move(o)),
       pool(std::make_unique<WorkerPool>(options.service_threads)),
+      reputation(options.scoring),
       membership(options.num_data_streams, absl::Seconds(options.lease_s)) {
   for (size_t f = 0; f < layouts.size(); ++f) {
     // A sharded service keeps the data of its own fragments only.

@@ -27,6 +27,7 @@
 #include "outer/base/fragment_data.h"
 #include "outer/base/payload.h"
 #include "outer/base/reused_buffers.h"
+#include "outer/base/scoring.h"
 #include "outer/base/worker_pool.h"
 #include "outer/service/token_ledger.h"
 #include "outer/service/log_limiter.h"
@@ -122,6 +123,8 @@ struct ServiceCore {
 
   const SyncServerOptions options;
   std::unique_ptr<WorkerPool> pool;  // a commit's data work
+  // outer.scoring: every island's standing across rounds (its own lock; part of the durable state).
+  Reputation reputation;
   mutable std::mutex mu;
   std::condition_variable committed_cv;   // a round committed or became durable
   std::condition_variable membership_cv;  // the membership epoch changed

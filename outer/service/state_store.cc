@@ -46,6 +46,15 @@ absl::StatusOr<pb::ServiceState> StateStore::Snapshot(const StateWrite& write) c
       c->set_value(value);
     }
   }
+  // The standings as of the writing: commits of fragments written earlier may have moved them.
+  for (const SavedStanding& saved : core_.reputation.Save()) {
+    auto* st = s.add_standings();
+    st->set_island(saved.island);
+    st->set_reputation(saved.reputation);
+    st->set_judged(saved.judged);
+    st->set_excluded_until(saved.excluded_until);
+    st->set_loo_evidence(saved.loo_evidence);
+  }
   s.set_written_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   return s;
 }
@@ -141,6 +150,14 @@ absl::Status StateStore::Restore(const pb::ServiceState& state, const StateRead&
     params.push_back(std::move(restored.first));
     optimizers.push_back(std::move(restored.second));
   }
+  // The standings last: checked whole before they replace the service's, after which nothing
+  // below can fail.
+  std::vector<SavedStanding> standings;
+  for (const auto& st : state.standings()) {
+    standings.push_back(
+        {st.island(), st.reputation(), st.judged(), st.excluded_until(), st.loo_evidence()});
+  }
+  ATL_RETURN_IF_ERROR(core_.reputation.Restore(standings));
   for (size_t j = 0; j < owned.size(); ++j) {
     ServiceFragment& f = core_.fragments[owned[j]];
     std::lock_guard<std::mutex> data(*f.data_mu);

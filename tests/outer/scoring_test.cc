@@ -197,6 +197,54 @@ TEST(ReputationTest, AnExcludedIslandIsReadmittedOnceItHelpsAgainAfterItsTimeOut
   EXPECT_EQ(r.Standing("m").weight, 1.0);
 }
 
+// Saved and restored (a resumed service), every standing goes on as if nothing had happened: the
+// same next round, bit for bit. What no run of the rule can reach is refused by name, whole.
+TEST(ReputationTest, StandingsSavedAndRestoredGoOnAsBefore) {
+  Reputation before(kOptions);
+  auto round = [](Reputation& r, int k) {
+    const uint64_t s = uint64_t(k) * 4;
+    return Round(r, {{"a", Rows(0.010, 0.005, s)}, {"b", Rows(0.010, 0.005, s + 1)},
+                     {"m", Rows(-0.030, 0.005, s + 2)}},
+                 1, {{"a", Rows(0.004, 0.002, s + 3)}, {"b", Rows(0.004, 0.002, s + 4)}});
+  };
+  for (int k = 0; k < 4; ++k) round(before, k);
+  ASSERT_TRUE(before.Standing("m").excluded);
+  Reputation after(kOptions);
+  ASSERT_TRUE(after.Restore(before.Save()).ok());
+  for (const char* id : {"a", "b", "m"}) {
+    EXPECT_EQ(after.Standing(id).reputation, before.Standing(id).reputation) << id;
+    EXPECT_EQ(after.Standing(id).excluded, before.Standing(id).excluded) << id;
+  }
+  const auto next_before = round(before, 4), next_after = round(after, 4);
+  for (const char* id : {"a", "b", "m"}) {
+    const IslandScore &x = next_before.islands.at(id), &y = next_after.islands.at(id);
+    EXPECT_EQ(x.reputation, y.reputation) << id;
+    EXPECT_EQ(x.loo_evidence, y.loo_evidence) << id;
+    EXPECT_EQ(x.weight, y.weight) << id;
+  }
+
+  const auto saved = after.Save();
+  const double m_reputation = after.Standing("m").reputation;
+  auto refused = [&](std::vector<SavedStanding> bad, const std::string& what) {
+    const absl::Status s = after.Restore(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << what << ": " << s;
+    EXPECT_NE(std::string(s.message()).find(what), std::string::npos) << s;
+    EXPECT_EQ(after.Standing("m").reputation, m_reputation) << what;  // nothing changed
+  };
+  auto with = [&](auto change) {
+    auto v = saved;
+    change(v.back());
+    return v;
+  };
+  refused(with([](SavedStanding& s) { s.reputation = 1.5; }), "reputation 1.5");
+  refused(with([](SavedStanding& s) { s.loo_evidence = NAN; }), "evidence nan");
+  refused(with([](SavedStanding& s) { s.island.clear(); }), "no usable name");
+  auto twice = saved;
+  twice.push_back(saved.front());
+  refused(twice, "'a' is given twice");
+  refused(std::vector<SavedStanding>(Reputation::kMaxSaved + 1, saved.front()), "at most 4096");
+}
+
 TEST(ReputationTest, TheQuorumKeepsTheBestReputedOfTheExcluded) {
   Reputation r(kOptions);
   for (uint64_t round = 0; round < 6; ++round) {

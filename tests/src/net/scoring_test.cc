@@ -139,6 +139,31 @@ TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
   ExpectBitIdentical(dir, 4);
 }
 
+// Standings are part of the durable state: the coordinator, killed at round 5 and resumed, goes on
+// from the negated island's reputation (below 0.2 from its third round; a fresh one would start at
+// 1 and fall to 0.6) instead of letting it back in at full weight.
+TEST(ScoringTest, AResumedCoordinatorKeepsEachIslandsStanding) {
+  testing::TempDir dir;
+  const auto run = RunScored(dir, 3, 48,
+                             "--island-set island2:outer.fault=sign_flip --kill coordinator@round5");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  ASSERT_THAT(run.output, HasSubstr("atoll coordinator: resumed run"));
+  const auto rounds = testing::ServiceRounds(dir);
+  ASSERT_GE(rounds.size(), 12u) << run.output;
+  int low = 0;
+  for (const auto& r : rounds) {
+    ExpectHonestAtFullWeight(r, {"island0", "island1"});
+    const auto& m = r["scores"]["island2"];
+    EXPECT_EQ(m["weight"], 0.0) << r.dump();
+    if (r["round"].get<int>() >= 3) {
+      EXPECT_LT(m["reputation"].get<double>(), 0.2) << r.dump();
+      ++low;
+    }
+  }
+  EXPECT_GE(low, 9);  // rounds 3-4 before the kill, 6-11 after the resume at least
+  ExpectBitIdentical(dir, 3);
+}
+
 // A copier (outer.fault = "copy": it trains another island's data stream with that island's
 // seeds) sends that island's payloads. With outer.copy_cosine set, every round that holds both
 // flags the two as copies and they weigh as one; the probe finds the copy as good as the original.
