@@ -101,6 +101,7 @@ class Trainer : public StepSource {
   int64_t tokens_per_step() const;
   int64_t tokens() const { return step_ * tokens_per_step(); }
   const TrainConfig& train_config() const { return train_; }
+  const OptimConfig& optim_config() const { return optim_; }
   // The module; with several ranks its parameters hold data only while a unit is gathered.
   CausalLm& model();
   parallel::FsdpModel& sharded() { return *fsdp_; }

@@ -75,6 +75,10 @@ absl::Status ValidateRounds(const OuterConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.join_warmup_steps must be >= 0, got ", c.join_warmup_steps));
   }
+  if (c.moment_sync_every < 0 || c.moment_sync_every > 100000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.moment_sync_every must be in [0, 100000], got ", c.moment_sync_every));
+  }
   if (c.durable_every < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.durable_every must be >= 1, got ", c.durable_every));
@@ -302,6 +306,10 @@ absl::Status Validate(const OuterConfig& c) {
   ATL_RETURN_IF_ERROR(ValidateDefences(c));
   ATL_RETURN_IF_ERROR(ValidateService(c));
   ATL_RETURN_IF_ERROR(Validate(c.phases));
+  if (c.async() && c.moment_sync_every > 0) {
+    return absl::InvalidArgumentError(
+        "outer.moment_sync_every averages moments at sync rounds; async mode has none");
+  }
   if (c.async() && c.phases.early_sync_every > 0) {
     return absl::InvalidArgumentError(
         "outer.early_sync_every schedules sync rounds; async islands choose their own H "

@@ -54,6 +54,9 @@ struct OuterConfig {
   double reconnect_timeout_s = 60;   // islands retry joining (backoff + jitter) this long
   int durable_every = 1;             // the coordinator writes its state every K rounds
   int join_warmup_steps = 0;         // a late joiner's fresh AdamW ramps its lr up over this many steps
+  // Sync: the islands' inner-optimizer moments averaged through the service every this many
+  // rounds of each fragment, and a joiner's taken from the newest average (0: never).
+  int moment_sync_every = 0;
   // An island checkpoints every this many rounds (every outer.sync_every x this many steps, in
   // the background: the training thread only copies the state), so that a restart loses at most
   // the steps since then; 0: only at train.checkpoint_every.
@@ -194,6 +197,9 @@ void MembershipKeys(OuterConfig& c, V&& v) {
     "steps since), besides train.checkpoint_every (0: only that)");
   v("join_warmup_steps", c.join_warmup_steps,
     "a late joiner ramps its learning rate up over this many steps (fresh AdamW state)");
+  v("moment_sync_every", c.moment_sync_every,
+    "sync: every this many rounds the islands' optimizer moments are averaged through the "
+    "service (DES-LOC-like), and a joiner starts from the newest average (0: never)");
 }
 
 // [outer]: the encoding of pseudo-gradients.

@@ -31,6 +31,11 @@ struct PayloadId {
   uint32_t fragment = 0;
 };
 
+// Inner-optimizer moments on the wire (outer.moment_sync_every; the moment layout of outer.proto):
+// two channels of a fragment's N elements, channel-major, in bf16 both ways.
+inline constexpr uint32_t kMomentChannels = 2;
+inline constexpr compression::CodecSpec kMomentCodec = {compression::Codec::kBf16, 0, 0};
+
 // The encodings a payload's chunks may carry. Pseudo-gradients and dense runs' updates: exactly
 // `spec`. The outer updates of a sparse run (UpdateEncoding): for each chunk the service picks the
 // smaller of the union of the contributions' indices (the run's chunks, any number of values

@@ -64,6 +64,11 @@ struct RoundOutcome {
   // staleness in `staleness`); the island applied its own round's update as usual.
   bool late = false;
   double behind_s = 0;  // late: seconds since its round committed (the island's phase lag)
+  // Moments (outer.moment_sync_every; outer/island/moment_sync.h): the average of round
+  // moment_round this rank loads (empty: none this round), or why there is none.
+  std::vector<float> moments;
+  uint64_t moment_round = 0;
+  std::string moment_note;
 };
 
 // Who an island is to the service: its id and the session credential of its current membership,
@@ -158,6 +163,18 @@ class IslandSync {
   // The device copy this fragment's rounds keep equal to global() (outer/island/device_copy.h); set before
   // the first fetch, owned by the model, outliving this IslandSync. nullptr: none.
   void set_device_copy(DeviceCopy* copy);
+
+  // Moments (outer.moment_sync_every; outer/service/moment_desk.h). `moments` holds this rank's
+  // owned ranges of both channels, channel-major (kMomentChannels x the owned elements), of the
+  // optimizer `optimizer` names; they are pushed for `round` (before its pseudo-gradient).
+  // Returns the bytes sent. Nothing is sent by a rank that carries nothing.
+  absl::StatusOr<uint64_t> PushMoments(const std::string& optimizer,
+                                       const std::vector<float>& moments, uint64_t round,
+                                       uint64_t step);
+  // The service's average of the moments of `round` (0: the newest), as PushMoments lays them
+  // out; `*bytes` adds the bytes received. NOT_FOUND none (see MomentDesk::FetchMoments).
+  absl::StatusOr<std::vector<float>> FetchMoments(const std::string& optimizer, uint64_t round,
+                                                  uint64_t* bytes);
 
   // Applies the committed rounds (versions) up to `version`, in order, checking every hash; fetches
   // the full state when the service no longer has them. For async islands at the end of a run.

@@ -14,6 +14,7 @@
 #include "compression/checksum.h"
 #include "compression/codec.h"
 #include "compression/status_macros.h"
+#include "outer/island/moment_sync.h"
 
 namespace atl::outer {
 
@@ -74,6 +75,7 @@ RunSchedule ScheduleOf(const pb::OuterSchedule& schedule) {
   s.async = schedule.async();
   s.token_budget = schedule.token_budget();
   s.num_data_streams = schedule.num_data_streams();
+  s.moment_sync_every = schedule.async() ? 0 : schedule.moment_sync_every();
   return s;
 }
 
@@ -144,6 +146,11 @@ absl::Status OuterStepHook::FetchGlobal() {
       std::any_of(rounds.begin(), rounds.end(), [](uint64_t r) { return r > 0; })) {
     policy_->Rejoined(Where(/*ahead=*/false), model_);
     std::fill(last_push_.begin(), last_push_.end(), model_.step());
+    // A joiner without a checkpoint: the run's moments rather than zeros (at its new step).
+    std::vector<IslandSync*> syncs;
+    for (auto& sync : syncs_) syncs.push_back(sync.get());
+    stats_.joined_with_moments =
+        TakeNewestMoments(model_, syncs, options_.schedule.moment_sync_every, on_message);
   }
   return absl::OkStatus();
 }
@@ -311,14 +318,18 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   job.since = last_push_[f];
   last_push_[f] = t;
   policy_->Pushed(f, t);
+  auto moments = std::make_shared<const MomentPush>(MomentsToPush(
+      model_, *syncs_[f], options_.schedule.moment_sync_every, job.averaging));
   if (DeviceCopy* copy = model_.device_copy(f)) {
     // The pseudo-gradient is made on the device, in the compute stream's order; the task encodes it.
     const absl::Status captured = copy->Capture(options_.island.sync.error_feedback,
                                                   options_.island.sync.error_feedback_decay);
     job.result = std::async(std::launch::async, [sync = syncs_[f].get(), captured, tokens,
-                                                 steps_per_s, t]() -> absl::StatusOr<RoundOutcome> {
-      if (!captured.ok()) return captured;
-      return sync->SyncRoundOnDevice(tokens, steps_per_s, uint64_t(t));
+                                                 steps_per_s, t, moments] {
+      return WithMoments(*sync, *moments, uint64_t(t), [&]() -> absl::StatusOr<RoundOutcome> {
+        if (!captured.ok()) return captured;
+        return sync->SyncRoundOnDevice(tokens, steps_per_s, uint64_t(t));
+      });
     });
   } else {
     std::vector<float> local = model_.Snapshot(f);
@@ -331,8 +342,10 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
     job.tokens = tokens;
     job.steps_per_s = steps_per_s;
     job.result = std::async(std::launch::async, [sync = syncs_[f].get(), local = job.local,
-                                                 tokens, steps_per_s, t] {
-      return sync->SyncRound(*local, tokens, steps_per_s, uint64_t(t));
+                                                 tokens, steps_per_s, t, moments] {
+      return WithMoments(*sync, *moments, uint64_t(t), [&] {
+        return sync->SyncRound(*local, tokens, steps_per_s, uint64_t(t));
+      });
     });
   }
   bytes_in_flight_ += job.bytes;
@@ -404,6 +417,7 @@ absl::Status OuterStepHook::Land(bool keep_local) {
     if (eager) eager_[job.fragment].Forget();
     model_.Merge(job.fragment, global, keep_local ? options_.island.alpha : 0.0);
   }
+  if (LoadLandedMoments(model_, job.fragment, *outcome, on_message)) stats_.moment_rounds += 1;
   policy_->Landed(*outcome, model_, stats_);
   if (behind_steps > 0) policy_->FellBehind(job.position, double(behind_steps));
   if (options_.island.auto_tune) {

@@ -54,6 +54,15 @@ class IslandModel {
   virtual std::optional<uint64_t> TokensBetween(int64_t /*from*/, int64_t /*to*/) const {
     return std::nullopt;
   }
+  // Moments (outer.moment_sync_every): the inner optimizer's name ("adamw", "muon"), or "" when
+  // this model's moments cannot be averaged (then the island keeps its own); its moments of
+  // fragment f's owned ranges, channel-major as the moment layout says (kMomentChannels x the
+  // owned elements); their replacement by an average; and whether the optimizer has taken no
+  // step yet (a joiner without a checkpoint, which starts from the run's newest average).
+  virtual std::string moment_optimizer() const { return ""; }
+  virtual std::vector<float> MomentSnapshot(uint32_t /*fragment*/) { return {}; }
+  virtual void LoadMoments(uint32_t /*fragment*/, const std::vector<float>& /*moments*/) {}
+  virtual bool MomentsFresh() const { return false; }
 };
 
 // What a rank carries of a fragment: the ranges [begin, end) of its `elements` it owns (empty: the
@@ -74,6 +83,7 @@ struct RunSchedule {
   bool async = false;
   uint64_t token_budget = 0;      // async: the run's tokens
   uint32_t num_data_streams = 1;
+  uint32_t moment_sync_every = 0;  // sync: rounds between moment averages (0: none)
 };
 
 // The schedule a service announced.
@@ -132,6 +142,8 @@ struct OuterStepStats {
   double link_bps = 0;              // goodput of the last full-state fetch (join, resync)
   int seeded_fragments = 0;         // taken from the island's own parameters (hash-checked)
   int64_t tau = 0;                  // inner steps between a push and its merge, now
+  uint64_t moment_rounds = 0;       // averaged moments loaded (outer.moment_sync_every)
+  int joined_with_moments = 0;      // fragments a joiner took the run's averaged moments of
 };
 
 // An island's training as its heartbeats report it.

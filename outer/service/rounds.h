@@ -52,9 +52,12 @@ class PushStream {
 
   absl::Status Add(pb::PushRequest&& request);
   const std::string& island() const { return chunks_.id().island_id; }
+  // A push of moments (outer/service/moment_desk.h): the optimizer they are of; "" otherwise.
+  const std::string& moments() const { return moments_; }
 
  private:
   friend class Rounds;
+  friend class MomentDesk;
   PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset, std::string session,
              uint64_t tokens, uint64_t step, IslandFigures figures, KeptBudget* kept_budget);
 
@@ -67,6 +70,7 @@ class PushStream {
   uint64_t tokens_;
   uint64_t step_;  // the island's inner step at the push
   IslandFigures figures_;
+  std::string moments_;
 };
 
 class Rounds {
@@ -84,10 +88,9 @@ class Rounds {
 
   // See SyncServer::LendBuffer.
   void LendBuffer(std::string* data) { push_buffers_.Lend(data); }
-  // See SyncServer::OpenPush / FinishPush / Push.
+  // See SyncServer::OpenPush / FinishPush.
   absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const pb::PushRequest& first);
   absl::StatusOr<pb::PushResponse> FinishPush(std::unique_ptr<PushStream> stream);
-  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
   // See SyncServer::AwaitUpdate / AwaitRound.
   absl::StatusOr<std::shared_ptr<const CommittedRound>> AwaitUpdate(
       const pb::UpdateRequest& request, absl::Time deadline, const std::function<bool()>& cancelled);

@@ -22,7 +22,9 @@ PushStream::PushStream(Rounds* rounds, ChunkStream chunks, uint64_t first_offset
   if (chunks_.payload().codec.sparse()) meter_.emplace(kept_budget);
 }
 
-PushStream::~PushStream() { rounds_->ClosePush(chunks_.id(), first_offset_); }
+PushStream::~PushStream() {
+  if (moments_.empty()) rounds_->ClosePush(chunks_.id(), first_offset_);
+}
 
 absl::Status PushStream::Add(pb::PushRequest&& request) {
   ATL_RETURN_IF_ERROR(chunks_.Add(std::move(*request.mutable_chunk())));
@@ -292,15 +294,6 @@ absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushS
   // The contribution that completed its round commits it (outside core_.mu).
   RunCommits(std::move(jobs));
   return response;
-}
-
-absl::StatusOr<pb::PushResponse> Rounds::Push(const std::vector<pb::PushRequest>& requests) {
-  if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
-  ATL_ASSIGN_OR_RETURN(auto stream, OpenPush(requests.front()));
-  for (const auto& r : requests) {
-    ATL_RETURN_IF_ERROR(stream->Add(pb::PushRequest(r)));
-  }
-  return FinishPush(std::move(stream));
 }
 
 void Rounds::TuneLocked(const std::string& island, const IslandFigures& figures,

@@ -68,6 +68,7 @@ void ServiceCore::FillSchedule(pb::OuterSchedule* sched) const {
   sched->set_early_sync_every(uint32_t(options.phases.early_sync_every));
   sched->set_early_sync_steps(uint64_t(options.phases.early_sync_steps));
   sched->set_tokens_per_step(options.tokens_per_step);
+  sched->set_moment_sync_every(options.moment_sync_every);
 }
 
 void ServiceCore::EventLocked(const std::string& key, const std::string& rest) {

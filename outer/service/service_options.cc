@@ -59,6 +59,7 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.sync_every = uint32_t(outer.sync_every);
   o.total_inner_steps = run.total_inner_steps;
   o.phases = outer.phases;
+  o.moment_sync_every = uint32_t(outer.moment_sync_every);
   o.num_data_streams = uint32_t(outer.islands);
   o.config_hash = run.config_hash;
   o.codec = outer.wire_codec();

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "compression/status_macros.h"
+
 namespace atl::outer {
 
 SyncServer::SyncServer(SyncServerOptions options, FragmentLayout layout, std::vector<float> initial)
@@ -14,7 +16,17 @@ SyncServer::SyncServer(SyncServerOptions options, std::vector<FragmentLayout> la
       rounds_(core_),
       desk_(core_, rounds_),
       state_(core_),
-      shards_(core_, rounds_) {}
+      shards_(core_, rounds_),
+      moments_(core_) {}
+
+absl::StatusOr<pb::PushResponse> SyncServer::Push(const std::vector<pb::PushRequest>& requests) {
+  if (requests.empty()) return absl::InvalidArgumentError("empty push: no chunks");
+  ATL_ASSIGN_OR_RETURN(auto stream, OpenPush(requests.front()));
+  for (const auto& r : requests) {
+    ATL_RETURN_IF_ERROR(stream->Add(pb::PushRequest(r)));
+  }
+  return FinishPush(std::move(stream));
+}
 
 void SyncServer::SetCommitListener(std::function<void(const CommittedRound&)> listener) {
   std::lock_guard<std::mutex> lock(core_.mu);

@@ -8,6 +8,7 @@
 //   Rounds          pushes, token claims, commits of rounds, the islands' wait for them
 //   StateStore      state fetches, durable snapshots and their restore, the durability gate
 //   ShardLink       a sharded service: the coordinator's and the shards' calls to each other
+//   MomentDesk      the islands' optimizer moments, averaged every outer.moment_sync_every rounds
 // (How a round commits: outer/service/rounds.h.)
 //
 // Thread-safe: every method may be called from any thread (gRPC handler threads).
@@ -24,6 +25,7 @@
 #include "absl/time/time.h"
 #include "atoll/v1/service_state.pb.h"
 #include "outer/service/membership_desk.h"
+#include "outer/service/moment_desk.h"
 #include "outer/service/rounds.h"
 #include "outer/service/service_core.h"
 #include "outer/service/shard_link.h"
@@ -75,16 +77,19 @@ class SyncServer {
   //   committed or unknown round, or (async) unknown or too stale a version (fetch the state),
   //   ALREADY_EXISTS duplicate, UNAVAILABLE another push of this island and fragment is under way,
   //   DATA_LOSS checksum, INVALID_ARGUMENT sizes, ranges, chunk order, codec or non-finite values.
+  // A push naming moments (PushRequest.moments) goes to the MomentDesk instead.
   absl::StatusOr<std::unique_ptr<PushStream>> OpenPush(const pb::PushRequest& first) {
+    if (!first.moments().empty()) return moments_.OpenPush(first, &rounds_);
     return rounds_.OpenPush(first);
   }
   absl::StatusOr<pb::PushResponse> FinishPush(std::unique_ptr<PushStream> stream) {
+    if (stream != nullptr && !stream->moments().empty()) {
+      return moments_.FinishPush(std::move(stream));
+    }
     return rounds_.FinishPush(std::move(stream));
   }
   // The three steps on a whole payload (the in-process transport and tests).
-  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests) {
-    return rounds_.Push(requests);
-  }
+  absl::StatusOr<pb::PushResponse> Push(const std::vector<pb::PushRequest>& requests);
   // Before a push's message is read into a request: lends the chunk's data the buffer of a
   // committed sparse contribution (memory already mapped) when one is kept, so that parsing the
   // message writes no fresh pages.
@@ -122,10 +127,15 @@ class SyncServer {
   // of the range is made, a commit waits at most one chunk). A round committed while the range is
   // streamed ends the stream with ABORTED (fetch again); `write` returning false (the caller went
   // away) with CANCELLED.
+  // A request naming moments (FetchStateRequest.moments) streams their average instead
+  // (MomentDesk::FetchMoments).
   absl::Status FetchState(const pb::FetchStateRequest& request,
                           const std::function<bool(pb::StateChunk&&)>& write) {
+    if (!request.moments().empty()) return moments_.FetchMoments(request, write);
     return state_.FetchState(request, write);
   }
+  // The round of fragment f's newest moment average (-1: none).
+  int64_t moments_round(uint32_t fragment = 0) const { return moments_.published_round(fragment); }
   // Durable state, tensor by tensor (outer/service/state_store.h).
   static constexpr const char* kParamsTensor = StateStore::kParamsTensor;
   using StateWrite = StateStore::StateWrite;
@@ -184,6 +194,7 @@ class SyncServer {
   MembershipDesk desk_;
   StateStore state_;
   ShardLink shards_;
+  MomentDesk moments_;
 };
 
 }  // namespace atl::outer

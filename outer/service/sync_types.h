@@ -38,6 +38,7 @@ struct SyncServerOptions {
   uint32_t sync_every = 100;       // H, told to islands at join
   uint64_t total_inner_steps = 0;  // told to islands at join
   SyncPhases phases;               // sync: warm start (plain averages) and early H, told at join
+  uint32_t moment_sync_every = 0;  // sync: rounds between moment averages (0: none), told at join
   uint32_t num_data_streams = 1;   // the run's islands: disjoint data streams handed out at join
   uint64_t config_hash = 0;        // islands with another model config are refused
   double lease_s = 5;              // a member silent for this long is dead and dropped

@@ -37,6 +37,21 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = IslandClock;
 
+// What the join line says of the state an island started from besides its download: fragments
+// that were its own seeded parameters, and the run's averaged optimizer moments it took.
+std::string StateNotes(const outer::OuterStepStats& stats, int fragments) {
+  std::string notes;
+  if (stats.seeded_fragments > 0) {
+    notes += absl::StrFormat("; %d of %d fragment(s) its own seeded parameters, hash-checked",
+                             stats.seeded_fragments, fragments);
+  }
+  if (stats.joined_with_moments > 0) {
+    notes += absl::StrFormat("; optimizer moments: the run's average (%d fragment(s))",
+                             stats.joined_with_moments);
+  }
+  return notes;
+}
+
 // The ranks of an island over its mesh's world group.
 class MeshRanks : public outer::IslandRanks {
  public:
@@ -407,10 +422,7 @@ absl::Status IslandRun::OpenOutputs() {
              : absl::StrCat(train_.steps, " inner steps"),
       double(inner::ParameterCount(config_.model)) / 1e6,
       double(outer_->fetched_bytes()) / (1 << 20), fetch_s_,
-      outer_->stats().seeded_fragments > 0
-          ? absl::StrFormat("; %d of %d fragment(s) its own seeded parameters, hash-checked",
-                            outer_->stats().seeded_fragments, joined_.fragments_size())
-          : "",
+      StateNotes(outer_->stats(), joined_.fragments_size()),
       shape.size() > 1
           ? absl::StrFormat(", %d ranks (pp %d x dp_replicate %d x dp_shard %d x tp %d)",
                             shape.size(), shape.pp, shape.dp_replicate, shape.dp_shard, shape.tp)

@@ -155,6 +155,7 @@ void ReportRound(const outer::LandedRound& r, bool async, int64_t tokens, double
                   label, r.fragment, o.round, r.step, r.pushed_at, r.idle_s,
                   o.bytes_sent / 1024, o.contributors);
   if (o.resynced) line += " (resynced: " + o.resync_reason + ")";
+  if (!o.moments.empty()) line += ", optimizer moments averaged";
   if (shown) progress.Message(line + *shown);
 }
 
@@ -167,6 +168,7 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"resyncs", summary.resyncs},
                       {"rejoins", summary.rejoins},
                       {"late_pushes", summary.late_pushes},
+                      {"moment_rounds", summary.moment_rounds},
                       {"spikes", summary.spikes},
                       {"checkpoints", summary.checkpoints},
                       {"checkpoint_stall_ms", 1e3 * summary.checkpoint_stall_max_s},

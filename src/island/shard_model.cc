@@ -149,6 +149,65 @@ std::vector<outer::FragmentShare> ShardModel::Shares() const {
 
 at::Tensor ShardModel::Part(const Piece& p) { return PartOf(trainer_, p); }
 
+namespace {
+
+// The moment channel an optimizer state is (-1: none).
+int MomentChannel(const std::string& kind) {
+  if (kind == "exp_avg" || kind == "momentum") return 0;
+  return kind == "exp_avg_sq" ? 1 : -1;
+}
+
+}  // namespace
+
+std::string ShardModel::moment_optimizer() const {
+  using inner::parallel::MeshDim;
+  auto& mesh = trainer_.mesh();
+  if (mesh.group(MeshDim::kTp).size() > 1 || mesh.group(MeshDim::kDpReplicate).size() > 1) {
+    return "";
+  }
+  return inner::ConfigValueText(trainer_.optim_config().name);
+}
+
+std::vector<float> ShardModel::MomentSnapshot(uint32_t f) {
+  uint64_t owned = 0;
+  for (const Piece& p : pieces_[f]) owned += p.count;
+  std::vector<float> out(outer::kMomentChannels * owned, 0.0f);
+  uint64_t at = 0;
+  for (const Piece& p : pieces_[f]) {
+    for (const auto& state : trainer_.optimizer().ShardState(p.shard)) {
+      const int c = MomentChannel(state.name);
+      if (c < 0) continue;
+      auto v = state.tensor.narrow(0, int64_t(p.at), int64_t(p.count))
+                   .to(torch::kCPU, torch::kFloat)
+                   .contiguous();
+      std::copy(v.data_ptr<float>(), v.data_ptr<float>() + p.count,
+                out.data() + uint64_t(c) * owned + at);
+    }
+    at += p.count;
+  }
+  return out;
+}
+
+void ShardModel::LoadMoments(uint32_t f, const std::vector<float>& moments) {
+  torch::NoGradGuard no_grad;
+  const uint64_t owned = moments.size() / outer::kMomentChannels;
+  uint64_t at = 0;
+  for (const Piece& p : pieces_[f]) {
+    for (const auto& state : trainer_.optimizer().ShardState(p.shard)) {
+      const int c = MomentChannel(state.name);
+      if (c < 0) continue;
+      auto src = torch::from_blob(const_cast<float*>(moments.data() + uint64_t(c) * owned + at),
+                                  {int64_t(p.count)}, torch::kFloat);
+      state.tensor.narrow(0, int64_t(p.at), int64_t(p.count)).copy_(src);
+    }
+    at += p.count;
+  }
+  // Moments of a run's steps, bias-corrected as such: a fresh optimizer's first steps would
+  // otherwise divide them by 1 - beta^t as if they were its own few.
+  auto& optimizer = trainer_.optimizer();
+  optimizer.SetStep(std::max(optimizer.step(), trainer_.step()));
+}
+
 absl::StatusOr<ShardModel> MapFragments(const pb::JoinResponse& joined,
                                         inner::Trainer& trainer) {
   const auto& shards = trainer.sharded().shards();

@@ -54,6 +54,12 @@ class ShardModel : public outer::IslandModel {
   // ranks; then replica 0 sends the shards of the fragments it merged to the other replicas.
   absl::Status SyncReplicas();
   void JumpToStep(int64_t step) override { trainer_.SetStep(step); }
+  // Moments: the optimizer's exp_avg (Muon's momentum) and exp_avg_sq of the owned pieces. Not
+  // with tensor parallelism or replicated shards (their copies of the moments would part).
+  std::string moment_optimizer() const override;
+  std::vector<float> MomentSnapshot(uint32_t f) override;
+  void LoadMoments(uint32_t f, const std::vector<float>& moments) override;
+  bool MomentsFresh() const override { return trainer_.optimizer().step() == 0; }
   void FollowRunProgress(int64_t position) override { trainer_.SetSchedulePosition(position); }
 
   // What this rank carries of each fragment.

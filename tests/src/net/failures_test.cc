@@ -371,5 +371,29 @@ TEST(ChaosTest, ALeavingIslandPushesItsLastSteps) {
       << WhereTokensWent(dir, run.output);
 }
 
+// outer.moment_sync_every = 2 over TCP: at every second round each island's AdamW moments go to
+// the service before its pseudo-gradient and the average comes back once the round has committed;
+// an island joining mid-run (no checkpoint) starts from the newest average instead of zeros. The
+// parameters are untouched by it: every copy still ends bit-identical.
+TEST(ChaosTest, IslandsAverageTheirMomentsAndAJoinerStartsFromThem) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir, "sync_every = 4\nmoment_sync_every = 2\nheartbeat_s = 0.2\nlease_s = 2.5\n",
+      "--throttle 8,8 --train.steps=48 --term island1@round3 --join island2@round4");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // island2 takes the stream island1 left; it has no checkpoint.
+  EXPECT_THAT(run.output, ::testing::ContainsRegex(
+                              "\\[island2\\] joined sync run [^\n]*optimizer moments: the "
+                              "run's average \\(1 fragment"));
+  // Rounds 1, 3, ..., 11 of the 12.
+  EXPECT_EQ(testing::IslandSummary(dir, "island0")["moment_rounds"], 6) << run.output;
+  EXPECT_GE(testing::IslandSummary(dir, "island1")["moment_rounds"].get<int>(), 1) << run.output;
+  EXPECT_GE(testing::IslandSummary(dir, "island2")["moment_rounds"].get<int>(), 1) << run.output;
+  const auto last = testing::ServiceHashes(dir).at(0).back();
+  for (const std::string island : {"island0", "island2"}) {
+    EXPECT_EQ(testing::IslandSummary(dir, island)["global_hash"], last) << island;
+  }
+}
+
 }  // namespace
 }  // namespace atl

@@ -1,0 +1,86 @@
+#include "outer/island/moment_sync.h"
+
+#include "absl/strings/str_cat.h"
+#include "outer/island/outer_step.h"
+
+namespace atl::outer {
+
+MomentPush MomentsToPush(IslandModel& model, const IslandSync& sync, uint32_t every,
+                         bool averaging) {
+  MomentPush m;
+  const uint64_t round = sync.round();
+  if (every == 0 || averaging || !sync.carried() || (round + 1) % every != 0) return m;
+  m.optimizer = model.moment_optimizer();
+  if (m.optimizer.empty()) return m;
+  m.values = model.MomentSnapshot(sync.fragment());
+  m.round = round;
+  return m;
+}
+
+absl::StatusOr<RoundOutcome> WithMoments(
+    IslandSync& sync, const MomentPush& moments, uint64_t step,
+    const std::function<absl::StatusOr<RoundOutcome>()>& round) {
+  if (moments.optimizer.empty()) return round();
+  // Before the pseudo-gradient: the round cannot commit without them, so once it has, the
+  // service holds every on-time island's.
+  auto sent = sync.PushMoments(moments.optimizer, moments.values, moments.round, step);
+  auto outcome = round();
+  if (!outcome.ok()) return outcome;
+  if (!sent.ok()) {
+    outcome->moment_note = absl::StrCat("its moments were not taken (", sent.status().message(),
+                                        "); it keeps its own");
+    return outcome;
+  }
+  outcome->bytes_sent += *sent;
+  if (outcome->late || outcome->round != moments.round) {
+    outcome->moment_note = "its push was late for the moments' round; it keeps its own";
+    return outcome;
+  }
+  uint64_t bytes = 0;
+  auto average = sync.FetchMoments(moments.optimizer, moments.round, &bytes);
+  outcome->bytes_received += bytes;
+  if (!average.ok()) {
+    outcome->moment_note = absl::StrCat("the averaged moments were not fetched (",
+                                        average.status().message(), "); it keeps its own");
+    return outcome;
+  }
+  outcome->moments = *std::move(average);
+  outcome->moment_round = moments.round;
+  return outcome;
+}
+
+bool LoadLandedMoments(IslandModel& model, uint32_t fragment, const RoundOutcome& outcome,
+                       const std::function<void(const std::string&)>& say) {
+  if (!outcome.moments.empty()) {
+    model.LoadMoments(fragment, outcome.moments);
+    return true;
+  }
+  if (!outcome.moment_note.empty() && say) {
+    say(absl::StrCat("fragment ", fragment, " round ", outcome.round, ": ", outcome.moment_note));
+  }
+  return false;
+}
+
+int TakeNewestMoments(IslandModel& model, const std::vector<IslandSync*>& syncs, uint32_t every,
+                      const std::function<void(const std::string&)>& say) {
+  const std::string optimizer = model.moment_optimizer();
+  if (every == 0 || optimizer.empty() || !model.MomentsFresh()) return 0;
+  int taken = 0;
+  for (IslandSync* sync : syncs) {
+    if (!sync->carried()) continue;
+    auto average = sync->FetchMoments(optimizer, 0, nullptr);
+    if (absl::IsNotFound(average.status())) continue;
+    if (!average.ok()) {
+      if (say) {
+        say(absl::StrCat("fragment ", sync->fragment(), ": the run's moments were not fetched (",
+                         average.status().message(), "); it starts from zeros"));
+      }
+      continue;
+    }
+    model.LoadMoments(sync->fragment(), *average);
+    ++taken;
+  }
+  return taken;
+}
+
+}  // namespace atl::outer
