@@ -1,5 +1,7 @@
 #include "outer/island/moment_sync.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "outer/island/outer_step.h"
 
@@ -49,14 +51,42 @@ absl::StatusOr<RoundOutcome> WithMoments(
   return outcome;
 }
 
+namespace {
+
+// Why `average` is implausible against the island's `own` moments ("" when it is not).
+std::string Implausible(const std::vector<float>& average, const std::vector<float>& own) {
+  if (own.size() != average.size()) return "it does not fit this rank's ranges";
+  const size_t n = own.size() / kMomentChannels;
+  for (uint32_t c = 0; c < kMomentChannels; ++c) {
+    double mine = 0, theirs = 0;
+    for (size_t i = c * n; i < (c + 1) * n; ++i) {
+      mine += double(own[i]) * own[i];
+      theirs += double(average[i]) * average[i];
+    }
+    if (mine > 0 && !(theirs <= kMomentBound * kMomentBound * mine)) {
+      return absl::StrCat("its channel ", c, " norm is ", std::sqrt(theirs / mine),
+                          " times this island's (at most ", kMomentBound, ")");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 bool LoadLandedMoments(IslandModel& model, uint32_t fragment, const RoundOutcome& outcome,
                        const std::function<void(const std::string&)>& say) {
+  std::string note = outcome.moment_note;
   if (!outcome.moments.empty()) {
-    model.LoadMoments(fragment, outcome.moments);
-    return true;
+    const std::string implausible = Implausible(outcome.moments, model.MomentSnapshot(fragment));
+    if (implausible.empty()) {
+      model.LoadMoments(fragment, outcome.moments);
+      return true;
+    }
+    note = absl::StrCat("the averaged moments were not loaded (", implausible,
+                        "); it keeps its own");
   }
-  if (!outcome.moment_note.empty() && say) {
-    say(absl::StrCat("fragment ", fragment, " round ", outcome.round, ": ", outcome.moment_note));
+  if (!note.empty() && say) {
+    say(absl::StrCat("fragment ", fragment, " round ", outcome.round, ": ", note));
   }
   return false;
 }

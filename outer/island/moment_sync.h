@@ -36,7 +36,11 @@ absl::StatusOr<RoundOutcome> WithMoments(IslandSync& sync, const MomentPush& mom
                                          uint64_t step,
                                          const std::function<absl::StatusOr<RoundOutcome>()>& round);
 
-// A landed round's average loaded into the model (true), or `say` told why it has none.
+// A landed round's average loaded into the model (true), or `say` told why it has none. An
+// average of honest islands is no larger than the largest of their moments: one whose norm, in
+// either channel, is more than kMomentBound times this island's own (a hostile island's push
+// inflated it) is not loaded; the island keeps its own.
+inline constexpr double kMomentBound = 4.0;
 bool LoadLandedMoments(IslandModel& model, uint32_t fragment, const RoundOutcome& outcome,
                        const std::function<void(const std::string&)>& say);
 

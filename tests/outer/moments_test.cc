@@ -4,6 +4,8 @@
 #include <cstring>
 #include <optional>
 
+#include "outer/island/moment_sync.h"
+#include "outer/island/outer_step.h"
 #include "tests/outer/sync_server_fixture.h"
 
 namespace atl::outer {
@@ -183,6 +185,44 @@ TEST_F(MomentsTest, ARunWithoutMomentAveragingRefusesThem) {
   auto r = s->Push(MomentPush("a", sessions_["a"], 1, std::vector<float>(8, 1.0f), 0));
   EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("outer.moment_sync_every"));
+}
+
+// An island model holding moments of 4 elements, as a test sets them.
+class MomentModel : public IslandModel {
+ public:
+  int64_t step() const override { return 100; }
+  std::vector<float> Snapshot(uint32_t) override { return {}; }
+  void Merge(uint32_t, const std::vector<float>&, double) override {}
+  void JumpToStep(int64_t) override {}
+  void FollowRunProgress(int64_t) override {}
+  std::string moment_optimizer() const override { return "adamw"; }
+  std::vector<float> MomentSnapshot(uint32_t) override { return moments; }
+  void LoadMoments(uint32_t, const std::vector<float>& m) override { moments = m; }
+  std::vector<float> moments;
+};
+
+// An average no larger than kMomentBound times the island's own moments (in each channel) is
+// loaded; a larger one, which only a hostile push can make, is not, and the island says so; a
+// fresh optimizer (zeros) takes any.
+TEST(MomentGuardTest, AnInflatedAverageIsNotLoaded) {
+  MomentModel model;
+  std::vector<std::string> said;
+  auto say = [&](const std::string& line) { said.push_back(line); };
+  RoundOutcome landed;
+  landed.round = 3;
+  model.moments = {1, -1, 1, -1, 0.5f, 0.5f, 0.5f, 0.5f};
+  landed.moments = {3, -3, 3, -3, 1, 1, 1, 1};  // 3x and 2x
+  EXPECT_TRUE(LoadLandedMoments(model, 0, landed, say));
+  EXPECT_EQ(model.moments, landed.moments);
+  const std::vector<float> own = model.moments;
+  landed.moments = {3, -3, 3, -3, 100, 1, 1, 1};  // channel 1: 50x
+  EXPECT_FALSE(LoadLandedMoments(model, 0, landed, say));
+  EXPECT_EQ(model.moments, own);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_THAT(said[0], HasSubstr("channel 1 norm is"));
+  model.moments.assign(8, 0.0f);
+  EXPECT_TRUE(LoadLandedMoments(model, 0, landed, say));
+  EXPECT_EQ(model.moments, landed.moments);
 }
 
 }  // namespace
