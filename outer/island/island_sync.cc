@@ -127,9 +127,7 @@ absl::Status IslandSync::FetchPiece(uint64_t offset, uint64_t count, float* out,
       progress.bytes += bytes;
       return absl::OkStatus();
     }
-    const bool transient = absl::IsUnavailable(s) || absl::IsDataLoss(s) ||
-                           absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
-    if (!transient || tries >= options_.retries) return s;
+    if (!internal::Transient(s) || tries >= options_.retries) return s;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << (tries + 1), 2000)));
   }
 }

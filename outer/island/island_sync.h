@@ -64,10 +64,9 @@ struct RoundOutcome {
   // staleness in `staleness`); the island applied its own round's update as usual.
   bool late = false;
   double behind_s = 0;  // late: seconds since its round committed (the island's phase lag)
-  // Moments (outer.moment_sync_every; outer/island/moment_sync.h): the average of round
-  // moment_round this rank loads (empty: none this round), or why there is none.
+  // Moments (outer.moment_sync_every; outer/island/moment_sync.h): the average this rank loads
+  // (empty: none this round), or why there is none.
   std::vector<float> moments;
-  uint64_t moment_round = 0;
   std::string moment_note;
 };
 

@@ -23,6 +23,12 @@ inline void RunLanes(int n, const std::function<void(int)>& body) {
   for (auto& t : threads) t.join();
 }
 
+// Failures worth another try of the same request: the link or the service, not the request.
+inline bool Transient(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDataLoss(s) || absl::IsDeadlineExceeded(s) ||
+         absl::IsResourceExhausted(s);
+}
+
 inline absl::Status FirstError(const std::vector<absl::Status>& statuses) {
   for (const auto& s : statuses) {
     if (!s.ok()) return s;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
 #include "outer/island/island_sync.h"
+#include "outer/island/island_sync_internal.h"
 
 namespace atl::outer {
 
@@ -35,11 +36,6 @@ std::vector<MomentSpan> MomentSpans(const std::vector<std::pair<uint64_t, uint64
     }
   }
   return spans;
-}
-
-bool Transient(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDataLoss(s) || absl::IsDeadlineExceeded(s) ||
-         absl::IsResourceExhausted(s);
 }
 
 }  // namespace
@@ -133,7 +129,7 @@ absl::StatusOr<std::vector<float>> IslandSync::FetchMoments(const std::string& o
         if (bytes != nullptr) *bytes += got;
         break;
       }
-      if (!Transient(status) || tries >= options_.retries) return status;
+      if (!internal::Transient(status) || tries >= options_.retries) return status;
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 << (tries + 1), 2000)));
     }
   }

@@ -47,7 +47,6 @@ absl::StatusOr<RoundOutcome> WithMoments(
     return outcome;
   }
   outcome->moments = *std::move(average);
-  outcome->moment_round = moments.round;
   return outcome;
 }
 

@@ -11,7 +11,8 @@
 // a round that is a moment round and not in the future. A refused push changes nothing.
 //
 // Per fragment the desk keeps the sum being gathered (fp32 values and a count per element) and the
-// newest average: about 20 bytes per parameter, whatever the number of islands. Soft state, not
+// newest average (with its counts): 2 channels x (4 + 2) bytes each, 24 bytes per parameter,
+// whatever the number of islands. Soft state, not
 // in the durable state: each island keeps its own moments, and a resumed service publishes again
 // at the next moment round.
 //
