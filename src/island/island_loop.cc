@@ -38,8 +38,9 @@ namespace fs = std::filesystem;
 using Clock = IslandClock;
 
 // What the join line says of the state an island started from besides its download: fragments
-// that were its own seeded parameters, and the run's averaged optimizer moments it took.
-std::string StateNotes(const outer::OuterStepStats& stats, int fragments) {
+// that were its own seeded parameters, the run's averaged optimizer moments it took, and whether
+// it keeps its own moments in a run that averages them (its ranks would not own disjoint ranges).
+std::string StateNotes(const outer::OuterStepStats& stats, int fragments, bool keeps_moments) {
   std::string notes;
   if (stats.seeded_fragments > 0) {
     notes += absl::StrFormat("; %d of %d fragment(s) its own seeded parameters, hash-checked",
@@ -48,6 +49,9 @@ std::string StateNotes(const outer::OuterStepStats& stats, int fragments) {
   if (stats.joined_with_moments > 0) {
     notes += absl::StrFormat("; optimizer moments: the run's average (%d fragment(s))",
                              stats.joined_with_moments);
+  }
+  if (keeps_moments) {
+    notes += "; optimizer moments: its own, not averaged (tensor parallelism or replicated shards)";
   }
   return notes;
 }
@@ -422,7 +426,8 @@ absl::Status IslandRun::OpenOutputs() {
              : absl::StrCat(train_.steps, " inner steps"),
       double(inner::ParameterCount(config_.model)) / 1e6,
       double(outer_->fetched_bytes()) / (1 << 20), fetch_s_,
-      StateNotes(outer_->stats(), joined_.fragments_size()),
+      StateNotes(outer_->stats(), joined_.fragments_size(),
+                 schedule.moment_sync_every() > 0 && model_->moment_optimizer().empty()),
       shape.size() > 1
           ? absl::StrFormat(", %d ranks (pp %d x dp_replicate %d x dp_shard %d x tp %d)",
                             shape.size(), shape.pp, shape.dp_replicate, shape.dp_shard, shape.tp)

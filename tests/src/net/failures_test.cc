@@ -395,5 +395,24 @@ TEST(ChaosTest, IslandsAverageTheirMomentsAndAJoinerStartsFromThem) {
   }
 }
 
+// Ranks that share ranges (tensor parallelism, replicated shards) would part if each loaded its own
+// share of an average: such an island keeps its moments, says so when it joins, and pushes none.
+TEST(ChaosTest, TensorParallelIslandsKeepTheirOwnMomentsAndSayIt) {
+  testing::TempDir dir;
+  const auto run = testing::RunTwoIslands(
+      dir, "sync_every = 4\nmoment_sync_every = 1\n",
+      "--nproc 2 --parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const std::string island : {"island0", "island1"}) {
+    EXPECT_THAT(run.output, ::testing::ContainsRegex(
+                                "\\[" + island + "[^\n]*\\] joined sync run [^\n]*optimizer "
+                                "moments: its own, not averaged"));
+    EXPECT_EQ(testing::IslandSummary(dir, island)["moment_rounds"], 0) << island;
+  }
+  // Of each island's rank 0's part: the same on both.
+  EXPECT_EQ(testing::IslandSummary(dir, "island0")["global_hash"],
+            testing::IslandSummary(dir, "island1")["global_hash"]);
+}
+
 }  // namespace
 }  // namespace atl
