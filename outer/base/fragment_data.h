@@ -29,6 +29,7 @@ class FragmentData {
   const OuterOptimizer& optimizer() const { return *optimizer_; }
   void set_lr(double lr) { optimizer_->set_lr(lr); }
   void set_averaging(bool averaging) { optimizer_->set_averaging(averaging); }
+  void RestartOptimizer() { optimizer_->Restart(); }
 
   // The outer update of the averaged outer gradient g, encoded with `codec` (the chunks every copy
   // of the parameters applies), without changing anything. INVALID_ARGUMENT when the update is not

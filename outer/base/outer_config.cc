@@ -206,6 +206,11 @@ absl::Status ValidateScoring(const OuterConfig& c) {
         "outer.leave_one_out_t must be in [0, 8) (0: off; a round counts at most 8 standard "
         "errors, so the evidence never reaches 8), got ", c.leave_one_out_t));
   }
+  if (!(c.step_guard >= 0 && c.step_guard <= 10)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "outer.step_guard must be in [0, 10] (a fraction of the held-out loss; 0: off), got ",
+        c.step_guard));
+  }
   if (!(c.reputation_decay >= 0 && c.reputation_decay < 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("outer.reputation_decay must be in [0, 1), got ", c.reputation_decay));

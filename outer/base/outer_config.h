@@ -109,6 +109,7 @@ struct OuterConfig {
   double exclude_below = 0.2;
   int exclude_rounds = 5;
   double leave_one_out_t = 3.5;           // evidence that an island pulls the average apart (0: off)
+  double step_guard = 0.1;                // an outer step this far above the plain average's loss
   // A hostile island, for rehearsing the defences: "none", "sign_flip" (its pseudo-gradient
   // negated), "noise" (replaced by Gaussian noise of the same norm) or "copy" (it trains another
   // island's data stream with that island's seeds, so its pushes equal that island's).
@@ -290,6 +291,10 @@ void RobustKeys(OuterConfig& c, V&& v) {
   v("leave_one_out_t", c.leave_one_out_t,
     "loss_probe: an island whose leave-one-out evidence (the round's average does better without "
     "it, in standard errors, averaged over rounds) falls below minus this is left out (0: off)");
+  v("step_guard", c.step_guard,
+    "loss_probe: a round whose outer step leaves the held-out loss more than this fraction above "
+    "the plain average of its contributions commits that average and restarts the outer "
+    "momentum (0: off)");
   v("fault", c.fault,
     "island: none, or a rehearsed hostile role: sign_flip or noise (its pseudo-gradient "
     "negated, or replaced by noise of the same norm), or copy (it trains the data stream after "

@@ -237,6 +237,12 @@ std::vector<std::pair<std::string, int64_t>> NesterovOptimizer::StateCounters() 
   return {{"buffered", buffered_}};
 }
 
+void NesterovOptimizer::Restart() {
+  std::fill(momentum_.begin(), momentum_.end(), 0.0f);
+  std::fill(buffer_.begin(), buffer_.end(), 0.0f);
+  buffered_ = 0;
+}
+
 absl::Status NesterovOptimizer::Restore(
     std::vector<std::pair<std::string, std::vector<float>>> tensors,
     const std::vector<std::pair<std::string, int64_t>>& counters) {

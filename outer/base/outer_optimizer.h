@@ -88,6 +88,8 @@ class OuterOptimizer {
   virtual absl::Status Restore(std::vector<std::pair<std::string, std::vector<float>>> tensors,
                                const std::vector<std::pair<std::string, int64_t>>& counters) = 0;
   virtual std::unique_ptr<OuterOptimizer> Clone() const = 0;
+  // Forgets the state, as a fresh optimizer (the learning rate and averaging kept).
+  virtual void Restart() {}
 
  protected:
   OuterOptimizer(double lr, size_t num_elements) : lr_(lr), size_(num_elements) {}
@@ -136,6 +138,7 @@ class NesterovOptimizer : public OuterOptimizer {
   std::unique_ptr<OuterOptimizer> Clone() const override {
     return std::make_unique<NesterovOptimizer>(*this);
   }
+  void Restart() override;
   bool linear() const override { return averaging_ || (momentum_.empty() && buffer_.empty()); }
   const std::vector<float>& momentum() const { return momentum_; }
   const std::vector<float>& buffer() const { return buffer_; }

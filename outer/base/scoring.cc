@@ -42,6 +42,13 @@ bool Usable(const std::vector<double>& d, size_t rows) {
   return std::all_of(d.begin(), d.end(), [](double x) { return std::isfinite(x); });
 }
 
+// What turns a t over `rows` rows into the t a probe of kReferenceRows rows shows of the same
+// effect (scoring.h): 1 up to kReferenceRows rows.
+double AtReferenceRows(size_t rows) {
+  if (rows <= kReferenceRows) return 1;
+  return std::sqrt(double(kReferenceRows) / double(rows));
+}
+
 }  // namespace
 
 double Reputation::WeightOf(const Island& i) const {
@@ -62,12 +69,12 @@ void Reputation::Update(Island& i, double score) {
   }
 }
 
-bool Reputation::PullsApart(Island& i, const std::vector<double>* c, size_t rows,
+bool Reputation::PullsApart(Island& i, const std::vector<double>* c, size_t rows, double per_row,
                             IslandScore* s) const {
   double t = 0;
   if (c != nullptr && Usable(*c, rows)) {
     s->loo_gain = Mean(*c);
-    s->loo_t = PairedT(*c, std::vector<double>(rows, 0.0));
+    s->loo_t = per_row * PairedT(*c, std::vector<double>(rows, 0.0));
     t = std::clamp(s->loo_t, -kMostPerRound, kMostPerRound);
   }
   i.loo_evidence = options_.decay * i.loo_evidence + (1 - options_.decay) * t;
@@ -97,14 +104,16 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
     median_row[r] = Median(column);
   }
   const double median_gain = gains.empty() ? 0 : Median(gains);
-  report->median_t = PairedT(median_row, std::vector<double>(rows, 0.0));
+  const double per_row = AtReferenceRows(rows);
+  report->median_t = per_row * PairedT(median_row, std::vector<double>(rows, 0.0));
   // Only a round whose median contribution measurably helps can tell a useless one from it.
   const bool judges = !usable.empty() && report->median_t >= options_.significance;
   for (const auto& [id, d] : improvements) {
     Island& i = islands_[id];
     IslandScore& s = report->islands[id];
     auto c = combined.find(id);
-    s.pulls_apart = PullsApart(i, c != combined.end() ? &c->second : nullptr, rows, &s);
+    s.pulls_apart =
+        PullsApart(i, c != combined.end() ? &c->second : nullptr, rows, per_row, &s);
     if (!Usable(d, rows)) {
       s.improvement = NAN;
       if (!usable.empty()) {
@@ -113,7 +122,7 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
       }
     } else {
       s.improvement = Mean(d);
-      s.t = PairedT(d, median_row);
+      s.t = per_row * PairedT(d, median_row);
       if (judges) {
         const double ratio = median_gain > 0 ? s.improvement / median_gain : -1.0;
         s.score = s.t >= -options_.significance || ratio >= 0.5 ? 1.0

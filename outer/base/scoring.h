@@ -43,6 +43,13 @@
 // down to -24; outer/README.md); the rehearsed shuffled-tokens island reached -3.6 and -3.9 in its
 // third round.
 //
+// Every t above is read at the probe size its thresholds were set on, 32 rows: a probe of R > 32
+// rows (outer.probe_batches x train.batch_size) counts t x sqrt(32 / R), the t a 32-row probe
+// shows of the same effect (the reports give these t's). A larger probe measures more finely, but
+// the small, real differences between honest islands' data streams would grow with its rows to
+// "beyond doubt": on 128 rows an honest island's evidence reached -3.19 in three rounds
+// (outer/README.md). Fewer rows keep their t: fewer rows' t's have heavier tails.
+//
 // A contribution that buys nothing (zeros) scores 0 in every round that judges. An island whose
 // reputation falls below exclude_below is excluded (weight 0, its contribution left out) for at
 // least exclude_rounds of its judged rounds; it is still scored, and readmitted once its
@@ -53,6 +60,7 @@
 #ifndef ATOLL_OUTER_BASE_SCORING_H_
 #define ATOLL_OUTER_BASE_SCORING_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -71,6 +79,7 @@ struct ScoringOptions {
   uint32_t exclude_rounds = 5;  // outer.exclude_rounds
   double significance = 4;      // standard errors that make a round judge, and judge an island
   double leave_one_out_t = 3.5;  // outer.leave_one_out_t: the evidence that pulls apart (0: off)
+  double step_guard = 0.1;  // outer.step_guard (outer/service/rounds_scoring.cc; 0: off)
 };
 
 // The held-out loss of each row of its batch (the mean over the row's tokens), for the model whose
@@ -86,12 +95,15 @@ class LossProbe {
   virtual void Set(uint32_t fragment, const float* params, uint64_t n) = 0;
 };
 
+// The probe size the rule's thresholds were set on (above).
+inline constexpr size_t kReferenceRows = 32;
+
 // The weight of an excluded island kept in to make the quorum.
 inline constexpr double kQuorumWeight = 0.01;
 
 struct IslandScore {
   double improvement = 0;  // held-out loss bought by its contribution alone (mean over rows)
-  double t = 0;            // paired against the round's per-row median (0: not scored)
+  double t = 0;  // paired against the round's per-row median, at 32 rows (0: not scored)
   double score = 0;        // what the round said of it (above; 0: not scored)
   double reputation = 1;
   double weight = 1;       // multiplies its tokens in the fold
@@ -99,7 +111,8 @@ struct IslandScore {
   bool harmful = false;    // this round found it harmful beyond doubt (above)
   bool pulls_apart = false;  // ... by its leave-one-out evidence (below -leave_one_out_t)
   // Leave-one-out (above): what the round's average loses without it (mean over rows; > 0: it
-  // helps the combination), that difference's t over the rows (0: not probed), and the evidence.
+  // helps the combination), that difference's t over the rows at 32 rows (0: not probed), and the
+  // evidence.
   double loo_gain = 0;
   double loo_t = 0;
   double loo_evidence = 0;
@@ -107,7 +120,13 @@ struct IslandScore {
 
 struct ScoreReport {
   double loss = 0;  // held-out loss of the round's global parameters
-  double median_t = 0;  // of the median contribution's gain over the rows (judged: >= significance)
+  // The step guard's (0: not probed): held-out loss with the round's plain average of the
+  // contributions kept applied, and with the outer optimizer's step; whether the round committed
+  // the average instead (and restarted the outer momentum).
+  double average_loss = 0;
+  double step_loss = 0;
+  bool step_guarded = false;
+  double median_t = 0;  // of the median contribution's gain, at 32 rows (judged: >= significance)
   double seconds = 0;  // the probes' time (part of the commit's)
   std::map<std::string, IslandScore> islands;
   bool scored() const { return !islands.empty(); }
@@ -157,7 +176,8 @@ class Reputation {
   static constexpr double kMostPerRound = 8;  // |t| of c_i counted from one round
   // The island's leave-one-out evidence updated from this round's c_i (or its absence); whether
   // it pulls the average apart.
-  bool PullsApart(Island& i, const std::vector<double>* c, size_t rows, IslandScore* s) const;
+  bool PullsApart(Island& i, const std::vector<double>* c, size_t rows, double per_row,
+                  IslandScore* s) const;
   double WeightOf(const Island& i) const;
   void Update(Island& i, double score);
   void KeepQuorum(size_t quorum, ScoreReport* report) const;

@@ -190,6 +190,11 @@ class Rounds {
   ScoreReport ScoreEntries(const ServiceFragment& f, const CommitJob& job,
                            std::vector<CommitEntry>& entries, Dropped& dropped,
                            std::vector<std::string>& events);
+  // outer.step_guard: whether the outer optimizer's step of the round's fold g would leave the
+  // held-out loss beyond the guard above the plain average's (the probe's figures into `scores`);
+  // if so the fragment's next step is that average (see rounds_scoring.cc). Under the data lock.
+  bool StepOvershoots(ServiceFragment& f, const CommitJob& job, const float* g,
+                      ScoreReport* scores, std::vector<std::string>& events);
   std::map<std::string, double> AverageWeights(const CommitJob& job, uint64_t n,
                                                const std::vector<CommitEntry>& entries) const;
 
@@ -271,6 +276,10 @@ class Rounds {
     const float* dense = nullptr;
     const SparseGradient* sparse = nullptr;
   };
+  // The round's fold of `refs` into g (under the data lock, after SetStepLocked): sparse where a
+  // linear step takes it so, else dense into the fragment's one accumulator.
+  absl::Status FoldLocked(ServiceFragment& f, const std::vector<ContributionRef>& refs,
+                          AggregationReport* report, Gradient* g);
   // Under the data lock, after SetStepLocked: the update of the outer gradient g, applied
   // (INVALID_ARGUMENT and nothing changed when it would make a parameter non-finite), with the
   // hashes and norm after it. The update is relayed when the step is linear and relaying is

@@ -189,15 +189,33 @@ std::vector<Rounds::CommitEntry> Rounds::CommitEntries(CommitJob& job) const {
   return entries;
 }
 
+absl::Status Rounds::FoldLocked(ServiceFragment& f, const std::vector<ContributionRef>& refs,
+                               AggregationReport* report, Gradient* g) {
+  const size_t n = f.data.size();
+  // A linear step over sparse contributions touches only the coordinates they kept.
+  if (!core_.options.async && core_.options.sparse_commits && f.data.optimizer().linear() &&
+      AggregatesSparsely(core_.options.aggregation, refs)) {
+    g->sparse = &f.sparse_sums;
+    return AggregateSparse(core_.options.aggregation, refs, n, report, &f.sparse_sums,
+                           core_.pool.get());
+  }
+  // The one accumulator, kept between commits: a fresh one would fault in 4 bytes per parameter
+  // again every round (measured: a seventh of a 190M-parameter commit's time).
+  if (!f.accumulator) f.accumulator.reset(new float[n]);
+  g->dense = f.accumulator.get();
+  return Aggregate(core_.options.aggregation, refs, n, f.accumulator.get(), report,
+                   core_.pool.get());
+}
+
 std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
                                                              CommitJob& job,
                                                              std::vector<CommitEntry>& entries,
                                                              Dropped& dropped,
                                                              std::vector<std::string>& events) {
   const size_t n = f.data.size();
-  SetStepLocked(f, job.fragment, job.round);
   const ScoreReport scores = ScoreEntries(f, job, entries, dropped, events);
   while (!entries.empty()) {
+    SetStepLocked(f, job.fragment, job.round);
     std::vector<ContributionRef> refs;
     bool any_late = false;
     for (const auto& e : entries) {
@@ -208,22 +226,10 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
     report.scores = scores;
     // Copies weigh as one (their tokens divided among them), in the fold and in a relayed recipe.
     WeighCopies(core_.options.aggregation.copies, refs, n, CopySeed(job), &report.copies);
-    // A linear step over sparse contributions touches only the coordinates they kept.
     Gradient g;
-    absl::Status s;
-    if (!core_.options.async && core_.options.sparse_commits && f.data.optimizer().linear() &&
-        AggregatesSparsely(core_.options.aggregation, refs)) {
-      s = AggregateSparse(core_.options.aggregation, refs, n, &report, &f.sparse_sums,
-                          core_.pool.get());
-      g.sparse = &f.sparse_sums;
-    } else {
-      // The one accumulator, kept between commits: a fresh one would fault in 4 bytes per
-      // parameter again every round (measured: a seventh of a 190M-parameter commit's time).
-      if (!f.accumulator) f.accumulator.reset(new float[n]);
-      g.dense = f.accumulator.get();
-      s = Aggregate(core_.options.aggregation, refs, n, f.accumulator.get(), &report,
-                    core_.pool.get());
-    }
+    absl::Status s = FoldLocked(f, refs, &report, &g);
+    const bool restart = s.ok() && g.dense != nullptr &&
+                         StepOvershoots(f, job, g.dense, &report.scores, events);
     // The decoded kept values have served (a relayed payload is kept without them; a retry decodes).
     for (auto& e : entries) e.payload->DropKept();
     if (s.ok()) {
@@ -238,6 +244,7 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
           StepLocked(f, job.fragment, job.round, g, job.known_ranges, std::move(relayable),
                      &job.spare);
       if (stepped.ok()) {
+        if (restart) f.data.RestartOptimizer();
         RoundRecord& record = stepped->record;
         for (const auto& e : entries) {
           (e.late ? record.stale_contributors : record.contributors).push_back(e.ref.island);

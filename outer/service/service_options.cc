@@ -74,6 +74,7 @@ SyncServerOptions ServiceOptions(const OuterConfig& outer, const RunBudget& run,
   o.scoring.exclude_below = outer.exclude_below;
   o.scoring.exclude_rounds = uint32_t(outer.exclude_rounds);
   o.scoring.leave_one_out_t = outer.leave_one_out_t;
+  o.scoring.step_guard = outer.step_guard;
   o.max_update_norm = outer.max_update_norm;
   o.max_update_value = outer.max_update_value;
   o.service_threads = outer.service_threads > 0 ? outer.service_threads : UsableCores();

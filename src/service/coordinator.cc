@@ -155,6 +155,11 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
     }
     record["scores"] = scores;
     record["probe_loss"] = r.aggregation.scores.loss;
+    if (r.aggregation.scores.step_loss > 0) {
+      record["probe_average_loss"] = r.aggregation.scores.average_loss;
+      record["probe_step_loss"] = r.aggregation.scores.step_loss;
+      record["step_guarded"] = r.aggregation.scores.step_guarded;
+    }
     record["probe_s"] = r.aggregation.scores.seconds;
     record["probe_median_t"] = r.aggregation.scores.median_t;
   }

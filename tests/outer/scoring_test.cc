@@ -19,10 +19,10 @@ constexpr size_t kRows = 32;
 
 // What a contribution buys on each of the probe's rows: `gain` on average, with noise of `sd`
 // per row (drawn from `seed`).
-std::vector<double> Rows(double gain, double sd, uint64_t seed) {
+std::vector<double> Rows(double gain, double sd, uint64_t seed, size_t rows = kRows) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> noise(0, sd);
-  std::vector<double> d(kRows);
+  std::vector<double> d(rows);
   for (double& x : d) x = gain + noise(rng);
   return d;
 }
@@ -174,6 +174,31 @@ TEST(ReputationTest, HonestLeaveOneOutNoiseLeavesNobodyOut) {
     }
   }
   EXPECT_LT(lowest, -8);
+}
+
+// A probe of 128 rows (micro at batch 64) measures an honest island's small, steady pull (its own
+// data stream: t about -5 over 128 rows in every round, evidence that would reach -5) as finely
+// as it measures a shuffled island's: its t's are read as a 32-row probe's (about -2.5), so it
+// stays in over 50 rounds, while the one that pulls apart is still left out from its third round.
+TEST(ReputationTest, ALargerProbeReadsItsTsAsThirtyTwoRowsDo) {
+  constexpr size_t kLarge = 128;
+  Reputation r(kOptions);
+  const double honest_pull = -5 * 0.001 / std::sqrt(double(kLarge));
+  for (uint64_t round = 0; round < 50; ++round) {
+    uint64_t s = round * 8;
+    Rows_ gains, combined;
+    for (const char* id : {"a", "b", "c", "g"}) {
+      gains[id] = Rows(0.5, 0.05, s++, kLarge);
+      combined[id] = Rows(id[0] == 'g' ? -0.004 : id[0] == 'a' ? honest_pull : 0.0005, 0.001, s++,
+                          kLarge);
+    }
+    const auto report = Round(r, gains, 1, combined);
+    const IslandScore& a = report.islands.at("a");
+    EXPECT_GT(a.loo_t, -4.5) << "round " << round;  // about -2.5, not -5
+    EXPECT_LT(a.loo_t, -0.5) << "round " << round;
+    EXPECT_FALSE(a.excluded) << "round " << round << " evidence " << a.loo_evidence;
+    EXPECT_EQ(report.islands.at("g").excluded, round >= 2) << "round " << round;
+  }
 }
 
 TEST(ReputationTest, AnExcludedIslandIsReadmittedOnceItHelpsAgainAfterItsTimeOut) {

@@ -205,6 +205,8 @@ TEST(ConfigTest, OverridesAndOuterErrorsNameTheKey) {
        "outer.leave_one_out_t must be in [0, 8)"},
       {base, {{"outer.leave_one_out_t", "-1"}}, absl::StatusCode::kInvalidArgument,
        "outer.leave_one_out_t must be in [0, 8)"},
+      {base, {{"outer.step_guard", "-0.1"}}, absl::StatusCode::kInvalidArgument,
+       "outer.step_guard must be in [0, 10]"},
   });
   // Async runs take a warm start (each island pushes every one of its first steps) and outer-lr
   // schedules (over the run's progress).

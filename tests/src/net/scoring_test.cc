@@ -133,6 +133,11 @@ TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
   for (const auto& r : rounds) {
     ExpectHonestAtFullWeight(r, {"island0", "island1", "island2"});
     if (r["scores"]["island3"]["excluded"] == true && left_out_at < 0) left_out_at = r["round"];
+    // The step guard (outer.step_guard) probed the round's plain average and its outer step.
+    EXPECT_GT(r["probe_average_loss"].get<double>(), 0) << r.dump();
+    EXPECT_GT(r["probe_step_loss"].get<double>(), 0) << r.dump();
+    EXPECT_EQ(r["step_guarded"].get<bool>(),
+              r["probe_step_loss"].get<double>() > 1.1 * r["probe_average_loss"].get<double>());
   }
   EXPECT_GE(left_out_at, 0) << run.output;
   EXPECT_LE(left_out_at, 2) << run.output;
