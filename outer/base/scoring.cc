@@ -16,19 +16,13 @@ double Median(std::vector<double> v) {
   return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
 }
 
-double Mean(const std::vector<double>& v) {
-  double sum = 0;
-  for (double x : v) sum += x;
-  return v.empty() ? 0 : sum / double(v.size());
-}
-
 // The paired t statistic of d - m over the rows (0 when they never differ).
 double PairedT(const std::vector<double>& d, const std::vector<double>& m) {
   const size_t rows = d.size();
   if (rows < 2) return 0;
   std::vector<double> diff(rows);
   for (size_t r = 0; r < rows; ++r) diff[r] = d[r] - m[r];
-  const double mean = Mean(diff);
+  const double mean = MeanOf(diff);
   double squares = 0;
   for (double x : diff) squares += (x - mean) * (x - mean);
   const double se = std::sqrt(squares / double(rows - 1) / double(rows));
@@ -50,6 +44,12 @@ double AtReferenceRows(size_t rows) {
 }
 
 }  // namespace
+
+double MeanOf(const std::vector<double>& rows) {
+  double sum = 0;
+  for (double x : rows) sum += x;
+  return rows.empty() ? 0 : sum / double(rows.size());
+}
 
 double Reputation::WeightOf(const Island& i) const {
   if (i.excluded_until > 0) return 0;
@@ -73,7 +73,7 @@ bool Reputation::PullsApart(Island& i, const std::vector<double>* c, size_t rows
                             IslandScore* s) const {
   double t = 0;
   if (c != nullptr && Usable(*c, rows)) {
-    s->loo_gain = Mean(*c);
+    s->loo_gain = MeanOf(*c);
     s->loo_t = per_row * PairedT(*c, std::vector<double>(rows, 0.0));
     t = std::clamp(s->loo_t, -kMostPerRound, kMostPerRound);
   }
@@ -94,7 +94,7 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
   for (const auto& [id, d] : improvements) {
     if (Usable(d, rows)) {
       usable.push_back(&d);
-      gains.push_back(Mean(d));
+      gains.push_back(MeanOf(d));
     }
   }
   std::vector<double> median_row(rows, 0.0), column;
@@ -121,7 +121,7 @@ void Reputation::Judge(const std::map<std::string, std::vector<double>>& improve
         Update(i, s.score);
       }
     } else {
-      s.improvement = Mean(d);
+      s.improvement = MeanOf(d);
       s.t = per_row * PairedT(d, median_row);
       if (judges) {
         const double ratio = median_gain > 0 ? s.improvement / median_gain : -1.0;

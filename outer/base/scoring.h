@@ -95,6 +95,9 @@ class LossProbe {
   virtual void Set(uint32_t fragment, const float* params, uint64_t n) = 0;
 };
 
+// The mean of a probe's rows (0 for none): the held-out loss it reports.
+double MeanOf(const std::vector<double>& rows);
+
 // The probe size the rule's thresholds were set on (above).
 inline constexpr size_t kReferenceRows = 32;
 

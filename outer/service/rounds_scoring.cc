@@ -109,10 +109,7 @@ bool Rounds::StepOvershoots(ServiceFragment& f, const CommitJob& job, const floa
   std::vector<float> trial(n);
   auto mean_loss = [&]() -> double {
     auto losses = probe->Losses(job.fragment, trial.data(), n);
-    if (!losses.ok() || losses->empty()) return 0;
-    double sum = 0;
-    for (double x : *losses) sum += x;
-    return sum / double(losses->size());
+    return losses.ok() ? MeanOf(*losses) : 0;
   };
   for (uint64_t i = 0; i < n; ++i) trial[i] = global[i] - g[i];
   scores->average_loss = mean_loss();
@@ -154,9 +151,7 @@ ScoreReport Rounds::ScoreEntries(const ServiceFragment& f, const CommitJob& job,
   std::map<std::string, std::vector<double>> gains, combined;
   size_t on_time = 0;
   if (base.ok()) {
-    double sum = 0;
-    for (double x : *base) sum += x;
-    report.loss = base->empty() ? 0 : sum / double(base->size());
+    report.loss = MeanOf(*base);
     std::vector<float> delta(n), trial(n);
     std::vector<double> total(n, 0.0);  // sum of tokens x delta over the probed contributions
     double tokens = 0;
