@@ -46,12 +46,32 @@ void ExpectBitIdentical(const testing::TempDir& dir, int islands) {
   }
 }
 
-// A round's record holds scores, and the honest islands at full weight in it.
+// An island's score in a round's record; null where the round did not score it: under load an
+// island may push late (its contribution folds into the next round unscored) or miss a round.
+// (A const json's operator[] on an absent key is undefined behaviour, not an error.)
+nlohmann::json ScoreOf(const nlohmann::json& r, const std::string& island) {
+  if (!r.contains("scores") || !r["scores"].contains(island)) return nlohmann::json();
+  return r["scores"][island];
+}
+
+bool Excluded(const nlohmann::json& r, const std::string& island) {
+  const auto score = ScoreOf(r, island);
+  return !score.is_null() && score["excluded"] == true;
+}
+
+// A round's record holds scores, the honest islands it scored at full weight, and none left out.
 void ExpectHonestAtFullWeight(const nlohmann::json& r, const std::vector<std::string>& honest) {
   ASSERT_TRUE(r.contains("scores")) << r.dump();
   for (const auto& island : honest) {
-    EXPECT_EQ(r["scores"][island]["weight"], 1.0) << r.dump();
-    EXPECT_EQ(r["scores"][island]["excluded"], false) << r.dump();
+    const auto score = ScoreOf(r, island);
+    if (score.is_null()) {
+      EXPECT_THAT(r.value("dropped", nlohmann::json::array()).dump(),
+                  ::testing::Not(HasSubstr(island)))
+          << r.dump();
+      continue;
+    }
+    EXPECT_EQ(score["weight"], 1.0) << r.dump();
+    EXPECT_EQ(score["excluded"], false) << r.dump();
   }
 }
 
@@ -67,14 +87,11 @@ TEST(ScoringTest, HostileIslandsAreLeftOutAndHonestOnesKeepTheirWeight) {
   std::map<std::string, int> left_out_at;  // the first round each hostile island was left out
   for (const auto& r : rounds) {
     ExpectHonestAtFullWeight(r, {"island0", "island1"});
-    const auto& scores = r["scores"];
     for (const char* hostile : {"island2", "island3"}) {
-      if (scores[hostile]["excluded"] == true && !left_out_at.count(hostile)) {
-        left_out_at[hostile] = r["round"];
-      }
-      if (left_out_at.count(hostile)) {
-        EXPECT_EQ(scores[hostile]["weight"], 0.0) << r.dump();
-        EXPECT_THAT(r["dropped"].dump(), HasSubstr(hostile));
+      if (Excluded(r, hostile) && !left_out_at.count(hostile)) left_out_at[hostile] = r["round"];
+      if (left_out_at.count(hostile) && !ScoreOf(r, hostile).is_null()) {
+        EXPECT_EQ(ScoreOf(r, hostile)["weight"], 0.0) << r.dump();
+        EXPECT_THAT(r.value("dropped", nlohmann::json::array()).dump(), HasSubstr(hostile));
       }
     }
   }
@@ -99,7 +116,8 @@ TEST(ScoringTest, AnIslandThatTurnsHonestIsReadmitted) {
   double last_weight = -1;
   for (const auto& r : testing::ServiceRounds(dir)) {
     ExpectHonestAtFullWeight(r, {"island0", "island1"});
-    const auto& m = r["scores"]["island2"];
+    const auto m = ScoreOf(r, "island2");
+    if (m.is_null()) continue;  // it pushed late: unscored at full weight
     if (m["excluded"] == true && left_out < 0) left_out = r["round"];
     if (m["excluded"] == false && left_out >= 0 && readmitted < 0) readmitted = r["round"];
     last_weight = m["weight"];
@@ -125,15 +143,24 @@ TEST(ScoringTest, AnIslandTrainingOnShuffledTokensIsLeftOut) {
   int left_out_at = -1;
   const auto rounds = testing::ServiceRounds(dir);
   ASSERT_FALSE(rounds.empty());
-  const auto& first = rounds[0]["scores"];
-  EXPECT_LT(first["island3"]["loo_t"].get<double>(), -4) << rounds[0].dump();
+  // The first round that scored all four (under load one may push round 0 late).
+  const nlohmann::json* first = nullptr;
+  for (const auto& r : rounds) {
+    if (r["contributors"].size() == 4u) {  // all on time, none left out
+      first = &r;
+      break;
+    }
+  }
+  ASSERT_NE(first, nullptr) << run.output;
+  EXPECT_LT(ScoreOf(*first, "island3")["loo_t"].get<double>(), -4) << first->dump();
   for (const char* honest : {"island0", "island1", "island2"}) {
-    EXPECT_GT(first[honest]["loo_t"].get<double>(), 0) << rounds[0].dump();
+    EXPECT_GT(ScoreOf(*first, honest)["loo_t"].get<double>(), 0) << first->dump();
   }
   for (const auto& r : rounds) {
     ExpectHonestAtFullWeight(r, {"island0", "island1", "island2"});
-    if (r["scores"]["island3"]["excluded"] == true && left_out_at < 0) left_out_at = r["round"];
+    if (Excluded(r, "island3") && left_out_at < 0) left_out_at = r["round"];
     // The step guard (outer.step_guard) probed the round's plain average and its outer step.
+    ASSERT_TRUE(r.contains("probe_average_loss") && r.contains("probe_step_loss")) << r.dump();
     EXPECT_GT(r["probe_average_loss"].get<double>(), 0) << r.dump();
     EXPECT_GT(r["probe_step_loss"].get<double>(), 0) << r.dump();
     EXPECT_EQ(r["step_guarded"].get<bool>(),
@@ -158,7 +185,8 @@ TEST(ScoringTest, AResumedCoordinatorKeepsEachIslandsStanding) {
   int low = 0;
   for (const auto& r : rounds) {
     ExpectHonestAtFullWeight(r, {"island0", "island1"});
-    const auto& m = r["scores"]["island2"];
+    const auto m = ScoreOf(r, "island2");
+    if (m.is_null()) continue;  // it pushed late
     EXPECT_EQ(m["weight"], 0.0) << r.dump();
     if (r["round"].get<int>() >= 3) {
       EXPECT_LT(m["reputation"].get<double>(), 0.2) << r.dump();
