@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -93,11 +94,20 @@ absl::StatusOr<std::shared_ptr<outer::LossProbe>> MakeLossProbe(
     return absl::FailedPreconditionError(
         "outer.scoring = loss_probe needs validation data (data.val_path or data.val_fraction)");
   }
+  // The rows: windows spread evenly over the held-out windows the evaluation does not read (it
+  // reads the first train.eval_batches x train.batch_size), so the probe that sets the weights
+  // does not select on the reported val_loss's text, and its rows sample the held-out documents
+  // rather than one passage: consecutive windows of one story move together, which makes a
+  // paired t over them overstate how sure it is, the same way in every round. A split too small
+  // for both gives the probe its last `rows` windows.
+  const size_t evaluated = size_t(config.train.eval_batches) * size_t(config.train.batch_size);
+  const size_t begin = std::min(evaluated, val.size() - rows);
+  const size_t span = val.size() - begin;
   const int64_t t = config.model.context;
   auto inputs = torch::empty({int64_t(rows), t}, torch::kLong);
   auto targets = torch::empty({int64_t(rows), t}, torch::kLong);
   for (size_t i = 0; i < rows; ++i) {
-    val.Fill(val.size() - rows + i, inputs.data_ptr<int64_t>() + int64_t(i) * t,
+    val.Fill(begin + i * span / rows, inputs.data_ptr<int64_t>() + int64_t(i) * t,
              targets.data_ptr<int64_t>() + int64_t(i) * t);
   }
   auto probe = std::make_shared<ModelLossProbe>(config, fragments, inputs, targets);
