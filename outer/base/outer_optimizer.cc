@@ -93,6 +93,7 @@ class SgdOptimizer : public OuterOptimizer {
   std::unique_ptr<OuterOptimizer> Clone() const override {
     return std::make_unique<SgdOptimizer>(*this);
   }
+  void Restart() override {}
 };
 
 struct OptimizerKind {

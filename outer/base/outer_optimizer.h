@@ -88,8 +88,9 @@ class OuterOptimizer {
   virtual absl::Status Restore(std::vector<std::pair<std::string, std::vector<float>>> tensors,
                                const std::vector<std::pair<std::string, int64_t>>& counters) = 0;
   virtual std::unique_ptr<OuterOptimizer> Clone() const = 0;
-  // Forgets the state, as a fresh optimizer (the learning rate and averaging kept).
-  virtual void Restart() {}
+  // Forgets the state, as a fresh optimizer (the learning rate and averaging kept). The step
+  // guard calls it when it commits a round's plain average; every optimizer says what it forgets.
+  virtual void Restart() = 0;
 
  protected:
   OuterOptimizer(double lr, size_t num_elements) : lr_(lr), size_(num_elements) {}

@@ -54,6 +54,29 @@ TEST(OuterOptimizerTest, TraitsAgreeWithEachOptimizersSteps) {
   }
 }
 
+// Every optimizer, delayed Nesterov too, forgets what it learned on Restart (the step guard's
+// restart): after a few steps and a restart it steps bit for bit as a fresh one.
+TEST(OuterOptimizerTest, ARestartedOptimizerStepsAsAFreshOne) {
+  const float g1[3] = {1.0f, -0.25f, 2.0f}, g2[3] = {-0.5f, 3.0f, 0.125f};
+  for (const auto& name : OuterOptimizerNames()) {
+    for (int delay : {0, 3}) {
+      OuterOptimizerConfig c{0.5, 0.9, true};
+      c.name = name;
+      c.momentum_delay = delay;
+      auto used = MakeOuterOptimizer(c, 3);
+      float u[3], fresh[3];
+      for (int step = 0; step < 2; ++step) used->ComputeUpdate(step % 2 ? g1 : g2, u);
+      used->Restart();  // delayed: two gradients buffered, mid-period
+      auto made = MakeOuterOptimizer(c, 3);
+      for (int step = 0; step < 4; ++step) {
+        used->ComputeUpdate(g1, u);
+        made->ComputeUpdate(g1, fresh);
+        EXPECT_EQ(0, std::memcmp(u, fresh, sizeof(u))) << name << " delay " << delay << " step " << step;
+      }
+    }
+  }
+}
+
 // Outer optimizers by name, with their named state: sgd keeps none and steps u = lr g, bit for
 // bit what nesterov at momentum 0 steps; nesterov's state round-trips through Restore by name.
 TEST(OuterOptimizerTest, ChosenByNameWithNamedState) {
