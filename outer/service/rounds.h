@@ -190,11 +190,14 @@ class Rounds {
   ScoreReport ScoreEntries(const ServiceFragment& f, const CommitJob& job,
                            std::vector<CommitEntry>& entries, Dropped& dropped,
                            std::vector<std::string>& events);
-  // outer.step_guard: whether the outer optimizer's step of the round's fold g would leave the
-  // held-out loss beyond the guard above the plain average's (the probe's figures into `scores`);
-  // if so the fragment's next step is that average (see rounds_scoring.cc). Under the data lock.
-  bool StepOvershoots(ServiceFragment& f, const CommitJob& job, const float* g,
-                      ScoreReport* scores, std::vector<std::string>& events);
+  // outer.step_guard: whether the round commits the plain average of its fold g and restarts the
+  // outer momentum instead of the optimizer's step: the step would leave the held-out loss beyond
+  // the guard above the average's (the probe's figures into `scores`), or the scoring left out
+  // islands the last commit folded in (`purged`), whose contributions the momentum carries (see
+  // rounds_scoring.cc). If so the fragment's next step is that average. Under the data lock.
+  bool GuardsTheStep(ServiceFragment& f, const CommitJob& job, const float* g,
+                     const std::vector<std::string>& purged, ScoreReport* scores,
+                     std::vector<std::string>& events);
   std::map<std::string, double> AverageWeights(const CommitJob& job, uint64_t n,
                                                const std::vector<CommitEntry>& entries) const;
 

@@ -214,6 +214,10 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
                                                              std::vector<std::string>& events) {
   const size_t n = f.data.size();
   const ScoreReport scores = ScoreEntries(f, job, entries, dropped, events);
+  std::vector<std::string> purged;  // left out by the scoring, carried by the outer momentum
+  for (const auto& [island, s] : scores.islands) {
+    if (s.excluded && f.last_folded.count(island) > 0) purged.push_back(island);
+  }
   while (!entries.empty()) {
     SetStepLocked(f, job.fragment, job.round);
     std::vector<ContributionRef> refs;
@@ -229,7 +233,7 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
     Gradient g;
     absl::Status s = FoldLocked(f, refs, &report, &g);
     const bool restart = s.ok() && g.dense != nullptr &&
-                         StepOvershoots(f, job, g.dense, &report.scores, events);
+                         GuardsTheStep(f, job, g.dense, purged, &report.scores, events);
     // The decoded kept values have served (a relayed payload is kept without them; a retry decodes).
     for (auto& e : entries) e.payload->DropKept();
     if (s.ok()) {
@@ -245,6 +249,8 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
                      &job.spare);
       if (stepped.ok()) {
         if (restart) f.data.RestartOptimizer();
+        f.last_folded.clear();
+        for (const auto& e : entries) f.last_folded.insert(e.ref.island);
         RoundRecord& record = stepped->record;
         for (const auto& e : entries) {
           (e.late ? record.stale_contributors : record.contributors).push_back(e.ref.island);

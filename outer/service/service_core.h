@@ -85,6 +85,9 @@ struct ServiceFragment {
   double grace_s = -1;
   ArrivalHistory arrivals;
   std::deque<std::shared_ptr<CommittedRound>> committed;  // newest last
+  // Sync, under data_mu: the islands the last commit folded in (the step guard's: the outer
+  // momentum carries their contributions).
+  std::set<std::string> last_folded;
   SpareChunkData spare_chunks;  // under mu: update buffers for the next commit
   bool spare_warming = false;   // under mu: buffers for spare_chunks are being written
   std::map<std::string, uint64_t> last_base;  // async: newest base version pushed, by island
