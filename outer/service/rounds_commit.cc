@@ -249,8 +249,10 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
                      &job.spare);
       if (stepped.ok()) {
         if (restart) f.data.RestartOptimizer();
-        f.last_folded.clear();
-        for (const auto& e : entries) f.last_folded.insert(e.ref.island);
+        if (core_.options.scoring.loss_probe) {  // the step guard's (only with scoring)
+          f.last_folded.clear();
+          for (const auto& e : entries) f.last_folded.insert(e.ref.island);
+        }
         RoundRecord& record = stepped->record;
         for (const auto& e : entries) {
           (e.late ? record.stale_contributors : record.contributors).push_back(e.ref.island);

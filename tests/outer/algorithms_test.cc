@@ -71,7 +71,8 @@ TEST(OuterOptimizerTest, ARestartedOptimizerStepsAsAFreshOne) {
       for (int step = 0; step < 4; ++step) {
         used->ComputeUpdate(g1, u);
         made->ComputeUpdate(g1, fresh);
-        EXPECT_EQ(0, std::memcmp(u, fresh, sizeof(u))) << name << " delay " << delay << " step " << step;
+        EXPECT_EQ(0, std::memcmp(u, fresh, sizeof(u)))
+            << name << " delay " << delay << " step " << step;
       }
     }
   }
