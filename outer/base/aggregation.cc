@@ -260,19 +260,20 @@ absl::Status CheckCovered(const std::vector<ContributionRef>& contributions, uin
   return absl::OkStatus();
 }
 
-// The mean rules' scale of each contribution: 1, or clipped_mean's clip factor.
+// The mean rules' scale of each contribution: its discount, times clipped_mean's clip factor.
 std::vector<double> MeanScales(const AggregationOptions& options,
                                const std::vector<ContributionRef>& contributions,
                                AggregationReport* report) {
   const size_t m = contributions.size();
   std::vector<double> scale(m, 1.0);
+  for (size_t i = 0; i < m; ++i) scale[i] = contributions[i].discount;
   if (options.rule == AggregationRule::kClippedMean) {
     std::vector<double> norms;
     for (const auto& c : contributions) norms.push_back(c.norm);
     const double bound = options.clip_multiple * Median(norms);
     for (size_t i = 0; i < m; ++i) {
       if (contributions[i].norm > bound) {
-        scale[i] = bound / contributions[i].norm;
+        scale[i] *= bound / contributions[i].norm;
         if (report != nullptr) {
           report->clipped.push_back(contributions[i].island);
           report->outliers.push_back(contributions[i].island);

@@ -45,9 +45,12 @@ struct AggregationOptions {
 
 struct ContributionRef {
   std::string island;
-  uint64_t tokens = 0;
-  double norm = 0;  // L2 norm of the decoded contribution
+  uint64_t tokens = 0;  // its weight: its share of the mean is tokens / the sum of all tokens
+  double norm = 0;      // L2 norm of the decoded contribution
   const EncodedPayload* payload = nullptr;
+  // The mean rules scale its values by this within its share (a late contribution's cap,
+  // Rounds::BoundLateShares): what it gives up goes to no one else.
+  double discount = 1.0;
 };
 
 // What a robust rule did to whom, for the round record and the metrics.

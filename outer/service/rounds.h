@@ -146,6 +146,8 @@ class Rounds {
     // tokens of those left out (dropped).
     std::vector<std::tuple<std::string, uint64_t, bool>> accounted;
     std::vector<std::pair<std::string, uint64_t>> dropped_tokens;
+    std::vector<std::pair<std::string, uint64_t>> voided;  // all-zero contributions: TakeVoid
+    bool progress = true;  // false: a zero update, nothing usable
     AggregationReport aggregation;
     std::map<std::string, double> relative_norms;
   };
@@ -169,17 +171,23 @@ class Rounds {
     bool allowed = true;  // false: the round folds late contributions (one island, two terms)
   };
   // A contribution as a commit aggregates it: on time or late, its weight (a late one's tokens at
-  // 1 / (1 + staleness)) and its whole tokens.
+  // 1 / (1 + staleness), its share capped by BoundLateShares) and its whole tokens.
   struct CommitEntry {
     ContributionRef ref;
     std::shared_ptr<EncodedPayload> payload;  // const to all but the fold, which drops its decoding
     bool late = false;
-    uint64_t tokens = 0;
+    uint64_t tokens = 0;  // its claim
+    uint64_t weight = 0;  // its tokens as the round weighs them, before staleness (WeightLocked)
   };
   std::vector<CommitEntry> CommitEntries(CommitJob& job) const;
+  // Caps each late entry's share of the step at its own staleness (see rounds_commit.cc).
+  static void BoundLateShares(std::vector<CommitEntry>& entries);
+  using Dropped = std::vector<std::pair<std::string, uint64_t>>;  // (island, tokens)
+  // Takes the contributions that change nothing out of `entries` (see rounds_commit.cc).
+  Dropped TakeVoid(const CommitJob& job, std::vector<CommitEntry>& entries,
+                   std::vector<std::string>& events) const;
   // The aggregate of `entries` stepped (under the data lock), leaving out, one by one, those whose
   // combination would make the parameters non-finite (largest norm first; they leave `entries`).
-  using Dropped = std::vector<std::pair<std::string, uint64_t>>;  // (island, tokens)
   std::optional<CommitResult> AggregateAndStep(ServiceFragment& f, CommitJob& job,
                                                std::vector<CommitEntry>& entries, Dropped& dropped,
                                                std::vector<std::string>& events);
@@ -223,9 +231,18 @@ class Rounds {
   void SetRunTokensLocked(pb::PushResponse& response) const;
   absl::Status CheckAsyncLocked(const ServiceFragment& f, uint32_t fragment,
                                 const std::string& island, uint64_t base) const;
+  // The inner steps a contribution may claim (see CheckClaimLocked), and the tokens of `steps`
+  // on the island's declared data-parallel ranks.
+  uint64_t ClaimStepsLocked(const PayloadId& id) const;
+  uint64_t TokensBoundLocked(const PayloadId& id, uint64_t steps) const;
   // Refuses a contribution claiming more tokens than its round allows the island (see
   // SyncServerOptions::tokens_per_step).
   absl::Status CheckClaimLocked(const PayloadId& id, uint64_t tokens) const;
+  // Sync, ending at its steps: refuses a push made past the run's last inner step.
+  absl::Status CheckStepLocked(const PayloadId& id, uint64_t step) const;
+  // A recorded contribution's weight in its round's mean: its tokens, at most one round's of its
+  // island (a larger claim is flagged).
+  uint64_t WeightLocked(const PayloadId& id, uint64_t tokens);
   // Notes an accepted contribution of `tokens` (the bound on later claims, the flag below).
   void NoteContributedLocked(const PayloadId& id, uint64_t tokens, uint64_t step);
   // Flags (counts, and logs at a bounded rate) a member whose claims since it joined exceed
@@ -254,6 +271,8 @@ class Rounds {
                                                 std::vector<CommitJob>& jobs);
   absl::StatusOr<pb::PushResponse> ApplyAsync(const PayloadId& id, Contribution c,
                                               double steps_per_s);
+  // Async, under mu: a contribution of no tokens or no change, recorded and answered unapplied.
+  pb::PushResponse VoidAsyncLocked(const PayloadId& id, const Contribution& c, uint64_t staleness);
   uint32_t SyncEveryLocked(const std::string& island) const;
   // Sync with auto-tune: records the island's figures and tells it the tau to use from now on.
   void TuneLocked(const std::string& island, const IslandFigures& figures,

@@ -167,10 +167,11 @@ bool Rounds::MayFoldSparsely() const {
 }
 
 // In island-id order (std::map), the on-time contributions, then the late ones: the result does
-// not depend on arrival order. A late contribution weighs its tokens / (1 + staleness), the rule
-// async mode's staleness scaling follows (outer.staleness_scaling; FedAsync's polynomial staleness
-// weight with a = 1, Xie et al. 2019), so a round's own work counts most. The payloads are
-// shared: a relayed update keeps them.
+// not depend on arrival order. Each weighs its tokens (at most one round's: WeightLocked), a late
+// one its tokens / (1 + staleness), the rule async mode's staleness scaling follows
+// (outer.staleness_scaling; FedAsync's polynomial staleness weight with a = 1, Xie et al. 2019);
+// BoundLateShares then caps what the late ones move. The payloads are shared: a relayed update
+// keeps them.
 std::vector<Rounds::CommitEntry> Rounds::CommitEntries(CommitJob& job) const {
   std::vector<CommitEntry> entries;
   for (auto* from : {&job.contributions, &job.late}) {
@@ -178,15 +179,35 @@ std::vector<Rounds::CommitEntry> Rounds::CommitEntries(CommitJob& job) const {
       CommitEntry e;
       e.late = from == &job.late;
       e.tokens = c.tokens;
+      e.weight = std::max<uint64_t>(1, c.weight > 0 ? c.weight : c.tokens);
       const uint64_t stale = e.late ? job.round - std::min(job.round, c.base_round) : 0;
       e.payload = std::make_shared<EncodedPayload>(std::move(c.payload));
-      e.ref = {id, std::max<uint64_t>(1, c.tokens / (1 + stale)), c.norm, e.payload.get()};
+      e.ref = {id, std::max<uint64_t>(1, e.weight / (1 + stale)), c.norm, e.payload.get()};
       entries.push_back(std::move(e));
     }
   }
   job.contributions.clear();
   job.late.clear();
   return entries;
+}
+
+// A late contribution's effect is bounded by its own staleness, never by who else pushed: it
+// moves the model at most tokens / (1 + staleness) over the round's tokens, every contribution's
+// counted whole. Its weight in the mean (tokens / (1 + staleness) against the on-time ones'
+// tokens) would give it more when the on-time work is small: alone, its whole step (on a chaos
+// run, 93% of a round was a one-round-old pseudo-gradient, on top of the round that had moved the
+// model from its base). The on-time contributions keep their shares; what the cap takes from a
+// late one goes to no one. With no late contribution nothing changes.
+void Rounds::BoundLateShares(std::vector<CommitEntry>& entries) {
+  double weighed = 0, whole = 0;  // the mean's tokens; the round's, late ones whole
+  bool any_late = false;
+  for (const auto& e : entries) {
+    weighed += double(e.ref.tokens);
+    whole += double(e.late ? e.weight : e.ref.tokens);
+    any_late = any_late || e.late;
+  }
+  if (!any_late) return;
+  for (auto& e : entries) e.ref.discount = e.late ? weighed / whole : 1.0;
 }
 
 absl::Status Rounds::FoldLocked(ServiceFragment& f, const std::vector<ContributionRef>& refs,
@@ -207,6 +228,27 @@ absl::Status Rounds::FoldLocked(ServiceFragment& f, const std::vector<Contributi
                    core_.pool.get());
 }
 
+// A contribution of no tokens (an island whose spike guard dropped every step it trained since its
+// push) or of no change (all zero: tokens claimed for no work) is left out of the fold, where it
+// would only shrink the others' shares or carry what no step made, and its tokens are not counted
+// as committed.
+Rounds::Dropped Rounds::TakeVoid(const CommitJob& job, std::vector<CommitEntry>& entries,
+                                 std::vector<std::string>& events) const {
+  Dropped voided;
+  for (auto it = entries.begin(); it != entries.end();) {
+    if (it->ref.norm > 0 && it->tokens > 0) {
+      ++it;
+      continue;
+    }
+    events.push_back(absl::StrCat("round ", job.round, " of fragment ", job.fragment, ": island '",
+                                  it->ref.island, "' contributed no work (", it->tokens,
+                                  " tokens, norm ", it->ref.norm, "); left out of the average"));
+    voided.emplace_back(it->ref.island, it->tokens);
+    it = entries.erase(it);
+  }
+  return voided;
+}
+
 std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
                                                              CommitJob& job,
                                                              std::vector<CommitEntry>& entries,
@@ -220,6 +262,7 @@ std::optional<Rounds::CommitResult> Rounds::AggregateAndStep(ServiceFragment& f,
   }
   while (!entries.empty()) {
     SetStepLocked(f, job.fragment, job.round);
+    BoundLateShares(entries);
     std::vector<ContributionRef> refs;
     bool any_late = false;
     for (const auto& e : entries) {
@@ -291,6 +334,7 @@ void Rounds::RunCommit(CommitJob job) {
   Dropped dropped;
   std::vector<std::string> events;
   std::vector<CommitEntry> entries = CommitEntries(job);
+  Dropped voided = TakeVoid(job, entries, events);
   std::optional<CommitResult> result = AggregateAndStep(f, job, entries, dropped, events);
   if (core_.options.scoring.loss_probe && core_.options.loss_probe) {
     core_.options.loss_probe->Set(job.fragment, f.data.params().data(), f.data.size());
@@ -299,14 +343,17 @@ void Rounds::RunCommit(CommitJob job) {
     if (e.payload.use_count() == 1) push_buffers_.Recycle(e.payload->chunks);  // not relayed
   }
   if (!result) {
-    // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged).
+    // Nothing usable: the round commits with a zero update (parameters and optimizer unchanged),
+    // which is no progress: its tokens reached no model.
     result.emplace();
+    result->record.progress = false;
     result->update = ZeroUpdate({core_.options.run_id, "", job.round, job.fragment},
                                 core_.options.codec, f.data.size(), core_.options.chunk_bytes);
     MeasureLocked(f, job.known_ranges, *result);
   }
   for (const auto& [island, tokens] : dropped) result->record.dropped.push_back(island);
   result->record.dropped_tokens = std::move(dropped);
+  result->record.voided = std::move(voided);
   result->events = std::move(events);
   result->opened = job.opened;
   result->record.grace_s = job.grace_s;
@@ -414,7 +461,12 @@ void Rounds::PublishLocked(uint32_t fragment, CommitResult result, absl::Time no
   committed->stale_contributors = std::move(result.record.stale_contributors);
   committed->stale_tokens = result.record.stale_tokens;
   committed->dropped = std::move(result.record.dropped);
+  committed->progress = result.record.progress;
+  for (const auto& [island, tokens] : result.record.voided) committed->voided.push_back(island);
   if (fragment == 0) {
+    for (const auto& [island, tokens] : result.record.voided) {
+      core_.ledger.Dropped(island, "void (no change)", tokens);
+    }
     for (const auto& [island, tokens, stale] : result.record.accounted) {
       core_.ledger.Committed(island, tokens, stale);
     }

@@ -74,15 +74,21 @@ void Rounds::NoteRefused(const PayloadId& id, uint64_t first_offset, uint64_t to
                          const absl::Status& why) {
   if (id.fragment != 0 || first_offset != 0 || tokens == 0) return;
   const std::string reason = RefusalReason(why);
-  // (AlreadyExists: the service has the contribution; a push again after its answer was lost.)
-  if (reason == "unavailable" || absl::IsUnauthenticated(why) || absl::IsNotFound(why) ||
-      absl::IsAlreadyExists(why)) {
+  // (AlreadyExists: the service has the contribution; a push again after its answer was lost.
+  // Invalid: its claim, values or shape were not accepted, so neither is its word on its tokens;
+  // what it trained shows as lost.)
+  if (reason == "unavailable" || reason == "invalid" || absl::IsUnauthenticated(why) ||
+      absl::IsNotFound(why) || absl::IsAlreadyExists(why)) {
     return;
   }
   std::lock_guard<std::mutex> lock(core_.mu);
   if (core_.membership.Find(id.island_id) == nullptr && !absl::IsPermissionDenied(why) &&
       !absl::IsFailedPrecondition(why)) {
     return;
+  }
+  // A claim is the caller's word: the ledger takes at most what the round could have carried.
+  if (core_.options.tokens_per_step > 0 && !core_.options.async && id.fragment < core_.fragments.size()) {
+    tokens = std::min(tokens, TokensBoundLocked(id, ClaimStepsLocked(id)));
   }
   core_.ledger.Refused(id.island_id, id.round, reason, tokens);
 }
@@ -114,6 +120,7 @@ absl::StatusOr<std::unique_ptr<PushStream>> Rounds::OpenPushChecked(const pb::Pu
     std::lock_guard<std::mutex> lock(core_.mu);
     ATL_RETURN_IF_ERROR(core_.membership.Authenticate(id.island_id, first.session()));
     ATL_RETURN_IF_ERROR(CheckPushLocked(id));
+    ATL_RETURN_IF_ERROR(CheckStepLocked(id, first.step()));
     // One push at a time per island, fragment and first element (a rank retrying its push while
     // the first attempt is still being read is told to wait).
     if (!open_pushes_.emplace(id.island_id, id.fragment, h.offset()).second) {
@@ -237,7 +244,6 @@ absl::Status Rounds::CheckNormLocked(const PayloadId& id, const Contribution& c)
 absl::StatusOr<pb::PushResponse> Rounds::FinishPushChecked(std::unique_ptr<PushStream> stream) {
   ATL_RETURN_IF_ERROR(stream->chunks_.CheckComplete());
   const uint64_t tokens = stream->tokens_;
-  if (tokens == 0) return absl::InvalidArgumentError("a contribution must weigh at least 1 token");
   const PayloadId id = stream->chunks_.id();
   ATL_RETURN_IF_ERROR(ValidateFigures(stream->figures_));
   const double steps_per_s = stream->figures_.steps_per_s;
@@ -355,6 +361,7 @@ pb::PushResponse Rounds::RecordLateLocked(const PayloadId& id, Contribution c) {
   ServiceFragment& frag = core_.fragments[id.fragment];
   const uint64_t open = OpenRoundLocked(frag);
   c.base_round = id.round;
+  c.weight = WeightLocked(id, c.tokens);
   const uint64_t tokens = c.tokens;
   frag.late.emplace(id.island_id, std::move(c));
   core_.membership.Contributed(id.island_id, absl::Now()).IgnoreError();
@@ -385,6 +392,7 @@ absl::StatusOr<pb::PushResponse> Rounds::RecordLocked(const PayloadId& id, Contr
     return response;
   }
   c.base_round = id.round;
+  c.weight = WeightLocked(id, c.tokens);
   frag.contributions.emplace(id.island_id, std::move(c));
   const absl::Time now = absl::Now();
   core_.membership.Contributed(id.island_id, now).IgnoreError();  // a member: checked by the caller
@@ -427,37 +435,75 @@ absl::Status Rounds::CheckAsyncLocked(const ServiceFragment& f, uint32_t fragmen
   return absl::OkStatus();
 }
 
-absl::Status Rounds::CheckClaimLocked(const PayloadId& id, uint64_t tokens) const {
-  if (core_.options.tokens_per_step == 0) return absl::OkStatus();
+uint64_t Rounds::ClaimStepsLocked(const PayloadId& id) const {
   const Member* m = core_.membership.Find(id.island_id);
-  const uint64_t ranks = m != nullptr ? m->data_parallel : 1;
-  // Sync: the round's own steps (one in a warm-start round); an island's first contribution after
-  // it joined reaches back to the step it resumed at, one carrying a refused push's steps to the
-  // round after its last recorded one, a late one up to the due step of the round it folds into.
+  // Sync: the round's own steps (one in a warm-start round), a late contribution's too; an
+  // island's first contribution after it joined reaches back to the step it resumed at, one
+  // carrying a refused push's steps to the round after its last recorded one.
   // Async: the run's H. An island's own H (dynamic local steps) is at most that, and a fragment's
   // next push follows the H the island held at its last one, which may be any it was told.
-  uint64_t steps = core_.options.sync_every;
-  if (!core_.options.async) {
-    const SyncSchedule schedule = core_.Schedule();
-    const int f = int(id.fragment);
-    int64_t start = schedule.RoundStart(f, id.round);
-    const bool first =
-        m == nullptr || id.fragment >= m->contributed.size() || !m->contributed[id.fragment];
-    if (first) start = std::min(start, std::max<int64_t>(0, m ? m->resume_floor : 0));
-    if (auto d = done_.find(id.island_id); d != done_.end() && id.fragment < d->second.size() &&
-                                           d->second[id.fragment].rounds > 0) {
-      start = std::min(start, schedule.RoundStart(f, d->second[id.fragment].rounds));
-    }
-    const uint64_t folded_into = std::max(id.round, OpenRoundLocked(core_.fragments[id.fragment]));
-    steps = uint64_t(std::max<int64_t>(0, schedule.DueStep(f, folded_into) - start));
+  if (core_.options.async) return core_.options.sync_every;
+  const SyncSchedule schedule = core_.Schedule();
+  const int f = int(id.fragment);
+  int64_t start = schedule.RoundStart(f, id.round);
+  const bool first =
+      m == nullptr || id.fragment >= m->contributed.size() || !m->contributed[id.fragment];
+  if (first) start = std::min(start, std::max<int64_t>(0, m ? m->resume_floor : 0));
+  if (auto d = done_.find(id.island_id); d != done_.end() && id.fragment < d->second.size() &&
+                                         d->second[id.fragment].rounds > 0) {
+    start = std::min(start, schedule.RoundStart(f, d->second[id.fragment].rounds));
   }
+  return uint64_t(std::max<int64_t>(0, schedule.DueStep(f, id.round) - start));
+}
+
+uint64_t Rounds::TokensBoundLocked(const PayloadId& id, uint64_t steps) const {
+  const Member* m = core_.membership.Find(id.island_id);
+  const uint64_t ranks = m != nullptr ? m->data_parallel : 1;
   const absl::uint128 bound = absl::uint128(steps) * core_.options.tokens_per_step * ranks;
+  return bound > UINT64_MAX ? UINT64_MAX : absl::Uint128Low64(bound);
+}
+
+absl::Status Rounds::CheckClaimLocked(const PayloadId& id, uint64_t tokens) const {
+  if (core_.options.tokens_per_step == 0) return absl::OkStatus();
+  const uint64_t steps = ClaimStepsLocked(id);
+  const uint64_t bound = TokensBoundLocked(id, steps);
   if (tokens <= bound) return absl::OkStatus();
+  const Member* m = core_.membership.Find(id.island_id);
   return absl::InvalidArgumentError(absl::StrCat(
       "contribution of island '", id.island_id, "' to round ", id.round, " of fragment ",
       id.fragment, " claims ", tokens, " tokens; it covers at most ", steps, " inner steps of ",
-      core_.options.tokens_per_step, " tokens on each of the island's ", ranks,
-      " data-parallel ranks: ", absl::Uint128Low64(bound)));
+      core_.options.tokens_per_step, " tokens on each of the island's ",
+      m != nullptr ? m->data_parallel : 1, " data-parallel ranks: ", bound));
+}
+
+absl::Status Rounds::CheckStepLocked(const PayloadId& id, uint64_t step) const {
+  // A sync run that ends at its steps: no island trains past its last one (an island that was
+  // away trains the steps it owes up to it, no further).
+  const uint64_t last = core_.options.total_inner_steps;
+  if (core_.options.async || core_.options.token_budget > 0 || last == 0 || step <= last) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("contribution of island '", id.island_id,
+                                                 "' to round ", id.round, " of fragment ",
+                                                 id.fragment, " says it was pushed at inner step ",
+                                                 step, ", past the run's last step ", last));
+}
+
+uint64_t Rounds::WeightLocked(const PayloadId& id, uint64_t tokens) {
+  if (core_.options.tokens_per_step == 0 || core_.options.async) return tokens;
+  const uint64_t steps = uint64_t(std::max<int64_t>(1, RoundStepsLocked(id.fragment, id.round)));
+  const uint64_t round = TokensBoundLocked(id, steps);
+  if (tokens <= round) return tokens;
+  // Work from before the round (an island back from a failure with the steps it trained away,
+  // a refused push carried over) is in the pseudo-gradient already: a larger weight would count it
+  // twice, and take the round from the islands that trained it.
+  if (Member* m = core_.membership.FindMutable(id.island_id); m != nullptr) ++m->flagged_claims;
+  core_.EventLocked(
+      absl::StrCat("island '", id.island_id, "' claims more than a round's tokens"),
+      absl::StrFormat(": %d tokens for round %d of fragment %d, %.1f rounds of work; it weighs "
+                      "as one round (%d tokens)",
+                      tokens, id.round, id.fragment, double(tokens) / double(round), round));
+  return round;
 }
 
 uint64_t Rounds::DoneStepLocked(const std::string& island, uint32_t fragment) const {
@@ -516,6 +562,24 @@ void Rounds::FlagClaimLocked(Member& m, absl::Time now) {
                       m.peak_tokens_per_s, m.data_parallel));
 }
 
+pb::PushResponse Rounds::VoidAsyncLocked(const PayloadId& id, const Contribution& c,
+                                         uint64_t staleness) {
+  ServiceFragment& frag = core_.fragments[id.fragment];
+  frag.last_base[id.island_id] = id.round;
+  core_.membership.Contributed(id.island_id, absl::Now()).IgnoreError();
+  NoteContributedLocked(id, c.tokens, c.step);
+  if (id.fragment == 0) core_.ledger.Dropped(id.island_id, "void (no change)", c.tokens);
+  pb::PushResponse response;
+  response.set_round(id.round);
+  response.set_fragment(id.fragment);
+  response.set_version(frag.round);
+  response.set_staleness(uint32_t(staleness));
+  response.set_sync_every(SyncEveryLocked(id.island_id));
+  SetRunTokensLocked(response);
+  frag.applied[id.island_id] = {id.round, response};
+  return response;
+}
+
 uint32_t Rounds::SyncEveryLocked(const std::string& island) const {
   if (!core_.options.dynamic_local_steps) return core_.options.sync_every;
   auto it = steps_per_s_.find(island);
@@ -546,6 +610,9 @@ absl::StatusOr<pb::PushResponse> Rounds::ApplyAsync(const PayloadId& id, Contrib
       step.island_step = std::max(step.island_step, it->second[id.fragment].step);
     }
     step.tokens_committed = core_.tokens_committed;
+    // No tokens (an island whose spike guard dropped every step since its push) or no change:
+    // nothing to apply; the answer tells the island where the fragment is (Rounds::TakeVoid).
+    if (c.tokens == 0 || !(c.norm > 0)) return VoidAsyncLocked(id, c, staleness);
     spare = std::exchange(frag.spare_chunks, {});
   }
   const absl::Time started = absl::Now();

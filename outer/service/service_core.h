@@ -43,6 +43,7 @@ struct Contribution {
   double norm = 0;
   uint64_t base_round = 0;  // the round it was made for (a late one's is older than its fold's)
   uint64_t step = 0;        // the island's inner step when it pushed
+  uint64_t weight = 0;      // its weight in the round's mean (Rounds::WeightLocked)
 };
 
 // An island's contribution while its ranks' pushes arrive (each carries the ranges it owns).

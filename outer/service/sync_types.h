@@ -147,6 +147,10 @@ struct CommittedRound {
   // or the combination would have made the parameters non-finite (largest norm first); and what
   // the aggregation rule did.
   std::vector<std::string> dropped;
+  // Islands whose contributions changed nothing (all zero): left out, their tokens not committed.
+  std::vector<std::string> voided;
+  // false: nothing usable, the round committed a zero update (its tokens reached no model).
+  bool progress = true;
   AggregationReport aggregation;
   // Each contribution's L2 norm over the fragment's parameter norm before the round (a drifting or
   // broken island shows here first; outer.max_update_norm bounds it).

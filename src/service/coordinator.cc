@@ -122,6 +122,8 @@ nlohmann::json RoundRecord(const outer::CommittedRound& r, double wall) {
                            {"commit_s", r.commit_s},
                            {"wall_s", wall}};
   if (!r.dropped.empty()) record["dropped"] = r.dropped;
+  if (!r.voided.empty()) record["voided"] = r.voided;  // contributions of no work
+  if (!r.progress) record["progress"] = false;         // a zero update
   if (r.grace_s >= 0) record["grace_s"] = r.grace_s;
   if (!r.stale_contributors.empty()) {
     record["stale_contributors"] = r.stale_contributors;  // late: made for an earlier round

@@ -23,7 +23,7 @@ using ::testing::HasSubstr;
 
 // Late contributions (outer.max_staleness = 1), through the real gRPC service: round 0 commits at
 // its deadline without island c; c's push for round 0 then is folded into round 1 at weight
-// 1 / (1 + 1), recorded as stale, and c's copy, having applied round 0 as usual, stays
+// 1 / (1 + 1), its share of the step capped at that over the round's tokens, recorded as stale, and c's copy, having applied round 0 as usual, stays
 // bit-identical with the service's every round. A push two rounds stale is refused by name.
 class GrpcLateTest : public ::testing::Test {
  protected:
@@ -66,13 +66,14 @@ class GrpcLateTest : public ::testing::Test {
     }
   }
   absl::Status Push(const std::string& island, uint64_t round, std::vector<float> delta,
-                    uint64_t tokens) {
+                    uint64_t tokens, uint64_t step = 0) {
     auto chunks = *outer::EncodeChunks({"run", island, round, 0}, {compression::Codec::kFp32, 0},
                                        delta.data(), 0, delta.size(), delta.size(), 8);
     std::vector<pb::PushRequest> out(chunks.size());
     for (size_t i = 0; i < chunks.size(); ++i) {
       *out[i].mutable_chunk() = chunks[i];
       out[i].set_tokens(tokens);
+      out[i].set_step(step);
     }
     out[0].set_session(sessions_[island]);
     return testing::PushAll(*client_, out).status();
@@ -130,7 +131,9 @@ TEST_F(GrpcLateTest, ALatePushIsFoldedIntoTheNextRoundWithItsWeight) {
   const std::vector<float> theta2 = sync_->params();
   EXPECT_EQ(c->global(), theta2);
   EXPECT_EQ(c->global_hash(), sync_->params_hash());
-  const float mean = (100 * 2.0f + 100 * 2.0f + 100 * 2.0f + 50 * 8.0f) / 350.0f;
+  // The on-time 2s at their weights against c's late 8 at 100 / 2 tokens (as before); c's late 8
+  // moves the model at most (100 / 2) / 400 of it, its tokens at 1 / (1 + 1) over the round's.
+  const float mean = (100 * 2.0f + 100 * 2.0f + 100 * 2.0f) / 350.0f + 50 * 8.0f / 400.0f;
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(theta2[i], theta1[i] - mean, 1e-5) << i;
   const auto committed = Committed();
   ASSERT_EQ(committed.size(), 2u);
@@ -139,6 +142,37 @@ TEST_F(GrpcLateTest, ALatePushIsFoldedIntoTheNextRoundWithItsWeight) {
   EXPECT_EQ(committed[1].stale_contributors, (std::vector<std::string>{"c"}));
   EXPECT_EQ(committed[1].stale_tokens, 100u);
   EXPECT_EQ(committed[1].tokens, 400u);  // every token that reached the model, whole
+}
+
+// The chaos run's round 53: a late push nearly alone in its round (the on-time islands trained a
+// step each, 1 token) moved the model as far as its own round would have, on top of the round that
+// had moved it from the same base. Its effect is bounded by its staleness, whoever else pushed:
+// at most 1 / (1 + 1) of its own round's step.
+TEST_F(GrpcLateTest, ALatePushNearlyAloneMovesTheModelNoFartherThanItsStalenessAllows) {
+  auto c = IslandOf("c");
+  const std::vector<float> theta0 = sync_->params();
+  ASSERT_TRUE(Push("a", 0, {1, 1, 1, 1}, 100).ok());
+  ASSERT_TRUE(Push("b", 0, {1, 1, 1, 1}, 100).ok());
+  AwaitRound(1);
+  const std::vector<float> theta1 = sync_->params();
+  std::vector<float> local(4);
+  for (size_t i = 0; i < 4; ++i) local[i] = theta0[i] - 8.0f;  // its own round's step: 8
+  auto late = c->SyncRound(local, 100);
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_TRUE(late->late);
+  ASSERT_TRUE(Push("a", 1, {1e-3f, 1e-3f, 1e-3f, 1e-3f}, 1).ok());
+  ASSERT_TRUE(Push("b", 1, {1e-3f, 1e-3f, 1e-3f, 1e-3f}, 1).ok());
+  for (size_t i = 0; i < 4; ++i) local[i] = theta1[i] - 1e-3f;
+  ASSERT_TRUE(c->SyncRound(local, 1).ok());
+  const std::vector<float> theta2 = sync_->params();
+  // Before: (3 x 1e-3 + 50 x 8) / 53 = 7.5, 94% of its own step. Now its share is capped at
+  // (100 / 2) / 103 of the round's tokens.
+  const float expected = 3 * 1e-3f / 53.0f + 50 * 8.0f / 103.0f;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(theta1[i] - theta2[i], expected, 1e-5) << i;
+    EXPECT_LE(theta1[i] - theta2[i], 8.0f / 2) << i;
+  }
+  EXPECT_EQ(c->global_hash(), sync_->params_hash());
 }
 
 TEST_F(GrpcLateTest, APushTwoRoundsStaleIsRefusedByName) {
@@ -214,6 +248,86 @@ TEST_F(GrpcPartialTest, APartialPushCountsItsStepsAndNoMore) {
   const std::vector<float> theta1 = sync_->params();
   const float mean = (40 * 1.0f + 40 * 1.0f + 30 * 3.0f) / 110.0f;
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(theta1[i], theta0[i] - mean, 1e-5) << i;
+}
+
+// A push made past the run's last inner step (step 2^64-1 made the round stop waiting for its
+// island) is refused by name, and changes nothing.
+TEST_F(GrpcPartialTest, APushPastTheRunsLastStepIsRefused) {
+  const std::vector<float> theta0 = sync_->params();
+  const absl::Status absurd = Push("a", 0, {1, 1, 1, 1}, 40, UINT64_MAX);
+  EXPECT_EQ(absurd.code(), absl::StatusCode::kInvalidArgument) << absurd;
+  EXPECT_THAT(std::string(absurd.message()),
+              HasSubstr("pushed at inner step 18446744073709551615, past the run's last step 40"));
+  ASSERT_TRUE(Push("a", 0, {1, 1, 1, 1}, 40, 4).ok());
+  ASSERT_TRUE(Push("b", 0, {1, 1, 1, 1}, 40, 4).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(sync_->round(), 0u);  // it still waits for c
+  EXPECT_EQ(sync_->params(), theta0);
+}
+
+// What the ledger holds for an island is what the service accepted: a push refused for its claim
+// (2^64-1 tokens) leaves it as it was.
+TEST_F(GrpcPartialTest, ARefusedClaimLeavesTheLedgerUnchanged) {
+  pb::HeartbeatRequest beat;
+  beat.set_run_id("run");
+  beat.set_island_id("c");
+  beat.set_session(sessions_["c"]);
+  beat.mutable_telemetry()->set_process(7);
+  beat.mutable_telemetry()->set_tokens_trained(40);
+  ASSERT_TRUE(client_->Heartbeat(beat).ok());
+  auto account = [&] {
+    for (const auto& i : sync_->GetStatus().islands) {
+      if (i.island_id == "c") return i.tokens;
+    }
+    return outer::TokenAccount{};
+  };
+  const outer::TokenAccount before = account();
+  ASSERT_EQ(before.trained, 40u);  // the ledger knows c
+  const absl::Status greedy = Push("c", 0, {1, 1, 1, 1}, UINT64_MAX, 4);
+  EXPECT_EQ(greedy.code(), absl::StatusCode::kInvalidArgument) << greedy;
+  const outer::TokenAccount after = account();
+  EXPECT_EQ(after.trained, before.trained);
+  EXPECT_EQ(after.on_time, before.on_time);
+  EXPECT_TRUE(after.refused.empty());
+  ASSERT_TRUE(Push("c", 0, {1, 1, 1, 1}, 40, 4).ok());
+  EXPECT_EQ(account().trained, 40u);
+}
+
+// An island back after 5 rounds away may claim the 6 rounds it trained since its last recorded
+// contribution (its pseudo-gradient holds them), but they weigh as one round: more would count
+// its work twice and take the round from the islands that trained it (it took 67%). The claim is
+// flagged, and the ledger has it whole.
+TEST_F(GrpcPartialTest, ARejoinClaimingSixRoundsIsFlaggedAndWeighsOneRound) {
+  for (const char* island : {"a", "b", "c"}) ASSERT_TRUE(Push(island, 0, {1, 1, 1, 1}, 40, 4).ok());
+  AwaitRound(1);
+  pb::LeaveRequest leave;
+  leave.set_run_id("run");
+  leave.set_island_id("c");
+  leave.set_session(sessions_["c"]);
+  ASSERT_TRUE(client_->Leave(leave).ok());
+  for (uint64_t r = 1; r < 6; ++r) {
+    ASSERT_TRUE(Push("a", r, {1, 1, 1, 1}, 40, 4 * (r + 1)).ok());
+    ASSERT_TRUE(Push("b", r, {1, 1, 1, 1}, 40, 4 * (r + 1)).ok());
+    AwaitRound(r + 1);
+  }
+  pb::JoinRequest j;
+  j.set_run_id("run");
+  j.set_name("c");
+  sessions_["c"] = client_->Join(j)->session();
+  const std::vector<float> theta6 = sync_->params();
+  ASSERT_TRUE(Push("c", 6, {7, 7, 7, 7}, 240, 28).ok());  // 6 rounds of 4 steps of 10 tokens
+  ASSERT_TRUE(Push("a", 6, {1, 1, 1, 1}, 40, 28).ok());
+  ASSERT_TRUE(Push("b", 6, {1, 1, 1, 1}, 40, 28).ok());
+  AwaitRound(7);
+  const std::vector<float> theta7 = sync_->params();
+  const float mean = (40 * 1.0f + 40 * 1.0f + 40 * 7.0f) / 120.0f;  // was (80 + 240 x 7) / 320
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(theta6[i] - theta7[i], mean, 1e-5) << i;
+  EXPECT_EQ(Committed().back().tokens, 320u);
+  uint32_t flagged = 0;
+  for (const auto& i : sync_->GetStatus().islands) {
+    if (i.island_id == "c") flagged = i.flagged_claims;
+  }
+  EXPECT_GE(flagged, 1u);
 }
 
 // The grace window (outer.grace = "adaptive"): after rounds in which the three islands arrive
