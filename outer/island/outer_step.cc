@@ -38,6 +38,7 @@ pb::IslandTelemetry TelemetryOf(const TrainingFigures& f, const OuterStepStats& 
   t.set_tokens(f.tokens);
   t.set_process(process);
   t.set_tokens_trained(f.tokens_trained);
+  t.set_stuck_reloads(f.stuck_reloads);
   t.set_bytes_sent(stats.bytes_sent);
   t.set_bytes_received(stats.bytes_received);
   t.set_elements_synced(stats.elements_synced);
@@ -207,6 +208,21 @@ absl::Status OuterStepHook::ReloadGlobal() {
   // The rounds in flight land first, merged with alpha 0: their tasks write the global copies.
   ATL_RETURN_IF_ERROR(LandAll());
   for (uint32_t f = 0; f < syncs_.size(); ++f) model_.Merge(f, syncs_[f]->global(), 0.0);
+  // The steps since the last push are gone: the next push claims only the steps after this one.
+  std::fill(last_push_.begin(), last_push_.end(), model_.step());
+  // The same global parameters twice: the island cannot train from them (every step since went
+  // wrong), and no commit came between to change them.
+  const std::vector<uint64_t> hashes = fragment_hashes();
+  if (hashes == reloaded_hashes_) {
+    ++stuck_reloads_;
+    if (on_message) {
+      on_message(absl::StrCat("reloaded the same global parameters again (", stuck_reloads_,
+                              " time", stuck_reloads_ == 1 ? "" : "s",
+                              ") with no commit between: the global model may be damaged; told "
+                              "the service"));
+    }
+  }
+  reloaded_hashes_ = hashes;
   return absl::OkStatus();
 }
 

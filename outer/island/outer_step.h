@@ -154,6 +154,7 @@ struct TrainingFigures {
   double utilization = 0;       // compute time over wall time
   uint64_t tokens = 0;          // at the island's step
   uint64_t tokens_trained = 0;  // by this process (its restarts' recomputed steps included)
+  uint64_t stuck_reloads = 0;   // OuterStepHook::ReloadGlobal's
 };
 
 // The heartbeats' telemetry: the figures, each clamped to what the service accepts
@@ -237,6 +238,8 @@ class OuterStepHook {
   // Drops the local progress since the last sync (the loss-spike guard): what is in flight lands
   // first (waiting for it), then every fragment goes back to its global parameters.
   absl::Status ReloadGlobal();
+  // Reloads (ReloadGlobal) of global parameters already reloaded once, no commit between.
+  uint64_t stuck_reloads() const { return stuck_reloads_; }
 
   void set_observer(std::function<void(const LandedRound&)> observer) {
     observer_ = std::move(observer);
@@ -343,7 +346,9 @@ class OuterStepHook {
   std::deque<InFlight> in_flight_;
   std::vector<EagerUpdate> eager_;  // per fragment, with eager updates (sync rounds)
   uint64_t bytes_in_flight_ = 0;
-  std::vector<int64_t> last_push_;  // per fragment: step of its last push
+  std::vector<int64_t> last_push_;  // per fragment: step of its last push (or spike reload)
+  std::vector<uint64_t> reloaded_hashes_;  // the fragments' global hashes at the last reload
+  uint64_t stuck_reloads_ = 0;
   double steps_per_s_ = 0;          // the island's inner throughput, as AfterStep was told
   bool done_ = false;
   std::optional<absl::Status> pending_rejoin_;

@@ -147,6 +147,13 @@ absl::StatusOr<pb::HeartbeatResponse> MembershipDesk::Heartbeat(
   Member* member = core_.membership.FindMutable(request.island_id());
   if (request.finished()) member->finished = true;
   member->inner_step = request.inner_step();
+  if (request.telemetry().stuck_reloads() > member->telemetry.stuck_reloads()) {
+    core_.EventLocked(
+        absl::StrCat("island '", request.island_id(), "' reloaded the same global parameters"),
+        absl::StrCat(" again after a loss spike (", request.telemetry().stuck_reloads(),
+                     " times, no commit between): it cannot train from them; the global model "
+                     "may be damaged"));
+  }
   member->telemetry = request.telemetry();
   if (request.telemetry().process() != 0) {
     core_.ledger.Trained(request.island_id(), request.telemetry().process(),

@@ -457,6 +457,7 @@ pb::IslandTelemetry IslandRun::Telemetry(double loss) const {
   f.utilization = summary_.compute_s / std::max(1e-9, Since(start_));
   f.tokens = uint64_t(trainer_->tokens());
   f.tokens_trained = uint64_t(summary_.steps_trained) * uint64_t(trainer_->tokens_per_step());
+  f.stuck_reloads = outer_->stuck_reloads();
   return outer::TelemetryOf(f, outer_->stats());
 }
 
@@ -511,8 +512,11 @@ absl::Status IslandRun::OnSpike(int64_t step, const std::string& why, bool finit
   ATL_RETURN_IF_ERROR(model_->SyncReplicas());
   if (!finite) trainer_->optimizer().Reset();
   summary_.spikes += 1;
+  summary_.stuck_reloads = outer_->stuck_reloads();
   progress_->Message(absl::StrFormat("%sstep %d: %s; reloaded the global parameters", label_,
                                      step, why));
+  // The service hears of a reload of parameters reloaded before with the next heartbeat.
+  if (lead()) session_->set_telemetry(Telemetry(last_loss_));
   return absl::OkStatus();
 }
 

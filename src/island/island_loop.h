@@ -48,6 +48,7 @@ struct IslandSummary : outer::OuterStepStats {
   int64_t step = 0;
   int64_t tokens = 0;
   uint64_t spikes = 0;    // steps the loss-spike guard refused (local parameters reloaded)
+  uint64_t stuck_reloads = 0;  // of them, reloads of global parameters reloaded before, unchanged
   uint64_t checkpoints = 0;
   int64_t steps_trained = 0;  // inner steps this process ran (the step counter may jump on a join)
   double checkpoint_stall_max_s = 0;  // longest pause of training to snapshot a checkpoint

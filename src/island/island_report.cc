@@ -170,6 +170,7 @@ void WriteSummary(const IslandOptions& options, const IslandSummary& summary, bo
                       {"late_pushes", summary.late_pushes},
                       {"moment_rounds", summary.moment_rounds},
                       {"spikes", summary.spikes},
+                      {"stuck_reloads", summary.stuck_reloads},
                       {"checkpoints", summary.checkpoints},
                       {"checkpoint_stall_ms", 1e3 * summary.checkpoint_stall_max_s},
                       {"steps_trained", summary.steps_trained},

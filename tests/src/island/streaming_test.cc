@@ -464,8 +464,9 @@ TEST(StreamingTest, StatsTakenInBatchesChangeNothing) {
 // With its stats taken in batches, every loss is still judged before the push that would carry
 // its step: one island, a push every 10 steps, no log steps, a hair-trigger guard that flags a
 // step in every batch. Each push then carries nothing (the island went back to the global
-// parameters first) and the service's parameters end as they began; with the guard off, they
-// move.
+// parameters first: it claims no tokens, and the round leaves it out) and the service's
+// parameters end as they began; with the guard off, they move. The second reload is of the same
+// global parameters as the first: the island says it is stuck.
 TEST(StreamingTest, ALossIsJudgedBeforeThePushThatWouldCarryIt) {
   TempDir dir;
   auto c = PushEveryTenSteps(dir);
@@ -481,6 +482,7 @@ TEST(StreamingTest, ALossIsJudgedBeforeThePushThatWouldCarryIt) {
     TempDir runs;
     const auto results = RunIslands(d, *server, runs);
     EXPECT_TRUE(results[0].ok()) << results[0].status();
+    EXPECT_EQ(results[0].ok() ? results[0]->stuck_reloads : 99, factor < 1 ? 1u : 0u);
     return std::make_pair(server->params(0), results[0].ok() ? results[0]->spikes : 0);
   };
   std::vector<float> start_guarded, start_free;
