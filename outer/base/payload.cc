@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iterator>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/checksum.h"
 #include "compression/codec_traits.h"
@@ -331,8 +332,17 @@ const uint8_t* BytesOf(const EncodedChunk& c) {
 absl::Status EncodedPayload::Read(uint64_t first, uint64_t count, float* out) const {
   return ForEachPart(chunks, first, count, [&](const EncodedChunk& c, uint64_t within,
                                                uint64_t take) {
-    const absl::Status s =
+    absl::Status s =
         compression::DecodeSlice(codec, BytesOf(c), c.data.size(), c.count, within, take, out);
+    if (absl::StartsWith(s.message(), "payload decodes to a non-finite value")) {
+      // The codec names the element within its chunk: name it within the fragment.
+      const float* bad = std::find_if(out, out + take, [](float v) { return !std::isfinite(v); });
+      if (bad != out + take) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("payload decodes to a non-finite value at element ",
+                         c.offset + within + uint64_t(bad - out)));
+      }
+    }
     out += take;
     return s;
   });
@@ -573,6 +583,25 @@ absl::Status SampleEncodingError(const std::vector<pb::Chunk>& chunks, const flo
         SampleChunkError(c, exact + (c.header().offset() - exact_offset), per_chunk, error));
   }
   return absl::OkStatus();
+}
+
+std::string MomentValuesProblem(const float* values, uint64_t begin, uint64_t count,
+                                uint64_t n) {
+  for (uint64_t i = 0; i < count; ++i) {
+    const float v = values[i];
+    const uint64_t at = begin + i;
+    const uint32_t channel = n > 0 && at >= n ? 1 : 0;
+    if (std::isfinite(v) && std::fabs(v) <= kMomentMaxAbs[channel] && !(channel == 1 && v < 0)) {
+      continue;
+    }
+    return absl::StrCat("element ", at, " (channel ", channel, ", parameter ",
+                        n > 0 ? at % n : at, ") is ", v,
+                        !std::isfinite(v)              ? ""
+                        : channel == 1 && v < 0        ? " (a second moment is never negative)"
+                                                       : absl::StrCat(" (at most ", kMomentMaxAbs[channel],
+                                                                      " in magnitude)"));
+  }
+  return "";
 }
 
 }  // namespace atl::outer

@@ -56,6 +56,11 @@ namespace {
 std::string Implausible(const std::vector<float>& average, const std::vector<float>& own) {
   if (own.size() != average.size()) return "it does not fit this rank's ranges";
   const size_t n = own.size() / kMomentChannels;
+  // The bounds every moment the service takes meets (a joiner's only check: TakeNewestMoments).
+  if (std::string problem = MomentValuesProblem(average.data(), 0, average.size(), n);
+      !problem.empty()) {
+    return problem;
+  }
   for (uint32_t c = 0; c < kMomentChannels; ++c) {
     double mine = 0, theirs = 0;
     for (size_t i = c * n; i < (c + 1) * n; ++i) {
@@ -99,10 +104,19 @@ int TakeNewestMoments(IslandModel& model, const std::vector<IslandSync*>& syncs,
     if (!sync->carried()) continue;
     auto average = sync->FetchMoments(optimizer, 0, nullptr);
     if (absl::IsNotFound(average.status())) continue;
-    if (!average.ok()) {
+    // A joiner has no moments of its own to hold the average against: it checks the bounds every
+    // moment the service takes must meet.
+    std::string problem;
+    if (average.ok()) {
+      const uint64_t n = average->size() / kMomentChannels;
+      problem = MomentValuesProblem(average->data(), 0, average->size(), n);
+    }
+    if (!average.ok() || !problem.empty()) {
       if (say) {
-        say(absl::StrCat("fragment ", sync->fragment(), ": the run's moments were not fetched (",
-                         average.status().message(), "); it starts from zeros"));
+        say(absl::StrCat("fragment ", sync->fragment(), ": the run's moments were not ",
+                         average.ok() ? "loaded (" : "fetched (",
+                         average.ok() ? problem : std::string(average.status().message()),
+                         "); it starts from zeros"));
       }
       continue;
     }

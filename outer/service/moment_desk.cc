@@ -62,13 +62,11 @@ absl::StatusOr<std::vector<std::pair<uint64_t, std::vector<float>>>> MomentDesk:
   for (const auto& [begin, end] : payload.Ranges()) {
     std::vector<float> values(end - begin);
     ATL_RETURN_IF_ERROR(payload.Read(begin, end - begin, values.data()));
-    for (uint64_t i = 0; i < values.size(); ++i) {
-      const float v = values[i];
-      if (std::isfinite(v) && !(begin + i >= n && v < 0)) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "moments of island '", id.island_id, "' for round ", id.round, " of fragment ",
-          id.fragment, ": element ", begin + i, " is ", v,
-          std::isfinite(v) ? " (a second moment is never negative)" : ""));
+    const std::string problem = MomentValuesProblem(values.data(), begin, values.size(), n);
+    if (!problem.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("moments of island '", id.island_id,
+                                                     "' for round ", id.round, " of fragment ",
+                                                     id.fragment, ": ", problem));
     }
     ranges.emplace_back(begin, std::move(values));
   }
@@ -86,6 +84,14 @@ absl::Status MomentDesk::CheckRoundLocked(const Fragment& m, uint32_t fragment, 
     return absl::FailedPreconditionError(absl::StrCat("round ", round, " of fragment ", fragment,
                                                       " is in the future (the open round is ",
                                                       open_round, ")"));
+  }
+  // Only the newest moment round at or before the open one gathers: an older round's moments,
+  // averaged now, would be published as the newest.
+  const uint64_t newest = (open_round + 1) / k * k;  // + 1 (round + 1 <= open_round + 1 here)
+  if (round + 1 < newest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "round ", round, " of fragment ", fragment, " is too late: round ", newest - 1,
+        " is the newest moment round (the open round is ", open_round, ")"));
   }
   if (m.published != nullptr && round <= m.published->round) {
     return absl::FailedPreconditionError(

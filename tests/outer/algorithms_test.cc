@@ -249,6 +249,27 @@ EncodedPayload Encoded(const std::vector<float>& v) {
   return std::move(stream).Take();
 }
 
+// A non-finite value is named by its element of the fragment, not of its chunk: chunks of 3
+// elements, a NaN at element 7 (the second of the third chunk).
+TEST(PayloadTest, ANonFiniteValueIsNamedByItsFragmentElement) {
+  std::vector<float> v(12, 1.0f);
+  v[7] = std::nanf("");
+  ChunkStream stream({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, v.size());
+  std::vector<float> clean(12, 1.0f);
+  auto chunks = *EncodeChunks({"run", "x", 0, 0}, {compression::Codec::kFp32, 0}, clean.data(), 0,
+                              v.size(), v.size(), 12);
+  std::memcpy(chunks[2].mutable_data()->data() + 4, &v[7], 4);
+  chunks[2].set_xxh64(compression::Checksum(chunks[2].data().data(), chunks[2].data().size()));
+  absl::Status s;
+  for (auto& c : chunks) {
+    s = stream.Add(std::move(c));
+    if (!s.ok()) break;
+  }
+  if (s.ok()) s = Measure(std::move(stream).Take()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("non-finite value at element 7")) << s;
+}
+
 // A rank receives the slice of an update chunk that holds its range, exactly: the slice decodes to
 // the same values as the whole chunk, on whole scale blocks around the range.
 TEST(PayloadTest, SlicesOfAChunkDecodeToTheSameValues) {

@@ -223,6 +223,52 @@ TEST(MomentGuardTest, AnInflatedAverageIsNotLoaded) {
   model.moments.assign(8, 0.0f);
   EXPECT_TRUE(LoadLandedMoments(model, 0, landed, say));
   EXPECT_EQ(model.moments, landed.moments);
+  // Past the bounds the service keeps (a first moment of 1e30 would step ~1e33 x lr): refused by
+  // an island with moments and by a fresh one alike.
+  landed.moments = {1e30f, 0, 0, 0, 1, 1, 1, 1};
+  const std::vector<float> kept = model.moments;
+  EXPECT_FALSE(LoadLandedMoments(model, 0, landed, say));
+  model.moments.assign(8, 0.0f);
+  EXPECT_FALSE(LoadLandedMoments(model, 0, landed, say));
+  EXPECT_EQ(model.moments, std::vector<float>(8, 0.0f));
+  ASSERT_EQ(said.size(), 3u);
+  EXPECT_THAT(said[2], HasSubstr("element 0 (channel 0, parameter 0) is 1e+30 (at most 1e+06"));
+}
+
+// The bounds of a moment's value (kMomentMaxAbs) as the service checks them: two islands pushing
+// bf16's largest finite value, whose sum would overflow, are refused by name, and the average
+// is of what was taken. Only the newest moment round gathers: an older one's moments, pushed
+// late, would become the "newest" average.
+TEST_F(MomentsTest, MomentsPastTheirBoundOrOfAnOldRoundAreRefused) {
+  TwoIslandsOf1000();
+  options_.moment_sync_every = 2;
+  auto s = Make(Sines(1000));
+  Join(*s, "a");
+  Join(*s, "b");
+  const std::string sa = sessions_["a"], sb = sessions_["b"];
+  ASSERT_TRUE(s->Push(Payload("a", 0, std::vector<float>(1000, 0.01f))).ok());
+  ASSERT_TRUE(s->Push(Payload("b", 0, std::vector<float>(1000, 0.02f))).ok());
+  std::vector<float> huge = MadeUpMoments(0.5f);
+  huge[3] = 3.3895314e38f;      // bf16's largest finite value
+  huge[1003] = 3.3895314e38f;
+  for (const auto& [island, session] : {std::pair{"a", sa}, std::pair{"b", sb}}) {
+    auto r = s->Push(MomentPush(island, session, 1, huge, 0));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()),
+                HasSubstr("element 3 (channel 0, parameter 3) is 3.38953e+38 (at most 1e+06"));
+  }
+  EXPECT_EQ(s->moments_round(0), -1);
+  // Rounds 1-3 pass without moments; round 4 is open, and round 3 the newest moment round.
+  for (uint64_t r = 1; r < 4; ++r) {
+    ASSERT_TRUE(s->Push(Payload("a", r, std::vector<float>(1000, 0.01f))).ok());
+    ASSERT_TRUE(s->Push(Payload("b", r, std::vector<float>(1000, 0.02f))).ok());
+  }
+  ASSERT_EQ(s->round(), 4u);
+  auto old = s->Push(MomentPush("a", sa, 1, MadeUpMoments(0.5f), 0));
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition) << old.status();
+  EXPECT_THAT(std::string(old.status().message()),
+              HasSubstr("round 1 of fragment 0 is too late: round 3 is the newest moment round"));
+  EXPECT_TRUE(s->Push(MomentPush("a", sa, 3, MadeUpMoments(0.5f), 0)).ok());
 }
 
 }  // namespace
