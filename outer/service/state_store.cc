@@ -55,6 +55,10 @@ absl::StatusOr<pb::ServiceState> StateStore::Snapshot(const StateWrite& write) c
     st->set_excluded_until(saved.excluded_until);
     st->set_loo_evidence(saved.loo_evidence);
   }
+  {
+    std::lock_guard<std::mutex> lock(core_.mu);
+    core_.ledger.Save(s.mutable_ledger());
+  }
   s.set_written_unix_s(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
   return s;
 }
@@ -157,7 +161,13 @@ absl::Status StateStore::Restore(const pb::ServiceState& state, const StateRead&
     standings.push_back(
         {st.island(), st.reputation(), st.judged(), st.excluded_until(), st.loo_evidence()});
   }
+  TokenLedger ledger;
+  ATL_RETURN_IF_ERROR(ledger.Restore(state.ledger()));
   ATL_RETURN_IF_ERROR(core_.reputation.Restore(standings));
+  {
+    std::lock_guard<std::mutex> lock(core_.mu);
+    core_.ledger = std::move(ledger);
+  }
   for (size_t j = 0; j < owned.size(); ++j) {
     ServiceFragment& f = core_.fragments[owned[j]];
     std::lock_guard<std::mutex> data(*f.data_mu);

@@ -2,9 +2,24 @@
 
 #include <algorithm>
 
+#include "absl/numeric/int128.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace atl::outer {
+
+uint64_t TokenAccount::refused_total() const {
+  uint64_t n = 0;
+  for (const auto& [reason, tokens] : refused) n = tokens > UINT64_MAX - n ? UINT64_MAX : n + tokens;
+  return n;
+}
+
+uint64_t TokenAccount::lost() const {
+  const absl::uint128 accounted =
+      absl::uint128(on_time) + stale + recomputed + refused_total();
+  return accounted >= trained ? 0 : trained - absl::Uint128Low64(accounted);
+}
 
 void TokenAccount::Add(const TokenAccount& o) {
   trained += o.trained;
@@ -158,6 +173,95 @@ std::map<std::string, TokenAccount> TokenLedger::TakeSlice() {
   }
   taken_ = std::move(totals);
   return slice;
+}
+
+namespace {
+
+void SaveAccount(const TokenAccount& a, pb::LedgerIsland* out, bool taken) {
+  if (taken) {
+    out->set_taken_trained(a.trained);
+    out->set_taken_on_time(a.on_time);
+    out->set_taken_stale(a.stale);
+    out->set_taken_recomputed(a.recomputed);
+  } else {
+    out->set_trained(a.trained);
+    out->set_on_time(a.on_time);
+    out->set_stale(a.stale);
+    out->set_recomputed(a.recomputed);
+  }
+  for (const auto& [reason, tokens] : a.refused) {
+    auto* c = taken ? out->add_taken_refused() : out->add_refused();
+    c->set_name(reason);
+    c->set_value(int64_t(std::min<uint64_t>(tokens, INT64_MAX)));
+  }
+}
+
+absl::StatusOr<std::map<std::string, uint64_t>> RefusedOf(
+    const google::protobuf::RepeatedPtrField<pb::StateCounter>& in, const std::string& island) {
+  std::map<std::string, uint64_t> out;
+  for (const auto& c : in) {
+    if (c.value() < 0 || c.name().empty() || c.name().size() > 64 || out.count(c.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("service state: the ledger of island '",
+                                                     island, "' has a malformed refusal"));
+    }
+    out[c.name()] = uint64_t(c.value());
+  }
+  return out;
+}
+
+}  // namespace
+
+void TokenLedger::Save(google::protobuf::RepeatedPtrField<pb::LedgerIsland>* out) const {
+  for (const auto& [name, island] : islands_) {
+    pb::LedgerIsland* l = out->Add();
+    l->set_island(name);
+    SaveAccount(island.account, l, /*taken=*/false);
+    for (const auto& [id, p] : island.processes) {
+      auto* lp = l->add_processes();
+      lp->set_process(id);
+      lp->set_trained(p.trained);
+      lp->set_pushed(p.pushed);
+      const auto seen = island.seen.find(id);
+      lp->set_order(seen == island.seen.end() ? 0 : seen->second);
+    }
+    l->set_latest(island.latest);
+    l->set_order(island.order);
+    if (auto t = taken_.find(name); t != taken_.end()) SaveAccount(t->second, l, /*taken=*/true);
+  }
+}
+
+absl::Status TokenLedger::Restore(const google::protobuf::RepeatedPtrField<pb::LedgerIsland>& in) {
+  if (size_t(in.size()) > kMaxIslands) {
+    return absl::InvalidArgumentError("service state: the ledger names too many islands");
+  }
+  std::map<std::string, Island> islands;
+  std::map<std::string, TokenAccount> taken;
+  for (const auto& l : in) {
+    if (l.island().empty() || islands.count(l.island()) ||
+        size_t(l.processes_size()) > kMaxProcesses) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("service state: a malformed ledger entry (island '", l.island(), "')"));
+    }
+    Island& island = islands[l.island()];
+    island.account = {l.trained(), l.on_time(), l.stale(), l.recomputed(), {}};
+    auto refused = RefusedOf(l.refused(), l.island());
+    if (!refused.ok()) return refused.status();
+    island.account.refused = *std::move(refused);
+    for (const auto& p : l.processes()) {
+      island.processes[p.process()] = {p.trained(), p.pushed()};
+      island.seen[p.process()] = p.order();
+    }
+    island.latest = l.latest();
+    island.order = l.order();
+    TokenAccount t{l.taken_trained(), l.taken_on_time(), l.taken_stale(), l.taken_recomputed(), {}};
+    auto taken_refused = RefusedOf(l.taken_refused(), l.island());
+    if (!taken_refused.ok()) return taken_refused.status();
+    t.refused = *std::move(taken_refused);
+    taken[l.island()] = std::move(t);
+  }
+  islands_ = std::move(islands);
+  taken_ = std::move(taken);
+  return absl::OkStatus();
 }
 
 }  // namespace atl::outer

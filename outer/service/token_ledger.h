@@ -15,9 +15,15 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "atoll/v1/service_state.pb.h"
 
 namespace atl::outer {
 
+namespace pb = ::atollpb::v1;
+
+// trained = on_time + stale + recomputed + refused + lost, per island: lost is what no other
+// column holds (steps a loss-spike guard dropped, a claim refused as invalid, the steps of a
+// contribution still waiting for its round).
 struct TokenAccount {
   uint64_t trained = 0;     // by every process of the island, recomputed steps included
   uint64_t on_time = 0;     // in contributions committed in their own round
@@ -25,6 +31,9 @@ struct TokenAccount {
   uint64_t recomputed = 0;  // trained by a process that died, past its last contribution
   std::map<std::string, uint64_t> refused;  // by reason (RefusalReason)
   bool empty() const { return trained + on_time + stale + recomputed == 0 && refused.empty(); }
+  uint64_t refused_total() const;
+  // trained less every other column (0 where they exceed it: claims past what heartbeats said).
+  uint64_t lost() const;
   void Add(const TokenAccount& other);
 };
 
@@ -55,6 +64,13 @@ class TokenLedger {
   std::map<std::string, TokenAccount> Totals() const;
   // Per island, what changed since the previous call (empty accounts left out).
   std::map<std::string, TokenAccount> TakeSlice();
+
+  // The durable state's part (every island, its processes, and the previous slice's base), and
+  // back: a restarted service goes on counting where it stopped, its slices continuing the
+  // ones rounds.jsonl holds. Restore replaces everything (a malformed entry: INVALID_ARGUMENT, and
+  // nothing changed).
+  void Save(google::protobuf::RepeatedPtrField<pb::LedgerIsland>* out) const;
+  absl::Status Restore(const google::protobuf::RepeatedPtrField<pb::LedgerIsland>& in);
 
  private:
   struct Process {

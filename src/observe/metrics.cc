@@ -172,6 +172,7 @@ nlohmann::json TokenAccountJson(const outer::TokenAccount& a) {
                       {"stale", a.stale},
                       {"recomputed", a.recomputed}};
   if (!a.refused.empty()) j["refused"] = a.refused;
+  j["lost"] = a.lost();  // derived: trained less every other column
   return j;
 }
 
