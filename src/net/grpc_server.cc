@@ -168,7 +168,7 @@ namespace {
 
 // The budgets of calls a server admits at once (see the header).
 struct CallBudgets {
-  int anonymous, per_address, joins, rejoins, shards, per_island;
+  int anonymous, per_address, joins, rejoins, shards, per_island, queries, queries_per_address;
   double idle_s, first_message_s;
 };
 
@@ -177,6 +177,8 @@ CallBudgets BudgetsOf(const GrpcServerOptions& o, const outer::SyncServerOptions
   b.anonymous = o.max_pending_calls;
   b.per_address = std::max(1, o.max_pending_calls / 4);
   b.joins = o.max_pending_calls;
+  b.queries = o.max_pending_calls;
+  b.queries_per_address = std::max(1, o.max_pending_calls / 4);
   b.rejoins = int(std::max<uint32_t>(1, service.num_data_streams));
   b.shards = 2 * int(std::max<uint32_t>(1, service.num_shards));
   b.per_island = o.max_calls_per_island;
@@ -209,7 +211,7 @@ class GrpcServer::Guard {
   // door.
   int MaxThreads() const {
     const CallBudgets& b = budgets_;
-    return b.anonymous + b.joins + b.rejoins + b.shards +
+    return b.anonymous + b.joins + b.rejoins + b.shards + b.queries +
            int(sync_->options().num_data_streams) * b.per_island + 32;
   }
 
@@ -245,6 +247,20 @@ class GrpcServer::Guard {
           absl::StrCat("the service is handling its maximum of ", budgets_.per_address,
                        " calls not tied to a member from ", outer::Printable(address),
                        "; retry later")}},
+        slot));
+  }
+
+  // A place among the state queries (GetState): unary and answered from memory, so they have
+  // places of their own that streams waiting for their first message cannot hold.
+  grpc::Status Querying(grpc::ServerContext* ctx, CallLimits::Slot* slot) {
+    const std::string address = PeerAddress(ctx);
+    return ToGrpc(limits_.Enter(
+        {{"query", budgets_.queries,
+          absl::StrCat("the service is answering its maximum of ", budgets_.queries,
+                       " state queries; retry later")},
+         {"query " + address, budgets_.queries_per_address,
+          absl::StrCat("the service is answering its maximum of ", budgets_.queries_per_address,
+                       " state queries from ", outer::Printable(address), "; retry later")}},
         slot));
   }
 
@@ -356,7 +372,7 @@ class GrpcServer::CoordinatorImpl final : public pb::Coordinator::Service {
                         pb::GetStateResponse* resp) override {
     CallLimits::Slot call;
     if (auto s = guard_->Admit(ctx); !s.ok()) return s;
-    if (auto s = guard_->Pending(ctx, &call); !s.ok()) return s;
+    if (auto s = guard_->Querying(ctx, &call); !s.ok()) return s;
     if (req->run_id() != sync_->options().run_id) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           "unknown run " + outer::Printable(req->run_id()));

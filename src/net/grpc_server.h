@@ -12,8 +12,10 @@
 //       a member island: max_calls_per_island calls at a time;
 //       joins: max_pending_calls, plus one place per data stream kept for islands coming back (a
 //         member's or former member's name), which a flood of joins under new names cannot take;
-//       calls not tied to a member (state queries, pushes before their first message, refused
-//         calls): max_pending_calls together, and a quarter of that from any one peer address;
+//       state queries (GetState): max_pending_calls, and a quarter of that from any one peer
+//         address;
+//       other calls not tied to a member (pushes before their first message, refused calls):
+//         max_pending_calls together, and a quarter of that from any one peer address;
 //       a sharded service's shard servers: two long polls per shard;
 //   - a push stream is cancelled when its first message has not arrived within
 //     stream_first_message_s, or when it then sends nothing for stream_idle_timeout_s;

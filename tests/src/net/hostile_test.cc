@@ -391,7 +391,7 @@ TEST_F(HostileClientTest, WrappedAndOutOfRangeRangesAreRefusedAlike) {
 // Idle anonymous push streams (any holder of the run token can open them) never make a member
 // wait: 80 streams over 4 connections, each reopened as soon as it ends, while an island leaves
 // and comes back (join, state download, heartbeat) three times; then a first-time join.
-TEST_F(HostileClientTest, IdleStreamsDoNotStarveJoins) {
+TEST_F(HostileClientTest, IdleStreamsDoNotStarveJoinsOrStateQueries) {
   pb::JoinResponse honest, mallory;
   ASSERT_TRUE(Join("honest", &honest).ok());
   ASSERT_TRUE(Join("mallory", &mallory).ok());
@@ -411,6 +411,14 @@ TEST_F(HostileClientTest, IdleStreamsDoNotStarveJoins) {
     Prepare(&ctx, 5);
     const auto beaten = coordinator_stub_->Heartbeat(&ctx, beat, &r);
     EXPECT_TRUE(beaten.ok()) << beaten.error_message();
+    // The run's state, as a status page or an operator asks for it, from the flood's address.
+    pb::GetStateRequest query;
+    query.set_run_id(config_.outer.run_id);
+    pb::GetStateResponse state;
+    grpc::ClientContext query_ctx;
+    Prepare(&query_ctx, 5);
+    const auto queried = coordinator_stub_->GetState(&query_ctx, query, &state);
+    EXPECT_TRUE(queried.ok()) << queried.error_message();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   const double usual_s = come_back(&honest);
