@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,7 +25,8 @@ namespace {
 absl::Status ChaosError(const std::string& part, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(
       "--chaos: '", part, "' ", why,
-      " (expected seed=N,every=SECONDS,kinds=kill+stop,down=SECONDS, each optional)"));
+      " (expected seed=N,every=SECONDS,kinds=kill+stop,down=SECONDS,reference=RUN_DIR, each "
+      "optional)"));
 }
 
 }  // namespace
@@ -44,6 +47,9 @@ absl::StatusOr<ChaosSpec> ParseChaos(const std::string& text) {
         return ChaosError(part, "must be seconds in [1, 1e6]");
       }
       (key == "every" ? spec.every_s : spec.down_s) = v;
+    } else if (key == "reference") {
+      if (value.empty()) return ChaosError(part, "names no run directory");
+      spec.reference = value;
     } else if (key == "kinds") {
       spec.kinds.clear();
       const std::vector<std::string> names = absl::StrSplit(value, '+');
@@ -85,7 +91,7 @@ absl::Status CountRounds(const std::string& rounds_jsonl, int islands, GoodputRe
     const auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!r.is_object() || r.value("fragment", -1) != 0) continue;
     ++report->rounds;
-    report->tokens_committed += r.value("tokens", uint64_t(0));
+    if (r.value("progress", true)) report->tokens_committed += r.value("tokens", uint64_t(0));
     if (r.contains("contributors") && int(r["contributors"].size()) < islands) ++report->rounds_short;
     if (const auto it = r.find("ledger"); it != r.end() && it->is_object()) {
       for (const auto& [island, account] : it->items()) {
@@ -177,11 +183,43 @@ void Chaos::OnIslandLine(const std::string& island, const std::string& line) {
   }
 }
 
+namespace {
+
+// The val_loss of the summary.json of island0's last process in a run directory (a restarted
+// island writes to island0.N), none: no such file, or no evaluation in it.
+std::optional<double> SummaryValLoss(const std::string& run_dir) {
+  std::string dir;
+  int newest = -1;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int n = 0;
+    if (name == "island0" || (absl::StartsWith(name, "island0.") &&
+                              absl::SimpleAtoi(name.substr(8), &n) && n > 0)) {
+      if (n > newest) newest = n, dir = e.path().string();
+    }
+  }
+  std::ifstream in(dir + "/summary.json");
+  const auto s = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!s.is_object() || !s.contains("val_loss") || !s["val_loss"].is_number()) return std::nullopt;
+  return s["val_loss"].get<double>();
+}
+
+}  // namespace
+
 absl::StatusOr<GoodputReport> Chaos::Report(const std::string& rounds_jsonl,
-                                            uint64_t tokens_expected) {
+                                            uint64_t tokens_expected, const std::string& run_dir) {
   GoodputReport r = report_;
   r.tokens_expected = tokens_expected;
   ATL_RETURN_IF_ERROR(CountRounds(rounds_jsonl, islands_, &r));
+  r.val_loss = SummaryValLoss(run_dir);
+  if (!spec_.reference.empty()) {
+    r.reference_val_loss = SummaryValLoss(spec_.reference);
+    if (!r.reference_val_loss) {
+      return absl::NotFoundError(absl::StrCat("--chaos reference=", spec_.reference,
+                                              ": no island0/summary.json with a val_loss there"));
+    }
+  }
   r.finished = int(final_hashes_.size());
   r.identical = !final_hashes_.empty();
   for (const auto& [name, hash] : final_hashes_) r.identical &= hash == final_hashes_.begin()->second;
@@ -193,19 +231,28 @@ std::string GoodputReport::Text() const {
   for (double s : rejoin_s) rejoins.push_back(absl::StrFormat("%.1f", s));
   std::vector<std::string> refused;
   for (const auto& [reason, n] : tokens.refused) refused.push_back(absl::StrCat(reason, " ", n));
+  std::string loss = "no val_loss";
+  if (val_loss) {
+    loss = absl::StrFormat("val_loss %.4f", *val_loss);
+    if (reference_val_loss) {
+      absl::StrAppendFormat(&loss, " (%+.2f%% against the failure-free run's %.4f)",
+                            100 * loss_change(), *reference_val_loss);
+    }
+  }
   return absl::StrFormat(
       "goodput %.1f%% (%d of %d tokens reached the global model), %d failures, %d of %d rounds "
       "short of an island, rejoin after recovery %s s, %d islands finished, their global "
       "parameters %s; tokens trained %d (recomputed after a restart %d), committed on time %d, "
-      "committed stale %d, refused %s",
+      "committed stale %d, refused %s, lost %d; %s",
       100 * goodput(), tokens_committed, tokens_expected, failures, rounds_short, rounds,
       rejoins.empty() ? "-" : absl::StrJoin(rejoins, " / "), finished,
       identical ? "bit-identical" : "NOT identical", tokens.trained, tokens.recomputed,
-      tokens.on_time, tokens.stale, refused.empty() ? "0" : absl::StrJoin(refused, ", "));
+      tokens.on_time, tokens.stale, refused.empty() ? "0" : absl::StrJoin(refused, ", "),
+      tokens.lost(), loss);
 }
 
 std::string GoodputReport::Json() const {
-  return nlohmann::json{{"goodput", goodput()},
+  nlohmann::json j{{"goodput", goodput()},
                         {"tokens_committed", tokens_committed},
                         {"tokens_expected", tokens_expected},
                         {"failures", failures},
@@ -214,8 +261,13 @@ std::string GoodputReport::Json() const {
                         {"rejoin_s", rejoin_s},
                         {"finished", finished},
                         {"identical", identical},
-                        {"token_account", TokenAccountJson(tokens)}}
-      .dump();
+                        {"token_account", TokenAccountJson(tokens)}};
+  if (val_loss) j["val_loss"] = *val_loss;
+  if (reference_val_loss) {
+    j["reference_val_loss"] = *reference_val_loss;
+    j["loss_change"] = loss_change();
+  }
+  return j.dump();
 }
 
 }  // namespace atl

@@ -27,9 +27,13 @@ struct ChaosSpec {
   double every_s = 30;  // mean time between failures (exponentially distributed)
   std::vector<ChaosKind> kinds = {ChaosKind::kKill, ChaosKind::kStop};
   double down_s = 10;   // how long a failed island stays down
+  // A failure-free run of the same command (`atoll local --run-dir DIR`): the report gives the
+  // loss against its (island0's summary.json's val_loss).
+  std::string reference;
 };
 
-// "seed=7,every=30,kinds=kill+stop,down=10" (every key optional). Errors name the part.
+// "seed=7,every=30,kinds=kill+stop,down=10,reference=DIR" (every key optional). Errors name the
+// part.
 absl::StatusOr<ChaosSpec> ParseChaos(const std::string& text);
 
 // The failures of a run, the same for the same seed and islands: the k-th comes every_s x an
@@ -52,7 +56,9 @@ class ChaosPlan {
 };
 
 struct GoodputReport {
-  uint64_t tokens_committed = 0;  // over fragment 0's rounds (each step's tokens once)
+  // Over fragment 0's rounds that changed the model (each step's tokens once): a round that
+  // committed a zero update, and contributions that carried no work, count none.
+  uint64_t tokens_committed = 0;
   uint64_t tokens_expected = 0;   // islands x steps x tokens per step and island
   uint64_t rounds = 0;            // fragment 0's
   uint64_t rounds_short = 0;      // committed without every island
@@ -64,6 +70,14 @@ struct GoodputReport {
   // Where the islands' tokens went, summed over them (the coordinator's token ledger, from the
   // `ledger` of rounds.jsonl's records): trained, committed on time or stale, refused, recomputed.
   outer::TokenAccount tokens;
+  // The run's final val_loss (island0's), and the failure-free run's (ChaosSpec::reference).
+  std::optional<double> val_loss, reference_val_loss;
+  // The final val_loss over the failure-free run's, less 1 (0 without both).
+  double loss_change() const {
+    return val_loss && reference_val_loss && *reference_val_loss > 0
+               ? *val_loss / *reference_val_loss - 1
+               : 0;
+  }
   double goodput() const {
     return tokens_expected > 0 ? double(tokens_committed) / double(tokens_expected) : 0;
   }
@@ -103,8 +117,10 @@ class Chaos {
   // An island a failure hit that then ended in error once the coordinator had ended the run: it
   // came back to find no service, which is not a failure of the run.
   bool Casualty(const std::string& island) const { return run_over_ && victims_.count(island) > 0; }
-  // `rounds_jsonl`: the coordinator's; `tokens_expected`: without failures.
-  absl::StatusOr<GoodputReport> Report(const std::string& rounds_jsonl, uint64_t tokens_expected);
+  // `rounds_jsonl`: the coordinator's; `tokens_expected`: without failures; `run_dir`: the run's
+  // (island0's last summary gives its val_loss).
+  absl::StatusOr<GoodputReport> Report(const std::string& rounds_jsonl, uint64_t tokens_expected,
+                                       const std::string& run_dir);
 
  private:
   struct Recovery {

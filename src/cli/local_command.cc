@@ -549,7 +549,8 @@ void LocalRun::CheckChildren() {
 absl::Status LocalRun::ChaosReport() {
   ATL_ASSIGN_OR_RETURN(auto report,
                        chaos_->Report(RunPath("coordinator/rounds.jsonl"),
-                                      uint64_t(options_.islands) * options_.tokens_per_island));
+                                      uint64_t(options_.islands) * options_.tokens_per_island,
+                                      options_.run_dir));
   std::fprintf(options_.out, "atoll local: chaos: %s\n", report.Text().c_str());
   std::ofstream(RunPath("chaos.json")) << report.Json() << "\n";
   summary_.goodput = report;

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -536,7 +537,9 @@ TEST(ChaosSpecTest, ParsesChecksAndDrawsTheSameFailuresForTheSameSeed) {
   EXPECT_EQ(spec->down_s, 12);
   EXPECT_EQ(spec->kinds.size(), 2u);
   EXPECT_TRUE(ParseChaos("").ok());  // every key optional
-  for (const char* bad : {"seed=x", "every=0", "down=inf", "kinds=kill+nap", "often=3", "seed"}) {
+  EXPECT_EQ(ParseChaos("reference=runs/clean")->reference, "runs/clean");
+  for (const char* bad : {"seed=x", "every=0", "down=inf", "kinds=kill+nap", "often=3", "seed",
+                          "reference="}) {
     auto s = ParseChaos(bad);
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(s.status().message()), HasSubstr(std::string("'") + bad + "'"));
@@ -563,6 +566,41 @@ TEST(ChaosSpecTest, ParsesChecksAndDrawsTheSameFailuresForTheSameSeed) {
   EXPECT_NEAR(last / kDraws, 30, 1.5);  // exponential gaps: the mean within 5%
   EXPECT_NEAR(kills, kDraws / 2, kDraws / 20);
   for (int n : islands) EXPECT_NEAR(n, kDraws / 3, kDraws / 20);
+}
+
+// The report counts the tokens of rounds that changed the model (a zero update, progress false,
+// counts none), gives the run's loss against a failure-free run's, and names a reference that
+// holds none.
+TEST(ChaosReportTest, CountsProgressAndComparesTheLossWithTheFailureFreeRun) {
+  testing::TempDir dir;
+  {
+    std::ofstream rounds(dir.Join("rounds.jsonl"));
+    rounds << R"({"round":0,"fragment":0,"contributors":["a","b"],"tokens":100})" << "\n"
+           << R"({"round":1,"fragment":0,"contributors":["a","b"],"tokens":60,"progress":false})"
+           << "\n"
+           << R"({"round":2,"fragment":0,"contributors":["a"],"tokens":50})" << "\n";
+  }
+  std::filesystem::create_directories(dir.Join("run/island0"));  // its first process's
+  std::filesystem::create_directories(dir.Join("run/island0.2"));  // its restarts'
+  std::filesystem::create_directories(dir.Join("run/island0.10"));
+  std::filesystem::create_directories(dir.Join("clean/island0"));
+  std::ofstream(dir.Join("run/island0/summary.json")) << R"({"val_loss": 9.0})";
+  std::ofstream(dir.Join("run/island0.2/summary.json")) << R"({"val_loss": 8.0})";
+  std::ofstream(dir.Join("run/island0.10/summary.json")) << R"({"val_loss": 2.5})";
+  std::ofstream(dir.Join("clean/island0/summary.json")) << R"({"val_loss": 2.0})";
+  Chaos chaos(*ParseChaos("reference=" + dir.Join("clean")), 2);
+  auto report = chaos.Report(dir.Join("rounds.jsonl"), 200, dir.Join("run"));
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->tokens_committed, 150u);
+  EXPECT_EQ(report->rounds_short, 1u);
+  EXPECT_DOUBLE_EQ(report->goodput(), 0.75);
+  EXPECT_DOUBLE_EQ(report->loss_change(), 0.25);
+  EXPECT_THAT(report->Text(), HasSubstr("val_loss 2.5000 (+25.00% against the failure-free run's 2.0000)"));
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(report->Json())["loss_change"].get<double>(), 0.25);
+  Chaos missing(*ParseChaos("reference=" + dir.Join("nowhere")), 2);
+  auto refused = missing.Report(dir.Join("rounds.jsonl"), 200, dir.Join("run"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("no island0/summary.json"));
 }
 
 }  // namespace
