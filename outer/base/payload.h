@@ -35,15 +35,6 @@ struct PayloadId {
 // two channels of a fragment's N elements, channel-major, in bf16 both ways.
 inline constexpr uint32_t kMomentChannels = 2;
 inline constexpr compression::CodecSpec kMomentCodec = {compression::Codec::kBf16, 0, 0};
-// The largest magnitude a moment may have, per channel: a first moment (a mean of gradients,
-// AdamW's or Muon's momentum) of 1e6, a second (of squared gradients) of its square. Far past any
-// trained model's (gradient clipping keeps them near 1), and small enough that a sum over 65,535
-// islands stays finite in fp32 and bf16.
-inline constexpr float kMomentMaxAbs[kMomentChannels] = {1e6f, 1e12f};
-// Why moment values[0, count), elements [begin, begin + count) of the moment layout of a fragment
-// of n elements, are not plausible (non-finite, past kMomentMaxAbs, a negative second moment);
-// "" when they are.
-std::string MomentValuesProblem(const float* values, uint64_t begin, uint64_t count, uint64_t n);
 
 // The encodings a payload's chunks may carry. Pseudo-gradients and dense runs' updates: exactly
 // `spec`. The outer updates of a sparse run (UpdateEncoding): for each chunk the service picks the

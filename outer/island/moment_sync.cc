@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "outer/base/moment_values.h"
 #include "outer/island/outer_step.h"
 
 namespace atl::outer {

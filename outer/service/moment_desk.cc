@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
 #include "outer/base/names.h"
+#include "outer/base/moment_values.h"
 #include "outer/base/payload.h"
 
 namespace atl::outer {

@@ -273,6 +273,9 @@ class Rounds {
                                               double steps_per_s);
   // Async, under mu: a contribution of no tokens or no change, recorded and answered unapplied.
   pb::PushResponse VoidAsyncLocked(const PayloadId& id, const Contribution& c, uint64_t staleness);
+  // Async, under mu: the answer to a contribution taken (applied by `contributors` 1, or void),
+  // kept for a retry of the same push.
+  pb::PushResponse AnswerAsyncLocked(const PayloadId& id, uint64_t staleness, uint32_t contributors);
   uint32_t SyncEveryLocked(const std::string& island) const;
   // Sync with auto-tune: records the island's figures and tells it the tau to use from now on.
   void TuneLocked(const std::string& island, const IslandFigures& figures,
