@@ -5,7 +5,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/status_macros.h"

@@ -168,7 +168,7 @@ namespace {
 
 // The budgets of calls a server admits at once (see the header).
 struct CallBudgets {
-  int anonymous, per_address, joins, rejoins, shards, per_island, queries, queries_per_address;
+  int anonymous, per_address, joins, rejoins, shards, per_island;
   double idle_s, first_message_s;
 };
 
@@ -177,8 +177,6 @@ CallBudgets BudgetsOf(const GrpcServerOptions& o, const outer::SyncServerOptions
   b.anonymous = o.max_pending_calls;
   b.per_address = std::max(1, o.max_pending_calls / 4);
   b.joins = o.max_pending_calls;
-  b.queries = o.max_pending_calls;
-  b.queries_per_address = std::max(1, o.max_pending_calls / 4);
   b.rejoins = int(std::max<uint32_t>(1, service.num_data_streams));
   b.shards = 2 * int(std::max<uint32_t>(1, service.num_shards));
   b.per_island = o.max_calls_per_island;
@@ -211,7 +209,8 @@ class GrpcServer::Guard {
   // door.
   int MaxThreads() const {
     const CallBudgets& b = budgets_;
-    return b.anonymous + b.joins + b.rejoins + b.shards + b.queries +
+    // (State queries have as many places as the calls not tied to a member.)
+    return 2 * b.anonymous + b.joins + b.rejoins + b.shards +
            int(sync_->options().num_data_streams) * b.per_island + 32;
   }
 
@@ -238,29 +237,27 @@ class GrpcServer::Guard {
 
   // A place among the calls not tied to a member, within its peer address's share.
   grpc::Status Pending(grpc::ServerContext* ctx, CallLimits::Slot* slot) {
-    const std::string address = PeerAddress(ctx);
-    return ToGrpc(limits_.Enter(
-        {{"anonymous", budgets_.anonymous,
-          absl::StrCat("the service is handling its maximum of ", budgets_.anonymous,
-                       " calls not tied to a member; retry later")},
-         {"anonymous " + address, budgets_.per_address,
-          absl::StrCat("the service is handling its maximum of ", budgets_.per_address,
-                       " calls not tied to a member from ", outer::Printable(address),
-                       "; retry later")}},
-        slot));
+    return Shared(ctx, "anonymous", "calls not tied to a member", slot);
   }
 
   // A place among the state queries (GetState): unary and answered from memory, so they have
-  // places of their own that streams waiting for their first message cannot hold.
+  // places of their own (as many as the calls above) that streams waiting for their first message
+  // cannot hold.
   grpc::Status Querying(grpc::ServerContext* ctx, CallLimits::Slot* slot) {
+    return Shared(ctx, "query", "state queries", slot);
+  }
+
+  // A place under `key` among budgets_.anonymous, within the peer address's share of them.
+  grpc::Status Shared(grpc::ServerContext* ctx, const std::string& key, const char* what,
+                      CallLimits::Slot* slot) {
     const std::string address = PeerAddress(ctx);
     return ToGrpc(limits_.Enter(
-        {{"query", budgets_.queries,
-          absl::StrCat("the service is answering its maximum of ", budgets_.queries,
-                       " state queries; retry later")},
-         {"query " + address, budgets_.queries_per_address,
-          absl::StrCat("the service is answering its maximum of ", budgets_.queries_per_address,
-                       " state queries from ", outer::Printable(address), "; retry later")}},
+        {{key, budgets_.anonymous,
+          absl::StrCat("the service is handling its maximum of ", budgets_.anonymous, " ", what,
+                       "; retry later")},
+         {key + " " + address, budgets_.per_address,
+          absl::StrCat("the service is handling its maximum of ", budgets_.per_address, " ", what,
+                       " from ", outer::Printable(address), "; retry later")}},
         slot));
   }
 

@@ -85,20 +85,7 @@ TEST_F(SyncServerTest, APushLostToARestartIsPushedAgainAndTheRunIsUnchanged) {
       auto [ra, rb] = SyncBoth(a, b, round);
       EXPECT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
     }
-    std::map<std::string, std::vector<float>> tensors;
-    auto state = s->Snapshot([&](uint32_t, const std::string& t, const float* data, size_t n) {
-      tensors[t] = std::vector<float>(data, data + n);
-      return absl::OkStatus();
-    });
-    EXPECT_TRUE(state.ok()) << state.status();
-    auto restarted = Make(init);
-    auto restored = restarted->Restore(*state, [&](uint32_t, const std::string& t, float* out,
-                                                   size_t n) {
-      if (tensors[t].size() != n) return absl::DataLossError(t);
-      std::copy(tensors[t].begin(), tensors[t].end(), out);
-      return absl::OkStatus();
-    });
-    EXPECT_TRUE(restored.ok()) << restored;
+    auto restarted = Resumed(*s, init);
     Join(*restarted, "a");
     Join(*restarted, "b");
     id_a->set_session(sessions_["a"]);
@@ -163,20 +150,10 @@ TEST_F(SyncServerTest, TheLedgerSurvivesARestartAndBalances) {
     auto [ra, rb] = SyncBoth(a, b, round);
     ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
   }
-  std::map<std::string, std::vector<float>> tensors;
-  auto state = s->Snapshot([&](uint32_t, const std::string& t, const float* data, size_t n) {
-    tensors[t] = std::vector<float>(data, data + n);
-    return absl::OkStatus();
-  });
-  ASSERT_TRUE(state.ok()) << state.status();
-  ASSERT_EQ(state->ledger_size(), 2);
-  auto restarted = Make(init);
+  pb::ServiceState state;
+  auto restarted = Resumed(*s, init, &state);
+  ASSERT_EQ(state.ledger_size(), 2);
   restarted->SetCommitListener([&](const CommittedRound& r) { rounds.push_back(r); });
-  ASSERT_TRUE(restarted->Restore(*state, [&](uint32_t, const std::string& t, float* out, size_t n) {
-    if (tensors[t].size() != n) return absl::DataLossError(t);
-    std::copy(tensors[t].begin(), tensors[t].end(), out);
-    return absl::OkStatus();
-  }).ok());
   Join(*restarted, "a");
   Join(*restarted, "b");
   id_a->set_session(sessions_["a"]);

@@ -44,6 +44,28 @@ class SyncServerTest : public ::testing::Test {
   std::unique_ptr<SyncServer> Make(std::vector<float> init = {1, 2, 3, 4}) {
     return std::make_unique<SyncServer>(options_, layout_, std::move(init));
   }
+  // A service restarted from `s`'s durable state as its state file would carry it (the state
+  // written into *state when given); a failure to write or restore it fails the test.
+  std::unique_ptr<SyncServer> Resumed(SyncServer& s, std::vector<float> init,
+                                      pb::ServiceState* state = nullptr) {
+    std::map<std::string, std::vector<float>> tensors;
+    auto written = s.Snapshot([&](uint32_t, const std::string& t, const float* data, size_t n) {
+      tensors[t] = std::vector<float>(data, data + n);
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(written.ok()) << written.status();
+    auto restarted = Make(std::move(init));
+    if (!written.ok()) return restarted;
+    const absl::Status restored =
+        restarted->Restore(*written, [&](uint32_t, const std::string& t, float* out, size_t n) {
+          if (tensors[t].size() != n) return absl::DataLossError(t);
+          std::copy(tensors[t].begin(), tensors[t].end(), out);
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(restored.ok()) << restored;
+    if (state != nullptr) *state = *std::move(written);
+    return restarted;
+  }
   // Joins and remembers the island's session credential, which every later call carries.
   std::string Join(SyncServer& s, const std::string& name) {
     pb::JoinRequest r;
