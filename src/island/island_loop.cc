@@ -14,12 +14,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/codec.h"
-#include "compression/codec_math.h"
 #include "compression/status_macros.h"
 #include "inner/loop_parts.h"
 #include "inner/parallel/fsdp.h"
 #include "inner/parallel/mesh.h"
-#include "outer/island/island_session.h"
+#include "outer/island/island_runtime.h"
 #include "outer/base/names.h"
 #include "outer/island/outer_step.h"
 #include "src/store/checkpoint.h"
@@ -157,17 +156,6 @@ absl::StatusOr<std::unique_ptr<inner::Trainer>> MakeTrainer(
   return trainer;
 }
 
-// The service's schedule, this island's own choices from its [outer] section, its tokens per step.
-outer::OuterStepOptions OuterOptions(const Config& config, const pb::JoinResponse& joined,
-                                     const inner::Trainer& trainer) {
-  outer::OuterStepOptions o;
-  o.schedule = outer::ScheduleOf(joined.schedule());
-  o.island = outer::IslandChoicesOf(
-      config.outer, compression::math::Mix64(config.train.seed) ^ joined.data_stream());
-  o.tokens_per_step = trainer.tokens_per_step();
-  return o;
-}
-
 // One island (this rank of it) from join to summary: Setup, Train, Finish, each in its steps.
 // Train is the one training loop (inner/loop.h) with the shared parts (the steps' reports, the
 // loss-spike guard, evaluations, checkpoints, the island-wide stop: inner/loop_parts.h) around
@@ -191,6 +179,7 @@ class IslandRun : private inner::LoopPart {
   absl::Status OpenOutputs();
   absl::Status Train();
   absl::StatusOr<IslandSummary> Finish();
+  absl::Status WrapUp();  // evaluations and the last checkpoint, before leaving
   // The island's part of the loop: its pacing, its monitor and telemetry, the outer step.
   void BeforeStep() override { step_start_ = Clock::now(); }
   absl::Status Queued(int64_t t) override;
@@ -204,7 +193,7 @@ class IslandRun : private inner::LoopPart {
   pb::IslandTelemetry Telemetry(double loss) const;
   double last_loss_ = 0;  // the training loss of the last stats report
   absl::Status Fail(absl::Status s) {
-    session_->Leave();
+    if (runtime_) runtime_->Leave();
     return s;
   }
 
@@ -215,13 +204,15 @@ class IslandRun : private inner::LoopPart {
   std::optional<::atl::Checkpoint> resumed_;
   std::unique_ptr<inner::parallel::DeviceMesh> mesh_;
   std::unique_ptr<outer::IslandRanks> ranks_;
-  std::unique_ptr<outer::IslandSession> session_;
   pb::JoinResponse joined_;
   bool async_ = false;
   inner::TrainConfig train_;
   std::unique_ptr<inner::Trainer> trainer_;
   std::optional<ShardModel> model_;
-  std::unique_ptr<outer::OuterStepHook> outer_;
+  // The island's runtime (after the model it drives): its session and outer step.
+  std::unique_ptr<outer::IslandRuntime> runtime_;
+  outer::IslandSession* session_ = nullptr;
+  outer::OuterStepHook* outer_ = nullptr;
   std::unique_ptr<MetricsLog> metrics_;
   FILE* quiet_ = nullptr;  // progress of ranks other than 0
   std::unique_ptr<Progress> progress_;
@@ -233,7 +224,6 @@ class IslandRun : private inner::LoopPart {
   Clock::time_point start_;
   Clock::time_point step_start_;
   std::optional<StepReporter> reporter_;  // rank 0's: the island's steps
-  double fetch_s_ = 0;
   double typical_step_s_ = 0;  // --throttle: recent steps' compute time (an average)
   bool stopped_ = false;
   IslandSummary summary_;
@@ -313,24 +303,25 @@ absl::Status IslandRun::Setup() {
 }
 
 absl::Status IslandRun::JoinAndBuild() {
-  // A coordinator that is restarting, or a run whose data streams are all held (by an island
-  // whose lease has not expired yet), is retried with backoff and jitter.
-  outer::SessionOptions so = outer::SessionOptionsOf(
-      config_.outer, options_.name, ModelConfigHash(config_.model),
-      (fs::path(options_.run_dir) / "session.credential").string());
-  so.data_parallel = uint32_t(mesh_->shape().dp());
+  outer::RuntimeOptions ro;
+  ro.outer = config_.outer;
+  ro.name = options_.name;
+  ro.model_hash = ModelConfigHash(config_.model);
+  ro.credential_file = (fs::path(options_.run_dir) / "session.credential").string();
+  ro.data_parallel = uint32_t(mesh_->shape().dp());
+  ro.seed = config_.train.seed;
   if (lead()) {
-    so.say = [this](const std::string& line) {
+    ro.say = [this](const std::string& line) {
       std::fprintf(options_.progress, "[%s] %s\n", options_.name.c_str(), line.c_str());
       std::fflush(options_.progress);
     };
   }
-  ATL_ASSIGN_OR_RETURN(auto session, outer::IslandSession::JoinAsIsland(transport_, so, *ranks_));
-  session_ = std::move(session);
-  joined_ = session_->joined();
+  ATL_ASSIGN_OR_RETURN(runtime_, outer::IslandRuntime::Join(transport_, *ranks_, std::move(ro)));
+  session_ = &runtime_->session();
+  joined_ = runtime_->joined();
   if (auto s = CheckRunMatches(config_, joined_, options_); !s.ok()) return Fail(s);
   if (auto s = RehearseCopier(); !s.ok()) return Fail(s);
-  async_ = joined_.schedule().async();
+  async_ = runtime_->async();
   train_ = config_.train;
   train_.steps = int64_t(joined_.schedule().total_inner_steps());
   auto trainer = MakeTrainer(config_, train_, joined_, data_, resumed_, mesh_.get());
@@ -346,24 +337,17 @@ absl::Status IslandRun::JoinAndBuild() {
   for (uint32_t f = 0; f < uint32_t(joined_.fragments_size()); ++f) {
     if (model_->device_copy(f) != nullptr) summary_.global_copy = "device";
   }
-  outer_ = std::make_unique<outer::OuterStepHook>(transport_, *session_, *ranks_, *model_,
-                                                  model_->Shares(),
-                                                  OuterOptions(config_, joined_, *trainer_));
+  outer::StartOptions start;
+  start.tokens_per_step = trainer_->tokens_per_step();
   if (resumed_) {
-    // What error feedback had not yet sent carries on from the checkpoint.
-    if (auto s = outer_->RestoreResiduals(ResidualsOf(resumed_->state)); !s.ok()) return Fail(s);
+    start.resumed = true;
+    start.residuals = ResidualsOf(resumed_->state);
   }
-  const auto fetch_start = Clock::now();
-  if (auto s = outer_->FetchGlobal(); !s.ok()) return Fail(s);
-  if (auto s = model_->SyncReplicas(); !s.ok()) return Fail(s);
-  fetch_s_ = Since(fetch_start);
-  if (async_ && joined_.round() == 0 && lead()) {
-    // Async islands start together: otherwise the first island up could spend the run's whole
-    // token budget before the others have started.
-    if (auto s = session_->WaitForPeers(); !s.ok()) return Fail(s);
+  start.after_fetch = [this] { return model_->SyncReplicas(); };
+  if (auto s = runtime_->Start(*model_, model_->Shares(), std::move(start)); !s.ok()) {
+    return Fail(s);
   }
-  if (auto ready = ranks_->Any(false); !ready.ok()) return Fail(ready.status());
-  session_->StartHeartbeats();
+  outer_ = &runtime_->hook();
   return absl::OkStatus();
 }
 
@@ -425,7 +409,7 @@ absl::Status IslandRun::OpenOutputs() {
       async_ ? absl::StrCat("until the run has trained ", schedule.token_budget(), " tokens")
              : absl::StrCat(train_.steps, " inner steps"),
       double(inner::ParameterCount(config_.model)) / 1e6,
-      double(outer_->fetched_bytes()) / (1 << 20), fetch_s_,
+      double(outer_->fetched_bytes()) / (1 << 20), runtime_->fetch_s(),
       StateNotes(outer_->stats(), joined_.fragments_size(),
                  schedule.moment_sync_every() > 0 && model_->moment_optimizer().empty()),
       shape.size() > 1
@@ -552,23 +536,24 @@ absl::Status IslandRun::Train() {
   return s;
 }
 
-absl::StatusOr<IslandSummary> IslandRun::Finish() {
-  if (auto s = outer_->Finish(stopped_); !s.ok()) return Fail(s);
-  if (auto s = model_->SyncReplicas(); !s.ok()) return Fail(s);
+// After the outer step's end, before the island leaves.
+absl::Status IslandRun::WrapUp() {
+  ATL_RETURN_IF_ERROR(model_->SyncReplicas());
   // Async islands, and sync ones whose global parameters moved on after their last step (another
   // island trained on after a failure), evaluate the run's final parameters.
   if (!stopped_ && (async_ || outer_->stats().caught_up_rounds > 0)) {
-    if (auto s = Evaluate(trainer_->step()); !s.ok()) return Fail(s);
+    ATL_RETURN_IF_ERROR(Evaluate(trainer_->step()));
   }
   // The last checkpoint is written before the island says it is done.
   if (auto s = checkpoints_->Save(/*background=*/false, Since(start_)); !s.ok()) {
     progress_->Message(absl::StrCat(label_, "warning: final checkpoint not written: ", s.message()));
   }
   progress_->Finish();
-  // The last evaluation reaches the service before the island leaves (the heartbeats may not
-  // have carried it yet).
-  if (lead() && summary_.last_eval) session_->Heartbeat(false).IgnoreError();
-  session_->Leave();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IslandSummary> IslandRun::Finish() {
+  ATL_RETURN_IF_ERROR(runtime_->Finish(stopped_, [this] { return WrapUp(); }));
   static_cast<outer::OuterStepStats&>(summary_) = outer_->stats();
   summary_.step = trainer_->step();
   summary_.tokens = trainer_->tokens();

@@ -11,12 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "compression/codec_math.h"
 #include "compression/config_value.h"
 #include "compression/status_macros.h"
 #include "inner/model.h"
 #include "outer/base/names.h"
-#include "outer/island/island_session.h"
+#include "outer/island/island_runtime.h"
 #include "src/net/grpc_transport.h"
 #include "src/store/flat_params.h"
 
@@ -147,16 +146,15 @@ struct TensorIsland::Impl {
   TensorIslandOptions options;
   std::unique_ptr<outer::Transport> transport;
   std::unique_ptr<outer::IslandRanks> ranks = outer::SingleRank();
-  std::unique_ptr<outer::IslandSession> session;
-  pb::JoinResponse joined;
   std::unique_ptr<ModuleModel> model;
-  std::unique_ptr<outer::OuterStepHook> hook;
+  std::unique_ptr<outer::IslandRuntime> runtime;  // after the model it drives
   std::vector<LandedRoundRecord> landed;
   Clock::time_point start = Clock::now();
   Clock::time_point last_return = Clock::now();  // of Step: the user's compute runs from there
   double compute_s = 0;
-  bool finished = false;
 
+  const pb::JoinResponse& joined() const { return runtime->joined(); }
+  outer::OuterStepHook& hook() const { return runtime->hook(); }
   void Say(const std::string& line) const {
     if (options.out == nullptr) return;
     std::fprintf(options.out, "[%s] %s\n", options.name.c_str(), line.c_str());
@@ -172,63 +170,51 @@ absl::Status TensorIsland::Impl::JoinRun(const NamedParams& params) {
   const outer::FragmentLayout layout = LayoutOf(params);
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   for (const auto& [name, p] : params) shapes.emplace_back(name, p.sizes().vec());
-  const uint64_t hash =
-      options.atoll_model ? ModelConfigHash(options.config.model) : LayoutHash(shapes);
-  outer::SessionOptions so = outer::SessionOptionsOf(options.config.outer, options.name, hash,
-                                                     options.credential_file);
+  outer::RuntimeOptions ro;
+  ro.outer = options.config.outer;
+  ro.name = options.name;
+  ro.model_hash = options.atoll_model ? ModelConfigHash(options.config.model) : LayoutHash(shapes);
   for (size_t i = 0; i < layout.names.size(); ++i) {
-    so.parameters.emplace_back(layout.names[i], layout.numels[i]);
+    ro.parameters.emplace_back(layout.names[i], layout.numels[i]);
   }
-  so.say = [this](const std::string& line) { Say(line); };
-  ATL_ASSIGN_OR_RETURN(session, outer::IslandSession::JoinAsIsland(*transport, so, *ranks));
-  joined = session->joined();
-  return outer::CheckRunMode(options.config.outer, joined.schedule());
+  ro.credential_file = options.credential_file;
+  ro.seed = options.config.train.seed;
+  ro.say = [this](const std::string& line) { Say(line); };
+  ATL_ASSIGN_OR_RETURN(runtime, outer::IslandRuntime::Join(*transport, *ranks, std::move(ro)));
+  return absl::OkStatus();
 }
 
 absl::Status TensorIsland::Impl::Build(NamedParams params) {
-  ATL_ASSIGN_OR_RETURN(auto fragments, MapFragments(joined, params));
+  ATL_ASSIGN_OR_RETURN(auto fragments, MapFragments(joined(), params));
   std::vector<outer::FragmentShare> shares;
-  for (const auto& f : joined.fragments()) shares.push_back({f.num_elements(), {}, true});
+  for (const auto& f : joined().fragments()) shares.push_back({f.num_elements(), {}, true});
   inner::ParallelPlan plan;  // a module's parameters flatten row-major
   plan.blocks.clear();
   if (options.atoll_model) plan = inner::PlanOf(options.config.model);
   model = std::make_unique<ModuleModel>(std::move(params), std::move(plan), std::move(fragments));
   // A resumed island stands at its checkpoint's step before the outer step is made: its pushes
   // count from there.
-  if (options.resume) model->Resume(options.resume->step, options.resume->tokens);
-  outer::OuterStepOptions o;
-  o.schedule = outer::ScheduleOf(joined.schedule());
-  o.island = outer::IslandChoicesOf(
-      options.config.outer,
-      compression::math::Mix64(options.config.train.seed) ^ joined.data_stream());
-  o.tokens_per_step = int64_t(joined.schedule().tokens_per_step());  // unused: the model counts
-  hook = std::make_unique<outer::OuterStepHook>(*transport, *session, *ranks, *model,
-                                                std::move(shares), o);
+  outer::StartOptions start;  // the model counts its tokens step by step
   if (options.resume) {
-    // What error feedback had not yet sent carries on from the checkpoint.
-    ATL_RETURN_IF_ERROR(hook->RestoreResiduals(options.resume->residuals));
+    model->Resume(options.resume->step, options.resume->tokens);
+    start.resumed = true;
+    start.residuals = options.resume->residuals;
   }
-  ATL_RETURN_IF_ERROR(hook->FetchGlobal());
-  if (joined.schedule().async() && joined.round() == 0) {
-    // Async islands start together (as `atoll island`s do).
-    ATL_RETURN_IF_ERROR(session->WaitForPeers());
-  }
-  hook->set_observer([this](const outer::LandedRound& r) {
+  ATL_RETURN_IF_ERROR(runtime->Start(*model, std::move(shares), std::move(start)));
+  hook().set_observer([this](const outer::LandedRound& r) {
     landed.push_back({r.fragment, r.outcome.round, r.outcome.version, r.pushed_at, r.step,
-                      r.global_hash,
-                      r.outcome.contributors, r.outcome.resynced});
+                      r.global_hash, r.outcome.contributors, r.outcome.resynced});
     if (landed.size() > 100000) landed.erase(landed.begin(), landed.begin() + 50000);
   });
-  hook->on_message = [this](const std::string& line) { Say(line); };
-  session->StartHeartbeats();
+  hook().on_message = [this](const std::string& line) { Say(line); };
   uint64_t elements = 0;
-  for (const auto& f : joined.fragments()) elements += f.num_elements();
+  for (const auto& f : joined().fragments()) elements += f.num_elements();
   Say(absl::StrFormat("joined %s run '%s' at %s %d as %s: data stream %d of %d, %s, %.2fM "
                       "parameters%s",
-                      joined.schedule().async() ? "async" : "sync", options.config.outer.run_id,
-                      joined.schedule().async() ? "version" : "round", hook->round(),
-                      session->island_id(), joined.data_stream(),
-                      joined.schedule().num_data_streams(), hook->Describe(), elements / 1e6,
+                      runtime->async() ? "async" : "sync", options.config.outer.run_id,
+                      runtime->async() ? "version" : "round", hook().round(),
+                      runtime->session().island_id(), joined().data_stream(),
+                      joined().schedule().num_data_streams(), hook().Describe(), elements / 1e6,
                       options.resume ? absl::StrFormat(", resumed at step %d", options.resume->step)
                                      : ""));
   return absl::OkStatus();
@@ -242,21 +228,18 @@ pb::IslandTelemetry TensorIsland::Impl::Telemetry(std::optional<double> loss) co
   f.tokens_trained = model->tokens() - (options.resume ? options.resume->tokens : 0);
   f.tokens_per_s = double(f.tokens_trained) / wall;
   f.utilization = compute_s / wall;
-  return outer::TelemetryOf(f, hook->stats());
+  return outer::TelemetryOf(f, hook().stats());
 }
 
 absl::Status TensorIsland::Impl::Finish(bool stopped) {
-  if (finished) return absl::OkStatus();
-  finished = true;
-  const absl::Status s = hook->Finish(stopped);
-  session->Heartbeat(false).IgnoreError();
-  session->Leave();
+  if (runtime->finished()) return absl::OkStatus();
+  const absl::Status s = runtime->Finish(stopped);
+  const outer::OuterStepHook& h = hook();
   Say(absl::StrFormat("%s at step %d after %d rounds: sent %.1f MiB, received %.1f MiB, global "
                       "params %s",
-                      stopped ? "left" : "done", model->step(), hook->stats().rounds,
-                      hook->stats().bytes_sent / 1048576.0,
-                      hook->stats().bytes_received / 1048576.0,
-                      absl::StrJoin(hook->fragment_hashes(), " ", [](std::string* out, uint64_t h) {
+                      stopped ? "left" : "done", model->step(), h.stats().rounds,
+                      h.stats().bytes_sent / 1048576.0, h.stats().bytes_received / 1048576.0,
+                      absl::StrJoin(h.fragment_hashes(), " ", [](std::string* out, uint64_t h) {
                         absl::StrAppend(out, absl::StrFormat("%016x", h));
                       })));
   return s;
@@ -265,7 +248,7 @@ absl::Status TensorIsland::Impl::Finish(bool stopped) {
 TensorIsland::TensorIsland(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TensorIsland::~TensorIsland() {
-  if (impl_->session) impl_->session->Leave();
+  if (impl_->runtime) impl_->runtime->Leave();
 }
 
 absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOptions options,
@@ -287,7 +270,7 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
                                      impl->options.tls, impl->options.config.outer));
   ATL_RETURN_IF_ERROR(impl->JoinRun(params));
   if (auto s = impl->Build(std::move(params)); !s.ok()) {
-    impl->session->Leave();
+    impl->runtime->Leave();
     return s;
   }
   return std::unique_ptr<TensorIsland>(new TensorIsland(std::move(impl)));
@@ -296,7 +279,7 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
 absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> loss, bool stop) {
   Impl& i = *impl_;
   auto turn = Turn();
-  if (i.finished) return false;
+  if (i.runtime->finished()) return false;
   i.compute_s += Since(i.last_return);
   if (stop) {
     ATL_RETURN_IF_ERROR(i.Finish(/*stopped=*/true));
@@ -308,11 +291,11 @@ absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> l
         "); nothing was synced: reload the module's parameters or stop"));
   }
   i.model->Stepped(tokens);
-  i.session->set_step(i.model->step());
-  i.session->set_telemetry(i.Telemetry(loss));
+  i.runtime->session().set_step(i.model->step());
+  i.runtime->session().set_telemetry(i.Telemetry(loss));
   const double steps_per_s = double(i.model->step()) / std::max(1e-9, i.compute_s);
-  ATL_RETURN_IF_ERROR(i.hook->AfterStep(steps_per_s));
-  if (i.hook->done()) {
+  ATL_RETURN_IF_ERROR(i.hook().AfterStep(steps_per_s));
+  if (i.hook().done()) {
     ATL_RETURN_IF_ERROR(i.Finish(/*stopped=*/false));
     i.last_return = Clock::now();
     return false;
@@ -323,7 +306,7 @@ absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> l
 
 absl::Status TensorIsland::Close() {
   auto turn = Turn();
-  return impl_->Finish(/*stopped=*/!impl_->hook->done());
+  return impl_->Finish(/*stopped=*/!impl_->hook().done());
 }
 
 IslandState TensorIsland::State() const {
@@ -331,9 +314,9 @@ IslandState TensorIsland::State() const {
   IslandState s;
   s.step = impl_->model->step();
   s.tokens = impl_->model->tokens();
-  s.rounds = impl_->hook->Rounds();
-  s.global_hashes = impl_->hook->fragment_hashes();
-  s.residuals = impl_->hook->Residuals();
+  s.rounds = impl_->hook().Rounds();
+  s.global_hashes = impl_->hook().fragment_hashes();
+  s.residuals = impl_->hook().Residuals();
   return s;
 }
 
@@ -342,29 +325,32 @@ std::unique_lock<std::mutex> TensorIsland::Turn() const { return std::unique_loc
 
 int64_t TensorIsland::step() const { auto turn = Turn(); return impl_->model->step(); }
 uint64_t TensorIsland::tokens() const { auto turn = Turn(); return impl_->model->tokens(); }
-bool TensorIsland::done() const { auto turn = Turn(); return impl_->finished || impl_->hook->done(); }
-bool TensorIsland::async() const { return impl_->joined.schedule().async(); }  // set at the join
-int64_t TensorIsland::max_steps() const { auto turn = Turn(); return impl_->hook->max_steps(); }
+bool TensorIsland::done() const {
+  auto turn = Turn();
+  return impl_->runtime->finished() || impl_->hook().done();
+}
+bool TensorIsland::async() const { return impl_->joined().schedule().async(); }  // set at the join
+int64_t TensorIsland::max_steps() const { auto turn = Turn(); return impl_->hook().max_steps(); }
 int64_t TensorIsland::run_progress() const {
   auto turn = Turn();
   return async() ? impl_->model->progress() : impl_->model->step();
 }
-uint32_t TensorIsland::num_fragments() const { return uint32_t(impl_->joined.fragments_size()); }
+uint32_t TensorIsland::num_fragments() const { return uint32_t(impl_->joined().fragments_size()); }
 std::vector<std::vector<std::string>> TensorIsland::fragment_parameters() const {
   std::vector<std::vector<std::string>> out;
-  for (const auto& f : impl_->joined.fragments()) {
+  for (const auto& f : impl_->joined().fragments()) {
     out.emplace_back(f.parameters().begin(), f.parameters().end());
   }
   return out;
 }
 std::vector<uint64_t> TensorIsland::fragment_hashes() const {
   auto turn = Turn();
-  return impl_->hook->fragment_hashes();
+  return impl_->hook().fragment_hashes();
 }
-std::vector<uint64_t> TensorIsland::rounds() const { auto turn = Turn(); return impl_->hook->Rounds(); }
-std::string TensorIsland::island_id() const { return impl_->session->island_id(); }
-std::string TensorIsland::Describe() const { auto turn = Turn(); return impl_->hook->Describe(); }
-outer::OuterStepStats TensorIsland::stats() const { auto turn = Turn(); return impl_->hook->stats(); }
+std::vector<uint64_t> TensorIsland::rounds() const { auto turn = Turn(); return impl_->hook().Rounds(); }
+std::string TensorIsland::island_id() const { return impl_->runtime->session().island_id(); }
+std::string TensorIsland::Describe() const { auto turn = Turn(); return impl_->hook().Describe(); }
+outer::OuterStepStats TensorIsland::stats() const { auto turn = Turn(); return impl_->hook().stats(); }
 std::vector<LandedRoundRecord> TensorIsland::landed() const { auto turn = Turn(); return impl_->landed; }
 
 }  // namespace atl::python
