@@ -21,7 +21,7 @@ packages=(
 # checks the Kubernetes manifests (kubectl, python3-kubernetes) and runs the Slurm batch script on
 # a one-node Slurm (deploy/slurm/check_local.sh).
 if [[ -n "${ATOLL_TEST_TOOLS:-}" ]]; then
-  packages+=(prometheus chromium python3-kubernetes python3-yaml python3-numpy python3-sentencepiece slurmctld slurmd
+  packages+=(python3-venv prometheus chromium python3-kubernetes python3-yaml python3-numpy python3-sentencepiece slurmctld slurmd
     slurm-client munge)
   # Any kubectl will do (Google's kubectl package conflicts with Debian's kubernetes-client).
   command -v kubectl >/dev/null || packages+=(kubernetes-client)

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# The whole test suite from a fresh machine: set-up (idempotent), build, ctest.
+# The whole test suite from a fresh machine: set-up (idempotent), a virtual environment with a
+# torch from PyPI and the wheel (deploy/python_venv.sh), build, ctest. The Python tests run twice:
+# under Debian's python3-torch with the build's package (python.*) and under PyPI's torch with the
+# installed wheel (python_pip.*).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="${ATOLL_VENV:-$root/build/venv}"
+ATOLL_TEST_TOOLS=1 ATOLL_SETUP=packages "$root/deploy/setup.sh"
+"$root/deploy/python_venv.sh" "$venv"
 # The suite tests the Python package too: its build is required here, not skipped when a
 # package is missing.
-ATOLL_TEST_TOOLS=1 ATOLL_CMAKE_ARGS="-DATOLL_PYTHON_MODULE=ON ${ATOLL_CMAKE_ARGS:-}" "$root/deploy/setup.sh"
+ATOLL_SKIP_APT=1 ATOLL_CMAKE_ARGS="-DATOLL_PYTHON_MODULE=ON -DATOLL_PYTHON_VENV=$venv ${ATOLL_CMAKE_ARGS:-}" \
+  "$root/deploy/setup.sh"
 cd "${ATOLL_BUILD_DIR:-$root/build}"
 ctest --output-on-failure -j "${ATOLL_JOBS:-$(nproc)}" --timeout 600 "$@"

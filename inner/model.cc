@@ -5,10 +5,15 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <stdexcept>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
+#include "inner/model/gpt/gpt_family.h"
+#include "inner/model/llama/llama_family.h"
 #include "inner/torch_compat.h"
 
 namespace atl::inner {
@@ -55,40 +60,42 @@ void InitializeParameters(CausalLmImpl& model, const ParallelPlan& plan) {
   }
 }
 
-CausalLm BuildModel(const ModelConfig& config) { return FamilyOf(config).build(config); }
+namespace {
 
-ParallelPlan PlanOf(const ModelConfig& config) { return FamilyOf(config).plan(config); }
-
-std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const ModelConfig& c) {
-  return FamilyOf(c).shapes(c);
+// The torch side of the family table: each family's module, by model.arch.
+struct Modules {
+  std::mutex mu;
+  std::map<std::string, ModuleBuilder> by_arch{{gpt::kFamily.name, gpt::Build},
+                                               {llama::kFamily.name, llama::Build}};
+};
+Modules& modules() {
+  static Modules* m = new Modules();
+  return *m;
 }
 
-int64_t ParameterCount(const ModelConfig& c) {
-  int64_t n = 0;
-  for (const auto& [name, shape] : ParameterShapes(c)) {
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    n += numel;
-  }
-  return n;
-}
+}  // namespace
 
-double TrainFlopsPerToken(const ModelConfig& c) { return FamilyOf(c).train_flops_per_token(c); }
-
-// What any family needs (a positive degree; sequence parallelism splits every sequence's
-// positions), then what its own layers split.
-absl::Status ValidateTensorParallel(const ModelConfig& c, int tp, bool sequence_parallel) {
-  if (tp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel degree must be positive, got ", tp));
-  }
-  ATL_RETURN_IF_ERROR(FamilyOf(c).validate_tensor_parallel(c, tp));
-  if (sequence_parallel && c.context % tp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.enable_sequence_parallel needs model.context (", c.context,
-        ") to divide by parallelism.tensor_parallel_degree = ", tp,
-        ": each rank holds context / ", tp, " positions of every sequence"));
+absl::Status RegisterModule(const std::string& arch, ModuleBuilder build) {
+  Modules& m = modules();
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (!m.by_arch.emplace(arch, build).second) {
+    return absl::AlreadyExistsError(absl::StrCat("model.arch \"", arch, "\" has a module already"));
   }
   return absl::OkStatus();
+}
+
+CausalLm BuildModel(const ModelConfig& config) {
+  const std::string arch = FamilyOf(config).name;
+  ModuleBuilder build = nullptr;
+  {
+    Modules& m = modules();
+    std::lock_guard<std::mutex> lock(m.mu);
+    auto it = m.by_arch.find(arch);
+    if (it != m.by_arch.end()) build = it->second;
+  }
+  // A family without a module is a programming error (RegisterModule beside RegisterFamily).
+  if (build == nullptr) throw std::logic_error("model.arch \"" + arch + "\" has no module");
+  return build(config);
 }
 
 torch::Tensor ShapedView(const ParamPlan& plan, const torch::Tensor& flat,

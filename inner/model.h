@@ -15,28 +15,17 @@
 #include "inner/model/causal_lm.h"
 #include "inner/model/plan.h"
 #include "inner/model_config.h"
+#include "inner/model_info.h"  // PlanOf, ParameterShapes, ParameterCount, ...
 
 namespace atl::inner {
 
-// The whole model of the config's family, initialized from model.init_seed on the CPU.
+// The whole model of the config's family, initialized from model.init_seed on the CPU (the same
+// at any parallelism).
 CausalLm BuildModel(const ModelConfig& config);
-// Its family's parallelization plan.
-ParallelPlan PlanOf(const ModelConfig& config);
-
-// Every parameter's name and shape in registration order, by closed form (tools that map or check
-// weights need them without building the module).
-std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterShapes(const ModelConfig& config);
-
-// Their sum (tests check the module against it).
-int64_t ParameterCount(const ModelConfig& config);
-
-// Training FLOPs per token, for isoflop accounting and utilization.
-double TrainFlopsPerToken(const ModelConfig& config);
-
-// Names what keeps the model from splitting over `tp` tensor-parallel ranks.
-absl::Status ValidateTensorParallel(const ModelConfig& config, int tp,
-                                    bool sequence_parallel = false);
-
+// The module of a family registered at run time (inner::RegisterFamily, e.g. a test's); the
+// built-in families' modules are known.
+using ModuleBuilder = CausalLm (*)(const ModelConfig&);
+absl::Status RegisterModule(const std::string& arch, ModuleBuilder build);
 // The canonical flat order (inner/model/plan.h). `flat` (1-D, in canonical order) seen as the
 // parameter of `shape` (a view), and the parameter in canonical order (1-D; a copy when its
 // memory is in another order).

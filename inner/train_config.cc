@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "compression/config_value.h"
 #include "compression/status_macros.h"
@@ -47,6 +48,24 @@ std::string ConfigValueText(ActivationCheckpointMode value) {
   return EnumValueName(value, kCheckpointModes);
 }
 
+absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
+                                          bool cuda_available) {
+  int index = -1;
+  const bool cuda = device == "cuda" || (device.rfind("cuda:", 0) == 0 &&
+                                         absl::SimpleAtoi(device.substr(5), &index) && index >= 0);
+  if (device != "cpu" && device != "auto" && !cuda) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\"",
+        DidYouMean(device, {"auto", "cpu", "cuda"})));
+  }
+  if (device == "cpu" || (device == "auto" && !cuda_available)) return std::string("cpu");
+  if (!cuda_available) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("train.device = \"", device, "\" but no CUDA device is available"));
+  }
+  return index >= 0 ? device : absl::StrCat("cuda:", local_rank);
+}
+
 absl::Status Validate(const TrainConfig& c) {
   ATL_RETURN_IF_ERROR(Positive("train.steps", c.steps));
   ATL_RETURN_IF_ERROR(Positive("train.batch_size", c.batch_size));
@@ -54,8 +73,9 @@ absl::Status Validate(const TrainConfig& c) {
   ATL_RETURN_IF_ERROR(NonNegative("train.eval_every", c.eval_every));
   ATL_RETURN_IF_ERROR(Positive("train.eval_batches", c.eval_batches));
   ATL_RETURN_IF_ERROR(NonNegative("train.threads", c.threads));
-  // The device's name, and a GPU where one is asked for ("auto" loads anywhere).
-  ATL_RETURN_IF_ERROR(ResolveDevice(c.device, 0));
+  // The device's name (whether a GPU asked for is there is known where a rank starts: the
+  // trainer resolves it with CUDA as libtorch sees it).
+  ATL_RETURN_IF_ERROR(ResolveDevice(c.device, 0, /*cuda_available=*/true).status());
   ATL_RETURN_IF_ERROR(Positive("train.log_every", c.log_every));
   ATL_RETURN_IF_ERROR(NonNegative("train.checkpoint_every", c.checkpoint_every));
   if (c.checkpoint_keep < 1) {

@@ -25,24 +25,6 @@ constexpr char kOptimPrefix[] = "optim/";
 
 }  // namespace
 
-absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank,
-                                          bool cuda_available) {
-  int index = -1;
-  const bool cuda = device == "cuda" || (device.rfind("cuda:", 0) == 0 &&
-                                         absl::SimpleAtoi(device.substr(5), &index) && index >= 0);
-  if (device != "cpu" && device != "auto" && !cuda) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got \"", device, "\"",
-        DidYouMean(device, {"auto", "cpu", "cuda"})));
-  }
-  if (device == "cpu" || (device == "auto" && !cuda_available)) return std::string("cpu");
-  if (!cuda_available) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("train.device = \"", device, "\" but no CUDA device is available"));
-  }
-  return index >= 0 ? device : absl::StrCat("cuda:", local_rank);
-}
-
 absl::StatusOr<std::string> ResolveDevice(const std::string& device, int local_rank) {
   return ResolveDevice(device, local_rank, device != "cpu" && torch::cuda::is_available());
 }

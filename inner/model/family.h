@@ -4,7 +4,8 @@
 // (built from inner/model/layers.h), its settings, its parameter shapes, its parallelization plan,
 // its FLOP rule, its checkpoint names and its Hugging Face mapping. Adding one: its files plus a
 // row in the table (inner/model/families.cc), or RegisterFamily for a family defined elsewhere (a
-// test's). Torch-free (the module's type is only declared).
+// test's). Torch-free: the family's module is built on the torch side (inner/model.h:
+// BuildModel, RegisterModule), so the table links without libtorch.
 #ifndef ATOLL_INNER_MODEL_FAMILY_H_
 #define ATOLL_INNER_MODEL_FAMILY_H_
 
@@ -54,8 +55,6 @@ struct ModelFamily {
   // Every parameter's name and shape in registration order, by closed form.
   ParamShapes (*shapes)(const ModelConfig&);
   ParallelPlan (*plan)(const ModelConfig&);
-  // The whole model, initialized from config.init_seed on the CPU (the same at any parallelism).
-  CausalLm (*build)(const ModelConfig&);
   // Training FLOPs per token (forward and backward).
   double (*train_flops_per_token)(const ModelConfig&);
   // What keeps the family's layers from splitting over `tp` (>= 1) ranks, named (OK when they

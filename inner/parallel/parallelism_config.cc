@@ -5,8 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "compression/config_value.h"
 #include "compression/status_macros.h"
-#include "inner/model.h"
-#include "inner/parallel/pipeline.h"
+#include "inner/model_info.h"
 
 namespace atl::inner::parallel {
 namespace {
@@ -71,6 +70,15 @@ absl::Status ValidateForModel(const ParallelismConfig& c, const ModelConfig& mod
                                              c.pipeline_parallel_degree));
   if (c.tensor_parallel_degree > 1) {
     return ValidateTensorParallel(model, c.tensor_parallel_degree, c.sequence_parallel);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePipeline(int n_layer, int stages) {
+  if (stages < 1 || stages > n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallelism.pipeline_parallel_degree = ", stages, " needs at least one block per stage: "
+        "model.n_layer = ", n_layer, " allows at most ", n_layer));
   }
   return absl::OkStatus();
 }

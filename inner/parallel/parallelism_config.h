@@ -55,6 +55,8 @@ void VisitKeys(ParallelismConfig& c, V&& v) {
 }
 
 absl::Status Validate(const ParallelismConfig& config);
+// Every pipeline stage needs a block: names the degree and the layer count when it cannot.
+absl::Status ValidatePipeline(int n_layer, int stages);
 // Tied embeddings (model.tie_embeddings) under `dp_shard` FSDP shards and `pp` stages (-1, the
 // rest of the ranks, is judged where the mesh is resolved: inner::parallel::FsdpModel::Create).
 absl::Status ValidateTiedEmbeddings(const ModelConfig& model, int dp_shard, int pp);

@@ -22,15 +22,6 @@ StageUnits PipelineStageUnits(int n_layer, int stages, int stage) {
   return u;
 }
 
-absl::Status ValidatePipeline(int n_layer, int stages) {
-  if (stages < 1 || stages > n_layer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallelism.pipeline_parallel_degree = ", stages, " needs at least one block per stage: "
-        "model.n_layer = ", n_layer, " allows at most ", n_layer));
-  }
-  return absl::OkStatus();
-}
-
 std::vector<PipelineAction> ScheduleActions(PipelineSchedule schedule, int stage, int stages,
                                             int micro) {
   using A = PipelineAction;

@@ -39,8 +39,6 @@ struct StageUnits {
   int first = 0, last = 0;
 };
 StageUnits PipelineStageUnits(int n_layer, int stages, int stage);
-// Every stage needs a block: names the degree and the layer count when it cannot.
-absl::Status ValidatePipeline(int n_layer, int stages);
 
 struct PipelineAction {
   enum Kind { kForward, kBackward };

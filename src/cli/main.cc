@@ -21,6 +21,7 @@
 #include "src/cli/compare_command.h"
 #include "src/config/config.h"
 #include "src/service/coordinator.h"
+#include "src/service/initial_state.h"
 #include "src/net/grpc_transport.h"
 #include "src/island/island_loop.h"
 #include "src/cli/launch.h"
@@ -132,6 +133,7 @@ int RunService(CommandLine& cl, const ServiceFlags& f, const std::vector<atl::Ov
   }
   options.rpc_timeout_s = config->outer.rpc_timeout_s;
   options.stop = &g_stop;
+  options.make_sync = [](const atl::Config& c, int shard) { return atl::MakeSyncServer(c, shard); };
   if (auto s = atl::RunCoordinator(*config, options); !s.ok()) return Fail(s);
   return 0;
 }

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "compression/status_macros.h"
-#include "src/store/checkpoint.h"
+#include "src/store/atomic_file.h"
 
 namespace atl {
 

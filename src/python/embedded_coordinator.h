@@ -1,7 +1,8 @@
 // A run's coordinator inside the calling process (atoll.Coordinator from Python: notebooks and
 // tests): `atoll coordinator` itself (src/service/coordinator.h) on its own thread, serving gRPC
-// over TCP, until the run ends or Stop. It serves atoll's model of config.model, or a module's
-// parameters that atoll does not build (ModuleParams).
+// over TCP, until the run ends or Stop. It serves a module's parameters (ModuleParams): the
+// Python package links no libtorch, so atoll's own model of config.model, which only libtorch
+// builds, is served by `atoll coordinator`.
 #ifndef ATOLL_SRC_PYTHON_EMBEDDED_COORDINATOR_H_
 #define ATOLL_SRC_PYTHON_EMBEDDED_COORDINATOR_H_
 
@@ -28,7 +29,7 @@ struct EmbeddedCoordinatorOptions {
   std::string run_dir;                 // durable state and rounds.jsonl; "" without
   bool resume = false;
   std::string http_listen;             // the status page and /metrics ("" off)
-  std::optional<ModuleParams> module;  // a module atoll does not build
+  std::optional<ModuleParams> module;  // the run's parameters (required)
   FILE* out = stderr;                  // the coordinator's lines (nullptr: quiet)
 };
 

@@ -1,15 +1,19 @@
 // The `atoll._core` extension: the island around a user's parameters (src/python/tensor_island.h),
 // the embedded coordinator (src/python/embedded_coordinator.h) and the codecs, for the Python
-// package `atoll` (src/python/atoll/__init__.py wraps them for users). Tensors cross as the same
-// objects (python3-torch and libtorch are one build); errors cross as atoll.Error subclasses
-// carrying atoll's message and canonical status code; calls that wait on the network release the
-// GIL.
-#include <torch/extension.h>
+// package `atoll` (src/python/atoll/__init__.py wraps them for users). It links no libtorch, so
+// one build serves every torch release: tensors cross as host memory (address, dtype, shape) that
+// the Python side keeps alive and checks (contiguous, on the CPU or mirrored there), and flat fp32
+// results cross as bytes. Errors cross as atoll.Error subclasses carrying atoll's message and
+// canonical status code; calls that wait on the network release the GIL.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstring>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,8 +26,8 @@
 #include "outer/base/outer_config.h"
 #include "src/config/config.h"
 #include "src/python/embedded_coordinator.h"
+#include "src/python/host_params.h"
 #include "src/python/tensor_island.h"
-#include "src/store/flat_params.h"
 
 namespace py = pybind11;
 
@@ -70,7 +74,8 @@ void RegisterErrors(py::module_& m) {
       {absl::StatusCode::kAborted, "AbortedError", nullptr},
   };
   for (const Kind& k : kinds) {
-    py::tuple bases = k.also != nullptr ? py::make_tuple(base, py::handle(k.also)) : py::make_tuple(base);
+    py::tuple bases = k.also != nullptr ? py::tuple(py::make_tuple(base, py::handle(k.also)))
+                                        : py::tuple(py::make_tuple(base));
     py::object cls = py::reinterpret_steal<py::object>(PyErr_NewException(
         absl::StrCat("atoll.", k.name).c_str(), bases.ptr(), nullptr));
     m.attr(k.name) = cls;
@@ -116,6 +121,21 @@ Config ConfigOf(const std::string& path, const Overrides& overrides, bool atoll_
   return c;
 }
 
+// Flat fp32 values as bytes (the Python side makes them a tensor).
+py::bytes FloatBytes(const std::vector<float>& values) {
+  return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+// fp32 host memory the Python side holds: (address, elements).
+using FloatBuffer = std::pair<uintptr_t, uint64_t>;
+const float* FloatsAt(const FloatBuffer& b) {
+  if (b.first == 0 && b.second > 0) {
+    throw StatusError{absl::InvalidArgumentError("a tensor's memory address is null")};
+  }
+  return reinterpret_cast<const float*>(b.first);
+}
+
+// The island's state: residual values as bytes of fp32.
 py::dict StateDict(const IslandState& s) {
   py::list residuals;
   for (const auto& r : s.residuals) {
@@ -123,9 +143,7 @@ py::dict StateDict(const IslandState& s) {
     d["fragment"] = r.fragment;
     d["elements"] = r.fragment_elements;
     d["ranges"] = r.ranges;
-    d["values"] = torch::from_blob(const_cast<float*>(r.values.data()),
-                                   {int64_t(r.values.size())}, torch::kFloat)
-                      .clone();
+    d["values"] = FloatBytes(r.values);
     residuals.append(d);
   }
   py::dict d;
@@ -163,8 +181,10 @@ IslandState StateOf(const py::dict& d) {
       residual.fragment = r["fragment"].cast<uint32_t>();
       residual.fragment_elements = r["elements"].cast<uint64_t>();
       residual.ranges = r["ranges"].cast<std::vector<std::pair<uint64_t, uint64_t>>>();
-      const at::Tensor v = r["values"].cast<at::Tensor>().to(torch::kCPU, torch::kFloat).contiguous();
-      residual.values.assign(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+      // The Python side hands the values over as fp32 host memory.
+      const auto values = r["values"].cast<FloatBuffer>();
+      const float* v = FloatsAt(values);
+      residual.values.assign(v, v + values.second);
       uint64_t held = 0;
       for (const auto& [begin, end] : residual.ranges) {
         if (begin > end || end > residual.fragment_elements) {
@@ -201,22 +221,22 @@ compression::CodecSpec SpecOf(const std::string& codec, double topk_density, int
   return ConfigOf("", o, /*atoll_model=*/false).outer.wire_codec();
 }
 
-py::bytes Encode(const at::Tensor& t, const std::string& codec, double topk_density,
+py::bytes Encode(const FloatBuffer& flat, const std::string& codec, double topk_density,
                  int topk_chunk, bool stochastic, uint64_t seed) {
   const compression::CodecSpec spec = SpecOf(codec, topk_density, topk_chunk);
-  const at::Tensor flat = t.detach().to(torch::kCPU, torch::kFloat).contiguous().view({-1});
-  const size_t n = size_t(flat.numel());
+  const float* values = FloatsAt(flat);
+  const size_t n = size_t(flat.second);
   std::string out(compression::EncodedBytes(spec, n), '\0');
   {
     py::gil_scoped_release release;
-    Check(compression::Encode(spec, flat.data_ptr<float>(), n,
-                              reinterpret_cast<uint8_t*>(out.data()), {stochastic, seed, 0}));
+    Check(compression::Encode(spec, values, n, reinterpret_cast<uint8_t*>(out.data()),
+                              {stochastic, seed, 0}));
   }
   return py::bytes(out);
 }
 
-at::Tensor Decode(const py::bytes& payload, const std::string& codec, int64_t n,
-                  double topk_density, int topk_chunk) {
+py::bytes Decode(const py::bytes& payload, const std::string& codec, int64_t n,
+                 double topk_density, int topk_chunk) {
   const compression::CodecSpec spec = SpecOf(codec, topk_density, topk_chunk);
   if (n < 0) throw StatusError{absl::InvalidArgumentError("the element count is negative")};
   const std::string bytes = payload;
@@ -226,19 +246,59 @@ at::Tensor Decode(const py::bytes& payload, const std::string& codec, int64_t n,
         "a ", compression::SpecText(spec), " payload of ", n, " elements is ", expected,
         " bytes, got ", bytes.size()))};
   }
-  at::Tensor out = torch::empty({n}, torch::kFloat);
+  std::vector<float> out(static_cast<size_t>(n));
   {
     py::gil_scoped_release release;
     Check(compression::Decode(spec, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
-                              size_t(n), out.data_ptr<float>()));
+                              size_t(n), out.data()));
   }
-  return out;
+  return FloatBytes(out);
 }
 
 // ---- the island and the coordinator
 
+// A parameter as the Python side describes it: name, host address, dtype name, shape.
+using ParamSpec = std::tuple<std::string, uintptr_t, std::string, std::vector<int64_t>>;
+
+std::vector<HostParam> HostParamsOf(const std::vector<ParamSpec>& specs) {
+  std::vector<HostParam> params;
+  for (const auto& [name, address, dtype, shape] : specs) {
+    HostParam p;
+    p.name = name;
+    p.data = reinterpret_cast<void*>(address);
+    auto kind = DTypeNamed(dtype);
+    if (!kind.ok()) {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat("parameter '", name, "': ", kind.status().message()))};
+    }
+    p.dtype = *kind;
+    p.shape = shape;
+    params.push_back(std::move(p));
+  }
+  return params;
+}
+
+// A Python callable that atoll's threads call with the GIL taken, and let go of under it.
+std::function<absl::Status(const std::vector<size_t>&)> Callable(py::function f) {
+  auto held = std::shared_ptr<py::function>(new py::function(std::move(f)), [](py::function* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](const std::vector<size_t>& indices) {
+    py::gil_scoped_acquire gil;
+    try {
+      (*held)(indices);
+      return absl::OkStatus();
+    } catch (const py::error_already_set& e) {
+      return absl::InternalError(absl::StrCat("copying parameters to or from their host mirrors: ",
+                                              e.what()));
+    }
+  };
+}
+
 std::unique_ptr<TensorIsland> JoinIsland(
-    const std::vector<std::pair<std::string, at::Tensor>>& params, const std::string& coordinator,
+    const std::vector<ParamSpec>& params, std::optional<std::pair<py::function, py::function>> mirrors,
+    const std::string& coordinator,
     const std::string& name, const std::string& token, const std::string& config_path,
     const Overrides& overrides, bool atoll_model, const std::string& credential_file,
     const std::optional<py::dict>& state, const std::vector<std::string>& tls, bool quiet) {
@@ -256,44 +316,44 @@ std::unique_ptr<TensorIsland> JoinIsland(
   }
   if (state) o.resume = StateOf(*state);
   o.out = quiet ? nullptr : stderr;
-  NamedParams named = params;  // the tensors' handles: the module's storage, shared
+  std::vector<HostParam> host = HostParamsOf(params);  // the Python side keeps the memory alive
+  MirrorCopies copies;
+  if (mirrors) {
+    copies.to_host = Callable(std::move(mirrors->first));
+    copies.from_host = Callable(std::move(mirrors->second));
+  }
   py::gil_scoped_release release;
-  return Check(TensorIsland::Join(std::move(o), std::move(named)));
+  return Check(TensorIsland::Join(std::move(o), std::move(host), std::move(copies)));
 }
 
 std::unique_ptr<EmbeddedCoordinator> StartCoordinator(
     const std::string& config_path, const Overrides& overrides, const std::string& listen,
     const std::string& token, const std::string& run_dir, bool resume,
     const std::string& http_listen,
-    const std::optional<std::vector<std::pair<std::string, at::Tensor>>>& module,
+    const std::vector<std::tuple<std::string, std::vector<int64_t>, FloatBuffer>>& module,
     uint64_t tokens_per_step, bool quiet) {
   EmbeddedCoordinatorOptions o;
-  o.config = ConfigOf(config_path, overrides, /*atoll_model=*/!module.has_value());
+  o.config = ConfigOf(config_path, overrides, /*atoll_model=*/false);
   o.listen = listen;
   o.token = token;
   o.run_dir = run_dir;
   o.resume = resume;
   o.http_listen = http_listen;
   o.out = quiet ? nullptr : stderr;
-  if (module) {
-    ModuleParams m;
-    for (const auto& [name, t] : *module) {
-      if (!t.is_floating_point()) {
-        throw StatusError{absl::InvalidArgumentError(
-            absl::StrCat("parameter '", name, "' is not a floating-point tensor"))};
-      }
-      const at::Tensor flat = t.detach().to(torch::kCPU, torch::kFloat).contiguous().view({-1});
-      m.layout.names.push_back(name);
-      m.layout.numels.push_back(uint64_t(flat.numel()));
-      m.shapes.push_back(t.sizes().vec());
-      m.values.insert(m.values.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
-    }
-    if (m.layout.names.empty()) {
-      throw StatusError{absl::InvalidArgumentError("the module has no parameters to serve")};
-    }
-    m.tokens_per_step = tokens_per_step;
-    o.module = std::move(m);
+  // Each parameter's fp32 values, flat row-major, as the Python side made them.
+  ModuleParams m;
+  for (const auto& [name, shape, values] : module) {
+    const float* v = FloatsAt(values);
+    m.layout.names.push_back(name);
+    m.layout.numels.push_back(values.second);
+    m.shapes.push_back(shape);
+    m.values.insert(m.values.end(), v, v + values.second);
   }
+  if (m.layout.names.empty()) {
+    throw StatusError{absl::InvalidArgumentError("the module has no parameters to serve")};
+  }
+  m.tokens_per_step = tokens_per_step;
+  o.module = std::move(m);
   py::gil_scoped_release release;
   return Check(EmbeddedCoordinator::Start(std::move(o)));
 }
@@ -348,16 +408,15 @@ namespace atl::python {
 namespace {
 
 void BindCodecs(py::module_& m) {
-  m.def("encode", &Encode, py::arg("tensor"), py::arg("codec"), py::arg("topk_density") = 1.0,
+  m.def("encode", &Encode, py::arg("flat"), py::arg("codec"), py::arg("topk_density") = 1.0,
         py::arg("topk_chunk") = 4096, py::arg("stochastic") = false, py::arg("seed") = 0);
   m.def("decode", &Decode, py::arg("payload"), py::arg("codec"), py::arg("numel"),
         py::arg("topk_density") = 1.0, py::arg("topk_chunk") = 4096);
   m.def("encoded_bytes", [](const std::string& codec, int64_t n, double density, int chunk) {
     return atl::compression::EncodedBytes(SpecOf(codec, density, chunk), size_t(std::max<int64_t>(0, n)));
   }, py::arg("codec"), py::arg("numel"), py::arg("topk_density") = 1.0, py::arg("topk_chunk") = 4096);
-  m.def("params_hash", [](const at::Tensor& t) {
-    const at::Tensor flat = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    return atl::compression::ParamsHash(flat.data_ptr<float>(), 0, size_t(flat.numel()));
+  m.def("params_hash", [](const FloatBuffer& flat) {
+    return atl::compression::ParamsHash(FloatsAt(flat), 0, size_t(flat.second));
   }, py::arg("flat"), "atoll's hash of fp32 parameters (a fragment's, flat), as islands and the "
      "service print it");
   m.def("resolved_config", [](const std::string& path, const Overrides& overrides) {
@@ -367,7 +426,8 @@ void BindCodecs(py::module_& m) {
 
 void BindIsland(py::module_& m) {
   py::class_<atl::python::TensorIsland>(m, "_Island")
-      .def(py::init(&JoinIsland), py::arg("params"), py::arg("coordinator"), py::arg("name"),
+      .def(py::init(&JoinIsland), py::arg("params"), py::arg("mirrors"), py::arg("coordinator"),
+           py::arg("name"),
            py::arg("token"), py::arg("config_path"), py::arg("overrides"), py::arg("atoll_model"),
            py::arg("credential_file"), py::arg("state"), py::arg("tls"), py::arg("quiet"))
       .def("step", [](TensorIsland& i, uint64_t tokens, std::optional<double> loss, bool stop) {
@@ -424,12 +484,8 @@ void BindCoordinator(py::module_& m) {
           py::gil_scoped_release release;  // a commit may hold the fragment's data
           params = c.params();
         }
-        std::vector<at::Tensor> out;
-        for (const auto& flat : params) {
-          out.push_back(torch::from_blob(const_cast<float*>(flat.data()), {int64_t(flat.size())},
-                                         torch::kFloat)
-                            .clone());
-        }
+        std::vector<py::bytes> out;
+        for (const auto& flat : params) out.push_back(FloatBytes(flat));
         return out;
       });
 }
@@ -439,6 +495,7 @@ void BindCoordinator(py::module_& m) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "atoll's C++ core for the `atoll` Python package (use `import atoll`).";
+  m.attr("__version__") = ATOLL_VERSION;
   atl::python::RegisterErrors(m);
   atl::python::BindCodecs(m);
   atl::python::BindIsland(m);

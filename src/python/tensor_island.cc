@@ -1,23 +1,22 @@
 #include "src/python/tensor_island.h"
 
-#include <torch/torch.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "compression/config_value.h"
 #include "compression/status_macros.h"
-#include "inner/model.h"
+#include "inner/model_info.h"
 #include "outer/base/names.h"
 #include "outer/island/island_runtime.h"
 #include "src/net/grpc_transport.h"
-#include "src/store/flat_params.h"
+#include "src/store/model_hashes.h"
 
 namespace atl::python {
 namespace {
@@ -26,19 +25,29 @@ using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The module's parameters as the outer step sees them: each fragment's parameters flat, in the
-// run's order (atoll's canonical order for atoll's own model, row-major for any other). Counts
-// the tokens of every step, which a user's loop may vary.
+// run's order (atoll's canonical order for atoll's own model, row-major for any other), through
+// their host mirrors where the module's are on a GPU. Counts the tokens of every step, which a
+// user's loop may vary.
 class ModuleModel : public outer::IslandModel {
  public:
-  ModuleModel(NamedParams params, inner::ParallelPlan plan,
+  ModuleModel(std::vector<HostParam> params, MirrorCopies mirrors, inner::ParallelPlan plan,
               std::vector<std::vector<size_t>> fragments)
-      : params_(std::move(params)), plan_(std::move(plan)), fragments_(std::move(fragments)) {}
+      : params_(std::move(params)),
+        mirrors_(std::move(mirrors)),
+        plan_(std::move(plan)),
+        fragments_(std::move(fragments)) {}
 
   int64_t step() const override { return step_; }
-  std::vector<float> Snapshot(uint32_t f) override { return Flatten(plan_, params_, fragments_[f]); }
-  void Merge(uint32_t f, const std::vector<float>& global, double alpha) override {
-    LoadFlat(plan_, global, params_, fragments_[f], alpha);
+  std::vector<float> Snapshot(uint32_t f) override {
+    if (mirrors_.to_host) Note(mirrors_.to_host(fragments_[f]));
+    return FlattenHost(plan_, params_, fragments_[f]);
   }
+  void Merge(uint32_t f, const std::vector<float>& global, double alpha) override {
+    LoadHost(plan_, global, params_, fragments_[f], alpha);
+    if (mirrors_.from_host) Note(mirrors_.from_host(fragments_[f]));
+  }
+  // The first failed mirror copy since the last call (the outer step cannot be told).
+  absl::Status TakeMirrorError() { return std::exchange(mirror_error_, absl::OkStatus()); }
   void JumpToStep(int64_t step) override {
     step_ = step;
     counted_[step_] = tokens_;  // the steps skipped trained nothing here
@@ -72,7 +81,13 @@ class ModuleModel : public outer::IslandModel {
     return it == counted_.begin() ? 0 : std::prev(it)->second;
   }
 
-  NamedParams params_;
+  void Note(absl::Status s) {
+    if (mirror_error_.ok()) mirror_error_ = std::move(s);
+  }
+
+  const std::vector<HostParam> params_;
+  const MirrorCopies mirrors_;
+  absl::Status mirror_error_;
   const inner::ParallelPlan plan_;
   const std::vector<std::vector<size_t>> fragments_;
   int64_t step_ = 0;
@@ -85,12 +100,12 @@ class ModuleModel : public outer::IslandModel {
 // parameters: every parameter of the run must be the module's, of the same size, and the module
 // must hold no parameter the run does not sync.
 absl::StatusOr<std::vector<std::vector<size_t>>> MapFragments(const pb::JoinResponse& joined,
-                                                              const NamedParams& params) {
+                                                              const std::vector<HostParam>& params) {
   std::map<std::string, size_t> index;
   std::vector<std::string> names;
   for (size_t i = 0; i < params.size(); ++i) {
-    index[params[i].first] = i;
-    names.push_back(params[i].first);
+    index[params[i].name] = i;
+    names.push_back(params[i].name);
   }
   std::vector<std::vector<size_t>> fragments;
   std::vector<bool> synced(params.size(), false);
@@ -107,7 +122,7 @@ absl::StatusOr<std::vector<std::vector<size_t>>> MapFragments(const pb::JoinResp
       }
       mine.push_back(it->second);
       synced[it->second] = true;
-      elements += uint64_t(params[it->second].second.numel());
+      elements += params[it->second].numel();
     }
     if (elements != fragment.num_elements()) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -120,23 +135,12 @@ absl::StatusOr<std::vector<std::vector<size_t>>> MapFragments(const pb::JoinResp
   for (size_t i = 0; i < params.size(); ++i) {
     if (!synced[i]) {
       return absl::FailedPreconditionError(
-          absl::StrCat("this module's parameter '", params[i].first,
+          absl::StrCat("this module's parameter '", params[i].name,
                        "' is not in the run's model: every parameter is synced (freeze none, or "
                        "leave it out of the parameters given to the island)"));
     }
   }
   return fragments;
-}
-
-absl::Status CheckParams(const NamedParams& params) {
-  if (params.empty()) return absl::InvalidArgumentError("the module has no parameters to sync");
-  for (const auto& [name, p] : params) {
-    if (!p.defined() || !p.is_floating_point()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", name, "' is not a floating-point tensor"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -160,23 +164,20 @@ struct TensorIsland::Impl {
     std::fprintf(options.out, "[%s] %s\n", options.name.c_str(), line.c_str());
     std::fflush(options.out);
   }
-  absl::Status JoinRun(const NamedParams& params);
-  absl::Status Build(NamedParams params);
+  absl::Status JoinRun(const std::vector<HostParam>& params);
+  absl::Status Build(std::vector<HostParam> params, MirrorCopies mirrors);
   absl::Status Finish(bool stopped);
   pb::IslandTelemetry Telemetry(std::optional<double> loss) const;
 };
 
-absl::Status TensorIsland::Impl::JoinRun(const NamedParams& params) {
-  const outer::FragmentLayout layout = LayoutOf(params);
+absl::Status TensorIsland::Impl::JoinRun(const std::vector<HostParam>& params) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-  for (const auto& [name, p] : params) shapes.emplace_back(name, p.sizes().vec());
+  for (const HostParam& p : params) shapes.emplace_back(p.name, p.shape);
   outer::RuntimeOptions ro;
   ro.outer = options.config.outer;
   ro.name = options.name;
   ro.model_hash = options.atoll_model ? ModelConfigHash(options.config.model) : LayoutHash(shapes);
-  for (size_t i = 0; i < layout.names.size(); ++i) {
-    ro.parameters.emplace_back(layout.names[i], layout.numels[i]);
-  }
+  for (const HostParam& p : params) ro.parameters.emplace_back(p.name, p.numel());
   ro.credential_file = options.credential_file;
   ro.seed = options.config.train.seed;
   ro.say = [this](const std::string& line) { Say(line); };
@@ -184,14 +185,15 @@ absl::Status TensorIsland::Impl::JoinRun(const NamedParams& params) {
   return absl::OkStatus();
 }
 
-absl::Status TensorIsland::Impl::Build(NamedParams params) {
+absl::Status TensorIsland::Impl::Build(std::vector<HostParam> params, MirrorCopies mirrors) {
   ATL_ASSIGN_OR_RETURN(auto fragments, MapFragments(joined(), params));
   std::vector<outer::FragmentShare> shares;
   for (const auto& f : joined().fragments()) shares.push_back({f.num_elements(), {}, true});
   inner::ParallelPlan plan;  // a module's parameters flatten row-major
   plan.blocks.clear();
   if (options.atoll_model) plan = inner::PlanOf(options.config.model);
-  model = std::make_unique<ModuleModel>(std::move(params), std::move(plan), std::move(fragments));
+  model = std::make_unique<ModuleModel>(std::move(params), std::move(mirrors), std::move(plan),
+                                        std::move(fragments));
   // A resumed island stands at its checkpoint's step before the outer step is made: its pushes
   // count from there.
   outer::StartOptions start;  // the model counts its tokens step by step
@@ -201,6 +203,7 @@ absl::Status TensorIsland::Impl::Build(NamedParams params) {
     start.residuals = options.resume->residuals;
   }
   ATL_RETURN_IF_ERROR(runtime->Start(*model, std::move(shares), std::move(start)));
+  ATL_RETURN_IF_ERROR(model->TakeMirrorError());
   hook().set_observer([this](const outer::LandedRound& r) {
     landed.push_back({r.fragment, r.outcome.round, r.outcome.version, r.pushed_at, r.step,
                       r.global_hash, r.outcome.contributors, r.outcome.resynced});
@@ -233,7 +236,8 @@ pb::IslandTelemetry TensorIsland::Impl::Telemetry(std::optional<double> loss) co
 
 absl::Status TensorIsland::Impl::Finish(bool stopped) {
   if (runtime->finished()) return absl::OkStatus();
-  const absl::Status s = runtime->Finish(stopped);
+  absl::Status s = runtime->Finish(stopped);
+  if (s.ok()) s = model->TakeMirrorError();
   const outer::OuterStepHook& h = hook();
   Say(absl::StrFormat("%s at step %d after %d rounds: sent %.1f MiB, received %.1f MiB, global "
                       "params %s",
@@ -252,9 +256,10 @@ TensorIsland::~TensorIsland() {
 }
 
 absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOptions options,
-                                                                 NamedParams params) {
+                                                                 std::vector<HostParam> params,
+                                                                 MirrorCopies mirrors) {
   ATL_RETURN_IF_ERROR(outer::ValidateName(options.name, "island name"));
-  ATL_RETURN_IF_ERROR(CheckParams(params));
+  ATL_RETURN_IF_ERROR(CheckHostParams(params));
   if (options.coordinator.empty()) {
     return absl::InvalidArgumentError("the coordinator's address (HOST:PORT) is required");
   }
@@ -269,7 +274,7 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
                        ConnectIsland(impl->options.coordinator, impl->options.token,
                                      impl->options.tls, impl->options.config.outer));
   ATL_RETURN_IF_ERROR(impl->JoinRun(params));
-  if (auto s = impl->Build(std::move(params)); !s.ok()) {
+  if (auto s = impl->Build(std::move(params), std::move(mirrors)); !s.ok()) {
     impl->runtime->Leave();
     return s;
   }
@@ -295,6 +300,7 @@ absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> l
   i.runtime->session().set_telemetry(i.Telemetry(loss));
   const double steps_per_s = double(i.model->step()) / std::max(1e-9, i.compute_s);
   ATL_RETURN_IF_ERROR(i.hook().AfterStep(steps_per_s));
+  ATL_RETURN_IF_ERROR(i.model->TakeMirrorError());
   if (i.hook().done()) {
     ATL_RETURN_IF_ERROR(i.Finish(/*stopped=*/false));
     i.last_return = Clock::now();

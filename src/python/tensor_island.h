@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,10 +30,7 @@
 #include "outer/island/outer_step.h"
 #include "src/config/config.h"
 #include "src/net/rpc_security.h"
-
-namespace at {
-class Tensor;
-}
+#include "src/python/host_params.h"
 
 namespace atl::python {
 
@@ -62,6 +60,15 @@ struct TensorIslandOptions {
   FILE* out = stderr;                 // the island's lines (nullptr: quiet)
 };
 
+// A GPU module's parameters are read and written through host mirrors the Python side keeps:
+// before the island reads parameters (indices into the module's list) `to_host` copies them into
+// their mirrors, after it wrote them `from_host` copies them back. Null for host tensors (read and
+// written in place). Called on the thread of the island's call.
+struct MirrorCopies {
+  std::function<absl::Status(const std::vector<size_t>&)> to_host;
+  std::function<absl::Status(const std::vector<size_t>&)> from_host;
+};
+
 // A merged round, as Python sees it.
 struct LandedRoundRecord {
   uint32_t fragment = 0;
@@ -77,8 +84,9 @@ class TensorIsland {
  public:
   // Joins the run, maps the parameters onto its fragments, loads (or hash-checks) the global
   // parameters into them and starts the heartbeats. `params`: the module's, in its order.
-  static absl::StatusOr<std::unique_ptr<TensorIsland>> Join(
-      TensorIslandOptions options, std::vector<std::pair<std::string, at::Tensor>> params);
+  static absl::StatusOr<std::unique_ptr<TensorIsland>> Join(TensorIslandOptions options,
+                                                             std::vector<HostParam> params,
+                                                             MirrorCopies mirrors = {});
   ~TensorIsland();
 
   // After one inner optimizer step that trained `tokens` tokens (`loss`, when given, goes to the

@@ -19,15 +19,12 @@
 #include "compression/checksum.h"
 #include "compression/codec.h"
 #include "compression/status_macros.h"
-#include "inner/model.h"
 #include "outer/base/fragments.h"
 #include "outer/service/service_options.h"
-#include "src/store/checkpoint.h"
-#include "src/store/flat_params.h"
+#include "src/store/atomic_file.h"
 #include "src/net/grpc_transport.h"
 #include "src/net/http_server.h"
 #include "src/observe/metrics.h"
-#include "src/store/model_io.h"
 #include "src/observe/monitoring.h"
 #include "src/net/rpc_security.h"
 #include "src/observe/status_page.h"
@@ -546,11 +543,10 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
   ATL_RETURN_IF_ERROR(CheckOptions(config, options));
   Config initial = config;
   if (options.resume) initial.train.init_from.clear();  // the state file holds the parameters
-  ATL_ASSIGN_OR_RETURN(
-      auto made,
-      MakeSyncServer(initial, shard ? options.shard : outer::SyncServerOptions::kControlPlane,
-                     options.module));
-  auto sync = std::move(made);
+  const int shard_index = shard ? options.shard : outer::SyncServerOptions::kControlPlane;
+  ATL_ASSIGN_OR_RETURN(auto sync, options.make_sync
+                                      ? options.make_sync(initial, shard_index)
+                                      : MakeModuleSyncServer(initial, shard_index, options.module));
   ATL_ASSIGN_OR_RETURN(Durability durable, OpenDurability(config, options, who, *sync));
   const uint64_t total_rounds = TotalRounds(config, sync->options());
   TrafficCounters traffic;

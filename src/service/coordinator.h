@@ -13,33 +13,12 @@
 #include "outer/service/sync_server.h"
 #include "src/config/config.h"
 #include "src/net/grpc_server.h"
+#include "src/service/sync_setup.h"
 #include "src/store/service_state_file.h"
 
 namespace atl {
 
 namespace pb = ::atollpb::v1;
-
-// A model atoll does not build (a Python module), served in place of config.model: its
-// parameters' names and sizes in order, their shapes, their initial values flat (each row-major).
-// Its fragments are contiguous runs of parameters (outer::ContiguousGroups); islands present its
-// LayoutHash.
-struct ModuleParams {
-  outer::FragmentLayout layout;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<float> values;
-  // The most tokens an island's rank trains per inner step (what contributions are weighed by at
-  // most); 0: config's [train] batch x grad_accum x model.context.
-  uint64_t tokens_per_step = 0;
-};
-
-// The run's SyncServer: global parameters initialized from model.init_seed, or read from
-// train.init_from when set; layout from the model's named parameters (or those of `module`).
-// With outer.num_fragments > 1 it holds one fragment per group of blocks (outer/base/fragments.h).
-// `shard`: with outer.shards > 1, the coordinator (SyncServerOptions::kControlPlane, no fragment's
-// data) or shard server K (its fragments' data only).
-absl::StatusOr<std::unique_ptr<outer::SyncServer>> MakeSyncServer(
-    const Config& config, int shard = outer::SyncServerOptions::kControlPlane,
-    const ModuleParams* module = nullptr);
 
 struct CoordinatorOptions {
   GrpcServerOptions server;
@@ -65,6 +44,11 @@ struct CoordinatorOptions {
   double rpc_timeout_s = 60;                 // of the calls to the coordinator
   FILE* out = stdout;                        // "listening on HOST:PORT", then one line per round
   const std::atomic<bool>* stop = nullptr;   // SIGINT / SIGTERM
+  // The run's SyncServer, for the coordinator (outer::SyncServerOptions::kControlPlane) or a
+  // shard: the binary's is MakeSyncServer (src/service/initial_state.h: atoll's model of
+  // config.model, or `module`). Null: only a module's run is served (`module` is required).
+  std::function<absl::StatusOr<std::unique_ptr<outer::SyncServer>>(const Config&, int shard)>
+      make_sync;
   // Embedding (the Python module): the run's model when atoll does not build it; told the
   // address and the service once it serves; told each committed round's record (a rounds.jsonl
   // line), on the committing thread; told once serving has stopped, before the service is

@@ -11,6 +11,7 @@
 
 #include "inner/model.h"
 #include "outer/service/sync_server.h"
+#include "src/store/model_hashes.h"  // ModelConfigHash, LayoutHash
 
 namespace atl {
 
@@ -29,12 +30,6 @@ std::vector<float> Flatten(const inner::ParallelPlan& plan, const NamedParams& p
                            const std::vector<size_t>& subset);
 void LoadFlat(const inner::ParallelPlan& plan, const std::vector<float>& flat,
               const NamedParams& params, const std::vector<size_t>& subset, double alpha = 0.0);
-
-// XXH64 of the resolved [model] config: islands and service must build the same model.
-uint64_t ModelConfigHash(const inner::ModelConfig& model);
-// The same for a model atoll does not build (a Python module): XXH64 of its parameters' names and
-// shapes, in order.
-uint64_t LayoutHash(const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes);
 
 }  // namespace atl
 

@@ -117,7 +117,6 @@ const inner::ModelFamily kFamily = {.name = "toy",
                                     .title = "Toy",
                                     .shapes = Shapes,
                                     .plan = Plan,
-                                    .build = Build,
                                     .train_flops_per_token = TrainFlops,
                                     .validate_tensor_parallel = ValidateTensorParallel,
                                     .validate = nullptr,
@@ -128,7 +127,10 @@ const inner::ModelFamily kFamily = {.name = "toy",
 
 void Register() {
   static std::once_flag once;
-  std::call_once(once, [] { (void)inner::RegisterFamily(&kFamily); });
+  std::call_once(once, [] {
+    (void)inner::RegisterFamily(&kFamily);
+    (void)inner::RegisterModule(kFamily.name, Build);
+  });
 }
 
 }  // namespace atl::testing::toy

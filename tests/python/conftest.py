@@ -103,14 +103,16 @@ def run_islands(threads, timeout_s=120):
             raise t.error
 
 
-def train_run(init, config, seeds=(0, 1)):
+def train_run(init, config, seeds=(0, 1), island=None):
     """A run of `config` over `init` (a module atoll does not build): an atoll.Coordinator and an
-    island per seed, each on its own copy of `init`, until the run is over. The islands, and the
-    coordinator (stopped: its rounds, hashes and parameters are those it ended with)."""
+    island per seed (an IslandThread, or the subclass `island`), each on its own copy of `init`,
+    until the run is over. The islands, and the coordinator (stopped: its rounds, hashes and
+    parameters are those it ended with)."""
+    island = island or IslandThread
     with atoll.Coordinator(config, model=init, tokens_per_step=TOKENS_PER_STEP,
                            quiet=True) as coordinator:
-        islands = [IslandThread(copy.deepcopy(init), coordinator.address, f"island{s}", s,
-                                config=config, token=coordinator.token) for s in seeds]
+        islands = [island(copy.deepcopy(init), coordinator.address, f"island{s}", s,
+                          config=config, token=coordinator.token) for s in seeds]
         run_islands(islands)
         assert coordinator.wait(30), "the coordinator did not end after its islands"
     return islands, coordinator

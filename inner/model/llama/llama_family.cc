@@ -16,7 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "compression/status_macros.h"
-#include "inner/model.h"
+#include "inner/model_info.h"
 #include "inner/model/hf_mapping.h"
 
 namespace atl::inner::llama {
@@ -244,7 +244,6 @@ const ModelFamily kFamily = {.name = "llama",
                              .title = "Llama",
                              .shapes = Shapes,
                              .plan = Plan,
-                             .build = Build,
                              .train_flops_per_token = TrainFlops,
                              .validate_tensor_parallel = ValidateTensorParallel,
                              .validate = Validate,

@@ -21,12 +21,13 @@ import secrets
 import signal
 import socket
 import threading
+import time
 import json
 import tomllib
 
-import torch  # before the core: libtorch's Python bindings, which its tensors are
+import torch
 
-from . import _core
+from . import _core, _tensors
 from ._core import (  # noqa: F401  (re-exported)
     AbortedError,
     AlreadyExistsError,
@@ -40,14 +41,12 @@ from ._core import (  # noqa: F401  (re-exported)
     ResourceExhaustedError,
     UnauthenticatedError,
     UnavailableError,
-    decode,
-    encode,
-    encoded_bytes,
-    params_hash,
 )
 
+__version__ = _core.__version__
+
 __all__ = [
-    "Island", "Coordinator", "encode", "decode", "encoded_bytes", "params_hash", "Error",
+    "Island", "Coordinator", "Hash", "encode", "decode", "encoded_bytes", "params_hash", "Error",
     "InvalidArgumentError", "FailedPreconditionError", "NotFoundError", "AlreadyExistsError",
     "PermissionDeniedError", "UnauthenticatedError", "UnavailableError", "DeadlineExceededError",
     "ResourceExhaustedError", "DataLossError", "AbortedError",
@@ -109,9 +108,82 @@ def _token(token, token_file):
     return os.environ.get("ATOLL_TOKEN", "")
 
 
+def encode(tensor, codec, topk_density=1.0, topk_chunk=4096, stochastic=False, seed=0):
+    """The tensor (as fp32, flat) under `codec` ("fp4_e2m1", "int8", "sparse_int2", ...): the
+    bytes a push of it carries on the wire."""
+    _, flat = _tensors.flat_floats(tensor, "encode(tensor=...)")
+    return _core.encode(flat, str(codec), float(topk_density), int(topk_chunk), bool(stochastic),
+                        int(seed))
+
+
+def decode(payload, codec, numel, topk_density=1.0, topk_chunk=4096):
+    """The fp32 tensor of `numel` elements a payload of `codec` decodes to."""
+    if not isinstance(payload, (bytes, bytearray)):
+        raise TypeError(f"decode(payload=...) must be bytes, got {type(payload).__name__}")
+    return _tensors.tensor_of(_core.decode(bytes(payload), str(codec), int(numel),
+                                           float(topk_density), int(topk_chunk)))
+
+
+def encoded_bytes(codec, numel, topk_density=1.0, topk_chunk=4096):
+    """The size of a payload of `numel` elements under `codec`."""
+    return _core.encoded_bytes(str(codec), int(numel), float(topk_density), int(topk_chunk))
+
+
+def params_hash(flat):
+    """atoll's hash of fp32 parameters (a fragment's, flat), as islands and the service print it
+    (16 hex digits: f"{params_hash(t):016x}")."""
+    _, buffer = _tensors.flat_floats(flat, "params_hash(flat=...)")
+    return Hash(_core.params_hash(buffer))
+
+
+class Hash(int):
+    """atoll's 64-bit hash of parameters: an int that prints as the logs and rounds.jsonl write it,
+    16 hex digits."""
+
+    def __repr__(self):
+        return f"{int(self):016x}"
+
+    __str__ = __repr__
+
+
+def _hashes(values):
+    return [Hash(v) for v in values]
+
+
+def _landed(records):
+    for r in records:
+        r["global_hash"] = Hash(r["global_hash"])
+    return records
+
+
+def _check_types(**named):
+    """Arguments of the wrong type, named as Python names them (one line each)."""
+    for name, (value, kinds, wanted) in named.items():
+        if value is not None and not isinstance(value, kinds):
+            raise TypeError(f"{name} must be {wanted}, got {type(value).__name__}")
+
+
 def _default_name():
     host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:40] or "host"
     return f"{host}-{os.getpid()}"
+
+
+def _core_state(state):
+    """A state_dict() as the core reads it: residual values as fp32 host memory (the tensors are
+    kept by the returned dict while the core copies them)."""
+    if state is None:
+        return None
+    core = dict(state)
+    residuals = state.get("residuals")
+    if isinstance(residuals, list):
+        core["residuals"] = []
+        for r in residuals:
+            if isinstance(r, dict) and isinstance(r.get("values"), torch.Tensor):
+                r = dict(r)
+                kept, r["values"] = _tensors.flat_floats(r["values"], "a residual's values")
+                r["_kept"] = kept
+            core["residuals"].append(r)
+    return core
 
 
 class Island:
@@ -135,23 +207,40 @@ class Island:
         island's certificate and key (as `atoll island --tls-ca/--tls-cert/--tls-key`).
     handle_sigterm: in the main thread, SIGTERM makes the next step() push what the island
         trained since its last push, leave, and return False.
+
+    Parameters are float32, bfloat16, float16 or float64, contiguous, on the CPU (read and written
+    in place) or a CUDA device (through host copies); each tensor once (tied weights: once). The
+    island reads and writes the tensors it joined with: replacing one (load_state_dict(assign=
+    True), setting .data) raises at the next step(). Buffers are not synced (a warning names
+    floating-point ones).
     """
 
-    def __init__(self, model, coordinator, *, config=None, overrides=None, name=None, token=None,
-                 token_file=None, state=None, credential_file=None, tls_ca=None, tls_cert=None,
-                 tls_key=None, quiet=False, handle_sigterm=True):
-        if isinstance(model, torch.nn.Module):
-            params = list(model.named_parameters())
-        else:
-            params = list(model)
+    def __init__(self, model: "torch.nn.Module | list", coordinator: str, *, config=None,
+                 overrides: "dict | None" = None, name: "str | None" = None,
+                 token: "str | None" = None, token_file=None, state: "dict | None" = None,
+                 credential_file=None, tls_ca=None, tls_cert=None, tls_key=None,
+                 quiet: bool = False, handle_sigterm: bool = True):
+        self._core = None
+        path_like = (str, os.PathLike)
+        _check_types(coordinator=(coordinator, str, 'a "HOST:PORT" string'),
+                     name=(name, str, "a string"), token=(token, str, "a string"),
+                     token_file=(token_file, path_like, "a path"),
+                     credential_file=(credential_file, path_like, "a path"),
+                     state=(state, dict, "a dict from Island.state_dict()"),
+                     overrides=(overrides, dict, "a dict"))
+        if coordinator is None:
+            raise TypeError('coordinator must be a "HOST:PORT" string, got None')
+        self._params = _tensors.HostParams(
+            _tensors.named_parameters(model, "model"),
+            model if isinstance(model, torch.nn.Module) else None)
         path, pairs, has_model = _config(config, overrides)
         self._stop = threading.Event()
         self._handling_sigterm = False
-        self._core = None
         self._core = _core._Island(
-            params, coordinator, name or _default_name(), _token(token, token_file), path, pairs,
-            has_model, os.fspath(credential_file) if credential_file else "", state,
-            [os.fspath(f) if f else "" for f in (tls_ca, tls_cert, tls_key)], quiet)
+            self._params.specs(), self._params.mirror_copies(), coordinator,
+            name or _default_name(), _token(token, token_file), path, pairs, has_model,
+            os.fspath(credential_file) if credential_file else "", _core_state(state),
+            [os.fspath(f) if f else "" for f in (tls_ca, tls_cert, tls_key)], bool(quiet))
         if handle_sigterm and threading.current_thread() is threading.main_thread():
             stop = self._stop  # the handler holds the event, not the island
 
@@ -169,16 +258,20 @@ class Island:
             self._handling_sigterm = False
             signal.signal(signal.SIGTERM, self._previous_handler)
 
-    def step(self, tokens, loss=None):
+    def step(self, tokens: int, loss: "float | torch.Tensor | None" = None) -> bool:
         """After each inner optimizer step, with the tokens it trained (and its loss, shown on the
         service's status page). True: go on. False: the island is done (the run's last step: the
         module then holds the run's final global parameters; or SIGTERM: it left)."""
         if isinstance(loss, torch.Tensor):
             loss = float(loss.detach())
-        tokens = int(tokens)
+        elif loss is not None and not isinstance(loss, (int, float)):
+            raise TypeError(f"loss must be a number or a tensor, got {type(loss).__name__}")
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise TypeError(f"tokens must be an int, got {type(tokens).__name__}")
         if tokens < 1:
             raise InvalidArgumentError(f"step(tokens=...) must be the tokens the step trained, >= 1; got {tokens}")
-        going = self._core.step(tokens, loss, self._stop.is_set())
+        self._params.check_unchanged()
+        going = self._core.step(tokens, None if loss is None else float(loss), self._stop.is_set())
         if not going:
             self._restore_sigterm()
         return going
@@ -220,7 +313,10 @@ class Island:
         """The island's outer state for a checkpoint, beside the module's and optimizer's own
         state_dict: its step and tokens, each fragment's round and global hash, and what error
         feedback has not sent yet. Resume with atoll.Island(..., state=...)."""
-        return self._core.state()
+        state = self._core.state()
+        for r in state["residuals"]:
+            r["values"] = _tensors.tensor_of(r["values"])
+        return state
 
     def describe(self):
         """"H = 50, 2 fragment(s), tau = 2, alpha = 0.50, fp4_e2m1": the island's outer settings."""
@@ -238,10 +334,10 @@ class Island:
     num_fragments = property(lambda self: self._core.num_fragments)
     fragment_parameters = property(lambda self: self._core.fragment_parameters,
                                    doc="each fragment's parameter names")
-    fragment_hashes = property(lambda self: self._core.fragment_hashes,
+    fragment_hashes = property(lambda self: _hashes(self._core.fragment_hashes),
                                doc="atoll's hash of each fragment's global parameters, here")
     rounds = property(lambda self: self._core.rounds, doc="each fragment's open round")
-    landed = property(lambda self: self._core.landed, doc="the rounds merged so far")
+    landed = property(lambda self: _landed(self._core.landed), doc="the rounds merged so far")
     stats = property(lambda self: self._core.stats)
 
 
@@ -250,36 +346,55 @@ class Coordinator:
     serving gRPC over TCP until the run ends (every island gone after its last round) or stop().
 
     config: a TOML path or dict, as for Island (the run's [outer] and [train] steps).
-    model: a module (or (name, tensor) pairs) atoll does not build: the run's initial global
-        parameters, in fragments of contiguous parameters. Without it, the run trains atoll's
-        model of the config's [model].
+    model: a module (or (name, tensor) pairs): the run's initial global parameters, in fragments
+        of contiguous parameters. Required: a run of atoll's own model of a config's [model] is
+        served by `atoll coordinator` (the binary builds that model; this package links no
+        libtorch).
     tokens_per_step: with a module, the most tokens an island trains per inner step (what a
         contribution weighs at most; default: the config's [train] batch x model.context).
     token / token_file: the run token islands present (default: $ATOLL_TOKEN, else a random one:
         coordinator.token).
     """
 
-    def __init__(self, config=None, *, overrides=None, model=None, host="127.0.0.1", port=0,
-                 token=None, token_file=None, run_dir=None, resume=False, http_port=None,
-                 tokens_per_step=0, quiet=False):
+    def __init__(self, config=None, *, overrides: "dict | None" = None,
+                 model: "torch.nn.Module | list | None" = None, host: str = "127.0.0.1",
+                 port: int = 0, token: "str | None" = None, token_file=None, run_dir=None,
+                 resume: bool = False, http_port: "int | None" = None, tokens_per_step: int = 0,
+                 quiet: bool = False):
+        _check_types(host=(host, str, "a string"), port=(port, (int, str), "an int"),
+                     token=(token, str, "a string"), http_port=(http_port, int, "an int"),
+                     tokens_per_step=(tokens_per_step, int, "an int"),
+                     overrides=(overrides, dict, "a dict"))
+        if model is None:
+            raise InvalidArgumentError(
+                "Coordinator(model=...) is required: the run's initial parameters (a run of "
+                "atoll's own [model] is served by `atoll coordinator`)")
         path, pairs, _ = _config(config, overrides)
         # A run always has a token: without one given (or in $ATOLL_TOKEN), a random one, which
         # islands of this process take from coordinator.token.
         self.token = _token(token, token_file) or secrets.token_hex(16)
-        module = None
-        if model is not None:
-            module = list(model.named_parameters()) if isinstance(model, torch.nn.Module) else list(model)
+        module, kept = [], []
+        for name, t in _tensors.named_parameters(model, "model"):
+            flat, buffer = _tensors.flat_floats(t, f"parameter '{name}'")
+            kept.append(flat)
+            module.append((name, list(t.shape), buffer))
         self._core = _core._Coordinator(
             path, pairs, f"{host}:{port}", self.token,
-            os.fspath(run_dir) if run_dir else "", resume,
+            os.fspath(run_dir) if run_dir else "", bool(resume),
             f"{host}:{http_port}" if http_port is not None else "", module, int(tokens_per_step),
-            quiet)
+            bool(quiet))
 
     address = property(lambda self: self._core.address, doc='"HOST:PORT" islands join at')
 
-    def wait(self, timeout_s):
-        """Waits up to timeout_s for the run to end; True when it has."""
-        return self._core.wait(float(timeout_s))
+    def wait(self, timeout_s: float) -> bool:
+        """Waits up to timeout_s for the run to end; True when it has. Ctrl-C interrupts it."""
+        deadline = time.monotonic() + float(timeout_s)
+        while True:
+            # In slices, so that Python handles signals (KeyboardInterrupt) between them.
+            if self._core.wait(max(0.0, min(0.1, deadline - time.monotonic()))):
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def stop(self):
         self._core.stop()
@@ -297,10 +412,10 @@ class Coordinator:
         return [json.loads(r) for r in self._core.rounds]
 
     committed_rounds = property(lambda self: self._core.committed_rounds)
-    params_hashes = property(lambda self: self._core.params_hashes,
+    params_hashes = property(lambda self: _hashes(self._core.params_hashes),
                              doc="atoll's hash of each fragment's global parameters")
     fragment_parameters = property(lambda self: self._core.fragment_parameters)
 
     def params(self):
         """Each fragment's global parameters, flat (fp32 copies)."""
-        return self._core.params()
+        return [_tensors.tensor_of(b) for b in self._core.params()]

@@ -16,6 +16,7 @@
 #include "outer/base/outer_config.h"
 #include "src/island/tensor_device_copy.h"
 #include "src/service/coordinator.h"
+#include "src/service/initial_state.h"
 #include "tests/src/island/diloco_util.h"
 #include "tests/test_util.h"
 

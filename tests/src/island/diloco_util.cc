@@ -10,6 +10,7 @@
 #include "outer/base/faulty_transport.h"
 #include "outer/service/in_process_transport.h"
 #include "src/service/coordinator.h"
+#include "src/service/initial_state.h"
 #include "tests/test_util.h"
 
 namespace atl {

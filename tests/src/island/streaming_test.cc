@@ -21,6 +21,7 @@
 #include "outer/service/in_process_transport.h"
 #include "outer/island/island_sync.h"
 #include "src/service/coordinator.h"
+#include "src/service/initial_state.h"
 #include "src/store/flat_params.h"
 #include "src/island/island_loop.h"
 #include "src/island/island_report.h"

@@ -368,7 +368,9 @@ TEST(ChaosTest, ALeavingIslandPushesItsLastSteps) {
   EXPECT_LT(trained, 48u);
   // Mid-round (the usual case) it pushes the steps since its last push; on a loaded host the
   // SIGTERM can land exactly on a push, with nothing left to send.
-  if (trained % 8 != 0) EXPECT_THAT(run.output, HasSubstr("[island1] leaving: the last ")) << run.output;
+  if (trained % 8 != 0) {
+    EXPECT_THAT(run.output, HasSubstr("[island1] leaving: the last ")) << run.output;
+  }
   // Island1's share of the committed tokens, from the rounds' token ledger: all it trained.
   uint64_t island1 = 0;
   for (const auto& r : testing::ServiceRounds(dir)) {
@@ -395,8 +397,18 @@ TEST(ChaosTest, IslandsAverageTheirMomentsAndAJoinerStartsFromThem) {
   EXPECT_THAT(run.output, ::testing::ContainsRegex(
                               "\\[island2\\] joined sync run [^\n]*optimizer moments: the "
                               "run's average \\(1 fragment"));
-  // Rounds 1, 3, ..., 11 of the 12.
-  EXPECT_EQ(testing::IslandSummary(dir, "island0")["moment_rounds"], 6) << run.output;
+  // Rounds 1, 3, ..., 11 of the 12, but for a push that came late under load (the round committed
+  // without it: its moments are not taken either): each one it loaded, it said.
+  const int island0 = testing::IslandSummary(dir, "island0")["moment_rounds"].get<int>();
+  EXPECT_GE(island0, 4) << run.output;
+  EXPECT_LE(island0, 6) << run.output;
+  size_t said = 0;
+  for (size_t at = run.output.find("[island0] fragment 0 round "); at != std::string::npos;
+       at = run.output.find("[island0] fragment 0 round ", at + 1)) {
+    const std::string line = run.output.substr(at, run.output.find('\n', at) - at);
+    if (line.find("optimizer moments averaged") != std::string::npos) ++said;
+  }
+  EXPECT_EQ(size_t(island0), said) << run.output;
   EXPECT_GE(testing::IslandSummary(dir, "island1")["moment_rounds"].get<int>(), 1) << run.output;
   EXPECT_GE(testing::IslandSummary(dir, "island2")["moment_rounds"].get<int>(), 1) << run.output;
   const auto last = testing::ServiceHashes(dir).at(0).back();

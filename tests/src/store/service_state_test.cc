@@ -11,6 +11,7 @@
 #include "compression/checksum.h"
 #include "src/config/config.h"
 #include "src/service/coordinator.h"
+#include "src/service/initial_state.h"
 #include "src/store/service_state_file.h"
 #include "tests/test_util.h"
 
