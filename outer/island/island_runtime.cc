@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<IslandRuntime>> IslandRuntime::Join(Transport& tr
   so.parameters = options.parameters;
   so.data_parallel = options.data_parallel;
   so.say = options.say;
+  so.retry.interrupted = options.interrupted;
   ATL_ASSIGN_OR_RETURN(auto session, IslandSession::JoinAsIsland(transport, so, ranks));
   // The session leaves the run if the island refuses it.
   ATL_RETURN_IF_ERROR(CheckRunMode(options.outer, session->joined().schedule()));
@@ -40,6 +41,7 @@ absl::Status IslandRuntime::Start(IslandModel& model, std::vector<FragmentShare>
   o.island = IslandChoicesOf(options_.outer,
                              compression::math::Mix64(options_.seed) ^ run.data_stream());
   o.tokens_per_step = options.tokens_per_step;
+  o.island.retry.interrupted = options_.interrupted;
   hook_ = std::make_unique<OuterStepHook>(transport_, *session_, ranks_, model,
                                           std::move(shares), o);
   if (options.resumed) {

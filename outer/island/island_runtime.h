@@ -40,6 +40,8 @@ struct RuntimeOptions {
   std::string credential_file;  // SessionOptions::credential_file
   uint64_t seed = 0;            // train.seed: with the data stream, its stochastic rounding's seed
   std::function<void(const std::string&)> say;  // rank 0's words while it joins
+  // Asked while it retries or waits for its peers (RetryPolicy::interrupted); null: never.
+  std::function<absl::Status()> interrupted;
 };
 
 struct StartOptions {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -26,6 +27,21 @@ SessionOptions SessionOptionsOf(const OuterConfig& outer, std::string name, uint
 
 bool IsTransient(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsResourceExhausted(s);
+}
+
+absl::Status Interruption(const RetryPolicy& policy) {
+  return policy.interrupted ? policy.interrupted() : absl::OkStatus();
+}
+
+absl::Status SleepUnlessInterrupted(const RetryPolicy& policy, double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    ATL_RETURN_IF_ERROR(Interruption(policy));
+    const double left =
+        seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (left <= 0) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(left, 0.1)));
+  }
 }
 
 namespace {
@@ -204,7 +220,7 @@ absl::Status IslandSession::WaitForPeers() {
         std::chrono::steady_clock::now() > until) {
       return absl::OkStatus();
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ATL_RETURN_IF_ERROR(SleepUnlessInterrupted(options_.retry, 0.05));
   }
 }
 

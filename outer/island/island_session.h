@@ -42,7 +42,15 @@ struct RetryPolicy {
   // seconds spent and the wait before the next try (empty: nothing said).
   std::function<void(const absl::Status& last, double elapsed_s, double next_s)> say;
   double say_every_s = 3;
+  // Asked between tries and every 0.1 s of a wait: a status other than OK ends the retries with it
+  // (a Python island's Ctrl-C). Null: never.
+  std::function<absl::Status()> interrupted;
 };
+
+// The policy's interruption, if any, now.
+absl::Status Interruption(const RetryPolicy& policy);
+// Sleeps `seconds` in slices, ending early with the policy's interruption.
+absl::Status SleepUnlessInterrupted(const RetryPolicy& policy, double seconds);
 
 bool IsTransient(const absl::Status& status);
 
@@ -75,7 +83,7 @@ auto Retry(const RetryPolicy& policy, F&& f) -> decltype(f()) {
       said_at = elapsed();
       policy.say(s, said_at, wait);
     }
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    if (absl::Status stop = SleepUnlessInterrupted(policy, wait); !stop.ok()) return stop;
     backoff = std::min(backoff * 2, policy.max_backoff_s);
   }
 }

@@ -96,12 +96,28 @@ void RegisterErrors(py::module_& m) {
   });
 }
 
+// A wait the interpreter interrupted (a signal handler raised: Ctrl-C's KeyboardInterrupt).
+constexpr char kInterrupted[] = "interrupted by a Python signal handler";
+
+// Python's signal handlers, run from a wait of the core (on the waiting thread: the main thread
+// runs them); the exception one raised stays pending on that thread for Check to raise.
+absl::Status PythonSignals() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) return absl::CancelledError(kInterrupted);
+  return absl::OkStatus();
+}
+
 void Check(const absl::Status& s) {
-  if (!s.ok()) throw StatusError{s};
+  if (s.ok()) return;
+  if (absl::IsCancelled(s)) {  // kInterrupted, perhaps within a longer message
+    py::gil_scoped_acquire gil;
+    if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+  }
+  throw StatusError{s};
 }
 template <typename T>
 T Check(absl::StatusOr<T> s) {
-  if (!s.ok()) throw StatusError{s.status()};
+  Check(s.status());
   return *std::move(s);
 }
 
@@ -316,6 +332,7 @@ std::unique_ptr<TensorIsland> JoinIsland(
   }
   if (state) o.resume = StateOf(*state);
   o.out = quiet ? nullptr : stderr;
+  o.interrupted = PythonSignals;
   std::vector<HostParam> host = HostParamsOf(params);  // the Python side keeps the memory alive
   MirrorCopies copies;
   if (mirrors) {

@@ -181,6 +181,7 @@ absl::Status TensorIsland::Impl::JoinRun(const std::vector<HostParam>& params) {
   ro.credential_file = options.credential_file;
   ro.seed = options.config.train.seed;
   ro.say = [this](const std::string& line) { Say(line); };
+  ro.interrupted = options.interrupted;
   ATL_ASSIGN_OR_RETURN(runtime, outer::IslandRuntime::Join(*transport, *ranks, std::move(ro)));
   return absl::OkStatus();
 }

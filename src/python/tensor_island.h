@@ -58,6 +58,9 @@ struct TensorIslandOptions {
   std::string credential_file;
   std::optional<IslandState> resume;  // a checkpoint's outer state
   FILE* out = stderr;                 // the island's lines (nullptr: quiet)
+  // Asked while the island retries the service or waits for its peers: not OK ends the wait
+  // with it (Python's Ctrl-C). Null: never.
+  std::function<absl::Status()> interrupted;
 };
 
 // A GPU module's parameters are read and written through host mirrors the Python side keeps:

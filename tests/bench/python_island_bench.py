@@ -4,8 +4,11 @@ loop as an atoll.Island of a run (its coordinator in this process, outer rounds 
 and `atoll train` on the same model (C++), interleaved over --repeats so that the ratios of each
 repeat are measured side by side; prints their medians.
 
-    PYTHONPATH=build/python:tests/python ATOLL_BIN=build/src/atoll \\
-        /usr/bin/python3 tests/bench/python_island_bench.py --config deploy/configs/tiny.toml
+    PYTHONPATH=tests/python ATOLL_BIN=build/src/atoll \\
+        venv/bin/python tests/bench/python_island_bench.py --config deploy/configs/tiny.toml
+
+(venv: a virtual environment with torch and the wheel, deploy/python_venv.sh; or Debian's
+/usr/bin/python3 with PYTHONPATH=build/python:tests/python)
 """
 
 import argparse
