@@ -11,8 +11,10 @@ venv="${1:-$root/build/venv}"
 torch_version="${ATOLL_TORCH_VERSION:-2.11.0}"
 python="${ATOLL_VENV_PYTHON:-python3}"
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
-# torch's CUDA build (it runs on the CPU), pytest, transformers (tests/python/test_transformers.py),
-# and what builds the wheel without isolation (the tests rebuild it offline).
+# torch's CUDA build (it runs on the CPU), pytest, transformers (tests/python/test_transformers.py)
+# and what builds the wheel without isolation (the tests rebuild it offline). torchtitan is not
+# installed: its 0.3.0 needs a newer torch than 2.11 (tests/python/test_torchtitan.py says how it
+# ran).
 "$venv/bin/pip" install -q "torch==$torch_version" pytest transformers "scikit-build-core>=0.10" \
   "pybind11>=2.10"
 "$venv/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall "$root"

@@ -93,6 +93,47 @@ class IslandThread(threading.Thread):
             self.error = e
 
 
+class CountingIsland(IslandThread):
+    """An island training a causal LM of a library's own (transformers, torchtitan) on its own
+    stream of a learnable sequence: counting on from a random start, mod VOCAB, 4 x 8 tokens a
+    step. `loss(model, x)`: the model's next-token loss on x."""
+
+    loss = None
+
+    def run(self):
+        try:
+            optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+            g = torch.Generator().manual_seed(100 + self.seed)
+            with atoll.Island(self.model, self.coordinator, name=self.island_name, quiet=True,
+                              handle_sigterm=False, **self.island_args) as island:
+                self.island = island
+                while True:
+                    start = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+                    x = (start + torch.arange(CONTEXT)) % VOCAB
+                    loss = self.loss(self.model, x)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    self.losses.append(loss.item())
+                    if not island.step(tokens=x.numel(), loss=loss):
+                        break
+        except BaseException as e:  # noqa: BLE001  (reported by the test)
+            self.error = e
+
+
+def check_bit_identical_and_learning(islands, coordinator):
+    """Every island's copy of every round's global parameters has the service's hash, each ends
+    on the service's final parameters, and each island's loss fell to under half."""
+    service = {(r["fragment"], r["round"]): int(r["params_hash"], 16) for r in coordinator.rounds}
+    for t in islands:
+        assert t.island.landed, "no round landed"
+        for landed in t.island.landed:
+            assert landed["global_hash"] == service[(landed["fragment"], landed["round"])], landed
+        assert t.island.fragment_hashes == coordinator.params_hashes
+        first, last = sum(t.losses[:8]) / 8, sum(t.losses[-8:]) / 8
+        assert last < 0.5 * first, (first, last)
+
+
 def run_islands(threads, timeout_s=120):
     for t in threads:
         t.start()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import atoll
-from conftest import IslandThread, run_atoll, train_run
+from conftest import CountingIsland, check_bit_identical_and_learning, run_atoll, train_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -82,29 +82,12 @@ def small_llama(seed):
     return transformers.LlamaForCausalLM(config)
 
 
-class HfIsland(IslandThread):
-    """An island training a transformers causal LM on its own stream of a learnable sequence
-    (counting on from a random start, mod 32), with the loss the model computes itself."""
+class HfIsland(CountingIsland):
+    """With the loss the transformers model computes itself."""
 
-    def run(self):
-        try:
-            optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
-            g = torch.Generator().manual_seed(100 + self.seed)
-            with atoll.Island(self.model, self.coordinator, name=self.island_name, quiet=True,
-                              handle_sigterm=False, **self.island_args) as island:
-                self.island = island
-                while True:
-                    start = torch.randint(0, 32, (4, 1), generator=g)
-                    x = (start + torch.arange(8)) % 32
-                    loss = self.model(input_ids=x, labels=x).loss
-                    optimizer.zero_grad()
-                    loss.backward()
-                    optimizer.step()
-                    self.losses.append(loss.item())
-                    if not island.step(tokens=x.numel(), loss=loss):
-                        break
-        except BaseException as e:  # noqa: BLE001  (reported by the test)
-            self.error = e
+    @staticmethod
+    def loss(model, x):
+        return model(input_ids=x, labels=x).loss
 
 
 def test_a_transformers_llama_trains_as_an_island_bit_identical_to_the_service():
@@ -112,12 +95,4 @@ def test_a_transformers_llama_trains_as_an_island_bit_identical_to_the_service()
                         "error_feedback": True, "num_fragments": 2, "fragment_sync_delay": 1},
               "train": {"steps": 48}}
     islands, coordinator = train_run(small_llama(seed=1), config, island=HfIsland)
-    service = {(r["fragment"], r["round"]): int(r["params_hash"], 16) for r in coordinator.rounds}
-    for t in islands:
-        assert t.island.landed, "no round landed"
-        for landed in t.island.landed:
-            assert landed["global_hash"] == service[(landed["fragment"], landed["round"])], landed
-        first, last = sum(t.losses[:8]) / 8, sum(t.losses[-8:]) / 8
-        assert last < 0.5 * first, (first, last)
-    assert islands[0].island.fragment_hashes == islands[1].island.fragment_hashes
-    assert islands[0].island.fragment_hashes == coordinator.params_hashes
+    check_bit_identical_and_learning(islands, coordinator)
