@@ -16,7 +16,7 @@ python="${ATOLL_VENV_PYTHON:-python3}"
 # installed: its 0.3.0 needs a newer torch than 2.11 (tests/python/test_torchtitan.py says how it
 # ran).
 "$venv/bin/pip" install -q "torch==$torch_version" pytest transformers "scikit-build-core>=0.10" \
-  "pybind11>=2.10"
+  "pybind11>=2.10" ninja
 "$venv/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall "$root"
 "$venv/bin/python" -W ignore -c "import sys, atoll, torch
 print(f'{sys.argv[1]}: atoll {atoll.__version__} on torch {torch.__version__}')" "$venv"
