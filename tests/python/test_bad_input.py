@@ -61,6 +61,7 @@ def test_tensors_the_island_cannot_sync_are_refused_by_name():
         ([("w", torch.zeros(4, dtype=torch.int64))], "parameter 'w' is torch.int64"),
         ([("w", w.t())], "parameter 'w' is not contiguous"),
         ([("a", w), ("b", w)], "parameters 'a' and 'b' are one tensor"),
+        ([("w", torch.zeros(4, device="meta"))], "parameter 'w' is on meta"),
         ([], "no parameters to sync"),
     ]
     for params, message in cases:
