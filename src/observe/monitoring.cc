@@ -90,7 +90,10 @@ struct ServiceMonitor::State {
   const TrafficCounters* traffic;
   const RunFacts facts;
   const Clock::time_point start;
-  double Wall() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
+  double offset_s = 0;  // a resumed service's clock starts where its last round was logged
+  double Wall() const {
+    return offset_s + std::chrono::duration<double>(Clock::now() - start).count();
+  }
 
   prometheus::Registry registry;
   Family<Gauge>& Gauges(const char* name, const char* help) {
@@ -429,6 +432,27 @@ std::string ServiceMonitor::StatusJson() {
   }
   j["timeline"] = std::move(rounds);
   return j.dump();
+}
+
+void ServiceMonitor::Resume(const std::vector<std::string>& records) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const size_t first = records.size() > State::kRecentRounds ? records.size() - State::kRecentRounds : 0;
+  for (size_t i = first; i < records.size(); ++i) {
+    const auto j = nlohmann::json::parse(records[i], nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    std::vector<std::string> contributors;
+    if (j.contains("contributors") && j["contributors"].is_array()) {
+      for (const auto& c : j["contributors"]) {
+        if (c.is_string()) contributors.push_back(c.get<std::string>());
+      }
+    }
+    s.recent.push_back({j.value("round", uint64_t(0)), j.value("fragment", 0u),
+                        j.value("wall_s", 0.0), j.value("round_s", 0.0), j.value("commit_s", 0.0),
+                        std::move(contributors), j.value("tokens", uint64_t(0)),
+                        j.value("staleness", uint64_t(0))});
+  }
+  if (!s.recent.empty()) s.offset_s = std::max(s.offset_s, s.recent.back().wall_s);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "outer/island/island_sync.h"
 #include "outer/service/sync_server.h"
@@ -36,6 +37,9 @@ class ServiceMonitor {
 
   // From the service's commit listener (under its lock): records and returns at once.
   void OnCommit(const outer::CommittedRound& round);
+  // A resumed service: the rounds its rounds.jsonl kept (records, oldest first) start the status
+  // page's timeline, and its clock goes on from the last one's wall_s.
+  void Resume(const std::vector<std::string>& records);
   // Takes the service's status, the islands' curves and bandwidth; call about once a second.
   void Sample();
   // The Prometheus text exposition (format 0.0.4), current as of this call.

@@ -308,20 +308,25 @@ uint64_t TotalRounds(const Config& config, const outer::SyncServerOptions& o) {
 }
 
 // A resumed service drops from rounds.jsonl the rounds logged but not durable: they are redone.
-absl::Status TrimRoundsLog(const std::string& run_dir, const pb::ServiceState& state) {
+// The records kept.
+absl::StatusOr<std::vector<std::string>> TrimRoundsLog(const std::string& run_dir,
+                                                       const pb::ServiceState& state) {
   const std::string log_path = run_dir + "/rounds.jsonl";
   std::ifstream in(log_path);
-  std::string kept;
+  std::vector<std::string> kept;
   for (std::string line; std::getline(in, line);) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("round")) continue;
     const uint32_t f = j.value("fragment", 0u);
     for (const auto& fs : state.fragments()) {
-      if (fs.fragment() == f && j["round"].get<uint64_t>() < fs.round()) kept += line + "\n";
+      if (fs.fragment() == f && j["round"].get<uint64_t>() < fs.round()) kept.push_back(line);
     }
   }
   in.close();
-  return WriteFileAtomic(log_path, kept);
+  std::string text;
+  for (const auto& line : kept) text += line + "\n";
+  ATL_RETURN_IF_ERROR(WriteFileAtomic(log_path, text));
+  return kept;
 }
 
 // What `RunCoordinator` checks before it builds or binds anything.
@@ -400,6 +405,7 @@ struct Durability {
   std::string state_path;
   std::unique_ptr<MetricsLog> rounds_log;
   std::unique_ptr<StateWriter> writer;
+  std::vector<std::string> logged_rounds;  // a resumed run's rounds.jsonl records, kept
 };
 
 absl::StatusOr<Durability> OpenDurability(const Config& config, const CoordinatorOptions& options,
@@ -409,7 +415,7 @@ absl::StatusOr<Durability> OpenDurability(const Config& config, const Coordinato
   if (!sync.is_control_plane()) d.state_path = (std::filesystem::path(options.run_dir) / kStateFile).string();
   if (options.resume && !d.state_path.empty()) {
     ATL_ASSIGN_OR_RETURN(auto state, RestoreServiceState(d.state_path, sync));
-    ATL_RETURN_IF_ERROR(TrimRoundsLog(options.run_dir, state));
+    ATL_ASSIGN_OR_RETURN(d.logged_rounds, TrimRoundsLog(options.run_dir, state));
     std::fprintf(options.out, "%s: resumed run '%s' at round %llu from %s\n", who.c_str(),
                  config.outer.run_id.c_str(), (unsigned long long)sync.committed_rounds(),
                  d.state_path.c_str());
@@ -554,6 +560,7 @@ absl::Status RunCoordinator(const Config& config, const CoordinatorOptions& opti
                          RunFacts{config.outer.run_id, config.outer.async(), config.outer.islands,
                                   config.outer.sync_every, config.outer.num_fragments, total_rounds,
                                   config.train.steps});
+  monitor.Resume(durable.logged_rounds);  // the status page's timeline goes on where it was
   CommitReports reports(config, options, total_rounds, sync->committed_rounds(), monitor, durable);
   sync->SetCommitListener([&](const outer::CommittedRound& r) { reports.OnCommit(r); });
   sync->SetEventListener([&](const std::string& line) {

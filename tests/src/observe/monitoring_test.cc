@@ -425,6 +425,34 @@ TEST(ServiceMonitorTest, ExpositionFollowsTheFormatAndCountsWhatHappened) {
 
 // What the aggregation flags of an island's contribution is counted per island and reason: two
 // islands that push the same values weigh as one copy group in each round (copy detection on).
+// A restarted coordinator's status page: the timeline goes on from the rounds its rounds.jsonl
+// kept (it lost rounds 0-3 before), and its clock from the last one's wall_s.
+TEST(ServiceMonitorTest, AResumedServiceKeepsTheTimelineItLogged) {
+  outer::SyncServer sync(TwoIslands(), {{"w"}, {64}}, std::vector<float>(64, 1.0f));
+  ServiceMonitor monitor(sync, nullptr, RunFacts{"mon", false, 2, 4, 1, 10, 40});
+  std::vector<std::string> logged;
+  for (int round = 0; round < 4; ++round) {
+    logged.push_back(nlohmann::json{{"round", round}, {"fragment", 0}, {"wall_s", 100.0 + round},
+                                    {"commit_s", 0.01}, {"contributors", {"a", "b"}},
+                                    {"tokens", 1024}, {"staleness", 0}}
+                         .dump());
+  }
+  logged.push_back("not json");  // skipped, not fatal
+  monitor.Resume(logged);
+  sync.SetCommitListener([&](const outer::CommittedRound& r) { monitor.OnCommit(r); });
+  const auto a = Join(sync, "a"), b = Join(sync, "b");
+  Contribute(sync, a, 0);
+  Contribute(sync, b, 0);
+  const auto timeline = nlohmann::json::parse(monitor.StatusJson())["timeline"];
+  ASSERT_EQ(timeline.size(), 5u) << timeline.dump();
+  for (int round = 0; round < 4; ++round) {
+    EXPECT_EQ(timeline[round]["round"], round);
+    EXPECT_EQ(timeline[round]["wall_s"], 100.0 + round);
+    EXPECT_EQ(timeline[round]["contributors"], nlohmann::json({"a", "b"}));
+  }
+  EXPECT_GE(timeline[4]["wall_s"].get<double>(), 103.0);  // after the restored ones, not at 0
+}
+
 TEST(ServiceMonitorTest, CountsTheRoundsThatFlaggedAnIsland) {
   testing::TempDir dir;
   for (const bool detect : {true, false}) {
