@@ -212,7 +212,7 @@ class Island:
     in place) or a CUDA device (through host copies); each tensor once (tied weights: once). The
     island reads and writes the tensors it joined with: replacing one (load_state_dict(assign=
     True), setting .data) raises at the next step(). Buffers are not synced (a warning names
-    floating-point ones).
+    persistent floating-point ones, e.g. BatchNorm's running statistics).
     """
 
     def __init__(self, model: "torch.nn.Module | list", coordinator: str, *, config=None,
