@@ -146,6 +146,18 @@ def test_half_precision_modules_stay_bit_identical_to_the_service(dtype):
         assert torch.equal(final, service.to(dtype).float())
 
 
+def test_parameters_through_host_mirrors_stay_bit_identical(monkeypatch):
+    # The path of CUDA parameters (host mirrors copied by the Python side when the core calls
+    # back), taken here by CPU ones: no GPU is needed to check it.
+    monkeypatch.setattr(atoll._tensors.HostParams, "mirrored", staticmethod(lambda t: True))
+    init = MlpLm(seed=6)
+    models, hashes, coordinator = nudge_run(init, small_run(codec="fp4_e2m1", num_fragments=2))
+    assert hashes[0] == hashes[1] == coordinator.params_hashes
+    service = torch.cat(coordinator.params())
+    for model in models:
+        assert torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), service)
+
+
 def test_the_package_says_its_version_and_links_no_libtorch():
     assert atoll.__version__.count(".") == 2
     core = atoll._core.__file__

@@ -63,11 +63,15 @@ class HostParams:
                         "the island each tensor once")
         self.addresses = [t.data_ptr() for t in self.tensors]
         pinned = torch.cuda.is_available()
-        self.mirrors = [None if t.device.type == "cpu" else
-                        torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned)
-                        for t in self.tensors]
+        self.mirrors = [torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned)
+                        if self.mirrored(t) else None for t in self.tensors]
         if module is not None:
             _warn_unsynced_buffers(module)
+
+    @staticmethod
+    def mirrored(t):
+        """Whether the core reaches `t` through a host mirror (not in its own memory)."""
+        return t.device.type != "cpu"
 
     def specs(self):
         """(name, host address, dtype, shape) per parameter, for the core."""
