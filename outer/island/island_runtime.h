@@ -65,12 +65,10 @@ class IslandRuntime {
   const pb::JoinResponse& joined() const { return session_->joined(); }
   bool async() const { return joined().schedule().async(); }
   IslandSession& session() { return *session_; }
-  const IslandSession& session() const { return *session_; }
 
   // Builds the outer step over `model` (its fragments' shares as this rank holds them) and puts
   // the island on the run; then the heartbeats start. `model` outlives the runtime.
   absl::Status Start(IslandModel& model, std::vector<FragmentShare> shares, StartOptions options);
-  bool started() const { return hook_ != nullptr; }
   // After Start.
   OuterStepHook& hook() { return *hook_; }
   const OuterStepHook& hook() const { return *hook_; }

@@ -29,14 +29,10 @@ bool IsTransient(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsResourceExhausted(s);
 }
 
-absl::Status Interruption(const RetryPolicy& policy) {
-  return policy.interrupted ? policy.interrupted() : absl::OkStatus();
-}
-
 absl::Status SleepUnlessInterrupted(const RetryPolicy& policy, double seconds) {
   const auto start = std::chrono::steady_clock::now();
   while (true) {
-    ATL_RETURN_IF_ERROR(Interruption(policy));
+    if (policy.interrupted) ATL_RETURN_IF_ERROR(policy.interrupted());
     const double left =
         seconds - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (left <= 0) return absl::OkStatus();

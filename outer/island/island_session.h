@@ -47,8 +47,6 @@ struct RetryPolicy {
   std::function<absl::Status()> interrupted;
 };
 
-// The policy's interruption, if any, now.
-absl::Status Interruption(const RetryPolicy& policy);
 // Sleeps `seconds` in slices, ending early with the policy's interruption.
 absl::Status SleepUnlessInterrupted(const RetryPolicy& policy, double seconds);
 

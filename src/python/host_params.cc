@@ -97,16 +97,6 @@ absl::StatusOr<DType> DTypeNamed(const std::string& name) {
   return it->second;
 }
 
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat16: return "float16";
-  }
-  return "?";
-}
-
 uint64_t HostParam::numel() const {
   uint64_t n = 1;
   for (int64_t d : shape) n *= uint64_t(std::max<int64_t>(d, 0));

@@ -21,7 +21,6 @@ enum class DType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 // "float32", "float64", "bfloat16", "float16" (torch's names without "torch."); others refused
 // by name.
 absl::StatusOr<DType> DTypeNamed(const std::string& name);
-const char* DTypeName(DType dtype);
 
 struct HostParam {
   std::string name;

@@ -185,19 +185,18 @@ def interrupted_after(code, ready):
 
 def test_blocking_calls_give_way_to_ctrl_c():
     # Each would wait 60 s: for the run to end; for a coordinator that is not there.
-    err, took = interrupted_after(
-        "import atoll, conftest\n"
-        "c = atoll.Coordinator({'outer': {'islands': 1}}, model=conftest.MlpLm(), quiet=True)\n"
-        "print('serving', flush=True)\n"
-        "c.wait(60)\n", "serving")
-    assert "KeyboardInterrupt" in err and took < 10, (took, err)
-    err, took = interrupted_after(
-        "import atoll, conftest\n"
-        "print('joining', flush=True)\n"
-        "atoll.Island(conftest.MlpLm(), '127.0.0.1:1', quiet=True,\n"
-        "             config={'outer': {'reconnect_timeout_s': 60}})\n", "joining")
-    assert "KeyboardInterrupt" in err and took < 10, (took, err)
-    assert "atoll.Error" not in err and "Cancelled" not in err, err
+    waits = [("serving",
+              "c = atoll.Coordinator({'outer': {'islands': 1}}, model=conftest.MlpLm(), quiet=True)\n"
+              "print('serving', flush=True)\n"
+              "c.wait(60)\n"),
+             ("joining",
+              "print('joining', flush=True)\n"
+              "atoll.Island(conftest.MlpLm(), '127.0.0.1:1', quiet=True,\n"
+              "             config={'outer': {'reconnect_timeout_s': 60}})\n")]
+    for ready, code in waits:
+        err, took = interrupted_after("import atoll, conftest\n" + code, ready)
+        assert "KeyboardInterrupt" in err and took < 10, (ready, took, err)
+        assert "atoll.Error" not in err and "Cancelled" not in err, err
 
 
 def test_hashes_print_as_the_logs_print_them():
