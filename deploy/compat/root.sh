@@ -1,5 +1,5 @@
-# Sourced by the scripts that run atoll in a Debian root of their own (deploy/compat/debian13.sh,
-# deploy/gpu/rehearse.sh): makes the root with debootstrap if it is not there, mounts /proc (tests
+# Sourced by the scripts that run atoll in a Debian root of their own (deploy/compat/debian13.sh):
+# makes the root with debootstrap if it is not there, mounts /proc (tests
 # re-execute /proc/self/exe), /dev (Gloo and gRPC use /dev/shm, /dev/urandom) and the repository at
 # /atoll, and unmounts all of it on the way out. Then `in_root CMD...` runs a command inside.
 #   make_root SUITE ROOT MIRROR      bind SRC DST (more mounts)

@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Rehearses deploy/gpu/check.sh here before a GPU machine's minutes are spent on it: in a bare
-# Debian 12 root (a compiler, CMake, ninja, Python and Debian's CPU libtorch, which brings protobuf;
-# CUDA's toolkit bind-mounted from /usr/local/cuda), so that every other package the build needs
-# must come from the bundle, as it must there (Debian's libtorch links gloo separately: the bundle's
-# is linked here, never there). Runs check.sh's build and the tests that run
-# without a GPU (the CUDA ones skip); the report lands in build-gpu/rehearsal/.
-#   deploy/gpu/bundle.sh && sudo deploy/gpu/rehearse.sh
-#   ATOLL_BOOKWORM_ROOT=DIR            where the root lives (default /var/tmp/atoll-bookworm)
-#   ATOLL_CHECK_STEPS="build codec train"   passed on to check.sh (the default here)
+# Rehearses deploy/gpu/check.sh here, where there is no GPU, against what the GPU machines carry:
+# PyPI's torch (2.11, CUDA 13) with CUDA's compiler from NVIDIA's wheels, in a venv. check.sh's
+# configure and build run as they will run there (the bundle's packages unpacked, CMake's prefix
+# from that torch): every CUDA object compiles and every binary links, or it fails. deploy/test.sh
+# (CI) runs it.
+#   deploy/gpu/rehearse.sh [VENV]       default build/venv (deploy/python_venv.sh makes it)
+#   ATOLL_CHECK_TARGETS=all             every target instead of check.sh's five
+#   ATOLL_CHECK_STEPS="build suite"     and the whole CPU suite against that libtorch (the CUDA
+#                                       tests skip); default "build"
+# The report and logs land in build-gpu/rehearsal/.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-source "$repo/deploy/compat/root.sh"
-make_root bookworm "${ATOLL_BOOKWORM_ROOT:-/var/tmp/atoll-bookworm}" \
-  "${ATOLL_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-[[ -x /usr/local/cuda/bin/nvcc ]] && bind /usr/local/cuda "$root_dir/usr/local/cuda"
-in_root bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-  --no-install-recommends build-essential cmake ninja-build python3 libtorch-dev libopenblas0-pthread >/dev/null'
-echo "rehearse: the root's own libraries of what the bundle carries:" \
-  "$(in_root dpkg-query -W -f='${Package} ' 'libgrpc*' 'libabsl*' 'libgtest*' 'libtomlplusplus*' \
-     'libxxhash*' 'libprometheus*' 'libcpp-httplib*' 2>/dev/null || true)"
-rm -rf "$repo/build-gpu/build" "$repo/build-gpu/prefix"
-root_path=/usr/local/cuda/bin:/usr/sbin:/usr/bin:/sbin:/bin in_root env \
-  ATOLL_TORCH_PREFIX=/usr/lib/x86_64-linux-gnu/cmake ATOLL_REPORT_DIR=/atoll/build-gpu/rehearsal \
-  ATOLL_CMAKE_ARGS=-DATOLL_LINK_SYSTEM_GLOO=ON \
-  ATOLL_CHECK_STEPS="${ATOLL_CHECK_STEPS:-build codec train}" bash /atoll/deploy/gpu/check.sh
+venv="$(cd "${1:-$repo/build/venv}" 2>/dev/null && pwd)" ||
+  { echo "rehearse: no venv at ${1:-$repo/build/venv} (deploy/python_venv.sh makes one)" >&2; exit 2; }
+python="$venv/bin/python"
+cuda="$("$python" -c 'import torch; print(torch.version.cuda or "")')"
+[[ -n "$cuda" ]] || { echo "rehearse: $venv's torch is a CPU build: no CUDA to build against" >&2; exit 2; }
+# nvcc, and the headers CUDA 13 keeps apart (CCCL: thrust, CUB, libcu++), at torch's CUDA release.
+# CUDA 13's compiler comes in parts (the front end's headers, NVVM) that pip would otherwise take
+# at their newest release, whose PTX this ptxas refuses; CUDA 12's wheels carry a -cu12 suffix.
+major="${cuda%%.*}"
+if ((major < 13)); then
+  toolkit=("nvidia-cuda-nvcc-cu$major" "nvidia-cuda-cccl-cu$major")
+else
+  toolkit=(nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm nvidia-cuda-cccl)
+fi
+"$venv/bin/pip" install -q "${toolkit[@]/%/==$cuda.*}"
+[[ -d "$repo/build-gpu/bundle/debs" ]] || ATOLL_BUNDLE_CORPUS=0 "$repo/deploy/gpu/bundle.sh"
+ATOLL_PYTHON="$python" ATOLL_REPORT_DIR="$repo/build-gpu/rehearsal" \
+  ATOLL_CHECK_STEPS="${ATOLL_CHECK_STEPS:-build}" exec bash "$repo/deploy/gpu/check.sh"
