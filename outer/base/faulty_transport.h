@@ -37,6 +37,7 @@ class FaultyTransport : public Transport {
   absl::StatusOr<pb::HeartbeatResponse> Heartbeat(const pb::HeartbeatRequest& r) override;
   int connections() const override { return inner_->connections(); }
   void Route(const pb::JoinResponse& joined) override { inner_->Route(joined); }
+  void Cancel() override { inner_->Cancel(); }
   absl::StatusOr<pb::PushResponse> Push(const PushSource& source, int lane) override;
   absl::Status AwaitUpdate(const pb::UpdateRequest& r, const ChunkSink<pb::UpdateChunk>& sink,
                            int lane) override;

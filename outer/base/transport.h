@@ -47,6 +47,9 @@ class Transport {
                                    const ChunkSink<pb::UpdateChunk>& sink, int lane) = 0;
   virtual absl::Status FetchState(const pb::FetchStateRequest& request,
                                   const ChunkSink<pb::StateChunk>& sink, int lane) = 0;
+  // Ends every call in flight and refuses every later one, with CANCELLED: the island goes away
+  // without waiting for them (a Python island interrupted by Ctrl-C). Thread-safe, idempotent.
+  virtual void Cancel() {}
 };
 
 }  // namespace atl::outer

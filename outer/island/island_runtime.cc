@@ -75,4 +75,12 @@ absl::Status IslandRuntime::Finish(bool stopped, const std::function<absl::Statu
   return s;
 }
 
+void IslandRuntime::Abandon() {
+  if (!finished_) {
+    finished_ = true;
+    session_->Leave();
+  }
+  transport_.Cancel();
+}
+
 }  // namespace atl::outer

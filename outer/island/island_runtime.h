@@ -81,6 +81,11 @@ class IslandRuntime {
   bool finished() const { return finished_; }
   // Leaves without finishing (a failure); idempotent.
   void Leave() { session_->Leave(); }
+  // Leaves without waiting (an island interrupted while it waited for a round): unless finished,
+  // the membership ends; then every call still in flight (the outer step's pushes and waits for
+  // rounds) ends at once and later ones are refused, so that nothing waits on the service. What
+  // those rounds would have brought is not merged. Idempotent.
+  void Abandon();
 
  private:
   IslandRuntime(Transport& transport, IslandRanks& ranks, RuntimeOptions options,

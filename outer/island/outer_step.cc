@@ -369,6 +369,26 @@ void OuterStepHook::Push(uint32_t f, int64_t t, int64_t apply_at, double steps_p
   in_flight_.push_back(std::move(job));
 }
 
+// A wait of more than a few seconds (a slower or stalled island) says what it waits for; an
+// interruption (a Python island's Ctrl-C) ends it, the round still in flight.
+absl::Status OuterStepHook::AwaitOldest() {
+  const InFlight& job = in_flight_.front();
+  const RetryPolicy& retry = options_.island.retry;
+  const auto t0 = std::chrono::steady_clock::now();
+  double said = 0;
+  while (job.result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (retry.interrupted) ATL_RETURN_IF_ERROR(retry.interrupted());
+    if (Since(t0) - said < retry.say_every_s) continue;
+    said = Since(t0);
+    session_.Say(absl::StrFormat(
+        "waiting %.0f s for fragment %d's update from %s (pushed at step %d; a sync round "
+        "commits once every member's push has arrived)",
+        said, job.fragment, transport_.address().empty() ? "the service" : transport_.address(),
+        job.pushed_at));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status OuterStepHook::LandDue(int64_t t) {
   while (!in_flight_.empty() && in_flight_.front().apply_at <= t) {
     ATL_RETURN_IF_ERROR(Land(true));
@@ -385,18 +405,10 @@ absl::Status OuterStepHook::LandAll(bool keep_local) {
 
 // Waits for the oldest fragment in flight and merges its update.
 absl::Status OuterStepHook::Land(bool keep_local) {
+  const auto t0 = std::chrono::steady_clock::now();
+  ATL_RETURN_IF_ERROR(AwaitOldest());
   InFlight job = std::move(in_flight_.front());
   in_flight_.pop_front();
-  const auto t0 = std::chrono::steady_clock::now();
-  // A wait of more than a few seconds (a slower or stalled island) says what it waits for.
-  const auto every = std::chrono::duration<double>(options_.island.retry.say_every_s);
-  while (job.result.wait_for(every) != std::future_status::ready) {
-    session_.Say(absl::StrFormat(
-        "waiting %.0f s for fragment %d's update from %s (pushed at step %d; a sync round "
-        "commits once every member's push has arrived)",
-        Since(t0), job.fragment, transport_.address().empty() ? "the service" : transport_.address(),
-        job.pushed_at));
-  }
   auto outcome = job.result.get();
   const double idle_s = Since(t0);
   bytes_in_flight_ -= job.bytes;

@@ -302,6 +302,8 @@ class OuterStepHook {
   // since the push (the alpha merge, or eager updates); else the island takes the global
   // parameters (a rejoin, the run's end, a reload).
   absl::Status Land(bool keep_local);
+  // Waits for the oldest round in flight to end (Land's wait); interruptible.
+  absl::Status AwaitOldest();
   // A push refused because its round went on without it: the island keeps the steps it carried
   // and trained since, on the new global parameters, and its next push of the fragment carries
   // them and claims their tokens. False where it cannot (the island then takes the global ones).

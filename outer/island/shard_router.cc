@@ -27,7 +27,15 @@ absl::StatusOr<Transport*> ShardRouter::For(uint32_t fragment) {
     return absl::UnavailableError(absl::StrCat("shard ", fragment % shards_.size(), " at ",
                                                address, ": ", opened.status().message()));
   }
+  if (cancelled_) (*opened)->Cancel();
   return connected_.emplace(address, *std::move(opened)).first->second.get();
+}
+
+void ShardRouter::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  coordinator_->Cancel();
+  for (auto& [address, shard] : connected_) shard->Cancel();
 }
 
 absl::StatusOr<pb::PushResponse> ShardRouter::Push(const PushSource& source, int lane) {

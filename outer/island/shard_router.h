@@ -45,6 +45,7 @@ class ShardRouter : public Transport {
                            int lane) override;
   absl::Status FetchState(const pb::FetchStateRequest& r, const ChunkSink<pb::StateChunk>& sink,
                           int lane) override;
+  void Cancel() override;  // the coordinator's transport and every shard's, and any connected later
 
   Transport& coordinator() { return *coordinator_; }
 
@@ -57,6 +58,7 @@ class ShardRouter : public Transport {
   std::mutex mu_;
   std::vector<std::string> shards_;  // by shard index; empty: unsharded
   std::map<std::string, std::unique_ptr<Transport>> connected_;  // by address
+  bool cancelled_ = false;
 };
 
 }  // namespace atl::outer

@@ -25,24 +25,6 @@ absl::Status CallStatus(const grpc::Status& s) {
   return FromGrpc(s);
 }
 
-// Hands each message of a server stream to `sink`; a sink's error cancels the call and is returned.
-template <typename Response, typename Reader>
-absl::Status ReadInto(grpc::ClientContext& context, Reader& reader,
-                      const outer::ChunkSink<Response>& sink) {
-  Response r;
-  absl::Status taken;
-  while (taken.ok() && reader->Read(&r)) {
-    taken = sink(std::move(r));
-    r.Clear();
-  }
-  if (!taken.ok()) {
-    context.TryCancel();
-    reader->Finish().ok();  // ends the call; its status is the cancellation
-    return taken;
-  }
-  return CallStatus(reader->Finish());
-}
-
 // A failed membership call's status with its likely cause, in words a person can act on, before
 // gRPC's own text.
 absl::Status Explained(const grpc::Status& s, const std::string& target) {
@@ -87,8 +69,72 @@ struct GrpcTransport::Stubs {
   std::unique_ptr<pb::OuterSync::Stub> outer_sync;
 };
 
+// A call's context, with its deadline and token, known to the transport while the call runs so
+// that Cancel can end it. A call that starts after Cancel ends at once.
+class GrpcTransport::Call {
+ public:
+  Call(GrpcTransport& transport, double timeout_s) : transport_(transport) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+    context.AddMetadata(kAuthMetadata, "Bearer " + transport.options_.token);
+    std::lock_guard<std::mutex> lock(transport.calls_mu_);
+    if (transport.cancelled_) context.TryCancel();
+    transport.calls_.insert(&context);
+  }
+  ~Call() {
+    std::lock_guard<std::mutex> lock(transport_.calls_mu_);
+    transport_.calls_.erase(&context);
+  }
+
+  // The call's status: CANCELLED where the transport ended it, else as CallStatus reads it (or,
+  // for a membership call, Explained).
+  absl::Status Status(const grpc::Status& s) const {
+    return Ours(s) ? Cancelled() : CallStatus(s);
+  }
+  absl::Status Explained(const grpc::Status& s) const {
+    return Ours(s) ? Cancelled() : atl::Explained(s, transport_.options_.target);
+  }
+
+  // Hands each message of a server stream to `sink`; a sink's error cancels the call and is
+  // returned.
+  template <typename Response, typename Reader>
+  absl::Status ReadInto(Reader& reader, const outer::ChunkSink<Response>& sink) {
+    Response r;
+    absl::Status taken;
+    while (taken.ok() && reader->Read(&r)) {
+      taken = sink(std::move(r));
+      r.Clear();
+    }
+    if (!taken.ok()) {
+      context.TryCancel();
+      reader->Finish().ok();  // ends the call; its status is the cancellation
+      return taken;
+    }
+    return Status(reader->Finish());
+  }
+
+  grpc::ClientContext context;
+
+ private:
+  bool Ours(const grpc::Status& s) const {
+    std::lock_guard<std::mutex> lock(transport_.calls_mu_);
+    return transport_.cancelled_ && s.error_code() == grpc::StatusCode::CANCELLED;
+  }
+  static absl::Status Cancelled() {
+    return absl::CancelledError("the island is leaving without waiting: its call was ended");
+  }
+
+  GrpcTransport& transport_;
+};
+
 GrpcTransport::GrpcTransport(const GrpcTransportOptions& options) : options_(options) {}
 GrpcTransport::~GrpcTransport() = default;
+
+void GrpcTransport::Cancel() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* context : calls_) context->TryCancel();
+}
 
 absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(
     const GrpcTransportOptions& options) {
@@ -126,12 +172,6 @@ const GrpcTransport::Stubs& GrpcTransport::Lane(int lane) const {
   return *stubs_[size_t(lane < 0 ? 0 : lane) % stubs_.size()];
 }
 
-void GrpcTransport::Prepare(grpc::ClientContext* context, double timeout_s) const {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(int64_t(timeout_s * 1000)));
-  context->AddMetadata(kAuthMetadata, "Bearer " + options_.token);
-}
-
 absl::StatusOr<pb::JoinResponse> GrpcTransport::Join(const pb::JoinRequest& request) {
   // A coordinator that is starting or restarting: the connection is waited for a little (which
   // drives gRPC's attempts); not there by then, the call fails at once with the connection's error
@@ -141,82 +181,74 @@ absl::StatusOr<pb::JoinResponse> GrpcTransport::Join(const pb::JoinRequest& requ
       control_->channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY ||
       control_->channel->WaitForConnected(std::chrono::system_clock::now() +
                                           std::chrono::milliseconds(int64_t(kConnectWaitS * 1000)));
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s);
-  ctx.set_wait_for_ready(connected);  // a connection that drops now is waited for, as before
+  Call call(*this, options_.rpc_timeout_s);
+  call.context.set_wait_for_ready(connected);  // a connection that drops now is waited for, as before
   pb::JoinResponse response;
-  ATL_RETURN_IF_ERROR(Explained(control_->coordinator->Join(&ctx, request, &response), options_.target));
+  ATL_RETURN_IF_ERROR(call.Explained(control_->coordinator->Join(&call.context, request, &response)));
   return response;
 }
 
 absl::Status GrpcTransport::Leave(const pb::LeaveRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s);
+  Call call(*this, options_.rpc_timeout_s);
   pb::LeaveResponse response;
-  return CallStatus(control_->coordinator->Leave(&ctx, request, &response));
+  return call.Status(control_->coordinator->Leave(&call.context, request, &response));
 }
 
 absl::StatusOr<pb::HeartbeatResponse> GrpcTransport::Heartbeat(const pb::HeartbeatRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s);
+  Call call(*this, options_.rpc_timeout_s);
   pb::HeartbeatResponse response;
-  ATL_RETURN_IF_ERROR(Explained(control_->coordinator->Heartbeat(&ctx, request, &response), options_.target));
+  ATL_RETURN_IF_ERROR(call.Explained(control_->coordinator->Heartbeat(&call.context, request, &response)));
   return response;
 }
 
 absl::StatusOr<pb::ShardSyncResponse> GrpcTransport::ShardSync(
     const pb::ShardSyncRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s + 1);
-  ctx.set_wait_for_ready(true);  // a coordinator that is (re)starting
+  Call call(*this, options_.rpc_timeout_s + 1);
+  call.context.set_wait_for_ready(true);  // a coordinator that is (re)starting
   pb::ShardSyncResponse response;
-  ATL_RETURN_IF_ERROR(CallStatus(control_->coordinator->ShardSync(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(call.Status(control_->coordinator->ShardSync(&call.context, request, &response)));
   return response;
 }
 
 absl::StatusOr<pb::GetStateResponse> GrpcTransport::GetState(const pb::GetStateRequest& request) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s);
+  Call call(*this, options_.rpc_timeout_s);
   pb::GetStateResponse response;
-  ATL_RETURN_IF_ERROR(CallStatus(control_->coordinator->GetState(&ctx, request, &response)));
+  ATL_RETURN_IF_ERROR(call.Status(control_->coordinator->GetState(&call.context, request, &response)));
   return response;
 }
 
 absl::StatusOr<pb::PushResponse> GrpcTransport::Push(const outer::PushSource& source, int lane) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s);
+  Call call(*this, options_.rpc_timeout_s);
   pb::PushResponse response;
-  auto writer = Lane(lane).outer_sync->Push(&ctx, &response);
+  auto writer = Lane(lane).outer_sync->Push(&call.context, &response);
   pb::PushRequest r;
   while (true) {
     r.Clear();
     auto more = source(&r);
     if (!more.ok()) {
-      ctx.TryCancel();  // the service discards what it received
+      call.context.TryCancel();  // the service discards what it received
       writer->Finish().ok();
       return more.status();
     }
     if (!*more || !writer->Write(r)) break;  // a failed write: the server ended the call
   }
   writer->WritesDone();
-  ATL_RETURN_IF_ERROR(CallStatus(writer->Finish()));
+  ATL_RETURN_IF_ERROR(call.Status(writer->Finish()));
   return response;
 }
 
 absl::Status GrpcTransport::AwaitUpdate(const pb::UpdateRequest& request,
                                         const outer::ChunkSink<pb::UpdateChunk>& sink, int lane) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s + options_.round_timeout_s);
-  auto reader = Lane(lane).outer_sync->AwaitUpdate(&ctx, request);
-  return ReadInto<pb::UpdateChunk>(ctx, reader, sink);
+  Call call(*this, options_.rpc_timeout_s + options_.round_timeout_s);
+  auto reader = Lane(lane).outer_sync->AwaitUpdate(&call.context, request);
+  return call.ReadInto<pb::UpdateChunk>(reader, sink);
 }
 
 absl::Status GrpcTransport::FetchState(const pb::FetchStateRequest& request,
                                        const outer::ChunkSink<pb::StateChunk>& sink, int lane) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, options_.rpc_timeout_s);
-  auto reader = Lane(lane).outer_sync->FetchState(&ctx, request);
-  return ReadInto<pb::StateChunk>(ctx, reader, sink);
+  Call call(*this, options_.rpc_timeout_s);
+  auto reader = Lane(lane).outer_sync->FetchState(&call.context, request);
+  return call.ReadInto<pb::StateChunk>(reader, sink);
 }
 
 absl::StatusOr<std::unique_ptr<outer::Transport>> ConnectIsland(const std::string& target,

@@ -6,6 +6,8 @@
 #define ATOLL_SRC_NET_GRPC_TRANSPORT_H_
 
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,15 +54,19 @@ class GrpcTransport : public outer::Transport {
                            const outer::ChunkSink<pb::UpdateChunk>& sink, int lane) override;
   absl::Status FetchState(const pb::FetchStateRequest& request,
                           const outer::ChunkSink<pb::StateChunk>& sink, int lane) override;
+  void Cancel() override;
 
  private:
   struct Stubs;
+  class Call;
   explicit GrpcTransport(const GrpcTransportOptions& options);
-  void Prepare(grpc::ClientContext* context, double timeout_s) const;
   GrpcTransportOptions options_;
   const Stubs& Lane(int lane) const;
   std::vector<std::unique_ptr<Stubs>> stubs_;  // one per connection
   std::unique_ptr<Stubs> control_;             // membership calls: a connection of their own
+  std::mutex calls_mu_;
+  std::set<grpc::ClientContext*> calls_;  // in flight, for Cancel
+  bool cancelled_ = false;                // guarded by calls_mu_
 };
 
 }  // namespace atl

@@ -451,6 +451,7 @@ void BindIsland(py::module_& m) {
         py::gil_scoped_release release;
         return Check(i.Step(tokens, loss, stop));
       }, py::arg("tokens"), py::arg("loss"), py::arg("stop"))
+      .def("request_stop", &TensorIsland::RequestStop)  // never waits: a signal handler's call
       .def("close", [](TensorIsland& i) {
         py::gil_scoped_release release;
         Check(i.Close());

@@ -1,6 +1,7 @@
 #include "src/python/tensor_island.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -147,6 +148,10 @@ absl::StatusOr<std::vector<std::vector<size_t>>> MapFragments(const pb::JoinResp
 
 struct TensorIsland::Impl {
   mutable std::mutex mu;  // every public method's turn
+  // RequestStop's flag, and whether a Step waits in the outer step (where it acts at once); read
+  // by the waits on any thread.
+  std::atomic<bool> stop_requested{false};
+  std::atomic<bool> stepping{false};
   TensorIslandOptions options;
   std::unique_ptr<outer::Transport> transport;
   std::unique_ptr<outer::IslandRanks> ranks = outer::SingleRank();
@@ -156,6 +161,7 @@ struct TensorIsland::Impl {
   Clock::time_point start = Clock::now();
   Clock::time_point last_return = Clock::now();  // of Step: the user's compute runs from there
   double compute_s = 0;
+  bool interrupted = false;  // a wait for a round was interrupted (in Step or Close)
 
   const pb::JoinResponse& joined() const { return runtime->joined(); }
   outer::OuterStepHook& hook() const { return runtime->hook(); }
@@ -181,7 +187,12 @@ absl::Status TensorIsland::Impl::JoinRun(const std::vector<HostParam>& params) {
   ro.credential_file = options.credential_file;
   ro.seed = options.config.train.seed;
   ro.say = [this](const std::string& line) { Say(line); };
-  ro.interrupted = options.interrupted;
+  // The user's interruption (Ctrl-C), then a stop asked while a step waits (SIGTERM).
+  ro.interrupted = [this]() -> absl::Status {
+    if (options.interrupted) ATL_RETURN_IF_ERROR(options.interrupted());
+    if (stepping && stop_requested) return absl::AbortedError("asked to stop while waiting");
+    return absl::OkStatus();
+  };
   ATL_ASSIGN_OR_RETURN(runtime, outer::IslandRuntime::Join(*transport, *ranks, std::move(ro)));
   return absl::OkStatus();
 }
@@ -236,8 +247,15 @@ pb::IslandTelemetry TensorIsland::Impl::Telemetry(std::optional<double> loss) co
 }
 
 absl::Status TensorIsland::Impl::Finish(bool stopped) {
+  if (interrupted) {
+    runtime->Abandon();
+    Say(absl::StrFormat("left at step %d without waiting (interrupted): the rounds in flight "
+                        "were not merged", model->step()));
+    return absl::OkStatus();
+  }
   if (runtime->finished()) return absl::OkStatus();
   absl::Status s = runtime->Finish(stopped);
+  interrupted = absl::IsCancelled(s);
   if (s.ok()) s = model->TakeMirrorError();
   const outer::OuterStepHook& h = hook();
   Say(absl::StrFormat("%s at step %d after %d rounds: sent %.1f MiB, received %.1f MiB, global "
@@ -253,7 +271,12 @@ absl::Status TensorIsland::Impl::Finish(bool stopped) {
 TensorIsland::TensorIsland(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 TensorIsland::~TensorIsland() {
-  if (impl_->runtime) impl_->runtime->Leave();
+  if (!impl_->runtime) return;
+  if (impl_->interrupted) {
+    impl_->runtime->Abandon();  // the rounds in flight would be waited for
+  } else {
+    impl_->runtime->Leave();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOptions options,
@@ -285,6 +308,11 @@ absl::StatusOr<std::unique_ptr<TensorIsland>> TensorIsland::Join(TensorIslandOpt
 absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> loss, bool stop) {
   Impl& i = *impl_;
   auto turn = Turn();
+  if (i.interrupted) {
+    return absl::FailedPreconditionError(
+        "the island was interrupted while it waited for a round: close() it (it leaves the run "
+        "without waiting for the rounds in flight)");
+  }
   if (i.runtime->finished()) return false;
   i.compute_s += Since(i.last_return);
   if (stop) {
@@ -300,7 +328,18 @@ absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> l
   i.runtime->session().set_step(i.model->step());
   i.runtime->session().set_telemetry(i.Telemetry(loss));
   const double steps_per_s = double(i.model->step()) / std::max(1e-9, i.compute_s);
-  ATL_RETURN_IF_ERROR(i.hook().AfterStep(steps_per_s));
+  i.stepping = true;
+  const absl::Status stepped = i.hook().AfterStep(steps_per_s);
+  i.stepping = false;
+  if (!stepped.ok() && i.stop_requested) {
+    // Asked to stop (SIGTERM) while it waited for a round: what it trained is pushed; it leaves.
+    i.runtime->Abandon();
+    i.Say(absl::StrFormat("left at step %d (asked to stop) without waiting for the round in flight",
+                          i.model->step()));
+    return false;
+  }
+  i.interrupted = absl::IsCancelled(stepped);
+  ATL_RETURN_IF_ERROR(stepped);
   ATL_RETURN_IF_ERROR(i.model->TakeMirrorError());
   if (i.hook().done()) {
     ATL_RETURN_IF_ERROR(i.Finish(/*stopped=*/false));
@@ -310,6 +349,8 @@ absl::StatusOr<bool> TensorIsland::Step(uint64_t tokens, std::optional<double> l
   i.last_return = Clock::now();
   return true;
 }
+
+void TensorIsland::RequestStop() { impl_->stop_requested = true; }
 
 absl::Status TensorIsland::Close() {
   auto turn = Turn();

@@ -58,8 +58,8 @@ struct TensorIslandOptions {
   std::string credential_file;
   std::optional<IslandState> resume;  // a checkpoint's outer state
   FILE* out = stderr;                 // the island's lines (nullptr: quiet)
-  // Asked while the island retries the service or waits for its peers: not OK ends the wait
-  // with it (Python's Ctrl-C). Null: never.
+  // Asked while the island retries the service or waits for its peers or a round: not OK ends the
+  // wait with it (Python's Ctrl-C; the island is then interrupted). Null: never.
   std::function<absl::Status()> interrupted;
 };
 
@@ -97,8 +97,14 @@ class TensorIsland {
   // its last step was trained (the parameters then hold the run's final global parameters: it
   // waited for the others, as `atoll island` does), or `stop` was set (SIGTERM: it pushed what it
   // trained since its last push and left).
+  // An interrupted Step (its wait for a round) returns the interruption's status; every later
+  // Step is refused (FAILED_PRECONDITION) and Close leaves without waiting.
   absl::StatusOr<bool> Step(uint64_t tokens, std::optional<double> loss, bool stop);
-  // Leaves the run (idempotent). An island that is not done pushes what it trained first.
+  // Asks the island to leave (SIGTERM): a Step waiting for a round then leaves at once and returns
+  // false (what it trained is pushed). Safe from any thread at any time, a waiting Step's too.
+  void RequestStop();
+  // Leaves the run (idempotent). An island that is not done pushes what it trained first; an
+  // interrupted one leaves at once (IslandRuntime::Abandon: the rounds in flight are not merged).
   absl::Status Close();
 
   IslandState State() const;

@@ -166,8 +166,8 @@ def test_the_package_says_its_version_and_links_no_libtorch():
     assert os.path.basename(core).startswith("_core")
 
 
-def interrupted_after(code, ready):
-    """Runs `code` in a Python of its own, sends it SIGINT once it printed `ready`; its stderr
+def interrupted_after(code, ready, sig=signal.SIGINT):
+    """Runs `code` in a Python of its own, sends it `sig` once it printed `ready`; its stderr
     and the seconds it took to end after the signal."""
     here = os.path.dirname(os.path.abspath(__file__))
     p = subprocess.Popen([sys.executable, "-c", code], cwd=here, stdout=subprocess.PIPE,
@@ -175,7 +175,7 @@ def interrupted_after(code, ready):
     try:
         assert p.stdout.readline().strip() == ready
         time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         sent = time.monotonic()
         _, err = p.communicate(timeout=30)
         return err, time.monotonic() - sent
@@ -197,6 +197,53 @@ def test_blocking_calls_give_way_to_ctrl_c():
         err, took = interrupted_after("import atoll, conftest\n" + code, ready)
         assert "KeyboardInterrupt" in err and took < 10, (ready, took, err)
         assert "atoll.Error" not in err and "Cancelled" not in err, err
+
+
+# Island a steps to its first push, whose round waits for island b, which never steps: the round
+# would wait outer.round_timeout_s (600 s).
+WAITING_FOR_A_ROUND = (
+    "import sys, time, atoll, conftest\n"
+    "cfg = {'outer': {'islands': 2, 'sync_every': 2}}\n"
+    "c = atoll.Coordinator(cfg, model=conftest.MlpLm(), tokens_per_step=conftest.TOKENS_PER_STEP,\n"
+    "                      quiet=True)\n"
+    "a, b = (atoll.Island(conftest.MlpLm(), c.address, config=cfg, token=c.token, name=n,\n"
+    "                     quiet=True, handle_sigterm=n == 'a') for n in 'ab')\n"
+    "print('stepping', flush=True)\n")
+
+
+def test_ctrl_c_ends_a_step_waiting_for_a_round():
+    # KeyboardInterrupt there; a later step is refused; close() leaves without waiting, and the
+    # process ends with the other island and the coordinator left undone.
+    code = WAITING_FOR_A_ROUND + (
+        "try:\n"
+        "    while a.step(conftest.TOKENS_PER_STEP):\n"
+        "        pass\n"
+        "except KeyboardInterrupt:\n"
+        "    try:\n"
+        "        a.step(conftest.TOKENS_PER_STEP)\n"
+        "    except atoll.FailedPreconditionError as e:\n"
+        "        print('refused:', e, file=sys.stderr)\n"
+        "    t = time.monotonic()\n"
+        "    a.close()\n"
+        "    print(f'closed in {time.monotonic() - t:.1f} s', file=sys.stderr)\n"
+        "    raise\n")
+    err, took = interrupted_after(code, "stepping")
+    assert "KeyboardInterrupt" in err and took < 10, (took, err)
+    assert "refused: the island was interrupted while it waited for a round" in err, err
+    closed = float(err.split("closed in ")[1].split(" s")[0])
+    assert closed < 5, err
+
+
+def test_sigterm_leaves_a_step_waiting_for_a_round():
+    # The documented SIGTERM leave: step() returns False at once, what it trained pushed.
+    code = WAITING_FOR_A_ROUND + (
+        "steps = 0\n"
+        "while a.step(conftest.TOKENS_PER_STEP):\n"
+        "    steps += 1\n"
+        "print(f'left after {steps + 1} steps', file=sys.stderr)\n")
+    err, took = interrupted_after(code, "stepping", signal.SIGTERM)
+    assert "left after 2 steps" in err and took < 10, (took, err)
+    assert "Traceback" not in err, err
 
 
 def test_hashes_print_as_the_logs_print_them():

@@ -22,6 +22,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 import json
 import tomllib
 
@@ -206,7 +207,8 @@ class Island:
     tls_ca: use TLS and trust these root certificates (PEM); tls_cert, tls_key: mutual TLS, the
         island's certificate and key (as `atoll island --tls-ca/--tls-cert/--tls-key`).
     handle_sigterm: in the main thread, SIGTERM makes the next step() push what the island
-        trained since its last push, leave, and return False.
+        trained since its last push, leave, and return False (a step() waiting for a round
+        leaves at once).
 
     Parameters are float32, bfloat16, float16 or float64, contiguous, on the CPU (read and written
     in place) or a CUDA device (through host copies); each tensor once (tied weights: once). The
@@ -242,10 +244,12 @@ class Island:
             os.fspath(credential_file) if credential_file else "", _core_state(state),
             [os.fspath(f) if f else "" for f in (tls_ca, tls_cert, tls_key)], bool(quiet))
         if handle_sigterm and threading.current_thread() is threading.main_thread():
-            stop = self._stop  # the handler holds the event, not the island
+            island = weakref.ref(self)  # the handler does not keep the island alive
 
             def on_sigterm(signum, frame):
-                stop.set()
+                target = island()
+                if target is not None:
+                    target.stop()
 
             previous = signal.signal(signal.SIGTERM, on_sigterm)
             # A handler installed from C reads as None: the default is put back then.
@@ -261,7 +265,8 @@ class Island:
     def step(self, tokens: int, loss: "float | torch.Tensor | None" = None) -> bool:
         """After each inner optimizer step, with the tokens it trained (and its loss, shown on the
         service's status page). True: go on. False: the island is done (the run's last step: the
-        module then holds the run's final global parameters; or SIGTERM: it left)."""
+        module then holds the run's final global parameters; or SIGTERM: it left). Ctrl-C while
+        it waits for a round raises KeyboardInterrupt; the island can then only be closed."""
         if isinstance(loss, torch.Tensor):
             loss = float(loss.detach())
         elif loss is not None and not isinstance(loss, (int, float)):
@@ -277,12 +282,14 @@ class Island:
         return going
 
     def stop(self):
-        """Asks the island to leave at its next step(), as SIGTERM does."""
+        """Asks the island to leave at its next step(), as SIGTERM does; a step() waiting for a
+        round leaves at once (returning False: what it trained was pushed)."""
         self._stop.set()
+        self._core.request_stop()
 
     def close(self):
         """Leaves the run (idempotent): an island that is not done pushes what it trained since its
-        last push first."""
+        last push first; one interrupted by Ctrl-C leaves at once, without the rounds in flight."""
         try:
             self._core.close()
         finally:
