@@ -7,7 +7,7 @@
 # zlib's runtime) are left out: any Linux with a compiler has them. Debian 12's are chosen for its
 # glibc 2.36, older than the GPU machines'. DIR/data/brown is the corpus for the 2-island run.
 # deploy/gpu/check.sh unpacks them there (dpkg -x, never into /). ATOLL_BUNDLE_CORPUS=0 leaves the
-# corpus out (check.sh's build steps need only the packages: deploy/gpu/pip_rehearse.sh).
+# corpus out (check.sh's build steps need only the packages: deploy/gpu/rehearse.sh).
 # Then, with the device tool: carry DIR and run `bash deploy/gpu/check.sh DIR`.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
